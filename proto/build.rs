@@ -1,0 +1,15 @@
+//! Generates every gRPC and message type of Warden. Only this crate runs code generation
+//! (ARCHITECTURE.md: "Architecture invariant").
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let protos = ["proto/transport.proto", "proto/kv.proto"];
+    for proto in protos {
+        println!("cargo:rerun-if-changed={proto}");
+    }
+    let descriptor_path =
+        std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("warden_descriptor.bin");
+    tonic_prost_build::configure()
+        .file_descriptor_set_path(&descriptor_path)
+        .compile_protos(&protos, &["proto"])?;
+    Ok(())
+}

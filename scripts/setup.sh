@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# Installs the system packages the build needs, and only those that are missing.
+# librocksdb-sys needs libclang (bindgen); proto/ needs protoc (tonic-prost-build).
+set -euo pipefail
+missing=()
+dpkg -s libclang-dev >/dev/null 2>&1 || missing+=(libclang-dev)
+command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "setup: installing ${missing[*]}"
+sudo_cmd=""
+if [ "$(id -u)" -ne 0 ]; then sudo_cmd="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$sudo_cmd apt-get update -qq
+$sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}"

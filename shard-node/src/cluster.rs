@@ -1,0 +1,302 @@
+//! An in-process cluster for tests and benchmarks: N nodes on loopback, each with its own
+//! RocksDB directory and gRPC transport, with fault injection (partition, drop, delay),
+//! kill, and restart on the same directory and address.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::config::NodeConfig;
+use crate::error::EngineError;
+use crate::host::{GroupStatus, Node, NodeError, NodeHandle, ReadConsistency};
+use crate::state_machine::{ApplyOutput, StateMachineFactory};
+use crate::store_writer::StoreMetricsSnapshot;
+use crate::transport::{NetFaults, PeerDirectory};
+
+/// Pause between retries of a request that found no leader.
+const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// Shape of a test cluster.
+#[derive(Clone, Debug)]
+pub struct ClusterConfig {
+    /// Number of nodes (ids 1..=nodes).
+    pub nodes: u64,
+    /// Raft tick interval.
+    pub tick_ms: u64,
+    /// Ticks before an election.
+    pub election_tick: usize,
+    /// Ticks between heartbeats.
+    pub heartbeat_tick: usize,
+    /// Host-loop threads per node.
+    pub workers: usize,
+    /// Log length that triggers compaction.
+    pub log_compact_entries: u64,
+    /// Node `i` listens on `base_port + i - 1` (any free port when `None`).
+    pub base_port: Option<u16>,
+}
+
+impl Default for ClusterConfig {
+    fn default() -> Self {
+        ClusterConfig { nodes: 5, tick_ms: 50, election_tick: 10, heartbeat_tick: 2, workers: 1, log_compact_entries: 10_000, base_port: None }
+    }
+}
+
+/// A running in-process cluster.
+pub struct Cluster {
+    config: ClusterConfig,
+    /// Keeps the temporary directory alive (absent when the caller chose the directory).
+    _temp: Option<tempfile::TempDir>,
+    root: PathBuf,
+    directory: Arc<PeerDirectory>,
+    faults: Arc<NetFaults>,
+    factory: Arc<dyn StateMachineFactory>,
+    addrs: BTreeMap<u64, SocketAddr>,
+    nodes: Mutex<BTreeMap<u64, Node>>,
+    /// Last known leader of each group, so requests do not ask every node each time.
+    leaders: Mutex<HashMap<u64, u64>>,
+}
+
+impl Cluster {
+    /// Starts a cluster in a fresh temporary directory.
+    pub fn start(config: ClusterConfig, factory: Arc<dyn StateMachineFactory>) -> Result<Cluster, NodeError> {
+        let temp = tempfile::Builder::new().prefix("warden-cluster-").tempdir()?;
+        let root = temp.path().to_path_buf();
+        Cluster::start_in(config, factory, &root, Some(temp))
+    }
+
+    /// Starts a cluster with node directories under `root` (kept after the cluster stops).
+    pub fn start_at(config: ClusterConfig, factory: Arc<dyn StateMachineFactory>, root: &Path) -> Result<Cluster, NodeError> {
+        Cluster::start_in(config, factory, root, None)
+    }
+
+    fn start_in(config: ClusterConfig, factory: Arc<dyn StateMachineFactory>, root: &Path, temp: Option<tempfile::TempDir>) -> Result<Cluster, NodeError> {
+        let mut cluster = Cluster {
+            config,
+            _temp: temp,
+            root: root.to_path_buf(),
+            directory: Arc::new(PeerDirectory::new()),
+            faults: Arc::new(NetFaults::new()),
+            factory,
+            addrs: BTreeMap::new(),
+            nodes: Mutex::new(BTreeMap::new()),
+            leaders: Mutex::new(HashMap::new()),
+        };
+        for id in 1..=cluster.config.nodes {
+            let port = match cluster.config.base_port {
+                Some(base) => base.checked_add((id - 1) as u16).ok_or_else(|| NodeError::Config("port out of range".into()))?,
+                None => 0,
+            };
+            let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
+            cluster.addrs.insert(id, listener.local_addr()?);
+            cluster.start_node(id, listener)?;
+        }
+        Ok(cluster)
+    }
+
+    /// The configuration node `id` runs with.
+    pub fn node_config(&self, id: u64) -> NodeConfig {
+        let mut config = NodeConfig::new(id, self.root.join(format!("node-{id}")));
+        config.tick_ms = self.config.tick_ms;
+        config.election_tick = self.config.election_tick;
+        config.heartbeat_tick = self.config.heartbeat_tick;
+        config.workers = self.config.workers;
+        config.log_compact_entries = self.config.log_compact_entries;
+        config
+    }
+
+    fn start_node(&self, id: u64, listener: std::net::TcpListener) -> Result<(), NodeError> {
+        let node = Node::start(self.node_config(id), listener, self.directory.clone(), self.faults.clone(), self.factory.clone())?;
+        self.nodes().insert(id, node);
+        Ok(())
+    }
+
+    fn nodes(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Node>> {
+        self.nodes.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The fault injector every node's transport consults.
+    pub fn faults(&self) -> &NetFaults {
+        &self.faults
+    }
+
+    /// Ids of every node, running or not.
+    pub fn node_ids(&self) -> Vec<u64> {
+        self.addrs.keys().copied().collect()
+    }
+
+    /// Ids of running nodes.
+    pub fn running(&self) -> Vec<u64> {
+        self.nodes().keys().copied().collect()
+    }
+
+    /// Handle to a running node.
+    pub fn handle(&self, id: u64) -> Option<NodeHandle> {
+        self.nodes().get(&id).map(Node::handle)
+    }
+
+    /// Stops node `id` as a crash would (see [`Node::kill`]).
+    pub fn kill(&self, id: u64) {
+        let node = self.nodes().remove(&id);
+        if let Some(node) = node {
+            node.kill();
+        }
+    }
+
+    /// Restarts node `id` on its old directory and address.
+    pub fn restart(&self, id: u64) -> Result<(), NodeError> {
+        let addr = *self.addrs.get(&id).ok_or_else(|| NodeError::Config(format!("no node {id}")))?;
+        self.kill(id);
+        // The old listener closes as its runtime shuts down; retry briefly until the port is free.
+        let deadline = Instant::now() + Duration::from_secs(5);
+        let listener = loop {
+            match std::net::TcpListener::bind(addr) {
+                Ok(listener) => break listener,
+                Err(error) if Instant::now() < deadline => {
+                    tracing::debug!(%error, "rebinding {addr}");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                Err(error) => return Err(error.into()),
+            }
+        };
+        self.start_node(id, listener)
+    }
+
+    /// Creates `group` with a replica on each of `voters` and has one of them campaign, so
+    /// leaders of many groups spread over the nodes.
+    pub async fn create_group(&self, group: u64, voters: &[u64]) -> Result<(), EngineError> {
+        for voter in voters {
+            let handle = self.handle(*voter).ok_or(EngineError::Stopped)?;
+            handle.create_group(group, voters.to_vec()).await?;
+        }
+        if let Some(first) = voters.get((group % voters.len().max(1) as u64) as usize) {
+            if let Some(handle) = self.handle(*first) {
+                handle.campaign(group).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Every running node's view of `group`.
+    pub async fn statuses(&self, group: u64) -> Vec<GroupStatus> {
+        let handles: Vec<NodeHandle> = self.nodes().values().map(Node::handle).collect();
+        let mut statuses = Vec::new();
+        for handle in handles {
+            if let Ok(status) = handle.status(group).await {
+                statuses.push(status);
+            }
+        }
+        statuses
+    }
+
+    /// The running node that leads `group` in the highest term, if any.
+    pub async fn leader(&self, group: u64) -> Option<u64> {
+        self.statuses(group).await.into_iter().filter(|s| s.is_leader).max_by_key(|s| s.term).map(|s| s.node_id)
+    }
+
+    /// Waits until some running node leads `group`.
+    pub async fn wait_leader(&self, group: u64, timeout: Duration) -> Result<u64, EngineError> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            if let Some(leader) = self.leader(group).await {
+                return Ok(leader);
+            }
+            if Instant::now() >= deadline {
+                return Err(EngineError::busy(format!("group {group}: no leader within {timeout:?}")));
+            }
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    fn cached_leader(&self, group: u64) -> Option<u64> {
+        self.leaders.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&group).copied()
+    }
+
+    fn remember_leader(&self, group: u64, leader: Option<u64>) {
+        let mut leaders = self.leaders.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        match leader {
+            Some(leader) => leaders.insert(group, leader),
+            None => leaders.remove(&group),
+        };
+    }
+
+    /// The handle of the node believed to lead `group`: the cached one, else asked for.
+    async fn leader_handle(&self, group: u64) -> Option<NodeHandle> {
+        if let Some(handle) = self.cached_leader(group).and_then(|leader| self.handle(leader)) {
+            return Some(handle);
+        }
+        let leader = self.leader(group).await;
+        self.remember_leader(group, leader);
+        leader.and_then(|leader| self.handle(leader))
+    }
+
+    /// Sends one request to `group`'s leader like a client would: following hints and
+    /// retrying what is safe to retry until `timeout`. An error whose outcome is unknown is
+    /// returned at once (retrying a write could apply it twice).
+    async fn with_leader<T, F, Fut>(&self, group: u64, timeout: Duration, request: F) -> Result<T, EngineError>
+    where
+        F: Fn(NodeHandle, Duration) -> Fut,
+        Fut: std::future::Future<Output = Result<T, EngineError>>,
+    {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let remaining = deadline.saturating_duration_since(Instant::now());
+            if remaining.is_zero() {
+                return Err(EngineError::busy(format!("group {group}: no leader answered within {timeout:?}")));
+            }
+            let Some(handle) = self.leader_handle(group).await else {
+                tokio::time::sleep(RETRY_PAUSE).await;
+                continue;
+            };
+            match request(handle.clone(), remaining).await {
+                Err(EngineError::NotLeader { leader_hint, .. }) => {
+                    let hint = leader_hint.filter(|hint| *hint != handle.node_id() && self.handle(*hint).is_some());
+                    self.remember_leader(group, hint);
+                    if hint.is_none() {
+                        tokio::time::sleep(RETRY_PAUSE).await;
+                    }
+                }
+                Err(error) if error.is_retryable() || error == EngineError::Stopped => {
+                    self.remember_leader(group, None);
+                    tokio::time::sleep(RETRY_PAUSE).await;
+                }
+                result => return result,
+            }
+        }
+    }
+
+    /// Proposes `command` to `group` through its leader (see [`Self::with_leader`]).
+    pub async fn propose(&self, group: u64, command: Vec<u8>, timeout: Duration) -> ApplyOutput {
+        self.with_leader(group, timeout, |handle, remaining| {
+            let command = command.clone();
+            async move { handle.propose(group, command, remaining).await }
+        })
+        .await
+    }
+
+    /// A linearizable read of `group` through its leader. A read that timed out is simply
+    /// retried: reads change nothing.
+    pub async fn read(&self, group: u64, query: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, EngineError> {
+        self.with_leader(group, timeout, |handle, remaining| {
+            let query = query.clone();
+            async move {
+                match handle.read(group, query, ReadConsistency::Linearizable, remaining).await {
+                    Err(EngineError::Unavailable { reason, .. }) => Err(EngineError::busy(reason)),
+                    result => result,
+                }
+            }
+        })
+        .await
+    }
+
+    /// Store-writer counters summed over running nodes.
+    pub fn store_metrics(&self) -> StoreMetricsSnapshot {
+        self.nodes().values().map(Node::store_metrics).fold(StoreMetricsSnapshot::default(), |sum, m| StoreMetricsSnapshot {
+            fsyncs: sum.fsyncs + m.fsyncs,
+            entries: sum.entries + m.entries,
+            bytes: sum.bytes + m.bytes,
+            tasks: sum.tasks + m.tasks,
+        })
+    }
+}

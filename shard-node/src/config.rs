@@ -1,0 +1,90 @@
+//! Configuration of a shard-node's engine, with every limit in one place.
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use crate::storage::StorageLimits;
+
+/// Everything a node needs to start. Names carry their unit last (`tick_ms`).
+#[derive(Clone, Debug)]
+pub struct NodeConfig {
+    /// This node's id; also its raft peer id in every group it hosts. Never 0.
+    pub node_id: u64,
+    /// Directory of the node's RocksDB.
+    pub data_dir: PathBuf,
+    /// Host loop threads. Groups are spread over them by id (2 cores: keep this small).
+    pub workers: usize,
+    /// Interval between raft ticks.
+    pub tick_ms: u64,
+    /// Ticks without a leader before a follower campaigns.
+    pub election_tick: usize,
+    /// Ticks between leader heartbeats.
+    pub heartbeat_tick: usize,
+    /// Largest append message raft builds.
+    pub raft_msg_bytes_max: u64,
+    /// Append messages in flight to one follower.
+    pub raft_inflight_msgs_max: usize,
+    /// Proposals waiting for apply in one group.
+    pub proposals_per_group_max: usize,
+    /// Reads waiting in one group.
+    pub reads_per_group_max: usize,
+    /// Largest command accepted for proposal.
+    pub command_bytes_max: usize,
+    /// Messages a worker's inbox holds before senders see "busy".
+    pub inbox_msgs_max: usize,
+    /// Store-writer tasks a worker may have in flight (pipelining depth).
+    pub write_tasks_in_flight_max: usize,
+    /// Compact a group's log when it holds more applied entries than this; half is kept for
+    /// followers that are slightly behind.
+    pub log_compact_entries: u64,
+    /// Tail cache and snapshot limits.
+    pub storage: StorageLimits,
+}
+
+impl NodeConfig {
+    /// Defaults for a node with id `node_id` storing data in `data_dir`.
+    pub fn new(node_id: u64, data_dir: PathBuf) -> NodeConfig {
+        NodeConfig {
+            node_id,
+            data_dir,
+            workers: 2,
+            tick_ms: 100,
+            election_tick: 10,
+            heartbeat_tick: 2,
+            raft_msg_bytes_max: 1 << 20,
+            raft_inflight_msgs_max: 256,
+            proposals_per_group_max: 8192,
+            reads_per_group_max: 8192,
+            command_bytes_max: 3 << 19,
+            inbox_msgs_max: 65536,
+            write_tasks_in_flight_max: 8,
+            log_compact_entries: 10_000,
+            storage: StorageLimits::default(),
+        }
+    }
+
+    /// Time without a leader before an election, at the latest (raft randomizes the timeout
+    /// in `[election, 2 × election)` ticks).
+    pub fn election_timeout(&self) -> Duration {
+        Duration::from_millis(self.tick_ms * 2 * self.election_tick as u64)
+    }
+
+    pub(crate) fn raft_config(&self, applied: u64) -> raft::Config {
+        raft::Config {
+            id: self.node_id,
+            election_tick: self.election_tick,
+            heartbeat_tick: self.heartbeat_tick,
+            applied,
+            max_size_per_msg: self.raft_msg_bytes_max,
+            max_inflight_msgs: self.raft_inflight_msgs_max,
+            // A leader that cannot hear a quorum steps down, so an isolated leader stops
+            // serving and a new one can be elected; pre-vote keeps a rejoining replica from
+            // disrupting a healthy leader.
+            check_quorum: true,
+            pre_vote: true,
+            read_only_option: raft::ReadOnlyOption::Safe,
+            max_committed_size_per_ready: 16 << 20,
+            ..raft::Config::default()
+        }
+    }
+}

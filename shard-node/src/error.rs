@@ -1,0 +1,70 @@
+//! Typed errors of the engine. Callers (gRPC services, tests, benchmarks) match on these;
+//! none of them is a bare string to be parsed.
+
+/// A failure of the node's RocksDB or of data read back from it.
+#[derive(Debug, thiserror::Error)]
+pub enum StorageError {
+    /// RocksDB itself failed.
+    #[error("rocksdb: {0}")]
+    Rocks(#[from] rocksdb::Error),
+    /// A column family the node needs is missing (the directory is not a Warden store).
+    #[error("column family {0} is missing")]
+    MissingColumnFamily(&'static str),
+    /// Bytes read from disk do not decode; the store is damaged.
+    #[error("corrupt record: {0}")]
+    Corrupt(String),
+}
+
+impl From<StorageError> for raft::Error {
+    fn from(error: StorageError) -> Self {
+        raft::Error::Store(raft::StorageError::Other(Box::new(error)))
+    }
+}
+
+/// Why a request to a group failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EngineError {
+    /// This replica is not the leader; `leader_hint` names the node it believes leads.
+    #[error("group {group}: not leader (hint: {leader_hint:?})")]
+    NotLeader { group: u64, leader_hint: Option<u64> },
+    /// The node hosts no replica of the group.
+    #[error("group {0} is not hosted on this node")]
+    GroupNotFound(u64),
+    /// The request could not be served before its deadline or the node cannot take it now.
+    /// `outcome_unknown` is true when a write may still be applied later.
+    #[error("unavailable: {reason} (outcome unknown: {outcome_unknown})")]
+    Unavailable { reason: String, outcome_unknown: bool },
+    /// A write was definitely not applied (its log slot went to another entry); safe to retry.
+    #[error("proposal dropped: {0}")]
+    Dropped(String),
+    /// The request is larger than the limit.
+    #[error("request of {size_bytes} bytes exceeds the limit of {limit_bytes}")]
+    TooLarge { size_bytes: usize, limit_bytes: usize },
+    /// The request is malformed.
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    /// The group already exists on this node.
+    #[error("group {0} already exists on this node")]
+    GroupExists(u64),
+    /// The node is stopping or stopped.
+    #[error("node stopped")]
+    Stopped,
+}
+
+impl EngineError {
+    /// An `Unavailable` error whose request never reached the log.
+    pub fn busy(reason: impl Into<String>) -> Self {
+        EngineError::Unavailable { reason: reason.into(), outcome_unknown: false }
+    }
+
+    /// True when retrying the same request elsewhere or later may succeed and cannot apply
+    /// it twice (it was definitely not applied).
+    pub fn is_retryable(&self) -> bool {
+        matches!(
+            self,
+            EngineError::NotLeader { .. }
+                | EngineError::Dropped(_)
+                | EngineError::Unavailable { outcome_unknown: false, .. }
+        )
+    }
+}

@@ -1,0 +1,135 @@
+//! Writes: proposing commands and configuration changes, and applying committed entries.
+
+use std::time::Instant;
+
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType};
+use raft_proto::ConfChangeI;
+use tokio::sync::oneshot;
+
+use super::replica::{Proposal, Replica};
+use crate::config::NodeConfig;
+use crate::error::{EngineError, StorageError};
+use crate::state_machine::{ApplyOutput, SmWrites};
+use crate::storage::keys::{self, StateKey};
+use crate::storage::peer_storage::{encode, state_put};
+
+/// A proposer's reply channel with the answer it gets once the apply write is done.
+pub(crate) type ApplyReply = (oneshot::Sender<ApplyOutput>, ApplyOutput);
+
+/// What is being proposed.
+pub(crate) enum Proposed {
+    Command(Vec<u8>),
+    ConfChange(ConfChangeV2),
+}
+
+impl Replica {
+    /// Proposes a command or configuration change; the reply comes when its entry applies.
+    pub(crate) fn propose(&mut self, config: &NodeConfig, proposed: Proposed, deadline: Instant, reply: oneshot::Sender<ApplyOutput>) {
+        if let Err(error) = self.check_proposal(config, &proposed) {
+            let _ = reply.send(Err(error));
+            return;
+        }
+        let last_before = self.raw.raft.raft_log.last_index();
+        let result = match proposed {
+            Proposed::Command(command) => self.raw.propose(Vec::new(), command),
+            Proposed::ConfChange(change) => self.raw.propose_conf_change(Vec::new(), change),
+        };
+        let index = self.raw.raft.raft_log.last_index();
+        match result {
+            Err(error) => {
+                let _ = reply.send(Err(EngineError::Dropped(format!("group {}: {error}", self.group))));
+            }
+            Ok(()) => {
+                // raft-rs appends exactly one entry per accepted proposal.
+                assert_eq!(index, last_before + 1, "proposal did not append one entry");
+                self.proposals.insert(index, Proposal { term: self.raw.raft.term, deadline, reply });
+            }
+        }
+    }
+
+    fn check_proposal(&self, config: &NodeConfig, proposed: &Proposed) -> Result<(), EngineError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        if self.proposals.len() >= config.proposals_per_group_max {
+            return Err(EngineError::busy(format!("group {}: {} proposals waiting", self.group, self.proposals.len())));
+        }
+        if let Proposed::Command(command) = proposed {
+            if command.is_empty() {
+                // An empty normal entry is raft's own no-op; it never reaches the state machine.
+                return Err(EngineError::Invalid("empty command".into()));
+            }
+            if command.len() > config.command_bytes_max {
+                return Err(EngineError::TooLarge { size_bytes: command.len(), limit_bytes: config.command_bytes_max });
+            }
+            self.sm.validate(command)?;
+        }
+        Ok(())
+    }
+
+    /// Applies committed entries in order, writes their effects atomically with the new
+    /// applied index (DESIGN.md rule 4), and returns the proposers' replies, to be sent now
+    /// that the write is done.
+    pub(crate) fn apply_committed(&mut self, entries: Vec<Entry>) -> Result<Vec<ApplyReply>, StorageError> {
+        if entries.is_empty() {
+            return Ok(Vec::new());
+        }
+        assert!(!self.installing_snapshot, "group {}: committed entries while installing a snapshot", self.group);
+        let mut writes = SmWrites::new(self.group);
+        let mut replies = Vec::new();
+        for entry in entries {
+            if entry.index <= self.applied.index {
+                continue;
+            }
+            assert_eq!(entry.index, self.applied.index + 1, "group {}: apply gap", self.group);
+            let output = match entry.get_entry_type() {
+                // Raft's own no-op, appended by each new leader.
+                EntryType::EntryNormal if entry.data.is_empty() => Ok(Vec::new()),
+                EntryType::EntryNormal => self.sm.apply(entry.index, &entry.data, &mut writes),
+                // The empty EntryConfChangeV2 that leaves a joint configuration must be applied
+                // too: the entry type is checked before any emptiness.
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => self.apply_conf_change(&entry, &mut writes)?,
+            };
+            self.applied.index = entry.index;
+            self.applied.term = entry.term;
+            if let Some(proposal) = self.proposals.remove(&entry.index) {
+                let result = if proposal.term == entry.term {
+                    output
+                } else {
+                    Err(EngineError::Dropped(format!("group {}: entry {} went to term {}", self.group, entry.index, entry.term)))
+                };
+                replies.push((proposal.reply, result));
+            }
+        }
+        writes.ops_mut().push(state_put(
+            self.group,
+            StateKey::Apply,
+            keys::encode_index_term(self.applied.index, self.applied.term).to_vec(),
+        ));
+        // Not synced: every applied entry is already durable in the log, so a crash that loses
+        // this write re-applies from the log (the write carries its applied index).
+        self.db.write_ops(&writes.into_ops(), false)?;
+        Ok(replies)
+    }
+
+    fn apply_conf_change(&mut self, entry: &Entry, writes: &mut SmWrites) -> Result<ApplyOutput, StorageError> {
+        let corrupt = |e: protobuf::ProtobufError| StorageError::Corrupt(format!("conf change at {}: {e}", entry.index));
+        let change: ConfChangeV2 = match entry.get_entry_type() {
+            EntryType::EntryConfChange => ConfChange::parse_from_bytes(&entry.data).map_err(corrupt)?.into_v2(),
+            _ => ConfChangeV2::parse_from_bytes(&entry.data).map_err(corrupt)?,
+        };
+        let conf_state: ConfState = match self.raw.apply_conf_change(&change) {
+            Ok(conf_state) => conf_state,
+            // Every replica rejects the same committed change the same way.
+            Err(error) => return Ok(Err(EngineError::Invalid(format!("conf change rejected: {error}")))),
+        };
+        writes.ops_mut().push(state_put(self.group, StateKey::ConfState, encode(&conf_state)));
+        let me = self.raw.raft.id;
+        let members = [&conf_state.voters, &conf_state.learners, &conf_state.voters_outgoing, &conf_state.learners_next];
+        if !members.iter().any(|ids| ids.contains(&me)) {
+            self.removed = true;
+        }
+        Ok(Ok(encode(&conf_state)))
+    }
+}

@@ -1,0 +1,292 @@
+//! The multi-Raft host: a node runs a small fixed pool of worker threads (groups are spread
+//! over them by id), one store writer, and a transport, and serves requests to its groups
+//! through a cloneable [`NodeHandle`].
+
+mod command;
+pub mod msg;
+mod query;
+mod ready;
+mod replica;
+mod worker;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Sender, TrySendError};
+use protobuf::Message as _;
+use raft::eraftpb::{ConfChangeV2, ConfState, Message};
+use tokio::sync::oneshot;
+
+pub use msg::{GroupStatus, ReadConsistency, WorkerMsg};
+pub use replica::{Replica, ReplicaError};
+
+use crate::config::NodeConfig;
+use crate::error::{EngineError, StorageError};
+use crate::state_machine::{ApplyOutput, StateMachineFactory};
+use crate::storage::{Db, PeerStorage};
+use crate::store_writer::{StoreMetricsSnapshot, StoreWriter};
+use crate::transport::server::RaftTransportService;
+use crate::transport::{NetFaults, PeerDirectory, Transport, TransportLimits};
+
+/// Where the host loop sends raft messages. `Err` hands back a message that could not be
+/// queued; the host reports the peer unreachable.
+pub trait RaftSender: Send + Sync {
+    /// Queues `message` of `group` for its destination without blocking.
+    fn send(&self, group: u64, message: Message) -> Result<(), Message>;
+}
+
+/// A cheap, cloneable handle for talking to a node's groups from any thread or task.
+#[derive(Clone)]
+pub struct NodeHandle {
+    node_id: u64,
+    workers: Arc<[Sender<WorkerMsg>]>,
+    /// Extra time the caller waits past a request's deadline for the worker's own answer
+    /// (the worker checks deadlines once per tick).
+    deadline_slack: Duration,
+}
+
+impl NodeHandle {
+    /// This node's id.
+    pub fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    fn worker(&self, group: u64) -> &Sender<WorkerMsg> {
+        &self.workers[(group % self.workers.len() as u64) as usize]
+    }
+
+    fn try_send(&self, group: u64, message: WorkerMsg) -> Result<(), EngineError> {
+        self.worker(group).try_send(message).map_err(|error| match error {
+            TrySendError::Full(_) => EngineError::busy(format!("node {}: worker inbox full", self.node_id)),
+            TrySendError::Disconnected(_) => EngineError::Stopped,
+        })
+    }
+
+    /// Hands a raft message from the network to its group (dropped when the worker is
+    /// overloaded: raft retransmits).
+    pub fn deliver(&self, group: u64, message: Message) {
+        let _ = self.worker(group).try_send(WorkerMsg::Raft { group, message: Box::new(message) });
+    }
+
+    /// Tells a group that a message to `to` was lost.
+    pub fn report_unreachable(&self, group: u64, to: u64, snapshot: bool) {
+        let _ = self.worker(group).try_send(WorkerMsg::Unreachable { group, to, snapshot });
+    }
+
+    async fn ask<T>(&self, group: u64, timeout: Duration, make: impl FnOnce(oneshot::Sender<Result<T, EngineError>>) -> WorkerMsg) -> Result<T, EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.try_send(group, make(reply))?;
+        match tokio::time::timeout(timeout + self.deadline_slack, answer).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(_)) => Err(EngineError::Stopped),
+            Err(_) => Err(EngineError::Unavailable { reason: format!("group {group}: no answer in {timeout:?}"), outcome_unknown: true }),
+        }
+    }
+
+    /// Proposes `command` to `group` (this node must lead it); answers with the state
+    /// machine's output once the entry is durable on a quorum and applied here.
+    pub async fn propose(&self, group: u64, command: Vec<u8>, timeout: Duration) -> ApplyOutput {
+        let deadline = Instant::now() + timeout;
+        self.ask(group, timeout, |reply| WorkerMsg::Propose { group, command, deadline, reply }).await
+    }
+
+    /// Answers `query` from `group`'s state machine with the given consistency.
+    pub async fn read(&self, group: u64, query: Vec<u8>, consistency: ReadConsistency, timeout: Duration) -> Result<Vec<u8>, EngineError> {
+        let deadline = Instant::now() + timeout;
+        self.ask(group, timeout, |reply| WorkerMsg::Read { group, query, consistency, deadline, reply }).await
+    }
+
+    /// Proposes a configuration change; answers with the new configuration once applied.
+    pub async fn conf_change(&self, group: u64, change: ConfChangeV2, timeout: Duration) -> Result<ConfState, EngineError> {
+        let deadline = Instant::now() + timeout;
+        let bytes = self.ask(group, timeout, |reply| WorkerMsg::ConfChange { group, change, deadline, reply }).await?;
+        ConfState::parse_from_bytes(&bytes).map_err(|e| EngineError::Invalid(format!("conf state: {e}")))
+    }
+
+    /// Creates a replica of `group` here (see [`WorkerMsg::CreateGroup`]).
+    pub async fn create_group(&self, group: u64, voters: Vec<u64>) -> Result<(), EngineError> {
+        self.ask(group, Duration::from_secs(10), |reply| WorkerMsg::CreateGroup { group, voters, reply }).await
+    }
+
+    /// Asks this node's replica (the leader) to hand leadership to `to`.
+    pub async fn transfer_leader(&self, group: u64, to: u64) -> Result<(), EngineError> {
+        self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::TransferLeader { group, to, reply }).await
+    }
+
+    /// Makes this node's replica campaign now.
+    pub async fn campaign(&self, group: u64) -> Result<(), EngineError> {
+        self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::Campaign { group, reply }).await
+    }
+
+    /// This node's view of `group`.
+    pub async fn status(&self, group: u64) -> Result<GroupStatus, EngineError> {
+        self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::Status { group, reply }).await
+    }
+}
+
+/// Why a node could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeError {
+    /// Storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// A replica could not be loaded.
+    #[error("group {group}: {source}")]
+    Replica { group: u64, source: ReplicaError },
+    /// A thread, socket or runtime could not be created.
+    #[error("io: {0}")]
+    Io(#[from] std::io::Error),
+    /// The configuration is unusable.
+    #[error("config: {0}")]
+    Config(String),
+}
+
+/// A running shard-node engine.
+pub struct Node {
+    config: Arc<NodeConfig>,
+    handle: NodeHandle,
+    stop: Arc<AtomicBool>,
+    workers: Vec<JoinHandle<()>>,
+    store: Option<StoreWriter>,
+    runtime: Option<tokio::runtime::Runtime>,
+    listen_addr: SocketAddr,
+}
+
+impl Node {
+    /// Opens the node's store, loads every replica it hosts, and starts the workers, the
+    /// store writer and the transport server on `listener`.
+    pub fn start(
+        config: NodeConfig,
+        listener: std::net::TcpListener,
+        directory: Arc<PeerDirectory>,
+        faults: Arc<NetFaults>,
+        factory: Arc<dyn StateMachineFactory>,
+    ) -> Result<Node, NodeError> {
+        if config.node_id == 0 || config.workers == 0 || config.tick_ms == 0 {
+            return Err(NodeError::Config("node_id, workers and tick_ms must be positive".into()));
+        }
+        let config = Arc::new(config);
+        let node_id = config.node_id;
+        let listen_addr = listener.local_addr()?;
+        directory.insert(node_id, listen_addr);
+        let db = Db::open(&config.data_dir)?;
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("node-{node_id}-io"))
+            .enable_all()
+            .build()?;
+
+        // 1. Channels first: the handle, transport and workers all refer to them.
+        let store = StoreWriter::start(db.clone(), config.workers * config.write_tasks_in_flight_max, node_id)?;
+        let mut inboxes = Vec::new();
+        let mut senders = Vec::new();
+        for _ in 0..config.workers {
+            let (sender, inbox) = crossbeam_channel::bounded(config.inbox_msgs_max);
+            senders.push(sender);
+            inboxes.push(inbox);
+        }
+        let handle = NodeHandle { node_id, workers: senders.into(), deadline_slack: Duration::from_millis(config.tick_ms * 2) };
+        let limits = TransportLimits::default();
+        let transport: Arc<dyn RaftSender> =
+            Arc::new(Transport::new(handle.clone(), directory, faults, runtime.handle().clone(), limits));
+
+        // 2. Replicas from disk, each on the worker its id maps to.
+        let mut replicas: Vec<HashMap<u64, Replica>> = (0..config.workers).map(|_| HashMap::new()).collect();
+        for group in PeerStorage::list_groups(&db)? {
+            let replica = Replica::load(&config, db.clone(), group, factory.as_ref())
+                .map_err(|source| NodeError::Replica { group, source })?;
+            replicas[(group % config.workers as u64) as usize].insert(group, replica);
+        }
+
+        // 3. Workers.
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut workers = Vec::new();
+        for (index, (inbox, replicas)) in inboxes.into_iter().zip(replicas).enumerate() {
+            let (persisted_tx, persisted_rx) = crossbeam_channel::bounded(config.write_tasks_in_flight_max);
+            let worker = worker::Worker {
+                config: config.clone(),
+                db: db.clone(),
+                factory: factory.clone(),
+                sender: transport.clone(),
+                inbox,
+                store: store.sender(),
+                persisted_tx,
+                persisted_rx,
+                stop: stop.clone(),
+                replicas,
+                tasks_in_flight: 0,
+                tick: 0,
+                next_read_ctx: 1,
+            };
+            workers.push(std::thread::Builder::new().name(format!("node-{node_id}-w{index}")).spawn(move || worker.run())?);
+        }
+
+        // 4. The transport server last: messages arrive only once workers can take them.
+        listener.set_nonblocking(true)?;
+        let service = RaftTransportService::server(handle.clone(), limits);
+        runtime.spawn(async move {
+            let listener = match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => listener,
+                Err(error) => return tracing::error!(node_id, %error, "transport listener"),
+            };
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let served = tonic::transport::Server::builder()
+                .tcp_nodelay(true)
+                .initial_stream_window_size(Some(8 << 20))
+                .initial_connection_window_size(Some(16 << 20))
+                .add_service(service)
+                .serve_with_incoming(incoming)
+                .await;
+            if let Err(error) = served {
+                tracing::error!(node_id, %error, "transport server stopped");
+            }
+        });
+        Ok(Node { config, handle, stop, workers, store: Some(store), runtime: Some(runtime), listen_addr })
+    }
+
+    /// A handle to this node's groups.
+    pub fn handle(&self) -> NodeHandle {
+        self.handle.clone()
+    }
+
+    /// This node's id.
+    pub fn id(&self) -> u64 {
+        self.config.node_id
+    }
+
+    /// Where the node's gRPC server listens.
+    pub fn listen_addr(&self) -> SocketAddr {
+        self.listen_addr
+    }
+
+    /// The store writer's counters.
+    pub fn store_metrics(&self) -> StoreMetricsSnapshot {
+        self.store.as_ref().map(|store| store.metrics().snapshot()).unwrap_or_default()
+    }
+
+    /// Stops everything at once, as a crash would: workers stop between rounds, writes not
+    /// yet handed to RocksDB are lost, connections drop. What was acknowledged is on disk.
+    /// Returns once the node's threads are gone and its directory can be reopened.
+    pub fn kill(self) {
+        drop(self);
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::SeqCst);
+        for worker in self.workers.drain(..) {
+            let _ = worker.join();
+        }
+        if let Some(store) = self.store.take() {
+            store.stop();
+        }
+        if let Some(runtime) = self.runtime.take() {
+            let _ = std::thread::spawn(move || runtime.shutdown_timeout(Duration::from_secs(2))).join();
+        }
+    }
+}

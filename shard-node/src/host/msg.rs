@@ -1,0 +1,71 @@
+//! Every message a host-loop worker receives, defined in one place.
+
+use std::time::Instant;
+
+use raft::eraftpb::{ConfChangeV2, Message};
+use tokio::sync::oneshot;
+
+use crate::error::EngineError;
+use crate::state_machine::ApplyOutput;
+
+/// Reply channel of a request answered by a worker.
+pub type Reply<T> = oneshot::Sender<Result<T, EngineError>>;
+
+/// How fresh a read must be.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ReadConsistency {
+    /// Linearizable: served after a ReadIndex round confirms the leader's commit index.
+    Linearizable,
+    /// From this replica's applied state, however far behind it is.
+    Stale,
+}
+
+/// A message for a worker.
+pub enum WorkerMsg {
+    /// A raft message from a peer node.
+    Raft { group: u64, message: Box<Message> },
+    /// Propose a command; answered with the state machine's output once applied.
+    Propose { group: u64, command: Vec<u8>, deadline: Instant, reply: oneshot::Sender<ApplyOutput> },
+    /// Answer a query from the state machine.
+    Read { group: u64, query: Vec<u8>, consistency: ReadConsistency, deadline: Instant, reply: Reply<Vec<u8>> },
+    /// Propose a configuration change; answered with the encoded new `ConfState` once applied.
+    ConfChange { group: u64, change: ConfChangeV2, deadline: Instant, reply: oneshot::Sender<ApplyOutput> },
+    /// Ask the leader to hand leadership to `to`.
+    TransferLeader { group: u64, to: u64, reply: Reply<()> },
+    /// Start campaigning now (used to speed up bootstrap).
+    Campaign { group: u64, reply: Reply<()> },
+    /// Create a replica; `voters` empty creates an uninitialized replica that waits for a
+    /// snapshot.
+    CreateGroup { group: u64, voters: Vec<u64>, reply: Reply<()> },
+    /// The transport could not deliver a message of `group` to `to`.
+    Unreachable { group: u64, to: u64, snapshot: bool },
+    /// Report the group's raft status.
+    Status { group: u64, reply: Reply<GroupStatus> },
+}
+
+/// A replica's view of its group.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct GroupStatus {
+    /// The group.
+    pub group: u64,
+    /// This node.
+    pub node_id: u64,
+    /// Current term.
+    pub term: u64,
+    /// Leader this replica knows of (0: none).
+    pub leader_id: u64,
+    /// True when this replica leads.
+    pub is_leader: bool,
+    /// Commit index.
+    pub commit: u64,
+    /// Applied index.
+    pub applied: u64,
+    /// First index still in the log.
+    pub first_index: u64,
+    /// Last index in the log.
+    pub last_index: u64,
+    /// Voters (incoming configuration).
+    pub voters: Vec<u64>,
+    /// Learners.
+    pub learners: Vec<u64>,
+}

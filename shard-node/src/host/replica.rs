@@ -1,0 +1,186 @@
+//! One group's replica on this node: its `RawNode`, state machine, and the requests waiting
+//! on it. Behaviour is grouped by feature in sibling modules (`command`, `query`, `ready`),
+//! all as `impl Replica` blocks; this file holds the state and its construction.
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use raft::eraftpb::Message;
+use raft::{RawNode, StateRole};
+use tokio::sync::oneshot;
+
+use super::msg::{GroupStatus, Reply};
+use crate::config::NodeConfig;
+use crate::error::{EngineError, StorageError};
+use crate::state_machine::{ApplyOutput, SmReader, StateMachine, StateMachineFactory};
+use crate::storage::{ApplyState, Db, PeerStorage};
+
+/// A proposal waiting for its entry to be applied.
+pub(crate) struct Proposal {
+    /// Term the entry was proposed in: the proposal succeeded only if the entry applied at
+    /// its index carries this term.
+    pub term: u64,
+    pub deadline: Instant,
+    pub reply: oneshot::Sender<ApplyOutput>,
+}
+
+/// A read waiting to be served.
+pub(crate) struct ReadRequest {
+    pub query: Vec<u8>,
+    pub deadline: Instant,
+    pub reply: Reply<Vec<u8>>,
+}
+
+/// A ReadIndex request raft has been asked for, covering a batch of reads.
+pub(crate) struct InflightRead {
+    pub ctx: u64,
+    pub issued_tick: u64,
+    pub reads: Vec<ReadRequest>,
+}
+
+/// A ready whose writes are with the store writer.
+pub(crate) struct Unpersisted {
+    pub number: u64,
+    /// Messages raft allows only after the ready is durable (votes, follower acks).
+    pub messages: Vec<Message>,
+    /// Log index covered once durable.
+    pub last_index: u64,
+    /// The ready installed a snapshot: reload the state machine once durable.
+    pub snapshot_index: Option<u64>,
+}
+
+/// One group's replica.
+pub struct Replica {
+    pub(crate) group: u64,
+    pub(crate) raw: RawNode<PeerStorage>,
+    pub(crate) sm: Box<dyn StateMachine>,
+    pub(crate) db: Arc<Db>,
+    pub(crate) applied: ApplyState,
+    pub(crate) proposals: BTreeMap<u64, Proposal>,
+    pub(crate) queued_reads: Vec<ReadRequest>,
+    pub(crate) inflight_read: Option<InflightRead>,
+    /// Read batches confirmed at a read index, waiting for apply to reach it.
+    pub(crate) confirmed_reads: VecDeque<(u64, Vec<ReadRequest>)>,
+    pub(crate) unpersisted: VecDeque<Unpersisted>,
+    /// Set when a configuration change removed this replica from its group.
+    pub(crate) removed: bool,
+    /// A snapshot is being installed: nothing may be applied until it is durable.
+    pub(crate) installing_snapshot: bool,
+    /// Compact the log when it holds more applied entries than this.
+    pub(crate) log_compact_entries: u64,
+}
+
+impl Replica {
+    /// Loads the replica of `group` from disk (its records must exist).
+    pub fn load(config: &NodeConfig, db: Arc<Db>, group: u64, factory: &dyn StateMachineFactory) -> Result<Replica, ReplicaError> {
+        let storage = PeerStorage::load(db.clone(), group, config.storage)?;
+        let applied = storage.apply_state()?;
+        let mut sm = factory.create(group);
+        sm.reload(&SmReader::new(db.clone(), group), applied.index)?;
+        let logger = slog::Logger::root(slog::Discard, slog::o!());
+        let mut raw = RawNode::new(&config.raft_config(applied.index), storage, &logger)?;
+        // Merge appends to the same follower produced in one round into one message.
+        raw.set_batch_append(true);
+        Ok(Replica {
+            group,
+            raw,
+            sm,
+            db,
+            applied,
+            proposals: BTreeMap::new(),
+            queued_reads: Vec::new(),
+            inflight_read: None,
+            confirmed_reads: VecDeque::new(),
+            unpersisted: VecDeque::new(),
+            removed: false,
+            installing_snapshot: false,
+            log_compact_entries: config.log_compact_entries.max(2),
+        })
+    }
+
+    /// The leader this replica knows of, if any.
+    pub fn leader_hint(&self) -> Option<u64> {
+        Some(self.raw.raft.leader_id).filter(|id| *id != raft::INVALID_ID)
+    }
+
+    /// True when this replica leads its group.
+    pub fn is_leader(&self) -> bool {
+        self.raw.raft.state == StateRole::Leader
+    }
+
+    pub(crate) fn not_leader(&self) -> EngineError {
+        EngineError::NotLeader { group: self.group, leader_hint: self.leader_hint() }
+    }
+
+    /// The replica's view of its group.
+    pub fn status(&self) -> GroupStatus {
+        let raft = &self.raw.raft;
+        let conf = raft.prs().conf().to_conf_state();
+        GroupStatus {
+            group: self.group,
+            node_id: raft.id,
+            term: raft.term,
+            leader_id: raft.leader_id,
+            is_leader: self.is_leader(),
+            commit: raft.raft_log.committed,
+            applied: self.applied.index,
+            first_index: raft.raft_log.first_index(),
+            last_index: raft.raft_log.last_index(),
+            voters: conf.voters,
+            learners: conf.learners,
+        }
+    }
+
+    /// Fails every waiting request (the replica is going away).
+    pub(crate) fn fail_all(&mut self, error: &EngineError) {
+        for (_, proposal) in std::mem::take(&mut self.proposals) {
+            let _ = proposal.reply.send(Err(error.clone()));
+        }
+        let confirmed = std::mem::take(&mut self.confirmed_reads).into_iter().flat_map(|(_, reads)| reads);
+        let inflight = self.inflight_read.take().into_iter().flat_map(|inflight| inflight.reads);
+        for read in std::mem::take(&mut self.queued_reads).into_iter().chain(confirmed).chain(inflight) {
+            let _ = read.reply.send(Err(error.clone()));
+        }
+    }
+
+    /// Answers requests whose deadline has passed. A proposal past its deadline may still be
+    /// applied later, so its error says the outcome is unknown.
+    pub(crate) fn expire_requests(&mut self, now: Instant) {
+        let expired: Vec<u64> = self.proposals.iter().filter(|(_, p)| p.deadline <= now).map(|(index, _)| *index).collect();
+        for index in expired {
+            if let Some(proposal) = self.proposals.remove(&index) {
+                let _ = proposal.reply.send(Err(EngineError::Unavailable {
+                    reason: format!("group {}: deadline passed before entry {index} applied", self.group),
+                    outcome_unknown: true,
+                }));
+            }
+        }
+        let group = self.group;
+        let expire = |reads: &mut Vec<ReadRequest>| {
+            let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(reads).into_iter().partition(|r| r.deadline <= now);
+            *reads = kept;
+            for read in expired {
+                let _ = read.reply.send(Err(EngineError::busy(format!("group {group}: read not confirmed before its deadline"))));
+            }
+        };
+        expire(&mut self.queued_reads);
+        if let Some(inflight) = &mut self.inflight_read {
+            expire(&mut inflight.reads);
+        }
+        for (_, reads) in &mut self.confirmed_reads {
+            expire(reads);
+        }
+    }
+}
+
+/// Why a replica could not be created or loaded.
+#[derive(Debug, thiserror::Error)]
+pub enum ReplicaError {
+    /// Its storage failed.
+    #[error(transparent)]
+    Storage(#[from] StorageError),
+    /// raft-rs refused its configuration or state.
+    #[error("raft: {0}")]
+    Raft(#[from] raft::Error),
+}

@@ -1,0 +1,258 @@
+//! A host-loop worker: one thread driving the replicas of the groups assigned to it.
+//!
+//! Threading is the only thing this file decides; what happens to a replica lives in the
+//! feature modules (`command`, `query`, `ready`).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use raft::eraftpb::{Message, MessageType};
+
+use super::command::Proposed;
+use super::msg::WorkerMsg;
+use super::ready::RoundWrites;
+use super::replica::Replica;
+use super::RaftSender;
+use crate::config::NodeConfig;
+use crate::error::{EngineError, StorageError};
+use crate::state_machine::StateMachineFactory;
+use crate::storage::snapshot::SnapshotData;
+use crate::storage::{Db, PeerStorage};
+use crate::store_writer::{Persisted, WriteTask};
+
+/// Inbox messages handled per round at most, so readies and ticks are never starved.
+const INBOX_MSGS_PER_ROUND_MAX: usize = 4096;
+
+/// What woke the worker.
+enum Event {
+    Message(Option<WorkerMsg>),
+    Persisted(Option<Persisted>),
+    Idle,
+}
+
+/// Everything a worker thread owns.
+pub(crate) struct Worker {
+    pub config: Arc<NodeConfig>,
+    pub db: Arc<Db>,
+    pub factory: Arc<dyn StateMachineFactory>,
+    pub sender: Arc<dyn RaftSender>,
+    pub inbox: Receiver<WorkerMsg>,
+    pub store: Sender<WriteTask>,
+    pub persisted_tx: Sender<Persisted>,
+    pub persisted_rx: Receiver<Persisted>,
+    pub stop: Arc<AtomicBool>,
+    pub replicas: HashMap<u64, Replica>,
+    pub tasks_in_flight: usize,
+    pub tick: u64,
+    pub next_read_ctx: u64,
+}
+
+impl Worker {
+    /// Runs until the node stops or its storage fails.
+    pub fn run(mut self) {
+        if let Err(error) = self.run_loop() {
+            tracing::error!(node = self.config.node_id, %error, "host loop stopped on a storage failure");
+            for replica in self.replicas.values_mut() {
+                replica.fail_all(&EngineError::Stopped);
+            }
+        }
+    }
+
+    fn run_loop(&mut self) -> Result<(), StorageError> {
+        let tick_interval = Duration::from_millis(self.config.tick_ms);
+        let mut next_tick = Instant::now() + tick_interval;
+        while !self.stop.load(Ordering::Relaxed) {
+            // 1. Wait for work or the next tick.
+            let timeout = next_tick.saturating_duration_since(Instant::now());
+            let first = crossbeam_channel::select! {
+                recv(self.inbox) -> message => Event::Message(message.ok()),
+                recv(self.persisted_rx) -> persisted => Event::Persisted(persisted.ok()),
+                default(timeout) => Event::Idle,
+            };
+            let first = match first {
+                Event::Message(message) => message,
+                Event::Persisted(persisted) => {
+                    if let Some(persisted) = persisted {
+                        self.on_persisted(persisted)?;
+                    }
+                    None
+                }
+                Event::Idle => None,
+            };
+            // 2. Tick every replica when due: elections, heartbeats, read retries, deadlines.
+            let now = Instant::now();
+            if now >= next_tick {
+                next_tick = now + tick_interval;
+                self.on_tick(now);
+            }
+            // 3. Step what arrived (raft state changes only, no I/O), bounded per round.
+            if let Some(message) = first {
+                self.handle(message)?;
+            }
+            for _ in 0..INBOX_MSGS_PER_ROUND_MAX {
+                let Ok(message) = self.inbox.try_recv() else { break };
+                self.handle(message)?;
+            }
+            // 4. Durability notices before readies: they release withheld messages and let
+            //    raft hand out the entries they made durable for apply in this same round.
+            while let Ok(persisted) = self.persisted_rx.try_recv() {
+                self.on_persisted(persisted)?;
+            }
+            // 5. One ReadIndex per group for the reads that queued up.
+            for replica in self.replicas.values_mut() {
+                replica.issue_read_index(self.tick, &mut self.next_read_ctx);
+            }
+            // 6. Readies of every group into one store task: one fsync serves them all. With
+            //    too many tasks in flight the readies wait (raft keeps them) for a later round.
+            if self.tasks_in_flight < self.config.write_tasks_in_flight_max {
+                self.handle_readies()?;
+            }
+            // 7. Replicas removed from their group go once nothing of theirs is in flight.
+            self.destroy_removed()?;
+        }
+        Ok(())
+    }
+
+    fn on_tick(&mut self, now: Instant) {
+        self.tick += 1;
+        let retry_ticks = self.config.election_tick as u64;
+        for replica in self.replicas.values_mut() {
+            replica.raw.tick();
+            replica.retry_read_index(self.tick, retry_ticks);
+            replica.expire_requests(now);
+        }
+    }
+
+    fn handle(&mut self, message: WorkerMsg) -> Result<(), StorageError> {
+        let config = self.config.clone();
+        match message {
+            WorkerMsg::Raft { group, message } => self.step(group, *message),
+            WorkerMsg::Propose { group, command, deadline, reply } => match self.replicas.get_mut(&group) {
+                Some(replica) => replica.propose(&config, Proposed::Command(command), deadline, reply),
+                None => drop(reply.send(Err(EngineError::GroupNotFound(group)))),
+            },
+            WorkerMsg::ConfChange { group, change, deadline, reply } => match self.replicas.get_mut(&group) {
+                Some(replica) => replica.propose(&config, Proposed::ConfChange(change), deadline, reply),
+                None => drop(reply.send(Err(EngineError::GroupNotFound(group)))),
+            },
+            WorkerMsg::Read { group, query, consistency, deadline, reply } => match self.replicas.get_mut(&group) {
+                Some(replica) => replica.read(&config, query, consistency, deadline, reply),
+                None => drop(reply.send(Err(EngineError::GroupNotFound(group)))),
+            },
+            WorkerMsg::TransferLeader { group, to, reply } => {
+                let result = self.replica(group).map(|replica| replica.raw.transfer_leader(to));
+                let _ = reply.send(result);
+            }
+            WorkerMsg::Campaign { group, reply } => {
+                let result = self.replica(group).and_then(|replica| {
+                    replica.raw.campaign().map_err(|e| EngineError::Invalid(format!("campaign: {e}")))
+                });
+                let _ = reply.send(result);
+            }
+            WorkerMsg::Unreachable { group, to, snapshot } => {
+                if let Some(replica) = self.replicas.get_mut(&group) {
+                    replica.report_unreachable(to, snapshot);
+                }
+            }
+            WorkerMsg::Status { group, reply } => {
+                let _ = reply.send(self.replica(group).map(|replica| replica.status()));
+            }
+            WorkerMsg::CreateGroup { group, voters, reply } => {
+                let _ = reply.send(self.create_group(group, &voters)?);
+            }
+        }
+        Ok(())
+    }
+
+    fn replica(&mut self, group: u64) -> Result<&mut Replica, EngineError> {
+        self.replicas.get_mut(&group).ok_or(EngineError::GroupNotFound(group))
+    }
+
+    /// Steps a message from the network, after checks raft-rs leaves to the host.
+    fn step(&mut self, group: u64, message: Message) {
+        let Some(replica) = self.replicas.get_mut(&group) else {
+            tracing::debug!(group, from = message.from, "message for a group not hosted here");
+            return;
+        };
+        if message.to != self.config.node_id {
+            tracing::warn!(group, to = message.to, "message addressed to another node");
+            return;
+        }
+        // Snapshot data is decoded only once the message is in the log; check it now, while a
+        // bad one can still be dropped.
+        if message.get_msg_type() == MessageType::MsgSnapshot {
+            if let Err(error) = SnapshotData::decode(&message.get_snapshot().data) {
+                tracing::warn!(group, from = message.from, %error, "dropping malformed snapshot");
+                return;
+            }
+        }
+        // raft-rs refuses local message types and unknown peers with an error: nothing to do.
+        if let Err(error) = replica.raw.step(message) {
+            tracing::debug!(group, %error, "raft refused a message");
+        }
+    }
+
+    fn create_group(&mut self, group: u64, voters: &[u64]) -> Result<Result<(), EngineError>, StorageError> {
+        if self.replicas.contains_key(&group) {
+            return Ok(Err(EngineError::GroupExists(group)));
+        }
+        if group == 0 || group > crate::storage::keys::GROUP_ID_MAX {
+            return Ok(Err(EngineError::Invalid(format!("group id {group} is reserved"))));
+        }
+        if !voters.is_empty() && !voters.contains(&self.config.node_id) {
+            return Ok(Err(EngineError::Invalid(format!("voters {voters:?} do not include this node"))));
+        }
+        if voters.contains(&0) {
+            return Ok(Err(EngineError::Invalid("node id 0 is reserved".into())));
+        }
+        self.db.write_ops(&PeerStorage::bootstrap_ops(group, voters), true)?;
+        let replica = Replica::load(&self.config, self.db.clone(), group, self.factory.as_ref())
+            .map_err(|error| StorageError::Corrupt(format!("group {group} just created: {error}")))?;
+        self.replicas.insert(group, replica);
+        Ok(Ok(()))
+    }
+
+    fn handle_readies(&mut self) -> Result<(), StorageError> {
+        let mut round = RoundWrites::default();
+        for replica in self.replicas.values_mut() {
+            replica.handle_ready(self.sender.as_ref(), &mut round)?;
+        }
+        if round.readies.is_empty() {
+            assert!(round.ops.is_empty(), "writes without a ready to notify");
+            return Ok(());
+        }
+        let task = WriteTask { ops: round.ops, entries: round.entries, readies: round.readies, done: self.persisted_tx.clone() };
+        // The queue holds `write_tasks_in_flight_max` tasks per worker and this worker has
+        // fewer in flight, so this send does not block.
+        self.store.send(task).map_err(|_| StorageError::Corrupt("store writer stopped".into()))?;
+        self.tasks_in_flight += 1;
+        Ok(())
+    }
+
+    fn on_persisted(&mut self, persisted: Persisted) -> Result<(), StorageError> {
+        self.tasks_in_flight -= 1;
+        persisted.result.map_err(StorageError::Corrupt)?;
+        for (group, number) in persisted.readies {
+            if let Some(replica) = self.replicas.get_mut(&group) {
+                replica.on_persisted(number, self.sender.as_ref())?;
+            }
+        }
+        Ok(())
+    }
+
+    fn destroy_removed(&mut self) -> Result<(), StorageError> {
+        let removable: Vec<u64> =
+            self.replicas.iter().filter(|(_, r)| r.removed && r.unpersisted.is_empty()).map(|(group, _)| *group).collect();
+        for group in removable {
+            if let Some(mut replica) = self.replicas.remove(&group) {
+                replica.fail_all(&EngineError::GroupNotFound(group));
+                self.db.write_ops(&PeerStorage::destroy_ops(group), true)?;
+                tracing::info!(node = self.config.node_id, group, "replica removed from its group and destroyed");
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,22 @@
+//! Warden's shard-node: the multi-Raft engine.
+//!
+//! - [`storage`]: one RocksDB per node shared by all groups; `raft::Storage` with a tail cache.
+//! - [`store_writer`]: group commit, one fsync for every group's pending writes.
+//! - [`host`]: the host loop driving many `RawNode`s on a few threads.
+//! - [`transport`]: one gRPC stream per peer node, batching messages of all groups.
+//! - [`state_machine`]: what a group replicates; [`kv`] is the engine's test state machine.
+//! - [`cluster`]: an in-process cluster with fault injection, for tests and benchmarks.
+
+pub mod cluster;
+pub mod config;
+pub mod error;
+pub mod host;
+pub mod kv;
+pub mod state_machine;
+pub mod storage;
+pub mod store_writer;
+pub mod transport;
+
+pub use config::NodeConfig;
+pub use error::{EngineError, StorageError};
+pub use host::{GroupStatus, Node, NodeHandle, ReadConsistency};

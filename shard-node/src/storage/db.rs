@@ -1,0 +1,127 @@
+//! The node's one RocksDB, shared by every group it hosts, and the write operations the
+//! host loop hands to the store writer.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, WriteBatch, DB};
+
+use crate::error::StorageError;
+
+/// Column family of raft log entries: `group | index` → encoded `eraftpb.Entry`.
+pub const CF_RAFT_LOG: &str = "raft_log";
+/// Column family of per-group raft records (hard state, apply state, conf state, truncation).
+pub const CF_RAFT_STATE: &str = "raft_state";
+/// Column family of state-machine data: `group | user key` → value.
+pub const CF_SM: &str = "sm";
+
+/// Which column family a [`WriteOp`] targets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Cf {
+    /// [`CF_RAFT_LOG`].
+    RaftLog,
+    /// [`CF_RAFT_STATE`].
+    RaftState,
+    /// [`CF_SM`].
+    Sm,
+}
+
+impl Cf {
+    fn name(self) -> &'static str {
+        match self {
+            Cf::RaftLog => CF_RAFT_LOG,
+            Cf::RaftState => CF_RAFT_STATE,
+            Cf::Sm => CF_SM,
+        }
+    }
+}
+
+/// One write, recorded by the host loop and executed by the store writer inside the single
+/// `WriteBatch` it builds for everything pending on the node.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum WriteOp {
+    /// Set `key` to `value`.
+    Put { cf: Cf, key: Vec<u8>, value: Vec<u8> },
+    /// Remove `key`.
+    Delete { cf: Cf, key: Vec<u8> },
+    /// Remove every key in `[from, to)`.
+    DeleteRange { cf: Cf, from: Vec<u8>, to: Vec<u8> },
+}
+
+impl WriteOp {
+    /// Bytes of keys and values this op writes (for the bytes-per-fsync metric).
+    pub fn size_bytes(&self) -> usize {
+        match self {
+            WriteOp::Put { key, value, .. } => key.len() + value.len(),
+            WriteOp::Delete { key, .. } => key.len(),
+            WriteOp::DeleteRange { from, to, .. } => from.len() + to.len(),
+        }
+    }
+}
+
+/// The node's RocksDB with its column families.
+pub struct Db {
+    inner: DB,
+}
+
+impl Db {
+    /// Opens (creating if missing) the database at `path`.
+    pub fn open(path: &Path) -> Result<Arc<Db>, StorageError> {
+        let mut options = Options::default();
+        options.create_if_missing(true);
+        options.create_missing_column_families(true);
+        options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+        // Two cores: one flush and one compaction thread at most.
+        options.set_max_background_jobs(2);
+        let families = [CF_RAFT_LOG, CF_RAFT_STATE, CF_SM].map(|name| {
+            let mut cf_options = Options::default();
+            cf_options.set_compression_type(rocksdb::DBCompressionType::Lz4);
+            ColumnFamilyDescriptor::new(name, cf_options)
+        });
+        let inner = DB::open_cf_descriptors(&options, path, families)?;
+        Ok(Arc::new(Db { inner }))
+    }
+
+    /// The raw RocksDB handle.
+    pub fn raw(&self) -> &DB {
+        &self.inner
+    }
+
+    /// Handle of column family `cf`.
+    pub fn cf(&self, cf: Cf) -> Result<&ColumnFamily, StorageError> {
+        self.inner
+            .cf_handle(cf.name())
+            .ok_or(StorageError::MissingColumnFamily(cf.name()))
+    }
+
+    /// Reads `key` from `cf`.
+    pub fn get(&self, cf: Cf, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.inner.get_cf(self.cf(cf)?, key)?)
+    }
+
+    /// Adds `ops` to `batch`.
+    pub fn add_to_batch(&self, batch: &mut WriteBatch, ops: &[WriteOp]) -> Result<(), StorageError> {
+        for op in ops {
+            match op {
+                WriteOp::Put { cf, key, value } => batch.put_cf(self.cf(*cf)?, key, value),
+                WriteOp::Delete { cf, key } => batch.delete_cf(self.cf(*cf)?, key),
+                WriteOp::DeleteRange { cf, from, to } => batch.delete_range_cf(self.cf(*cf)?, from, to),
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes `batch`; `sync` makes it (and everything written before it) durable first.
+    pub fn write(&self, batch: WriteBatch, sync: bool) -> Result<(), StorageError> {
+        let mut write_options = rocksdb::WriteOptions::default();
+        write_options.set_sync(sync);
+        Ok(self.inner.write_opt(batch, &write_options)?)
+    }
+
+    /// Writes `ops` as one batch.
+    pub fn write_ops(&self, ops: &[WriteOp], sync: bool) -> Result<(), StorageError> {
+        let mut batch = WriteBatch::default();
+        self.add_to_batch(&mut batch, ops)?;
+        self.write(batch, sync)
+    }
+}

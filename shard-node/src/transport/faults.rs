@@ -1,0 +1,119 @@
+//! Network fault injection for tests: partitions (symmetric and one-way), message drop rate
+//! and delay. Every node's transport consults the same `NetFaults` before sending.
+
+use std::collections::HashSet;
+use std::sync::RwLock;
+use std::time::Duration;
+
+/// Faults between nodes, shared by every node of an in-process cluster.
+#[derive(Debug, Default)]
+pub struct NetFaults {
+    state: RwLock<FaultState>,
+}
+
+#[derive(Debug, Default, Clone)]
+struct FaultState {
+    /// Directed links `(from, to)` that lose everything.
+    blocked: HashSet<(u64, u64)>,
+    /// Probability that any one message is lost.
+    drop_rate: f64,
+    /// Added to every batch before it is sent.
+    delay: Duration,
+}
+
+/// What the transport does with one message.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Verdict {
+    /// Send it.
+    Deliver,
+    /// Lose it.
+    Drop,
+}
+
+impl NetFaults {
+    /// No faults.
+    pub fn new() -> NetFaults {
+        NetFaults::default()
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, FaultState> {
+        self.state.write().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, FaultState> {
+        self.state.read().unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Loses every message from `from` to `to` (one way).
+    pub fn block(&self, from: u64, to: u64) {
+        self.write().blocked.insert((from, to));
+    }
+
+    /// Cuts every link between `side_a` and `side_b`, both ways.
+    pub fn partition(&self, side_a: &[u64], side_b: &[u64]) {
+        let mut state = self.write();
+        for &a in side_a {
+            for &b in side_b {
+                state.blocked.insert((a, b));
+                state.blocked.insert((b, a));
+            }
+        }
+    }
+
+    /// Cuts `node` from every node in `others`, both ways.
+    pub fn isolate(&self, node: u64, others: &[u64]) {
+        self.partition(&[node], others);
+    }
+
+    /// Loses each message with probability `rate` (0.0 to 1.0).
+    pub fn set_drop_rate(&self, rate: f64) {
+        self.write().drop_rate = rate.clamp(0.0, 1.0);
+    }
+
+    /// Delays every batch by `delay`.
+    pub fn set_delay(&self, delay: Duration) {
+        self.write().delay = delay;
+    }
+
+    /// Removes every fault.
+    pub fn heal(&self) {
+        *self.write() = FaultState::default();
+    }
+
+    /// The delay to apply before sending a batch.
+    pub fn delay(&self) -> Duration {
+        self.read().delay
+    }
+
+    /// Decides the fate of one message from `from` to `to`.
+    pub fn verdict(&self, from: u64, to: u64) -> Verdict {
+        let state = self.read();
+        if state.blocked.contains(&(from, to)) {
+            return Verdict::Drop;
+        }
+        if state.drop_rate > 0.0 && rand::random::<f64>() < state.drop_rate {
+            return Verdict::Drop;
+        }
+        Verdict::Deliver
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn one_way_blocks_only_one_direction_and_heal_clears() {
+        let faults = NetFaults::new();
+        faults.block(1, 2);
+        assert_eq!(faults.verdict(1, 2), Verdict::Drop);
+        assert_eq!(faults.verdict(2, 1), Verdict::Deliver);
+        faults.partition(&[3], &[4, 5]);
+        assert_eq!(faults.verdict(5, 3), Verdict::Drop);
+        assert_eq!(faults.verdict(4, 5), Verdict::Deliver);
+        faults.heal();
+        assert_eq!(faults.verdict(1, 2), Verdict::Deliver);
+        faults.set_drop_rate(1.0);
+        assert_eq!(faults.verdict(1, 2), Verdict::Drop);
+    }
+}

@@ -1,0 +1,258 @@
+//! Node-to-node raft transport: one long-lived gRPC stream per ordered pair of nodes,
+//! carrying batches of messages of every group (group id + opaque raft-proto bytes).
+//!
+//! Sending never blocks the host loop: each peer has a bounded queue drained by its own
+//! task; a full queue or a broken stream loses messages and reports the peer unreachable
+//! to raft, which retransmits. Streams reconnect with backoff.
+
+pub mod chunk;
+pub mod faults;
+pub mod server;
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use protobuf::Message as _;
+use raft::eraftpb::{Message, MessageType};
+use tokio::sync::mpsc;
+use warden_proto::transport::raft_envelope::Body;
+use warden_proto::transport::raft_transport_client::RaftTransportClient;
+use warden_proto::transport::{RaftBatch, RaftEnvelope};
+
+pub use faults::{NetFaults, Verdict};
+
+use crate::host::{NodeHandle, RaftSender};
+
+/// Limits of the transport.
+#[derive(Clone, Copy, Debug)]
+pub struct TransportLimits {
+    /// Messages queued for one peer before new ones are dropped.
+    pub queue_msgs_max: usize,
+    /// Bytes of one batch on the wire (a single larger message still goes alone).
+    pub batch_bytes_max: usize,
+    /// Messages larger than this are sent in chunks of this size.
+    pub chunk_bytes: usize,
+    /// Largest gRPC message accepted or sent.
+    pub grpc_message_bytes_max: usize,
+    /// Bytes of partial chunked messages one stream may hold.
+    pub assembly_bytes_max: usize,
+}
+
+impl Default for TransportLimits {
+    fn default() -> Self {
+        TransportLimits {
+            queue_msgs_max: 16384,
+            batch_bytes_max: 2 << 20,
+            chunk_bytes: 1 << 20,
+            grpc_message_bytes_max: 8 << 20,
+            assembly_bytes_max: 640 << 20,
+        }
+    }
+}
+
+/// Where each node listens. Shared by the nodes of a cluster; updated when a node moves.
+#[derive(Debug, Default)]
+pub struct PeerDirectory {
+    addrs: RwLock<HashMap<u64, SocketAddr>>,
+}
+
+impl PeerDirectory {
+    /// An empty directory.
+    pub fn new() -> PeerDirectory {
+        PeerDirectory::default()
+    }
+
+    /// Records that `node` listens on `addr`.
+    pub fn insert(&self, node: u64, addr: SocketAddr) {
+        self.addrs.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(node, addr);
+    }
+
+    /// Where `node` listens.
+    pub fn get(&self, node: u64) -> Option<SocketAddr> {
+        self.addrs.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&node).copied()
+    }
+}
+
+struct Outgoing {
+    group: u64,
+    message: Message,
+}
+
+/// The sending side of a node's transport.
+pub struct Transport {
+    node_id: u64,
+    directory: Arc<PeerDirectory>,
+    faults: Arc<NetFaults>,
+    node: NodeHandle,
+    runtime: tokio::runtime::Handle,
+    limits: TransportLimits,
+    peers: Mutex<HashMap<u64, mpsc::Sender<Outgoing>>>,
+    next_message_id: Arc<AtomicU64>,
+}
+
+impl Transport {
+    /// A transport for `node`, spawning its peer tasks on `runtime`.
+    pub fn new(
+        node: NodeHandle,
+        directory: Arc<PeerDirectory>,
+        faults: Arc<NetFaults>,
+        runtime: tokio::runtime::Handle,
+        limits: TransportLimits,
+    ) -> Transport {
+        Transport {
+            node_id: node.node_id(),
+            directory,
+            faults,
+            node,
+            runtime,
+            limits,
+            peers: Mutex::new(HashMap::new()),
+            next_message_id: Arc::new(AtomicU64::new(1)),
+        }
+    }
+
+    fn peer_queue(&self, peer: u64) -> mpsc::Sender<Outgoing> {
+        let mut peers = self.peers.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        peers
+            .entry(peer)
+            .or_insert_with(|| {
+                let (sender, receiver) = mpsc::channel(self.limits.queue_msgs_max);
+                let task = PeerTask {
+                    from: self.node_id,
+                    to: peer,
+                    directory: self.directory.clone(),
+                    faults: self.faults.clone(),
+                    node: self.node.clone(),
+                    limits: self.limits,
+                    next_message_id: self.next_message_id.clone(),
+                };
+                self.runtime.spawn(task.run(receiver));
+                sender
+            })
+            .clone()
+    }
+}
+
+impl RaftSender for Transport {
+    fn send(&self, group: u64, message: Message) -> Result<(), Message> {
+        let queue = self.peer_queue(message.to);
+        queue.try_send(Outgoing { group, message }).map_err(|error| match error {
+            mpsc::error::TrySendError::Full(outgoing) | mpsc::error::TrySendError::Closed(outgoing) => outgoing.message,
+        })
+    }
+}
+
+/// The task that owns the stream to one peer.
+struct PeerTask {
+    from: u64,
+    to: u64,
+    directory: Arc<PeerDirectory>,
+    faults: Arc<NetFaults>,
+    node: NodeHandle,
+    limits: TransportLimits,
+    next_message_id: Arc<AtomicU64>,
+}
+
+const BACKOFF_MIN: Duration = Duration::from_millis(20);
+const BACKOFF_MAX: Duration = Duration::from_millis(1000);
+
+impl PeerTask {
+    async fn run(self, mut queue: mpsc::Receiver<Outgoing>) {
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            match self.connect().await {
+                Ok(stream) => {
+                    backoff = BACKOFF_MIN;
+                    if self.pump(&mut queue, stream).await.is_none() {
+                        return; // The node is stopping: its queue closed.
+                    }
+                }
+                Err(error) => tracing::debug!(from = self.from, to = self.to, %error, "connect failed"),
+            }
+            // While disconnected, whatever is queued is lost and raft is told.
+            while let Ok(outgoing) = queue.try_recv() {
+                self.undeliverable(&outgoing);
+            }
+            if queue.is_closed() {
+                return;
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+
+    async fn connect(&self) -> Result<mpsc::Sender<RaftBatch>, String> {
+        let addr = self.directory.get(self.to).ok_or_else(|| format!("no address for node {}", self.to))?;
+        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .map_err(|e| e.to_string())?
+            .connect_timeout(Duration::from_millis(500))
+            .tcp_nodelay(true)
+            .initial_stream_window_size(Some(8 << 20))
+            .initial_connection_window_size(Some(16 << 20));
+        let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+        let mut client = RaftTransportClient::new(channel)
+            .max_encoding_message_size(self.limits.grpc_message_bytes_max)
+            .max_decoding_message_size(self.limits.grpc_message_bytes_max);
+        let (sender, receiver) = mpsc::channel::<RaftBatch>(64);
+        let (from, to) = (self.from, self.to);
+        tokio::spawn(async move {
+            if let Err(status) = client.stream(tokio_stream::wrappers::ReceiverStream::new(receiver)).await {
+                tracing::debug!(from, to, %status, "raft stream ended");
+            }
+        });
+        Ok(sender)
+    }
+
+    /// Forwards batches until the stream breaks (`Some`) or the queue closes (`None`).
+    async fn pump(&self, queue: &mut mpsc::Receiver<Outgoing>, stream: mpsc::Sender<RaftBatch>) -> Option<()> {
+        loop {
+            let first = queue.recv().await?;
+            let mut batch = Vec::new();
+            let mut batch_bytes = 0usize;
+            let mut pending = Some(first);
+            while let Some(outgoing) = pending.take() {
+                if self.faults.verdict(self.from, self.to) == Verdict::Deliver {
+                    batch_bytes += self.encode(&outgoing, &mut batch);
+                }
+                if batch_bytes < self.limits.batch_bytes_max {
+                    pending = queue.try_recv().ok();
+                }
+            }
+            if batch.is_empty() {
+                continue;
+            }
+            let delay = self.faults.delay();
+            if !delay.is_zero() {
+                tokio::time::sleep(delay).await;
+            }
+            if stream.send(RaftBatch { from_node: self.from, envelopes: batch }).await.is_err() {
+                // The stream is gone; the batch is lost. Messages queued after it will be
+                // reported when the reconnect loop drains the queue.
+                return Some(());
+            }
+        }
+    }
+
+    /// Appends the envelopes of one message to `batch`; returns bytes added.
+    fn encode(&self, outgoing: &Outgoing, batch: &mut Vec<RaftEnvelope>) -> usize {
+        let bytes = outgoing.message.write_to_bytes().unwrap_or_default();
+        let size = bytes.len();
+        if size <= self.limits.chunk_bytes {
+            batch.push(RaftEnvelope { group_id: outgoing.group, body: Some(Body::Message(bytes)) });
+        } else {
+            let id = self.next_message_id.fetch_add(1, Ordering::Relaxed);
+            for chunk in chunk::split(id, &bytes, self.limits.chunk_bytes) {
+                batch.push(RaftEnvelope { group_id: outgoing.group, body: Some(Body::Chunk(chunk)) });
+            }
+        }
+        size
+    }
+
+    fn undeliverable(&self, outgoing: &Outgoing) {
+        let snapshot = outgoing.message.get_msg_type() == MessageType::MsgSnapshot;
+        self.node.report_unreachable(outgoing.group, self.to, snapshot);
+    }
+}

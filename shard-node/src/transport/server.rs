@@ -1,0 +1,61 @@
+//! The receiving side of the raft transport: a gRPC service that decodes each envelope and
+//! hands the message to the worker owning its group.
+
+use protobuf::Message as _;
+use raft::eraftpb::Message;
+use tonic::{Request, Response, Status, Streaming};
+use warden_proto::transport::raft_envelope::Body;
+use warden_proto::transport::raft_transport_server::{RaftTransport, RaftTransportServer};
+use warden_proto::transport::{RaftBatch, StreamDone};
+
+use super::chunk::Assembler;
+use super::TransportLimits;
+use crate::host::NodeHandle;
+
+/// The raft transport service of one node.
+pub struct RaftTransportService {
+    node: NodeHandle,
+    limits: TransportLimits,
+}
+
+impl RaftTransportService {
+    /// The service, wrapped for tonic with the transport's message-size limits.
+    pub fn server(node: NodeHandle, limits: TransportLimits) -> RaftTransportServer<RaftTransportService> {
+        RaftTransportServer::new(RaftTransportService { node, limits })
+            .max_decoding_message_size(limits.grpc_message_bytes_max)
+            .max_encoding_message_size(limits.grpc_message_bytes_max)
+    }
+
+    fn deliver(&self, batch: RaftBatch, assembler: &mut Assembler) {
+        for envelope in batch.envelopes {
+            let bytes = match envelope.body {
+                Some(Body::Message(bytes)) => bytes,
+                Some(Body::Chunk(chunk)) => match assembler.push(chunk) {
+                    Ok(Some(bytes)) => bytes,
+                    Ok(None) => continue,
+                    Err(error) => {
+                        tracing::warn!(from = batch.from_node, %error, "dropping chunked message");
+                        continue;
+                    }
+                },
+                None => continue,
+            };
+            match Message::parse_from_bytes(&bytes) {
+                Ok(message) => self.node.deliver(envelope.group_id, message),
+                Err(error) => tracing::warn!(from = batch.from_node, %error, "dropping undecodable raft message"),
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl RaftTransport for RaftTransportService {
+    async fn stream(&self, request: Request<Streaming<RaftBatch>>) -> Result<Response<StreamDone>, Status> {
+        let mut stream = request.into_inner();
+        let mut assembler = Assembler::new(self.limits.assembly_bytes_max);
+        while let Some(batch) = stream.message().await? {
+            self.deliver(batch, &mut assembler);
+        }
+        Ok(Response::new(StreamDone {}))
+    }
+}

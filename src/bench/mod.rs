@@ -1,0 +1,26 @@
+//! `warden bench …`: benchmarks of the hot paths, each printing JSON lines.
+
+mod engine;
+
+use clap::Subcommand;
+
+/// The benchmarks.
+#[derive(Subcommand)]
+pub enum BenchCommand {
+    /// The multi-Raft engine: writes through propose → group commit → replicate → apply.
+    Engine(engine::EngineArgs),
+}
+
+/// Runs a benchmark.
+pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
+    match command {
+        BenchCommand::Engine(args) => engine::run(args).await,
+    }
+}
+
+/// Default directory for benchmark data: on the ordinary disk (not tmpfs), outside the
+/// source tree.
+pub fn default_data_dir() -> std::path::PathBuf {
+    let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    home.join(".cache").join("warden-bench")
+}
