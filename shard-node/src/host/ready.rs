@@ -30,14 +30,14 @@ impl Replica {
         // 1. Messages raft allows before the write (a leader's appends and heartbeats) go now:
         //    the leader's fsync and its followers' run in parallel (raft thesis 10.2.1).
         self.send(sender, ready.take_messages());
-        let ops_before = round.ops.len();
+        let mut ops = Vec::new();
         // 2. A snapshot replaces the log and the group's state-machine data. raft-rs gives no
         //    committed entries with it; the state machine reloads once the write is durable.
         let mut snapshot_index = None;
         if !ready.snapshot().is_empty() {
             let snapshot = ready.snapshot().clone();
             let index = snapshot.get_metadata().index;
-            self.raw.mut_store().apply_snapshot(&snapshot, &mut round.ops)?;
+            self.raw.mut_store().apply_snapshot(&snapshot, &mut ops)?;
             self.installing_snapshot = true;
             snapshot_index = Some(index);
             self.fail_proposals_covered_by_snapshot(index);
@@ -45,7 +45,7 @@ impl Replica {
         // 3. Apply committed entries. raft-rs hands out only entries this replica has already
         //    persisted, so applying before this ready's own write is safe.
         let replies = self.apply_committed(ready.take_committed_entries())?;
-        self.maybe_compact(&mut round.ops)?;
+        self.maybe_compact(&mut ops)?;
         // 4. New entries and hard state: raft reads them from the storage's cache at once
         //    (required before `advance_append_async`); the store writer makes them durable.
         let entries = ready.take_entries();
@@ -57,24 +57,30 @@ impl Replica {
                 unpersisted.last_index = unpersisted.last_index.min(first.index - 1);
             }
         }
-        self.raw.mut_store().append(&entries, &mut round.ops);
+        self.raw.mut_store().append(&entries, &mut ops);
         if let Some(hard_state) = ready.hs() {
-            self.raw.mut_store().set_hard_state(hard_state, &mut round.ops);
+            self.raw.mut_store().set_hard_state(hard_state, &mut ops);
         }
         // 5. Read indexes confirmed by a quorum.
         self.on_read_states(ready.take_read_states());
         // 6. Messages that promise durability (votes, append acks) wait for the write.
         let persisted_messages = ready.take_persisted_messages();
         let number = ready.number();
-        let wrote = round.ops.len() > ops_before;
+        let must_sync = ready.must_sync();
         self.raw.advance_append_async(ready);
-        if wrote || !self.unpersisted.is_empty() {
+        if must_sync || !self.unpersisted.is_empty() {
             // Even a ready without writes waits behind earlier ones: its messages may speak
             // for entries still in flight.
             let last_index = self.raw.store().last_index().unwrap_or_default();
             self.unpersisted.push_back(Unpersisted { number, messages: persisted_messages, last_index, snapshot_index });
+            round.ops.append(&mut ops);
             round.readies.push((self.group, number));
         } else {
+            // Nothing raft needs durable (at most a new commit index, which a restart can
+            // relearn, or a compaction): write without an fsync and go on.
+            if !ops.is_empty() {
+                self.db.write_ops(&ops, false)?;
+            }
             self.raw.on_persist_ready(number);
             self.send(sender, persisted_messages);
         }
