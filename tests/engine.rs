@@ -151,6 +151,12 @@ async fn partitioned_replica_catches_up_by_snapshot() {
     put(&cluster, 1, "before", "1", WRITE_TIMEOUT).await.expect("write");
     let lagging_last = cluster.handle(lagging).expect("node").status(1).await.expect("status").last_index;
     cluster.faults().isolate(lagging, &ALL);
+    // Large values make the snapshot bigger than one transport chunk (1 MiB), so it travels
+    // in pieces.
+    let big = "x".repeat(400 << 10);
+    for i in 0..6 {
+        put(&cluster, 1, &format!("big{i}"), &big, WRITE_TIMEOUT).await.expect("big write");
+    }
     let mut last_index = 0;
     for i in 0..200 {
         last_index = put(&cluster, 1, &format!("k{i}"), &i.to_string(), WRITE_TIMEOUT).await.expect("majority writes");
@@ -167,6 +173,8 @@ async fn partitioned_replica_catches_up_by_snapshot() {
         let value = get_on_node(&cluster, lagging, 1, &format!("k{i}"), last_index).await;
         assert_eq!(value, Some(i.to_string()), "lagging replica misses k{i} after catching up");
     }
+    let big_value = get_on_node(&cluster, lagging, 1, "big5", last_index).await;
+    assert_eq!(big_value.map(|v| v.len()), Some(400 << 10), "the chunked snapshot carried the large values");
     let status = cluster.handle(lagging).expect("node").status(1).await.expect("status");
     assert!(status.first_index > lagging_last + 1, "the lagging replica's log must start after a snapshot, not replay");
 }
@@ -332,4 +340,27 @@ async fn isolated_leader_stops_serving_linearizable_reads() {
         }
     })
     .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_and_reads_stay_correct_under_message_loss_and_delay() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1, 2], &ALL).await;
+    cluster.faults().set_drop_rate(0.2);
+    cluster.faults().set_delay(Duration::from_millis(3));
+    for i in 0..40 {
+        let group = 1 + i % 2;
+        let value = i.to_string();
+        put(&cluster, group, "counter", &value, Duration::from_secs(30)).await.expect("raft retransmits through loss");
+        assert_eq!(get(&cluster, group, "counter").await.as_deref(), Some(value.as_str()), "read after acknowledged write");
+    }
+    // A one-way block: node 5 hears nobody, but everyone hears node 5. Its group keeps working.
+    cluster.faults().heal();
+    for from in 1..=4 {
+        cluster.faults().block(from, 5);
+    }
+    put(&cluster, 1, "after-block", "yes", Duration::from_secs(30)).await.expect("majority unaffected");
+    cluster.faults().heal();
+    let index = put(&cluster, 1, "healed", "yes", Duration::from_secs(30)).await.expect("write");
+    assert_eq!(get_on_node(&cluster, 5, 1, "after-block", index).await.as_deref(), Some("yes"), "node 5 catches up once healed");
 }
