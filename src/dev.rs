@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::kv::KvFactory;
+use warden_shard_node::namespace::NamespaceFactory;
 use warden_shard_node::EngineError;
 
 /// Flags of `warden dev`.
@@ -20,12 +20,11 @@ pub struct DevArgs {
     /// Port of node 1; node i listens on base + i - 1.
     #[arg(long, default_value_t = 7101)]
     base_port: u16,
-    /// Shard groups to host (5 replicas each).
-    #[arg(long, default_value_t = 4)]
-    groups: u64,
 }
 
 const NODES: u64 = 5;
+/// The one shard group `warden dev` runs until the router issue brings more.
+const GROUP: u64 = 1;
 
 /// Starts the cluster and waits for Ctrl-C.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
@@ -33,22 +32,23 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&args.data_dir)?;
     }
     std::fs::create_dir_all(&args.data_dir)?;
-    let config = ClusterConfig { nodes: NODES, tick_ms: 100, base_port: Some(args.base_port), ..ClusterConfig::default() };
-    let cluster = Arc::new(Cluster::start_at(config, Arc::new(KvFactory), &args.data_dir)?);
+    let config = ClusterConfig { nodes: NODES, tick_ms: 100, base_port: Some(args.base_port), serve_api: true, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start_at(config, Arc::new(NamespaceFactory::default()), &args.data_dir)?);
     let voters: Vec<u64> = (1..=NODES).collect();
-    for group in 1..=args.groups {
-        match cluster.create_group(group, &voters).await {
-            Ok(()) | Err(EngineError::GroupExists(_)) => {}
-            Err(error) => return Err(error.into()),
-        }
+    match cluster.create_group(GROUP, &voters).await {
+        Ok(()) | Err(EngineError::GroupExists(_)) => {}
+        Err(error) => return Err(error.into()),
     }
-    for group in 1..=args.groups {
-        let leader = cluster.wait_leader(group, Duration::from_secs(30)).await?;
-        println!("group {group}: leader node {leader}");
-    }
+    let leader = cluster.wait_leader(GROUP, Duration::from_secs(30)).await?;
     for id in cluster.node_ids() {
-        println!("node {id}: raft transport on 127.0.0.1:{}", u64::from(args.base_port) + id - 1);
+        let role = if id == leader { " (leader)" } else { "" };
+        println!("node {id}: 127.0.0.1:{}{role}", u64::from(args.base_port) + id - 1);
     }
+    let leader_port = u64::from(args.base_port) + leader - 1;
+    println!("one shard group (5 replicas) serves the namespace API warden.v1.Warden on every node;");
+    println!("writes go to the leader (others answer NOT_LEADER with its address). Try:");
+    println!("  grpcurl -plaintext -d '{{\"path\":\"/hello\",\"data\":\"d29ybGQ=\"}}' 127.0.0.1:{leader_port} warden.v1.Warden/Create");
+    println!("  grpcurl -plaintext -d '{{\"path\":\"/hello\"}}' 127.0.0.1:{leader_port} warden.v1.Warden/Get");
     println!("data in {}; Ctrl-C stops", args.data_dir.display());
     tokio::signal::ctrl_c().await?;
     println!("stopping");

@@ -13,5 +13,15 @@ pub mod kv {
     tonic::include_proto!("warden.kv");
 }
 
+/// The public API: the hierarchical namespace.
+pub mod v1 {
+    tonic::include_proto!("warden.v1");
+}
+
+/// The namespace state machine's internal records (commands, queries, stored nodes).
+pub mod namespace {
+    tonic::include_proto!("warden.namespace");
+}
+
 /// Encoded `FileDescriptorSet` of every Warden proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("warden_descriptor");

@@ -35,11 +35,13 @@ pub struct ClusterConfig {
     pub log_compact_entries: u64,
     /// Node `i` listens on `base_port + i - 1` (any free port when `None`).
     pub base_port: Option<u16>,
+    /// Nodes serve the public namespace API (use with the namespace state machine).
+    pub serve_api: bool,
 }
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { nodes: 5, tick_ms: 50, election_tick: 10, heartbeat_tick: 2, workers: 1, log_compact_entries: 10_000, base_port: None }
+        ClusterConfig { nodes: 5, tick_ms: 50, election_tick: 10, heartbeat_tick: 2, workers: 1, log_compact_entries: 10_000, base_port: None, serve_api: false }
     }
 }
 
@@ -103,6 +105,7 @@ impl Cluster {
         config.heartbeat_tick = self.config.heartbeat_tick;
         config.workers = self.config.workers;
         config.log_compact_entries = self.config.log_compact_entries;
+        config.serve_api = self.config.serve_api;
         config
     }
 
@@ -124,6 +127,11 @@ impl Cluster {
     /// Ids of every node, running or not.
     pub fn node_ids(&self) -> Vec<u64> {
         self.addrs.keys().copied().collect()
+    }
+
+    /// Where node `id` listens (raft transport and, when served, the public API).
+    pub fn addr(&self, id: u64) -> Option<SocketAddr> {
+        self.addrs.get(&id).copied()
     }
 
     /// Ids of running nodes.

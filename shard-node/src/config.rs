@@ -39,6 +39,11 @@ pub struct NodeConfig {
     pub log_compact_entries: u64,
     /// Tail cache and snapshot limits.
     pub storage: StorageLimits,
+    /// Serve the public namespace API (`warden.v1.Warden`) beside the raft transport. Only
+    /// for nodes whose groups run the namespace state machine.
+    pub serve_api: bool,
+    /// Deadline of a public API request.
+    pub request_timeout_ms: u64,
 }
 
 impl NodeConfig {
@@ -60,6 +65,8 @@ impl NodeConfig {
             write_tasks_in_flight_max: 8,
             log_compact_entries: 10_000,
             storage: StorageLimits::default(),
+            serve_api: false,
+            request_timeout_ms: 5000,
         }
     }
 

@@ -4,7 +4,8 @@
 //! - [`store_writer`]: group commit, one fsync for every group's pending writes.
 //! - [`host`]: the host loop driving many `RawNode`s on a few threads.
 //! - [`transport`]: one gRPC stream per peer node, batching messages of all groups.
-//! - [`state_machine`]: what a group replicates; [`kv`] is the engine's test state machine.
+//! - [`state_machine`]: what a group replicates: [`namespace`] (the coordination service's
+//!   tree), and [`kv`], the engine's test state machine.
 //! - [`cluster`]: an in-process cluster with fault injection, for tests and benchmarks.
 
 pub mod cluster;
@@ -12,6 +13,8 @@ pub mod config;
 pub mod error;
 pub mod host;
 pub mod kv;
+pub mod namespace;
+pub mod service;
 pub mod state_machine;
 pub mod storage;
 pub mod store_writer;

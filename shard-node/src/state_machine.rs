@@ -5,6 +5,7 @@
 //! [`SmWrites`] it is handed, which the engine writes atomically with the applied index
 //! (DESIGN.md rule 4).
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use crate::error::{EngineError, StorageError};
@@ -27,6 +28,13 @@ pub trait StateMachine: Send {
 
     /// Checks a command before it is proposed, so malformed input never reaches the log.
     fn validate(&self, command: &[u8]) -> Result<(), EngineError>;
+
+    /// Commands the leader should propose because of time (for example expiries), judged
+    /// against the leader's clock `now_ms` (DESIGN.md rule 6: only the leader judges time).
+    /// Called on the leader only, a few times per second.
+    fn leader_proposals(&mut self, _now_ms: u64) -> Vec<Vec<u8>> {
+        Vec::new()
+    }
 }
 
 /// Creates the state machine of each group a node hosts.
@@ -36,25 +44,43 @@ pub trait StateMachineFactory: Send + Sync {
 }
 
 /// Writes of one group's state machine, confined to the group's range of the `sm` family.
+/// Also an overlay for reads: entries applied in the same batch see each other's writes
+/// before the batch reaches RocksDB.
 pub struct SmWrites {
     group: u64,
     ops: Vec<WriteOp>,
+    pending: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
 }
 
 impl SmWrites {
     /// Empty writes for `group`.
     pub fn new(group: u64) -> SmWrites {
-        SmWrites { group, ops: Vec::new() }
+        SmWrites { group, ops: Vec::new(), pending: BTreeMap::new() }
     }
 
     /// Sets `key` to `value`.
     pub fn put(&mut self, key: &[u8], value: &[u8]) {
         self.ops.push(WriteOp::Put { cf: Cf::Sm, key: keys::sm_key(self.group, key), value: value.to_vec() });
+        self.pending.insert(key.to_vec(), Some(value.to_vec()));
     }
 
     /// Removes `key`.
     pub fn delete(&mut self, key: &[u8]) {
         self.ops.push(WriteOp::Delete { cf: Cf::Sm, key: keys::sm_key(self.group, key) });
+        self.pending.insert(key.to_vec(), None);
+    }
+
+    /// The value `key` will have once these writes land: `Some(None)` if deleted, `None` if
+    /// these writes do not touch it.
+    pub fn pending(&self, key: &[u8]) -> Option<Option<&[u8]>> {
+        self.pending.get(key).map(|value| value.as_deref())
+    }
+
+    /// Pending writes to keys in `[from, to)`, in key order.
+    pub fn pending_range<'a>(&'a self, from: &[u8], to: &[u8]) -> impl Iterator<Item = (&'a [u8], Option<&'a [u8]>)> + 'a {
+        self.pending
+            .range::<[u8], _>((std::ops::Bound::Included(from), std::ops::Bound::Excluded(to)))
+            .map(|(key, value)| (key.as_slice(), value.as_deref()))
     }
 
     /// The recorded ops.
@@ -69,6 +95,7 @@ impl SmWrites {
 }
 
 /// Read access to one group's range of the `sm` family.
+#[derive(Clone)]
 pub struct SmReader {
     db: Arc<Db>,
     group: u64,
@@ -82,17 +109,31 @@ impl SmReader {
 
     /// Every `(key, value)` of the group in key order.
     pub fn scan(&self, mut visit: impl FnMut(&[u8], &[u8])) -> Result<(), StorageError> {
+        self.scan_range(&[], None, |key, value| {
+            visit(key, value);
+            true
+        })
+    }
+
+    /// `(key, value)` pairs with `from <= key < to` (no upper bound when `to` is `None`) in
+    /// key order, until `visit` returns false.
+    pub fn scan_range(&self, from: &[u8], to: Option<&[u8]>, mut visit: impl FnMut(&[u8], &[u8]) -> bool) -> Result<(), StorageError> {
         let mut read_options = rocksdb::ReadOptions::default();
-        read_options.set_iterate_upper_bound(keys::group_end(self.group));
-        let prefix = keys::group_prefix(self.group);
+        read_options.set_iterate_upper_bound(match to {
+            Some(to) => keys::sm_key(self.group, to),
+            None => keys::group_end(self.group),
+        });
+        let start = keys::sm_key(self.group, from);
         let iter = self.db.raw().iterator_cf_opt(
             self.db.cf(Cf::Sm)?,
             read_options,
-            rocksdb::IteratorMode::From(&prefix, rocksdb::Direction::Forward),
+            rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward),
         );
         for item in iter {
             let (key, value) = item?;
-            visit(&key[keys::GROUP_PREFIX_LEN..], &value);
+            if !visit(&key[keys::GROUP_PREFIX_LEN..], &value) {
+                break;
+            }
         }
         Ok(())
     }

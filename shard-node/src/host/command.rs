@@ -48,6 +48,18 @@ impl Replica {
         }
     }
 
+    /// Proposes what the state machine asks for because of time (leader only); nobody waits
+    /// for the outcome.
+    pub(crate) fn propose_leader_commands(&mut self, config: &NodeConfig, now_ms: u64) {
+        if !self.is_leader() {
+            return;
+        }
+        for command in self.sm.leader_proposals(now_ms) {
+            let (reply, _ignored) = oneshot::channel();
+            self.propose(config, Proposed::Command(command), Instant::now() + config.election_timeout(), reply);
+        }
+    }
+
     fn check_proposal(&self, config: &NodeConfig, proposed: &Proposed) -> Result<(), EngineError> {
         if !self.is_leader() {
             return Err(self.not_leader());

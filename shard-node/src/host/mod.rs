@@ -39,10 +39,45 @@ pub trait RaftSender: Send + Sync {
     fn send(&self, group: u64, message: Message) -> Result<(), Message>;
 }
 
+/// What this node knows of each hosted group's leadership, updated by the workers when a
+/// replica's soft state changes; read by services for response headers and leader hints
+/// without a round trip to the worker.
+#[derive(Debug, Default)]
+pub struct LeaderTable {
+    groups: std::sync::RwLock<HashMap<u64, LeaderInfo>>,
+}
+
+/// A group's leadership as one replica sees it.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaderInfo {
+    /// Current term.
+    pub term: u64,
+    /// Leader's node id (0: unknown).
+    pub leader_id: u64,
+}
+
+impl LeaderTable {
+    /// Records `group`'s leadership.
+    pub fn set(&self, group: u64, info: LeaderInfo) {
+        self.groups.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(group, info);
+    }
+
+    /// Forgets `group` (its replica left this node).
+    pub fn remove(&self, group: u64) {
+        self.groups.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&group);
+    }
+
+    /// `group`'s leadership as last seen.
+    pub fn get(&self, group: u64) -> LeaderInfo {
+        self.groups.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&group).copied().unwrap_or_default()
+    }
+}
+
 /// A cheap, cloneable handle for talking to a node's groups from any thread or task.
 #[derive(Clone)]
 pub struct NodeHandle {
     node_id: u64,
+    leaders: Arc<LeaderTable>,
     workers: Arc<[Sender<WorkerMsg>]>,
     /// Extra time the caller waits past a request's deadline for the worker's own answer
     /// (the worker checks deadlines once per tick).
@@ -53,6 +88,11 @@ impl NodeHandle {
     /// This node's id.
     pub fn node_id(&self) -> u64 {
         self.node_id
+    }
+
+    /// Leadership of `group` as this node last saw it.
+    pub fn leader_info(&self, group: u64) -> LeaderInfo {
+        self.leaders.get(group)
     }
 
     fn worker(&self, group: u64) -> &Sender<WorkerMsg> {
@@ -189,10 +229,16 @@ impl Node {
             senders.push(sender);
             inboxes.push(inbox);
         }
-        let handle = NodeHandle { node_id, workers: senders.into(), deadline_slack: Duration::from_millis(config.tick_ms * 2) };
+        let leaders = Arc::new(LeaderTable::default());
+        let handle = NodeHandle {
+            node_id,
+            leaders: leaders.clone(),
+            workers: senders.into(),
+            deadline_slack: Duration::from_millis(config.tick_ms * 2),
+        };
         let limits = TransportLimits::default();
         let transport: Arc<dyn RaftSender> =
-            Arc::new(Transport::new(handle.clone(), directory, faults, runtime.handle().clone(), limits));
+            Arc::new(Transport::new(handle.clone(), directory.clone(), faults, runtime.handle().clone(), limits));
 
         // 2. Replicas from disk, each on the worker its id maps to.
         let mut replicas: Vec<HashMap<u64, Replica>> = (0..config.workers).map(|_| HashMap::new()).collect();
@@ -217,6 +263,7 @@ impl Node {
                 persisted_tx,
                 persisted_rx,
                 stop: stop.clone(),
+                leaders: leaders.clone(),
                 replicas,
                 tasks_in_flight: 0,
                 tick: 0,
@@ -228,7 +275,19 @@ impl Node {
         // 4. The transport server last: messages arrive only once workers can take them.
         listener.set_nonblocking(true)?;
         let service = RaftTransportService::server(handle.clone(), limits);
+        let api = config.serve_api.then(|| {
+            crate::service::WardenService::server(handle.clone(), directory.clone(), Duration::from_millis(config.request_timeout_ms))
+        });
+        let reflection = tonic_reflection::server::Builder::configure()
+            .register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET)
+            .build_v1()
+            .map_err(|e| NodeError::Config(format!("reflection: {e}")))?;
         runtime.spawn(async move {
+            let (health_reporter, health) = tonic_health::server::health_reporter();
+            health_reporter.set_serving::<warden_proto::transport::raft_transport_server::RaftTransportServer<RaftTransportService>>().await;
+            if api.is_some() {
+                health_reporter.set_serving::<warden_proto::v1::warden_server::WardenServer<crate::service::WardenService>>().await;
+            }
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => listener,
                 Err(error) => return tracing::error!(node_id, %error, "transport listener"),
@@ -239,6 +298,9 @@ impl Node {
                 .initial_stream_window_size(Some(8 << 20))
                 .initial_connection_window_size(Some(16 << 20))
                 .add_service(service)
+                .add_service(health)
+                .add_service(reflection)
+                .add_optional_service(api)
                 .serve_with_incoming(incoming)
                 .await;
             if let Err(error) = served {

@@ -69,6 +69,8 @@ pub struct Replica {
     pub(crate) installing_snapshot: bool,
     /// Compact the log when it holds more applied entries than this.
     pub(crate) log_compact_entries: u64,
+    /// Leadership last published to the node's leader table.
+    pub(crate) published_leader: super::LeaderInfo,
 }
 
 impl Replica {
@@ -96,6 +98,7 @@ impl Replica {
             removed: false,
             installing_snapshot: false,
             log_compact_entries: config.log_compact_entries.max(2),
+            published_leader: super::LeaderInfo::default(),
         })
     }
 

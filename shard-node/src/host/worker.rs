@@ -44,6 +44,7 @@ pub(crate) struct Worker {
     pub persisted_tx: Sender<Persisted>,
     pub persisted_rx: Receiver<Persisted>,
     pub stop: Arc<AtomicBool>,
+    pub leaders: Arc<super::LeaderTable>,
     pub replicas: HashMap<u64, Replica>,
     pub tasks_in_flight: usize,
     pub tick: u64,
@@ -119,10 +120,16 @@ impl Worker {
     fn on_tick(&mut self, now: Instant) {
         self.tick += 1;
         let retry_ticks = self.config.election_tick as u64;
+        // Time-driven proposals (expiries) are judged by the leader's clock about once a second.
+        let scan_due = self.tick % (1000 / self.config.tick_ms).max(1) == 0;
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         for replica in self.replicas.values_mut() {
             replica.raw.tick();
             replica.retry_read_index(self.tick, retry_ticks);
             replica.expire_requests(now);
+            if scan_due {
+                replica.propose_leader_commands(&self.config, now_ms);
+            }
         }
     }
 
@@ -219,6 +226,11 @@ impl Worker {
         let mut round = RoundWrites::default();
         for replica in self.replicas.values_mut() {
             replica.handle_ready(self.sender.as_ref(), &mut round)?;
+            let info = super::LeaderInfo { term: replica.raw.raft.term, leader_id: replica.raw.raft.leader_id };
+            if info != replica.published_leader {
+                replica.published_leader = info;
+                self.leaders.set(replica.group, info);
+            }
         }
         if round.readies.is_empty() {
             assert!(round.ops.is_empty(), "writes without a ready to notify");
@@ -249,6 +261,7 @@ impl Worker {
         for group in removable {
             if let Some(mut replica) = self.replicas.remove(&group) {
                 replica.fail_all(&EngineError::GroupNotFound(group));
+                self.leaders.remove(group);
                 self.db.write_ops(&PeerStorage::destroy_ops(group), true)?;
                 tracing::info!(node = self.config.node_id, group, "replica removed from its group and destroyed");
             }

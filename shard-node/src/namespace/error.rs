@@ -1,0 +1,31 @@
+//! Building the typed errors of the namespace (`WardenError`, DESIGN.md rule 9).
+
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::WardenError;
+
+use super::path::PathError;
+
+/// An error with `code` about `path`.
+pub fn error(code: Code, path: &str, message: impl Into<String>) -> WardenError {
+    WardenError { code: code as i32, message: message.into(), path: path.to_string(), ..WardenError::default() }
+}
+
+/// `NoNode` for `path`.
+pub fn no_node(path: &str) -> WardenError {
+    error(Code::NoNode, path, format!("{path} does not exist"))
+}
+
+/// `InvalidPath` for `path`.
+pub fn invalid_path(path: &str, reason: &PathError) -> WardenError {
+    error(Code::InvalidPath, path, format!("invalid path {path:?}: {reason}"))
+}
+
+/// `TooLarge` with the exceeded `limit`.
+pub fn too_large(path: &str, what: &str, size: usize, limit: usize) -> WardenError {
+    WardenError { limit: limit as u64, ..error(Code::TooLarge, path, format!("{what} of {size} exceeds the limit of {limit}")) }
+}
+
+/// `InvalidArgument`.
+pub fn invalid(path: &str, message: impl Into<String>) -> WardenError {
+    error(Code::InvalidArgument, path, message)
+}

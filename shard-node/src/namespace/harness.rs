@@ -1,0 +1,186 @@
+//! A single-replica harness: applies namespace commands straight to a state machine over
+//! a temporary RocksDB, without raft. For semantics tests and model-based property tests.
+
+use std::sync::Arc;
+
+use prost::Message as _;
+use warden_proto::namespace::command::Op as CommandOp;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
+use warden_proto::namespace::query::Query as QueryKind;
+use warden_proto::namespace::query_result::Result as QueryOutcome;
+use warden_proto::namespace::{Command, CommandResult, Query, QueryResult};
+use warden_proto::v1::txn_op::Op;
+use warden_proto::v1::txn_op_result::Result as OpResult;
+use warden_proto::v1::*;
+
+use super::{Limits, NamespaceFactory};
+use crate::error::EngineError;
+use crate::state_machine::{SmReader, SmWrites, StateMachine, StateMachineFactory};
+use crate::storage::Db;
+
+const GROUP: u64 = 1;
+
+/// A namespace state machine applied to directly.
+pub struct Harness {
+    _dir: tempfile::TempDir,
+    db: Arc<Db>,
+    factory: NamespaceFactory,
+    sm: Box<dyn StateMachine>,
+    index: u64,
+    /// Leader time stamped into the next command.
+    pub now_ms: u64,
+}
+
+/// What a harness call returns: the response, or the typed error.
+pub type Outcome<T> = Result<T, WardenError>;
+
+impl Harness {
+    /// A fresh, empty namespace with `limits`.
+    pub fn new(limits: Limits) -> Result<Harness, EngineError> {
+        let dir = tempfile::tempdir().map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let db = Db::open(dir.path()).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let factory = NamespaceFactory { limits };
+        let mut sm = factory.create(GROUP);
+        sm.reload(&SmReader::new(db.clone(), GROUP), 0).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        Ok(Harness { _dir: dir, db, factory, sm, index: 0, now_ms: 1_000_000 })
+    }
+
+    /// Rebuilds the state machine from disk, as a restart does.
+    pub fn reopen(&mut self) -> Result<(), EngineError> {
+        let mut sm = self.factory.create(GROUP);
+        sm.reload(&SmReader::new(self.db.clone(), GROUP), self.index).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.sm = sm;
+        Ok(())
+    }
+
+    /// Applies raw command bytes as the next entry (bad bytes come back as `Err`).
+    pub fn apply_bytes(&mut self, command: &[u8]) -> Result<Vec<u8>, EngineError> {
+        self.index += 1;
+        let mut writes = SmWrites::new(GROUP);
+        let output = self.sm.apply(self.index, command, &mut writes);
+        self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        output
+    }
+
+    fn apply(&mut self, op: CommandOp) -> Outcome<TxnResponse> {
+        let command = Command { now_ms: self.now_ms, op: Some(op) };
+        let output = self.apply_bytes(&command.encode_to_vec()).map_err(engine)?;
+        let result = CommandResult::decode(output.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
+        match result.result {
+            Some(CommandOutcome::Txn(response)) => Ok(response),
+            Some(CommandOutcome::Error(error)) => Err(error),
+            None => Err(engine(EngineError::Invalid("empty result".into()))),
+        }
+    }
+
+    /// Runs a transaction.
+    pub fn txn(&mut self, request: TxnRequest) -> Outcome<TxnResponse> {
+        self.apply(CommandOp::Txn(request))
+    }
+
+    fn one(&mut self, op: Op) -> Outcome<OpResult> {
+        let response = self.txn(TxnRequest { then: vec![TxnOp { op: Some(op) }], ..TxnRequest::default() })?;
+        response.results.into_iter().next().and_then(|r| r.result).ok_or_else(|| engine(EngineError::Invalid("no result".into())))
+    }
+
+    /// Creates a node.
+    pub fn create(&mut self, request: CreateRequest) -> Outcome<CreateResponse> {
+        match self.one(Op::Create(request))? {
+            OpResult::Create(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Creates a persistent node with `data`.
+    pub fn create_simple(&mut self, path: &str, data: &[u8]) -> Outcome<CreateResponse> {
+        self.create(CreateRequest { path: path.into(), data: data.to_vec(), ..CreateRequest::default() })
+    }
+
+    /// Sets a node's data.
+    pub fn set(&mut self, path: &str, data: &[u8], expected_version: Option<u64>) -> Outcome<SetResponse> {
+        match self.one(Op::Set(SetRequest { path: path.into(), data: data.to_vec(), expected_version, routing: None }))? {
+            OpResult::Set(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Deletes a node.
+    pub fn delete(&mut self, path: &str, expected_version: Option<u64>, recursive: bool) -> Outcome<DeleteResponse> {
+        match self.one(Op::Delete(DeleteRequest { path: path.into(), expected_version, recursive, routing: None }))? {
+            OpResult::Delete(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Rewrites a stored node record directly, as a snapshot restore could, then reloads.
+    /// For tests of states too expensive to reach through operations (a sequential counter
+    /// near its end).
+    pub fn rewrite_record(&mut self, path: &str, edit: impl FnOnce(&mut warden_proto::namespace::NodeRecord)) -> Result<(), EngineError> {
+        let reader = SmReader::new(self.db.clone(), GROUP);
+        let mut record = super::store::read_node(&reader, path)
+            .map_err(|e| EngineError::Invalid(e.to_string()))?
+            .ok_or_else(|| EngineError::Invalid(format!("{path} does not exist")))?;
+        edit(&mut record);
+        let mut writes = SmWrites::new(GROUP);
+        writes.put(&super::store::node_key(path), &record.encode_to_vec());
+        self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.reopen()
+    }
+
+    /// Proposes-and-applies what the leader would for time `now_ms` (TTL expiries).
+    pub fn leader_scan(&mut self, now_ms: u64) -> Result<usize, EngineError> {
+        let commands = self.sm.leader_proposals(now_ms);
+        for command in &commands {
+            self.apply_bytes(command)?;
+        }
+        Ok(commands.len())
+    }
+
+    fn query(&self, query: QueryKind) -> Outcome<QueryResult> {
+        let bytes = self.sm.query(&Query { query: Some(query) }.encode_to_vec()).map_err(engine)?;
+        let result = QueryResult::decode(bytes.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
+        match result.result {
+            Some(QueryOutcome::Error(error)) => Err(error),
+            _ => Ok(result),
+        }
+    }
+
+    /// Reads a node.
+    pub fn get(&self, path: &str) -> Outcome<GetResponse> {
+        match self.query(QueryKind::Get(GetRequest { path: path.into(), ..GetRequest::default() }))?.result {
+            Some(QueryOutcome::Get(response)) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// A node's stat, or `None`.
+    pub fn exists(&self, path: &str) -> Outcome<Option<Stat>> {
+        match self.query(QueryKind::Exists(ExistsRequest { path: path.into(), ..ExistsRequest::default() }))?.result {
+            Some(QueryOutcome::Exists(response)) => Ok(response.stat),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Lists children.
+    pub fn children(&self, request: GetChildrenRequest) -> Outcome<GetChildrenResponse> {
+        match self.query(QueryKind::Children(request))?.result {
+            Some(QueryOutcome::Children(response)) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Every child name of `path` (all pages).
+    pub fn all_children(&self, path: &str) -> Outcome<Vec<String>> {
+        self.children(GetChildrenRequest { path: path.into(), ..GetChildrenRequest::default() }).map(|r| r.names)
+    }
+
+    /// The group revision.
+    pub fn revision(&self) -> Outcome<u64> {
+        Ok(self.query(QueryKind::Revision(true))?.revision)
+    }
+}
+
+/// An engine error in the harness as a `WardenError` (code UNKNOWN).
+fn engine(error: EngineError) -> WardenError {
+    WardenError { message: error.to_string(), ..WardenError::default() }
+}

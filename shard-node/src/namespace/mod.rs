@@ -1,0 +1,201 @@
+//! The namespace state machine: hierarchical nodes with data and stat, persistent /
+//! sequential / container / TTL kinds, CAS and etcd-style transactions, one group revision
+//! that grows with every applied write (DESIGN.md "Data model", rules 5, 8, 9).
+//!
+//! Data lives in RocksDB (`store`); in memory there is only the revision and an index of
+//! TTL nodes for the leader's expiry scan, both rebuilt on start and after a snapshot.
+
+pub mod error;
+pub mod harness;
+pub mod path;
+pub mod query;
+pub mod store;
+pub mod txn;
+
+use std::collections::BTreeMap;
+
+use prost::Message as _;
+use warden_proto::namespace::command::Op as CommandOp;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
+use warden_proto::namespace::{Command, CommandResult, ExpireTtl};
+use warden_proto::v1::{NodeKind, TxnResponse};
+
+use crate::error::{EngineError, StorageError};
+use crate::state_machine::{ApplyOutput, SmReader, SmWrites, StateMachine, StateMachineFactory};
+use store::TxnView;
+use txn::{TtlChange, Txn, TxnFailure};
+
+/// Limits of the namespace (DESIGN.md rule 8).
+#[derive(Clone, Debug)]
+pub struct Limits {
+    /// Largest node data.
+    pub value_bytes_max: usize,
+    /// Operations in one transaction (`then` + `else`).
+    pub txn_ops_max: usize,
+    /// Children returned per `GetChildren` page.
+    pub children_page_max: usize,
+    /// Nodes one recursive delete may remove.
+    pub recursive_delete_nodes_max: usize,
+    /// Longest TTL.
+    pub ttl_ms_max: u64,
+    /// TTL expiries the leader proposes per scan.
+    pub ttl_expiries_per_scan_max: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            value_bytes_max: 1 << 20,
+            txn_ops_max: 128,
+            children_page_max: 10_000,
+            recursive_delete_nodes_max: 10_000,
+            ttl_ms_max: 30 * 24 * 3600 * 1000,
+            ttl_expiries_per_scan_max: 128,
+        }
+    }
+}
+
+/// Creates a [`NamespaceStateMachine`] per group.
+#[derive(Default)]
+pub struct NamespaceFactory {
+    /// Limits every group enforces.
+    pub limits: Limits,
+}
+
+impl StateMachineFactory for NamespaceFactory {
+    fn create(&self, group: u64) -> Box<dyn StateMachine> {
+        Box::new(NamespaceStateMachine { group, limits: self.limits.clone(), reader: None, revision: 0, ttl: BTreeMap::new() })
+    }
+}
+
+/// TTL node as the expiry scan needs it.
+#[derive(Clone, Copy, Debug)]
+struct TtlEntry {
+    mod_revision: u64,
+    mtime_ms: u64,
+    ttl_ms: u64,
+}
+
+/// One group's namespace.
+pub struct NamespaceStateMachine {
+    group: u64,
+    limits: Limits,
+    reader: Option<SmReader>,
+    revision: u64,
+    ttl: BTreeMap<String, TtlEntry>,
+}
+
+impl NamespaceStateMachine {
+    fn reader(&self) -> Result<&SmReader, StorageError> {
+        self.reader.as_ref().ok_or_else(|| StorageError::Corrupt(format!("group {}: namespace used before load", self.group)))
+    }
+
+    fn apply_command(&mut self, command: Command, writes: &mut SmWrites) -> Result<CommandResult, StorageError> {
+        let reader = self.reader()?.clone();
+        let mut view = TxnView::new(&reader, Some(writes));
+        let mut txn = Txn { view: &mut view, limits: &self.limits, now_ms: command.now_ms, revision: self.revision + 1, ttl_changes: Vec::new() };
+        let outcome = match command.op {
+            Some(CommandOp::Txn(request)) => txn.run(&request),
+            Some(CommandOp::ExpireTtl(ExpireTtl { path, mod_revision })) => {
+                txn.expire_ttl(&path, mod_revision).map(|_| TxnResponse { header: None, succeeded: true, results: Vec::new() })
+            }
+            None => Err(TxnFailure::Refused(error::invalid("", "command without an operation"))),
+        };
+        let ttl_changes = std::mem::take(&mut txn.ttl_changes);
+        let response = match outcome {
+            Ok(response) => response,
+            Err(TxnFailure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)) }),
+            Err(TxnFailure::Storage(error)) => return Err(error),
+        };
+        // Only a transaction that changed something takes a revision.
+        if !view.is_unchanged() {
+            self.revision += 1;
+            view.set_revision(self.revision);
+            view.into_changes().commit_into(writes);
+            for change in ttl_changes {
+                match change {
+                    TtlChange::Upsert(path, stat) => {
+                        self.ttl.insert(path, TtlEntry { mod_revision: stat.mod_revision, mtime_ms: stat.mtime_ms, ttl_ms: stat.ttl_ms });
+                    }
+                    TtlChange::Remove(path) => {
+                        self.ttl.remove(&path);
+                    }
+                }
+            }
+        }
+        let header = warden_proto::v1::ResponseHeader { revision: self.revision, ..Default::default() };
+        Ok(CommandResult { result: Some(CommandOutcome::Txn(TxnResponse { header: Some(header), ..response })) })
+    }
+}
+
+impl StateMachine for NamespaceStateMachine {
+    fn apply(&mut self, _index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
+        let command = Command::decode(command).map_err(|e| EngineError::Invalid(format!("namespace command: {e}")))?;
+        match self.apply_command(command, writes) {
+            Ok(result) => Ok(result.encode_to_vec()),
+            // A storage failure is not the request's fault; the engine stops on the next write.
+            Err(error) => Err(EngineError::Unavailable { reason: error.to_string(), outcome_unknown: true }),
+        }
+    }
+
+    fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError> {
+        let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
+        query::run(reader, &self.limits, self.revision, query).map(|result| result.encode_to_vec())
+    }
+
+    fn reload(&mut self, reader: &SmReader, _applied_index: u64) -> Result<(), StorageError> {
+        self.revision = store::read_revision(reader)?;
+        self.ttl.clear();
+        let mut ttl = BTreeMap::new();
+        let mut corrupt = None;
+        reader.scan_range(b"n", Some(b"o"), |key, value| {
+            match store::decode_record(value) {
+                Ok(record) => {
+                    let stat = record.stat.unwrap_or_default();
+                    if stat.kind == NodeKind::Ttl as i32 {
+                        let path = String::from_utf8_lossy(&key[1..]).into_owned();
+                        ttl.insert(path, TtlEntry { mod_revision: stat.mod_revision, mtime_ms: stat.mtime_ms, ttl_ms: stat.ttl_ms });
+                    }
+                }
+                Err(error) => corrupt = Some(error),
+            }
+            corrupt.is_none()
+        })?;
+        if let Some(error) = corrupt {
+            return Err(error);
+        }
+        self.ttl = ttl;
+        self.reader = Some(reader.clone());
+        Ok(())
+    }
+
+    fn validate(&self, command: &[u8]) -> Result<(), EngineError> {
+        let command = Command::decode(command).map_err(|e| EngineError::Invalid(format!("namespace command: {e}")))?;
+        match command.op {
+            Some(CommandOp::Txn(request)) => txn::check_request(&request, &self.limits).map_err(|e| EngineError::Invalid(e.message)),
+            Some(CommandOp::ExpireTtl(_)) => Ok(()),
+            None => Err(EngineError::Invalid("command without an operation".into())),
+        }
+    }
+
+    fn leader_proposals(&mut self, now_ms: u64) -> Vec<Vec<u8>> {
+        let mut due = Vec::new();
+        for (path, entry) in &self.ttl {
+            if due.len() >= self.limits.ttl_expiries_per_scan_max {
+                break;
+            }
+            let expired = now_ms.saturating_sub(entry.mtime_ms) >= entry.ttl_ms;
+            // A TTL node with children does not expire (as in ZooKeeper): skip it rather than
+            // proposing a no-op every scan.
+            let childless = || {
+                self.reader().ok().and_then(|reader| store::read_node(reader, path).ok().flatten())
+                    .is_some_and(|node| node.stat.unwrap_or_default().num_children == 0)
+            };
+            if expired && childless() {
+                let op = CommandOp::ExpireTtl(ExpireTtl { path: path.clone(), mod_revision: entry.mod_revision });
+                due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
+            }
+        }
+        due
+    }
+}

@@ -1,0 +1,84 @@
+//! Reads of the namespace, answered from the applied state on disk.
+
+use prost::Message as _;
+use warden_proto::namespace::query::Query as QueryKind;
+use warden_proto::namespace::query_result::Result as QueryOutcome;
+use warden_proto::namespace::{Query, QueryResult};
+use warden_proto::v1::{ExistsResponse, GetChildrenResponse, GetResponse, Stat, WardenError};
+
+use super::error::{invalid, invalid_path, no_node, too_large};
+use super::{path, store, Limits};
+use crate::error::{EngineError, StorageError};
+use crate::state_machine::SmReader;
+
+/// Runs an encoded [`Query`] at `revision`.
+pub fn run(reader: &SmReader, limits: &Limits, revision: u64, query: &[u8]) -> Result<QueryResult, EngineError> {
+    let query = Query::decode(query).map_err(|e| EngineError::Invalid(format!("namespace query: {e}")))?;
+    let outcome = match answer(reader, limits, query) {
+        Ok(outcome) => outcome,
+        Err(Failure::Refused(error)) => QueryOutcome::Error(error),
+        Err(Failure::Storage(error)) => return Err(EngineError::busy(error.to_string())),
+    };
+    Ok(QueryResult { revision, result: Some(outcome) })
+}
+
+enum Failure {
+    Refused(WardenError),
+    Storage(StorageError),
+}
+
+impl From<StorageError> for Failure {
+    fn from(error: StorageError) -> Self {
+        Failure::Storage(error)
+    }
+}
+
+impl From<WardenError> for Failure {
+    fn from(error: WardenError) -> Self {
+        Failure::Refused(error)
+    }
+}
+
+fn node(reader: &SmReader, path: &str) -> Result<Option<warden_proto::namespace::NodeRecord>, Failure> {
+    path::validate(path, true).map_err(|e| invalid_path(path, &e))?;
+    Ok(match store::read_node(reader, path)? {
+        None if path == "/" => Some(warden_proto::namespace::NodeRecord { stat: Some(Stat::default()), ..Default::default() }),
+        found => found,
+    })
+}
+
+fn answer(reader: &SmReader, limits: &Limits, query: Query) -> Result<QueryOutcome, Failure> {
+    Ok(match query.query {
+        Some(QueryKind::Get(get)) => {
+            let record = node(reader, &get.path)?.ok_or_else(|| no_node(&get.path))?;
+            QueryOutcome::Get(GetResponse { header: None, data: record.data, stat: record.stat })
+        }
+        Some(QueryKind::Exists(exists)) => {
+            let stat = node(reader, &exists.path)?.and_then(|record| record.stat);
+            QueryOutcome::Exists(ExistsResponse { header: None, stat })
+        }
+        Some(QueryKind::Children(request)) => {
+            let parent = node(reader, &request.path)?.ok_or_else(|| no_node(&request.path))?;
+            let limit = match request.limit as usize {
+                0 => limits.children_page_max,
+                n if n > limits.children_page_max => {
+                    return Err(too_large(&request.path, "children page", n, limits.children_page_max).into());
+                }
+                n => n,
+            };
+            let (names, more) = store::read_children(reader, &request.path, &request.start_after, limit)?;
+            let mut stats = Vec::new();
+            if request.with_stats {
+                for name in &names {
+                    let child = path::join(&request.path, name);
+                    let record = store::read_node(reader, &child)?
+                        .ok_or_else(|| StorageError::Corrupt(format!("child {child} indexed but missing")))?;
+                    stats.push(record.stat.unwrap_or_default());
+                }
+            }
+            QueryOutcome::Children(GetChildrenResponse { header: None, names, stats, more, stat: parent.stat })
+        }
+        Some(QueryKind::Revision(_)) => QueryOutcome::Exists(ExistsResponse::default()),
+        None => return Err(invalid("", "query without a kind").into()),
+    })
+}

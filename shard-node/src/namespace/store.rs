@@ -1,0 +1,229 @@
+//! How the namespace lives in its group's range of the `sm` column family, and a
+//! transaction buffer that reads through pending writes.
+//!
+//! Keys: `n<path>` → `NodeRecord`; `c<parent>\0<name>` → empty (the sorted children index;
+//! paths never contain NUL); `mrevision` → the group revision (8 bytes, big-endian).
+
+use std::collections::BTreeMap;
+
+use prost::Message as _;
+use warden_proto::namespace::NodeRecord;
+
+use crate::error::StorageError;
+use crate::state_machine::{SmReader, SmWrites};
+
+const NODE: u8 = b'n';
+const CHILD: u8 = b'c';
+const REVISION_KEY: &[u8] = b"mrevision";
+
+/// Key of a node's record.
+pub fn node_key(path: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + path.len());
+    key.push(NODE);
+    key.extend_from_slice(path.as_bytes());
+    key
+}
+
+fn children_prefix(parent: &str) -> Vec<u8> {
+    let mut key = Vec::with_capacity(2 + parent.len());
+    key.push(CHILD);
+    key.extend_from_slice(parent.as_bytes());
+    key.push(0);
+    key
+}
+
+fn child_key(parent: &str, name: &str) -> Vec<u8> {
+    let mut key = children_prefix(parent);
+    key.extend_from_slice(name.as_bytes());
+    key
+}
+
+/// The exclusive end of the keys starting with `prefix` (the prefix never ends in 0xff:
+/// it ends in NUL).
+fn prefix_end(prefix: &[u8]) -> Vec<u8> {
+    let mut end = prefix.to_vec();
+    if let Some(last) = end.last_mut() {
+        *last += 1;
+    }
+    end
+}
+
+/// Decodes a stored node record.
+pub fn decode_record(bytes: &[u8]) -> Result<NodeRecord, StorageError> {
+    NodeRecord::decode(bytes).map_err(|e| StorageError::Corrupt(format!("node record: {e}")))
+}
+
+/// Reads the stored revision.
+pub fn read_revision(reader: &SmReader) -> Result<u64, StorageError> {
+    match reader.get(REVISION_KEY)? {
+        None => Ok(0),
+        Some(bytes) => {
+            let bytes: [u8; 8] = bytes.as_slice().try_into().map_err(|_| StorageError::Corrupt("revision".into()))?;
+            Ok(u64::from_be_bytes(bytes))
+        }
+    }
+}
+
+/// Reads a node straight from disk (queries: apply has finished writing).
+pub fn read_node(reader: &SmReader, path: &str) -> Result<Option<NodeRecord>, StorageError> {
+    reader.get(&node_key(path))?.map(|bytes| decode_record(&bytes)).transpose()
+}
+
+/// Up to `limit` child names of `parent` after `start_after`, in order, straight from disk;
+/// the flag says whether more follow.
+pub fn read_children(reader: &SmReader, parent: &str, start_after: &str, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
+    let view = TxnView::new(reader, None);
+    view.children(parent, start_after, limit)
+}
+
+/// A transaction's view: its own buffered writes over the batch's pending writes over disk.
+/// Nothing reaches the batch unless the transaction commits.
+pub struct TxnView<'a> {
+    reader: &'a SmReader,
+    batch: Option<&'a SmWrites>,
+    local: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+}
+
+impl<'a> TxnView<'a> {
+    /// A view over `reader`, seeing `batch`'s pending writes when given.
+    pub fn new(reader: &'a SmReader, batch: Option<&'a SmWrites>) -> TxnView<'a> {
+        TxnView { reader, batch, local: BTreeMap::new() }
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        if let Some(value) = self.local.get(key) {
+            return Ok(value.clone());
+        }
+        if let Some(value) = self.batch.and_then(|batch| batch.pending(key)) {
+            return Ok(value.map(<[u8]>::to_vec));
+        }
+        self.reader.get(key)
+    }
+
+    /// The node at `path`.
+    pub fn node(&self, path: &str) -> Result<Option<NodeRecord>, StorageError> {
+        self.get(&node_key(path))?.map(|bytes| decode_record(&bytes)).transpose()
+    }
+
+    /// Writes the node at `path`.
+    pub fn put_node(&mut self, path: &str, record: &NodeRecord) {
+        self.local.insert(node_key(path), Some(record.encode_to_vec()));
+    }
+
+    /// Removes the node at `path` (its index entry in the parent is separate).
+    pub fn delete_node(&mut self, path: &str) {
+        self.local.insert(node_key(path), None);
+    }
+
+    /// Adds `name` to `parent`'s children index.
+    pub fn add_child(&mut self, parent: &str, name: &str) {
+        self.local.insert(child_key(parent, name), Some(Vec::new()));
+    }
+
+    /// Removes `name` from `parent`'s children index.
+    pub fn remove_child(&mut self, parent: &str, name: &str) {
+        self.local.insert(child_key(parent, name), None);
+    }
+
+    /// The group revision.
+    pub fn revision(&self) -> Result<u64, StorageError> {
+        match self.get(REVISION_KEY)? {
+            None => Ok(0),
+            Some(bytes) => {
+                let bytes: [u8; 8] = bytes.as_slice().try_into().map_err(|_| StorageError::Corrupt("revision".into()))?;
+                Ok(u64::from_be_bytes(bytes))
+            }
+        }
+    }
+
+    /// Sets the group revision.
+    pub fn set_revision(&mut self, revision: u64) {
+        self.local.insert(REVISION_KEY.to_vec(), Some(revision.to_be_bytes().to_vec()));
+    }
+
+    /// True when the transaction wrote nothing.
+    pub fn is_unchanged(&self) -> bool {
+        self.local.is_empty()
+    }
+
+    /// Up to `limit` child names after `start_after`, merging disk with pending and buffered
+    /// writes; the flag says whether more follow.
+    pub fn children(&self, parent: &str, start_after: &str, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
+        let prefix = children_prefix(parent);
+        let end = prefix_end(&prefix);
+        let mut from = prefix.clone();
+        from.extend_from_slice(start_after.as_bytes());
+        // Overlay changes for this parent, later layers winning.
+        let mut overlay: BTreeMap<Vec<u8>, bool> = BTreeMap::new();
+        if let Some(batch) = self.batch {
+            for (key, value) in batch.pending_range(&prefix, &end) {
+                overlay.insert(key.to_vec(), value.is_some());
+            }
+        }
+        for (key, value) in self.local.range(prefix.clone()..end.clone()) {
+            overlay.insert(key.clone(), value.is_some());
+        }
+        // Overlay deletions can hide at most that many disk names: read enough to fill a page.
+        let hidden = overlay.values().filter(|present| !**present).count();
+        let wanted = limit.saturating_add(hidden).saturating_add(1);
+        let mut names: BTreeMap<Vec<u8>, ()> = BTreeMap::new();
+        self.reader.scan_range(&from, Some(&end), |key, _| {
+            if key != from.as_slice() {
+                names.insert(key.to_vec(), ());
+            }
+            names.len() < wanted
+        })?;
+        let disk_complete = names.len() < wanted;
+        let disk_last = names.keys().next_back().cloned();
+        for (key, present) in overlay {
+            if key.as_slice() <= from.as_slice() {
+                continue;
+            }
+            // Beyond the last disk name read, only keep overlay names if disk was exhausted;
+            // otherwise they belong to a later page.
+            if !disk_complete && disk_last.as_ref().is_some_and(|last| &key > last) {
+                continue;
+            }
+            if present {
+                names.insert(key, ());
+            } else {
+                names.remove(&key);
+            }
+        }
+        let mut out = Vec::with_capacity(limit.min(names.len()));
+        let mut more = !disk_complete;
+        for key in names.into_keys() {
+            if out.len() == limit {
+                more = true;
+                break;
+            }
+            let name = String::from_utf8(key[prefix.len()..].to_vec()).map_err(|_| StorageError::Corrupt("child name".into()))?;
+            out.push(name);
+        }
+        // `more` from an incomplete disk scan is exact only if the page is full.
+        if out.len() < limit {
+            more = false;
+        }
+        Ok((out, more))
+    }
+
+    /// Ends the transaction, keeping its buffered writes (see [`Changes::commit_into`]).
+    pub fn into_changes(self) -> Changes {
+        Changes(self.local)
+    }
+}
+
+/// The writes of a finished transaction.
+pub struct Changes(BTreeMap<Vec<u8>, Option<Vec<u8>>>);
+
+impl Changes {
+    /// Moves the writes into the batch (the transaction commits).
+    pub fn commit_into(self, batch: &mut SmWrites) {
+        for (key, value) in self.0 {
+            match value {
+                Some(value) => batch.put(&key, &value),
+                None => batch.delete(&key),
+            }
+        }
+    }
+}

@@ -1,0 +1,348 @@
+//! Executing one write transaction against a [`TxnView`]: compares, then the `then` or
+//! `else` operations, all-or-nothing, at one new revision. Deterministic: the only time is
+//! the leader's `now_ms` carried in the command.
+
+use warden_proto::namespace::NodeRecord;
+use warden_proto::v1::compare::{Op as CompareOp, Target};
+use warden_proto::v1::txn_op::Op;
+use warden_proto::v1::txn_op_result::Result as OpResult;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::{
+    Compare, CreateRequest, CreateResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, NodeKind,
+    SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
+};
+
+use super::error::{error, invalid, invalid_path, no_node, too_large};
+use super::path;
+use super::store::TxnView;
+use super::Limits;
+use crate::error::StorageError;
+
+/// Largest sequential suffix (`%010d`): creating past it fails with `SequenceExhausted`.
+pub const SEQUENCE_MAX: u64 = 9_999_999_999;
+
+/// Why a transaction did not commit: a user-facing error (nothing changes) or a storage
+/// failure (the node stops).
+pub enum TxnFailure {
+    /// The request was refused.
+    Refused(WardenError),
+    /// Storage failed.
+    Storage(StorageError),
+}
+
+impl From<StorageError> for TxnFailure {
+    fn from(error: StorageError) -> Self {
+        TxnFailure::Storage(error)
+    }
+}
+
+impl From<WardenError> for TxnFailure {
+    fn from(error: WardenError) -> Self {
+        TxnFailure::Refused(error)
+    }
+}
+
+/// A change of a TTL node the state machine's expiry index must learn once the transaction
+/// commits.
+pub enum TtlChange {
+    /// A TTL node now exists (or changed) with this stat.
+    Upsert(String, Stat),
+    /// The node is gone.
+    Remove(String),
+}
+
+/// One transaction in progress.
+pub struct Txn<'v, 'a> {
+    pub view: &'v mut TxnView<'a>,
+    pub limits: &'v Limits,
+    pub now_ms: u64,
+    /// The revision every change of this transaction carries.
+    pub revision: u64,
+    pub ttl_changes: Vec<TtlChange>,
+}
+
+/// Checks the shape of a request before anything runs (also used before proposing).
+pub fn check_request(request: &TxnRequest, limits: &Limits) -> Result<(), WardenError> {
+    let ops = request.then.len() + request.r#else.len();
+    if ops > limits.txn_ops_max {
+        return Err(too_large("", "transaction operations", ops, limits.txn_ops_max));
+    }
+    for compare in &request.compares {
+        path::validate(&compare.path, true).map_err(|e| invalid_path(&compare.path, &e))?;
+    }
+    for op in request.then.iter().chain(&request.r#else) {
+        match &op.op {
+            None => return Err(invalid("", "transaction operation without a body")),
+            Some(Op::Create(create)) => {
+                path::validate(&create.path, false).map_err(|e| invalid_path(&create.path, &e))?;
+                if create.data.len() > limits.value_bytes_max {
+                    return Err(too_large(&create.path, "data", create.data.len(), limits.value_bytes_max));
+                }
+                let kind = NodeKind::try_from(create.kind).map_err(|_| invalid(&create.path, "unknown node kind"))?;
+                match kind {
+                    NodeKind::Ttl if create.ttl_ms == 0 || create.ttl_ms > limits.ttl_ms_max => {
+                        return Err(invalid(&create.path, format!("ttl_ms must be in 1..={}", limits.ttl_ms_max)));
+                    }
+                    NodeKind::Persistent | NodeKind::Container if create.ttl_ms != 0 => {
+                        return Err(invalid(&create.path, "ttl_ms is only for TTL nodes"));
+                    }
+                    _ => {}
+                }
+            }
+            Some(Op::Set(set)) => {
+                path::validate(&set.path, false).map_err(|e| invalid_path(&set.path, &e))?;
+                if set.data.len() > limits.value_bytes_max {
+                    return Err(too_large(&set.path, "data", set.data.len(), limits.value_bytes_max));
+                }
+            }
+            Some(Op::Delete(delete)) => {
+                path::validate(&delete.path, false).map_err(|e| invalid_path(&delete.path, &e))?;
+                if delete.path == "/" {
+                    return Err(invalid("/", "the root cannot be deleted"));
+                }
+            }
+            Some(Op::Get(get)) => path::validate(&get.path, true).map_err(|e| invalid_path(&get.path, &e))?,
+        }
+    }
+    Ok(())
+}
+
+impl Txn<'_, '_> {
+    /// Runs the transaction. On `Err`, the view must be discarded.
+    pub fn run(&mut self, request: &TxnRequest) -> Result<TxnResponse, TxnFailure> {
+        check_request(request, self.limits)?;
+        let mut succeeded = true;
+        for compare in &request.compares {
+            if !self.compare(compare)? {
+                succeeded = false;
+                break;
+            }
+        }
+        let ops = if succeeded { &request.then } else { &request.r#else };
+        let mut results = Vec::with_capacity(ops.len());
+        for (index, op) in ops.iter().enumerate() {
+            let result = self.op(op).map_err(|failure| match failure {
+                TxnFailure::Refused(error) => TxnFailure::Refused(WardenError { op_index: index as u32, ..error }),
+                storage => storage,
+            })?;
+            results.push(TxnOpResult { result: Some(result) });
+        }
+        Ok(TxnResponse { header: None, succeeded, results })
+    }
+
+    fn compare(&self, compare: &Compare) -> Result<bool, StorageError> {
+        let node = self.view.node(&compare.path)?;
+        let stat = node.as_ref().and_then(|n| n.stat.clone()).unwrap_or_default();
+        let op = CompareOp::try_from(compare.op).unwrap_or(CompareOp::Equal);
+        let ordering = match Target::try_from(compare.target).unwrap_or(Target::Version) {
+            Target::Exists => return Ok(node.is_some() == compare.exists),
+            // A missing node compares as version 0, revision 0 and empty value, as in etcd,
+            // so `create_revision == 0` means "does not exist".
+            Target::Version => stat.version.cmp(&compare.number),
+            Target::CreateRevision => stat.create_revision.cmp(&compare.number),
+            Target::ModRevision => stat.mod_revision.cmp(&compare.number),
+            Target::Value => node.as_ref().map_or(&[][..], |n| n.data.as_slice()).cmp(compare.value.as_slice()),
+        };
+        Ok(match op {
+            CompareOp::Equal => ordering.is_eq(),
+            CompareOp::NotEqual => ordering.is_ne(),
+            CompareOp::Less => ordering.is_lt(),
+            CompareOp::Greater => ordering.is_gt(),
+        })
+    }
+
+    fn op(&mut self, op: &TxnOp) -> Result<OpResult, TxnFailure> {
+        Ok(match &op.op {
+            Some(Op::Create(create)) => OpResult::Create(self.create(create)?),
+            Some(Op::Set(set)) => OpResult::Set(self.set(set)?),
+            Some(Op::Delete(delete)) => OpResult::Delete(self.delete(delete)?),
+            Some(Op::Get(get)) => OpResult::Get(self.get(get)?),
+            None => return Err(invalid("", "transaction operation without a body").into()),
+        })
+    }
+
+    /// The node at `path`; the root exists even before anything was written to it.
+    fn node(&self, path: &str) -> Result<Option<NodeRecord>, StorageError> {
+        match self.view.node(path)? {
+            None if path == "/" => Ok(Some(NodeRecord { stat: Some(Stat::default()), ..NodeRecord::default() })),
+            node => Ok(node),
+        }
+    }
+
+    fn create(&mut self, request: &CreateRequest) -> Result<CreateResponse, TxnFailure> {
+        let requested = request.path.as_str();
+        let parent_path = path::parent(requested).ok_or_else(|| error(Code::NodeExists, "/", "the root always exists"))?;
+        let mut parent = match self.node(parent_path)? {
+            Some(parent) => parent,
+            None if request.create_parents => self.create_ancestors(parent_path)?,
+            None => return Err(no_node(parent_path).into()),
+        };
+        let mut parent_stat = parent.stat.clone().unwrap_or_default();
+        if parent_stat.ephemeral_owner != 0 {
+            return Err(error(Code::NoChildrenForEphemerals, parent_path, "ephemeral nodes cannot have children").into());
+        }
+        let path = if request.sequential {
+            let sequence = parent.next_sequence;
+            if sequence > SEQUENCE_MAX {
+                return Err(error(Code::SequenceExhausted, parent_path, "the sequential counter of this parent is exhausted").into());
+            }
+            parent.next_sequence += 1;
+            format!("{requested}{sequence:010}")
+        } else {
+            requested.to_string()
+        };
+        if path.len() > path::PATH_BYTES_MAX {
+            return Err(too_large(&path, "path", path.len(), path::PATH_BYTES_MAX).into());
+        }
+        if self.view.node(&path)?.is_some() {
+            return Err(error(Code::NodeExists, &path, format!("{path} already exists")).into());
+        }
+        let kind = NodeKind::try_from(request.kind).unwrap_or(NodeKind::Persistent);
+        let stat = Stat {
+            create_revision: self.revision,
+            mod_revision: self.revision,
+            ctime_ms: self.now_ms,
+            mtime_ms: self.now_ms,
+            data_length: request.data.len() as u64,
+            kind: kind as i32,
+            ttl_ms: request.ttl_ms,
+            ..Stat::default()
+        };
+        self.view.put_node(&path, &NodeRecord { data: request.data.clone(), stat: Some(stat.clone()), next_sequence: 0 });
+        self.view.add_child(parent_path, path::name(&path));
+        parent_stat.num_children += 1;
+        parent_stat.cversion += 1;
+        parent.stat = Some(parent_stat);
+        self.view.put_node(parent_path, &parent);
+        if kind == NodeKind::Ttl {
+            self.ttl_changes.push(TtlChange::Upsert(path.clone(), stat.clone()));
+        }
+        Ok(CreateResponse { header: None, path, stat: Some(stat) })
+    }
+
+    /// Creates every missing ancestor of (and including) `path` as a persistent node.
+    fn create_ancestors(&mut self, path: &str) -> Result<NodeRecord, TxnFailure> {
+        let mut missing = vec![path.to_string()];
+        let mut current = path;
+        while let Some(parent) = path::parent(current) {
+            if self.node(parent)?.is_some() {
+                break;
+            }
+            missing.push(parent.to_string());
+            current = parent;
+        }
+        for ancestor in missing.iter().rev() {
+            let request = CreateRequest { path: ancestor.clone(), ..CreateRequest::default() };
+            self.create(&request)?;
+        }
+        self.node(path)?.ok_or_else(|| TxnFailure::Storage(StorageError::Corrupt(format!("{path} vanished after creation"))))
+    }
+
+    fn set(&mut self, request: &SetRequest) -> Result<SetResponse, TxnFailure> {
+        let mut node = self.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
+        let mut stat = node.stat.clone().unwrap_or_default();
+        if let Some(expected) = request.expected_version {
+            if expected != stat.version {
+                return Err(error(Code::BadVersion, &request.path, format!("version is {}, not {expected}", stat.version)).into());
+            }
+        }
+        stat.version += 1;
+        stat.mod_revision = self.revision;
+        stat.mtime_ms = self.now_ms;
+        stat.data_length = request.data.len() as u64;
+        node.data = request.data.clone();
+        node.stat = Some(stat.clone());
+        self.view.put_node(&request.path, &node);
+        if stat.kind == NodeKind::Ttl as i32 {
+            self.ttl_changes.push(TtlChange::Upsert(request.path.clone(), stat.clone()));
+        }
+        Ok(SetResponse { header: None, stat: Some(stat) })
+    }
+
+    fn delete(&mut self, request: &DeleteRequest) -> Result<DeleteResponse, TxnFailure> {
+        let node = self.view.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
+        let stat = node.stat.clone().unwrap_or_default();
+        if let Some(expected) = request.expected_version {
+            if expected != stat.version {
+                return Err(error(Code::BadVersion, &request.path, format!("version is {}, not {expected}", stat.version)).into());
+            }
+        }
+        if stat.num_children > 0 && !request.recursive {
+            return Err(error(Code::NotEmpty, &request.path, format!("{} has {} children", request.path, stat.num_children)).into());
+        }
+        let mut deleted = self.delete_subtree(&request.path)?;
+        deleted += self.detach_from_parent(&request.path)?;
+        Ok(DeleteResponse { header: None, deleted })
+    }
+
+    /// Deletes `path` and everything under it; returns how many nodes went.
+    fn delete_subtree(&mut self, path: &str) -> Result<u64, TxnFailure> {
+        let mut doomed = vec![path.to_string()];
+        let mut next = 0;
+        while next < doomed.len() {
+            let parent = doomed[next].clone();
+            next += 1;
+            let mut start_after = String::new();
+            loop {
+                let room = self.limits.recursive_delete_nodes_max.saturating_sub(doomed.len());
+                let (names, more) = self.view.children(&parent, &start_after, room.clamp(1, 1024))?;
+                for name in &names {
+                    doomed.push(path::join(&parent, name));
+                }
+                if doomed.len() > self.limits.recursive_delete_nodes_max {
+                    return Err(too_large(path, "recursive delete (nodes)", doomed.len(), self.limits.recursive_delete_nodes_max).into());
+                }
+                match names.last() {
+                    Some(last) if more => start_after = last.clone(),
+                    _ => break,
+                }
+            }
+        }
+        for doomed_path in &doomed {
+            self.view.delete_node(doomed_path);
+            self.ttl_changes.push(TtlChange::Remove(doomed_path.clone()));
+            if let Some(parent) = path::parent(doomed_path) {
+                if doomed_path != path {
+                    self.view.remove_child(parent, path::name(doomed_path));
+                }
+            }
+        }
+        Ok(doomed.len() as u64)
+    }
+
+    /// Removes `path` from its parent's children; an emptied container parent goes too
+    /// (and so on upward). Returns how many containers were removed.
+    fn detach_from_parent(&mut self, path: &str) -> Result<u64, TxnFailure> {
+        let Some(parent_path) = path::parent(path) else { return Ok(0) };
+        self.view.remove_child(parent_path, path::name(path));
+        let mut parent = self.node(parent_path)?.ok_or_else(|| StorageError::Corrupt(format!("parent of {path} missing")))?;
+        let mut stat = parent.stat.clone().unwrap_or_default();
+        stat.num_children = stat.num_children.saturating_sub(1);
+        stat.cversion += 1;
+        if stat.num_children == 0 && stat.kind == NodeKind::Container as i32 && parent_path != "/" {
+            self.view.delete_node(parent_path);
+            return Ok(1 + self.detach_from_parent(parent_path)?);
+        }
+        parent.stat = Some(stat);
+        self.view.put_node(parent_path, &parent);
+        Ok(0)
+    }
+
+    fn get(&self, request: &GetRequest) -> Result<GetResponse, TxnFailure> {
+        Ok(match self.node(&request.path)? {
+            Some(node) => GetResponse { header: None, data: node.data, stat: node.stat },
+            None => GetResponse::default(),
+        })
+    }
+
+    /// Deletes a TTL node the leader found expired, if it is unchanged and childless.
+    pub fn expire_ttl(&mut self, path: &str, mod_revision: u64) -> Result<u64, TxnFailure> {
+        let Some(node) = self.view.node(path)? else { return Ok(0) };
+        let stat = node.stat.unwrap_or_default();
+        if stat.kind != NodeKind::Ttl as i32 || stat.mod_revision != mod_revision || stat.num_children > 0 {
+            return Ok(0);
+        }
+        let deleted = self.delete_subtree(path)?;
+        Ok(deleted + self.detach_from_parent(path)?)
+    }
+}
