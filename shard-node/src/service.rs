@@ -20,6 +20,7 @@ use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::*;
 
 use crate::error::EngineError;
+use crate::namespace::{txn, Limits};
 use crate::host::{NodeHandle, ReadConsistency};
 use crate::transport::PeerDirectory;
 
@@ -33,12 +34,13 @@ pub struct WardenService {
     node: NodeHandle,
     directory: Arc<PeerDirectory>,
     timeout: Duration,
+    limits: Limits,
 }
 
 impl WardenService {
     /// The service, wrapped for tonic with the request-size limit.
     pub fn server(node: NodeHandle, directory: Arc<PeerDirectory>, timeout: Duration) -> WardenServer<WardenService> {
-        WardenServer::new(WardenService { node, directory, timeout })
+        WardenServer::new(WardenService { node, directory, timeout, limits: Limits::default() })
             .max_decoding_message_size(REQUEST_BYTES_MAX)
             .max_encoding_message_size(REQUEST_BYTES_MAX * 8)
     }
@@ -49,11 +51,13 @@ impl WardenService {
     }
 
     /// Proposes a transaction and returns its response, with the header filled in.
-    async fn write(&self, routing: Option<&Routing>, request: TxnRequest) -> Result<TxnResponse, Status> {
+    async fn write(&self, routing: Option<&Routing>, request: TxnRequest, timeout: Duration) -> Result<TxnResponse, Status> {
         let group = group_of(routing);
+        // Bad input is refused here, typed, before it costs a proposal.
+        txn::check_request(&request, &self.limits).map_err(status)?;
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let command = Command { now_ms, op: Some(CommandOp::Txn(request)) };
-        let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| self.engine_status(group, e))?;
+        let output = self.node.propose(group, command.encode_to_vec(), timeout).await.map_err(|e| self.engine_status(group, e))?;
         let result = CommandResult::decode(output.as_slice()).map_err(|e| internal(format!("command result: {e}")))?;
         match result.result {
             Some(CommandOutcome::Txn(mut response)) => {
@@ -67,15 +71,15 @@ impl WardenService {
     }
 
     /// One operation as a transaction; returns its result and the header.
-    async fn write_one(&self, routing: Option<&Routing>, op: Op) -> Result<(OpResult, ResponseHeader), Status> {
+    async fn write_one(&self, routing: Option<&Routing>, op: Op, timeout: Duration) -> Result<(OpResult, ResponseHeader), Status> {
         let request = TxnRequest { then: vec![TxnOp { op: Some(op) }], ..TxnRequest::default() };
-        let response = self.write(routing, request).await?;
+        let response = self.write(routing, request, timeout).await?;
         let header = response.header.unwrap_or_default();
         let result = response.results.into_iter().next().and_then(|r| r.result).ok_or_else(|| internal("no result".into()))?;
         Ok((result, header))
     }
 
-    async fn read(&self, routing: Option<&Routing>, consistency: i32, query: QueryKind) -> Result<(QueryOutcome, ResponseHeader), Status> {
+    async fn read(&self, routing: Option<&Routing>, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), Status> {
         let group = group_of(routing);
         let consistency = match Consistency::try_from(consistency) {
             Ok(Consistency::Linearizable) => ReadConsistency::Linearizable,
@@ -83,13 +87,24 @@ impl WardenService {
             Err(_) => return Err(status(error(Code::InvalidArgument, "", "unknown consistency"))),
         };
         let query = Query { query: Some(query) };
-        let bytes = self.node.read(group, query.encode_to_vec(), consistency, self.timeout).await.map_err(|e| self.engine_status(group, e))?;
+        let bytes = self.node.read(group, query.encode_to_vec(), consistency, timeout).await.map_err(|e| self.engine_status(group, e))?;
         let result = QueryResult::decode(bytes.as_slice()).map_err(|e| internal(format!("query result: {e}")))?;
         let header = self.header(group, result.revision);
         match result.result {
             Some(QueryOutcome::Error(error)) => Err(status(error)),
             Some(outcome) => Ok((outcome, header)),
             None => Err(internal("empty query result".into())),
+        }
+    }
+
+    /// The request's deadline: the service's own, shortened to answer (typed) within the
+    /// caller's gRPC deadline when it sent one.
+    fn timeout<T>(&self, request: &Request<T>) -> Duration {
+        let caller = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(parse_grpc_timeout);
+        match caller {
+            // Keep a tenth for the answer's way back.
+            Some(caller) => self.timeout.min(caller.mul_f64(0.9)),
+            None => self.timeout,
         }
     }
 
@@ -108,6 +123,21 @@ impl WardenService {
         };
         status(detail)
     }
+}
+
+/// Parses a `grpc-timeout` header value (`<digits><unit>`, unit one of H M S m u n).
+fn parse_grpc_timeout(value: &str) -> Option<Duration> {
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
 }
 
 fn group_of(routing: Option<&Routing>) -> u64 {
@@ -155,69 +185,92 @@ pub fn error_of(status: &Status) -> Option<WardenError> {
 #[tonic::async_trait]
 impl Warden for WardenService {
     async fn create(&self, request: Request<CreateRequest>) -> Result<Response<CreateResponse>, Status> {
+        let timeout = self.timeout(&request);
         let request = request.into_inner();
         let routing = request.routing;
-        match self.write_one(routing.as_ref(), Op::Create(request)).await? {
+        match self.write_one(routing.as_ref(), Op::Create(request), timeout).await? {
             (OpResult::Create(response), header) => Ok(Response::new(CreateResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let timeout = self.timeout(&request);
         let request = request.into_inner();
         let routing = request.routing;
-        match self.read(routing.as_ref(), request.consistency, QueryKind::Get(request)).await? {
+        match self.read(routing.as_ref(), request.consistency, QueryKind::Get(request), timeout).await? {
             (QueryOutcome::Get(response), header) => Ok(Response::new(GetResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
     async fn exists(&self, request: Request<ExistsRequest>) -> Result<Response<ExistsResponse>, Status> {
+        let timeout = self.timeout(&request);
         let request = request.into_inner();
         let routing = request.routing;
-        match self.read(routing.as_ref(), request.consistency, QueryKind::Exists(request)).await? {
+        match self.read(routing.as_ref(), request.consistency, QueryKind::Exists(request), timeout).await? {
             (QueryOutcome::Exists(response), header) => Ok(Response::new(ExistsResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
     async fn set(&self, request: Request<SetRequest>) -> Result<Response<SetResponse>, Status> {
+        let timeout = self.timeout(&request);
         let request = request.into_inner();
         let routing = request.routing;
-        match self.write_one(routing.as_ref(), Op::Set(request)).await? {
+        match self.write_one(routing.as_ref(), Op::Set(request), timeout).await? {
             (OpResult::Set(response), header) => Ok(Response::new(SetResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteResponse>, Status> {
+        let timeout = self.timeout(&request);
         let request = request.into_inner();
         let routing = request.routing;
-        match self.write_one(routing.as_ref(), Op::Delete(request)).await? {
+        match self.write_one(routing.as_ref(), Op::Delete(request), timeout).await? {
             (OpResult::Delete(response), header) => Ok(Response::new(DeleteResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
     async fn get_children(&self, request: Request<GetChildrenRequest>) -> Result<Response<GetChildrenResponse>, Status> {
+        let timeout = self.timeout(&request);
         let request = request.into_inner();
         let routing = request.routing;
-        match self.read(routing.as_ref(), request.consistency, QueryKind::Children(request)).await? {
+        match self.read(routing.as_ref(), request.consistency, QueryKind::Children(request), timeout).await? {
             (QueryOutcome::Children(response), header) => Ok(Response::new(GetChildrenResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let timeout = self.timeout(&request);
         let request = request.into_inner();
         let routing = request.routing;
-        Ok(Response::new(self.write(routing.as_ref(), request).await?))
+        Ok(Response::new(self.write(routing.as_ref(), request, timeout).await?))
     }
 
     async fn sync(&self, request: Request<SyncRequest>) -> Result<Response<SyncResponse>, Status> {
+        let timeout = self.timeout(&request);
         let routing = request.into_inner().routing;
         let consistency = Consistency::Linearizable as i32;
-        let (_, header) = self.read(routing.as_ref(), consistency, QueryKind::Revision(true)).await?;
+        let (_, header) = self.read(routing.as_ref(), consistency, QueryKind::Revision(true), timeout).await?;
         Ok(Response::new(SyncResponse { header: Some(header) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("3000m"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+        assert_eq!(parse_grpc_timeout("m"), None);
     }
 }

@@ -1,0 +1,113 @@
+//! A minimal test client of the public API: talks to every node of an in-process cluster,
+//! follows NOT_LEADER hints, and retries only what is safe to retry.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::WardenError;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::namespace::NamespaceFactory;
+use warden_shard_node::service::error_of;
+
+/// A 5-node cluster serving the namespace API with group 1 on all nodes.
+pub async fn namespace_cluster(config: ClusterConfig) -> Arc<Cluster> {
+    let config = ClusterConfig { serve_api: true, ..config };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(NamespaceFactory::default())).expect("cluster starts"));
+    let voters: Vec<u64> = cluster.node_ids();
+    cluster.create_group(1, &voters).await.expect("group");
+    cluster.wait_leader(1, Duration::from_secs(30)).await.expect("leader");
+    cluster
+}
+
+/// The outcome of one API call.
+#[derive(Debug)]
+pub enum CallError {
+    /// A typed refusal: nothing changed.
+    Refused(WardenError),
+    /// The outcome is unknown (deadline, connection lost after sending a write); the text
+    /// says why.
+    Unknown(#[allow(dead_code)] String),
+}
+
+impl CallError {
+    /// The error code of a refusal.
+    pub fn code(&self) -> Option<Code> {
+        match self {
+            CallError::Refused(error) => Code::try_from(error.code).ok(),
+            CallError::Unknown(_) => None,
+        }
+    }
+}
+
+/// A client over every node of a cluster.
+#[derive(Clone)]
+pub struct ApiClient {
+    clients: BTreeMap<u64, WardenClient<Channel>>,
+    preferred: Arc<std::sync::Mutex<u64>>,
+}
+
+impl ApiClient {
+    /// Connects (lazily) to every node of `cluster`.
+    pub fn new(cluster: &Cluster) -> ApiClient {
+        let mut clients = BTreeMap::new();
+        for id in cluster.node_ids() {
+            let addr = cluster.addr(id).expect("addr");
+            let channel = Channel::from_shared(format!("http://{addr}"))
+                .expect("uri")
+                .connect_timeout(Duration::from_millis(300))
+                .timeout(Duration::from_secs(3))
+                .connect_lazy();
+            clients.insert(id, WardenClient::new(channel));
+        }
+        ApiClient { clients, preferred: Arc::new(std::sync::Mutex::new(1)) }
+    }
+
+    /// A client of one node only.
+    pub fn node(&self, id: u64) -> WardenClient<Channel> {
+        self.clients[&id].clone()
+    }
+
+    /// Runs `call` against the believed leader until it succeeds, is refused, or its
+    /// outcome becomes unknown; `idempotent` calls (reads) are also retried on unknown
+    /// outcomes. Gives up after `timeout` (as unknown).
+    pub async fn call<T, F, Fut>(&self, timeout: Duration, idempotent: bool, call: F) -> Result<T, CallError>
+    where
+        F: Fn(WardenClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let deadline = Instant::now() + timeout;
+        let mut attempt = 0u64;
+        loop {
+            if Instant::now() >= deadline {
+                return Err(CallError::Unknown("deadline".into()));
+            }
+            let node = *self.preferred.lock().expect("lock");
+            let result = call(self.clients[&node].clone()).await;
+            let status = match result {
+                Ok(response) => return Ok(response.into_inner()),
+                Err(status) => status,
+            };
+            attempt += 1;
+            let retry = |next: Option<u64>| {
+                let ids: Vec<u64> = self.clients.keys().copied().collect();
+                let next = next.filter(|id| self.clients.contains_key(id)).unwrap_or(ids[(attempt as usize) % ids.len()]);
+                *self.preferred.lock().expect("lock") = next;
+            };
+            match error_of(&status) {
+                Some(error) if error.code == Code::NotLeader as i32 => retry(Some(error.leader_id).filter(|id| *id != 0 && *id != node)),
+                Some(error) if error.code == Code::Unavailable as i32 => retry(None),
+                Some(error) if error.code == Code::OutcomeUnknown as i32 && !idempotent => return Err(CallError::Unknown(error.message)),
+                Some(error) if error.code == Code::OutcomeUnknown as i32 => retry(None),
+                Some(error) => return Err(CallError::Refused(error)),
+                // No Warden detail: the connection failed. A write may have been sent.
+                None if idempotent || status.code() == tonic::Code::Unavailable && status.message().contains("connect") => retry(None),
+                None => return Err(CallError::Unknown(status.to_string())),
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
