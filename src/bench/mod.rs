@@ -1,6 +1,7 @@
 //! `warden bench …`: benchmarks of the hot paths, each printing JSON lines.
 
 mod engine;
+mod namespace;
 
 use clap::Subcommand;
 
@@ -9,12 +10,15 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// The multi-Raft engine: writes through propose → group commit → replicate → apply.
     Engine(engine::EngineArgs),
+    /// The public namespace API over gRPC: create / set / get / txn.
+    Namespace(namespace::NamespaceArgs),
 }
 
 /// Runs a benchmark.
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Engine(args) => engine::run(args).await,
+        BenchCommand::Namespace(args) => namespace::run(args).await,
     }
 }
 

@@ -292,9 +292,11 @@ impl Node {
                 Ok(listener) => listener,
                 Err(error) => return tracing::error!(node_id, %error, "transport listener"),
             };
-            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            // Accepted sockets need TCP_NODELAY set here: the server builder's own setting
+            // applies only to listeners it binds. Without it a response written in several
+            // small frames waits ~40 ms for a delayed ACK (Nagle).
+            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
             let served = tonic::transport::Server::builder()
-                .tcp_nodelay(true)
                 .initial_stream_window_size(Some(8 << 20))
                 .initial_connection_window_size(Some(16 << 20))
                 .add_service(service)

@@ -1,0 +1,128 @@
+//! `warden bench namespace`: the public API over gRPC against an in-process 5-node cluster
+//! (fsync on, 5 replicas per group): create / set / get / txn rates and latencies.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tonic::transport::Channel;
+use warden_proto::v1::compare::{Op as CmpOp, Target};
+use warden_proto::v1::txn_op::Op;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::*;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::namespace::NamespaceFactory;
+
+/// Flags of `warden bench namespace`.
+#[derive(clap::Args)]
+pub struct NamespaceArgs {
+    /// Group counts to run.
+    #[arg(long, value_delimiter = ',', default_value = "1,64")]
+    groups: Vec<u64>,
+    /// Closed-loop clients in total (spread over the groups).
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Measured seconds per operation.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Bytes per value.
+    #[arg(long, default_value_t = 256)]
+    value_bytes: usize,
+    /// Where node directories go (wiped per configuration). Default: ~/.cache/warden-bench.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+const NODES: u64 = 5;
+const OPS: [&str; 4] = ["create", "set", "get", "txn"];
+
+/// Runs every group count and operation, one JSON line each.
+pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
+    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    for &groups in &args.groups {
+        anyhow::ensure!(groups > 0, "--groups takes positive counts");
+        let dir = root.join(format!("namespace-g{groups}"));
+        if dir.exists() {
+            std::fs::remove_dir_all(&dir)?;
+        }
+        std::fs::create_dir_all(&dir)?;
+        let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
+        let cluster = Arc::new(Cluster::start_at(config, Arc::new(NamespaceFactory::default()), &dir)?);
+        let voters: Vec<u64> = (1..=NODES).collect();
+        for group in 1..=groups {
+            cluster.create_group(group, &voters).await?;
+        }
+        let mut channels: HashMap<u64, Channel> = HashMap::new();
+        for id in cluster.node_ids() {
+            let addr = cluster.addr(id).ok_or_else(|| anyhow::anyhow!("no address for node {id}"))?;
+            channels.insert(id, Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+        }
+        let mut leaders = HashMap::new();
+        for group in 1..=groups {
+            let leader = cluster.wait_leader(group, Duration::from_secs(30)).await?;
+            leaders.insert(group, WardenClient::new(channels[&leader].clone()));
+        }
+        // Each client owns a key (and a parent for its creates) in its group.
+        let clients = args.clients.max(1);
+        let value = vec![b'v'; args.value_bytes];
+        for client in 0..clients {
+            let group = 1 + (client as u64 % groups);
+            let mut leader = leaders[&group].clone();
+            let routing = Some(Routing { group_id: group });
+            let parent = CreateRequest { path: format!("/c{client}"), routing, ..CreateRequest::default() };
+            leader.create(parent).await?;
+            let key = CreateRequest { path: format!("/k{client}"), data: value.clone(), routing, ..CreateRequest::default() };
+            leader.create(key).await?;
+        }
+        for op in OPS {
+            let report = warden_loadgen::closed_loop(clients, Duration::from_secs(1), Duration::from_secs(args.seconds), {
+                let leaders = leaders.clone();
+                let value = value.clone();
+                move |client, seq| {
+                    let group = 1 + (client as u64 % groups);
+                    let mut leader = leaders[&group].clone();
+                    let value = value.clone();
+                    async move { one_op(&mut leader, op, client, seq, group, value).await }
+                }
+            })
+            .await;
+            let line = json!({
+                "bench": "namespace",
+                "op": op,
+                "groups": groups,
+                "clients": clients,
+                "value_bytes": args.value_bytes,
+                "ops_per_sec": report.ops_per_sec,
+                "p50_ms": report.p50_ms,
+                "p99_ms": report.p99_ms,
+                "errors": report.errors,
+            });
+            println!("{line}");
+        }
+        drop(cluster);
+        std::fs::remove_dir_all(&dir)?;
+    }
+    Ok(())
+}
+
+async fn one_op(leader: &mut WardenClient<Channel>, op: &str, client: usize, seq: u64, group: u64, value: Vec<u8>) -> Result<(), tonic::Status> {
+    let routing = Some(Routing { group_id: group });
+    let key = format!("/k{client}");
+    match op {
+        "create" => {
+            let path = format!("/c{client}/n{seq}");
+            leader.create(CreateRequest { path, data: value, routing, ..CreateRequest::default() }).await.map(drop)
+        }
+        "set" => leader.set(SetRequest { path: key, data: value, expected_version: None, routing }).await.map(drop),
+        "get" => leader.get(GetRequest { path: key, consistency: Consistency::Linearizable as i32, routing }).await.map(drop),
+        _ => {
+            // A CAS-shaped transaction: if the value is what we wrote, write it again and read it.
+            let compare = Compare { path: key.clone(), target: Target::Value as i32, op: CmpOp::Equal as i32, value: value.clone(), ..Compare::default() };
+            let set = TxnOp { op: Some(Op::Set(SetRequest { path: key.clone(), data: value, ..SetRequest::default() })) };
+            let get = TxnOp { op: Some(Op::Get(GetRequest { path: key, ..GetRequest::default() })) };
+            leader.txn(TxnRequest { compares: vec![compare], then: vec![set, get], r#else: Vec::new(), routing }).await.map(drop)
+        }
+    }
+}
