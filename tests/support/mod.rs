@@ -1,2 +1,4 @@
-//! Shared helpers of the integration tests.
+//! Shared helpers of the integration tests. Each test binary uses a different subset.
+#![allow(dead_code)]
+
 pub mod api;

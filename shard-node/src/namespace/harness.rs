@@ -171,7 +171,15 @@ impl Harness {
 
     /// Every child name of `path` (all pages).
     pub fn all_children(&self, path: &str) -> Outcome<Vec<String>> {
-        self.children(GetChildrenRequest { path: path.into(), ..GetChildrenRequest::default() }).map(|r| r.names)
+        let mut names = Vec::new();
+        loop {
+            let start_after = names.last().cloned().unwrap_or_default();
+            let page = self.children(GetChildrenRequest { path: path.into(), start_after, ..GetChildrenRequest::default() })?;
+            names.extend(page.names);
+            if !page.more {
+                return Ok(names);
+            }
+        }
     }
 
     /// The group revision.

@@ -199,3 +199,61 @@ impl StateMachine for NamespaceStateMachine {
         due
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Db;
+    use warden_proto::namespace::{Query, QueryResult};
+    use warden_proto::v1::txn_op::Op;
+    use warden_proto::v1::{CreateRequest, DeleteRequest, GetChildrenRequest, TxnOp, TxnRequest};
+
+    fn txn(op: Op) -> Vec<u8> {
+        let request = TxnRequest { then: vec![TxnOp { op: Some(op) }], ..TxnRequest::default() };
+        Command { now_ms: 1, op: Some(CommandOp::Txn(request)) }.encode_to_vec()
+    }
+
+    fn outcome(output: ApplyOutput) -> Option<CommandOutcome> {
+        CommandResult::decode(output.expect("applied").as_slice()).expect("result").result
+    }
+
+    /// Entries applied in one batch (group commit) see each other's writes before the batch
+    /// reaches RocksDB: the second create finds the parent the first one made, and a delete in
+    /// the same batch sees both the stored and the pending children.
+    #[test]
+    fn entries_in_one_batch_see_each_others_writes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(dir.path()).expect("db");
+        let mut sm = NamespaceFactory::default().create(1);
+        sm.reload(&SmReader::new(db.clone(), 1), 0).expect("load");
+        let mut stored = SmWrites::new(1);
+        let made = sm.apply(1, &txn(Op::Create(CreateRequest { path: "/p".into(), ..CreateRequest::default() })), &mut stored);
+        assert!(matches!(outcome(made), Some(CommandOutcome::Txn(_))));
+        db.write_ops(&stored.into_ops(), false).expect("write");
+        sm.apply(2, &txn(Op::Create(CreateRequest { path: "/p/stored".into(), ..CreateRequest::default() })), &mut SmWrites::new(1))
+            .expect("applied");
+        // That write was dropped on purpose (never written): /p/stored is not on disk.
+        let mut batch = SmWrites::new(1);
+        sm.reload(&SmReader::new(db.clone(), 1), 1).expect("reload");
+        for (index, path) in [(2, "/p/a"), (3, "/p/a/b"), (4, "/p/c")] {
+            let created = sm.apply(index, &txn(Op::Create(CreateRequest { path: path.into(), ..CreateRequest::default() })), &mut batch);
+            assert!(matches!(outcome(created), Some(CommandOutcome::Txn(_))), "{path} sees its pending parent");
+        }
+        let deleted = sm.apply(5, &txn(Op::Delete(DeleteRequest { path: "/p".into(), recursive: true, ..DeleteRequest::default() })), &mut batch);
+        match outcome(deleted) {
+            Some(CommandOutcome::Txn(response)) => match &response.results[0].result {
+                Some(warden_proto::v1::txn_op_result::Result::Delete(delete)) => assert_eq!(delete.deleted, 4),
+                other => panic!("unexpected {other:?}"),
+            },
+            other => panic!("unexpected {other:?}"),
+        }
+        db.write_ops(&batch.into_ops(), false).expect("write");
+        let query = Query { query: Some(warden_proto::namespace::query::Query::Children(GetChildrenRequest { path: "/".into(), ..Default::default() })) };
+        let result = QueryResult::decode(sm.query(&query.encode_to_vec()).expect("query").as_slice()).expect("decode");
+        match result.result {
+            Some(warden_proto::namespace::query_result::Result::Children(children)) => assert!(children.names.is_empty()),
+            other => panic!("unexpected {other:?}"),
+        }
+        assert_eq!(result.revision, 5);
+    }
+}

@@ -69,40 +69,48 @@ pub fn check_request(request: &TxnRequest, limits: &Limits) -> Result<(), Warden
     }
     for compare in &request.compares {
         path::validate(&compare.path, true).map_err(|e| invalid_path(&compare.path, &e))?;
+        CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
+        Target::try_from(compare.target).map_err(|_| invalid(&compare.path, "unknown compare target"))?;
     }
-    for op in request.then.iter().chain(&request.r#else) {
-        match &op.op {
-            None => return Err(invalid("", "transaction operation without a body")),
-            Some(Op::Create(create)) => {
-                path::validate(&create.path, false).map_err(|e| invalid_path(&create.path, &e))?;
-                if create.data.len() > limits.value_bytes_max {
-                    return Err(too_large(&create.path, "data", create.data.len(), limits.value_bytes_max));
-                }
-                let kind = NodeKind::try_from(create.kind).map_err(|_| invalid(&create.path, "unknown node kind"))?;
-                match kind {
-                    NodeKind::Ttl if create.ttl_ms == 0 || create.ttl_ms > limits.ttl_ms_max => {
-                        return Err(invalid(&create.path, format!("ttl_ms must be in 1..={}", limits.ttl_ms_max)));
-                    }
-                    NodeKind::Persistent | NodeKind::Container if create.ttl_ms != 0 => {
-                        return Err(invalid(&create.path, "ttl_ms is only for TTL nodes"));
-                    }
-                    _ => {}
-                }
+    // `op_index` of a validation error counts the `then` operations first, then `else`.
+    for (index, op) in request.then.iter().chain(&request.r#else).enumerate() {
+        check_op(op, limits).map_err(|error| WardenError { op_index: index as u32, ..error })?;
+    }
+    Ok(())
+}
+
+fn check_op(op: &TxnOp, limits: &Limits) -> Result<(), WardenError> {
+    match &op.op {
+        None => return Err(invalid("", "transaction operation without a body")),
+        Some(Op::Create(create)) => {
+            path::validate(&create.path, false).map_err(|e| invalid_path(&create.path, &e))?;
+            if create.data.len() > limits.value_bytes_max {
+                return Err(too_large(&create.path, "data", create.data.len(), limits.value_bytes_max));
             }
-            Some(Op::Set(set)) => {
-                path::validate(&set.path, false).map_err(|e| invalid_path(&set.path, &e))?;
-                if set.data.len() > limits.value_bytes_max {
-                    return Err(too_large(&set.path, "data", set.data.len(), limits.value_bytes_max));
+            let kind = NodeKind::try_from(create.kind).map_err(|_| invalid(&create.path, "unknown node kind"))?;
+            match kind {
+                NodeKind::Ttl if create.ttl_ms == 0 || create.ttl_ms > limits.ttl_ms_max => {
+                    return Err(invalid(&create.path, format!("ttl_ms must be in 1..={}", limits.ttl_ms_max)));
                 }
-            }
-            Some(Op::Delete(delete)) => {
-                path::validate(&delete.path, false).map_err(|e| invalid_path(&delete.path, &e))?;
-                if delete.path == "/" {
-                    return Err(invalid("/", "the root cannot be deleted"));
+                NodeKind::Persistent | NodeKind::Container if create.ttl_ms != 0 => {
+                    return Err(invalid(&create.path, "ttl_ms is only for TTL nodes"));
                 }
+                _ => {}
             }
-            Some(Op::Get(get)) => path::validate(&get.path, true).map_err(|e| invalid_path(&get.path, &e))?,
         }
+        Some(Op::Set(set)) => {
+            path::validate(&set.path, false).map_err(|e| invalid_path(&set.path, &e))?;
+            if set.data.len() > limits.value_bytes_max {
+                return Err(too_large(&set.path, "data", set.data.len(), limits.value_bytes_max));
+            }
+        }
+        Some(Op::Delete(delete)) => {
+            path::validate(&delete.path, false).map_err(|e| invalid_path(&delete.path, &e))?;
+            if delete.path == "/" {
+                return Err(invalid("/", "the root cannot be deleted"));
+            }
+        }
+        Some(Op::Get(get)) => path::validate(&get.path, true).map_err(|e| invalid_path(&get.path, &e))?,
     }
     Ok(())
 }
@@ -130,11 +138,12 @@ impl Txn<'_, '_> {
         Ok(TxnResponse { header: None, succeeded, results })
     }
 
-    fn compare(&self, compare: &Compare) -> Result<bool, StorageError> {
-        let node = self.view.node(&compare.path)?;
+    fn compare(&self, compare: &Compare) -> Result<bool, TxnFailure> {
+        let node = self.node(&compare.path)?;
         let stat = node.as_ref().and_then(|n| n.stat.clone()).unwrap_or_default();
-        let op = CompareOp::try_from(compare.op).unwrap_or(CompareOp::Equal);
-        let ordering = match Target::try_from(compare.target).unwrap_or(Target::Version) {
+        let op = CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
+        let target = Target::try_from(compare.target).map_err(|_| invalid(&compare.path, "unknown compare target"))?;
+        let ordering = match target {
             Target::Exists => return Ok(node.is_some() == compare.exists),
             // A missing node compares as version 0, revision 0 and empty value, as in etcd,
             // so `create_revision == 0` means "does not exist".
