@@ -1,6 +1,8 @@
 //! Warden's load generator: drives an operation from many concurrent closed-loop clients
 //! for a fixed time and reports throughput and latency percentiles (hdrhistogram).
 
+pub mod linearizability;
+
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
