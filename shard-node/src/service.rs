@@ -12,7 +12,9 @@ use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
-use warden_proto::namespace::{Command, CommandResult, Query, QueryResult};
+use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
+use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
+use warden_proto::namespace::{Command, CommandResult, LeaderRequest, LeaderResponse, Query, QueryResult};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
@@ -20,7 +22,7 @@ use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::*;
 
 use crate::error::EngineError;
-use crate::namespace::{txn, Limits};
+use crate::namespace::{sessions, txn, Limits};
 use crate::host::{NodeHandle, ReadConsistency};
 use crate::transport::PeerDirectory;
 
@@ -28,6 +30,10 @@ use crate::transport::PeerDirectory;
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
 /// Group a request without routing goes to.
 pub const DEFAULT_GROUP: u64 = 1;
+/// Sessions renewed by one keepalive request at most.
+pub const KEEPALIVE_SESSIONS_MAX: usize = 1024;
+/// Keepalive responses queued on one stream before the stream waits for its client.
+const KEEPALIVE_STREAM_QUEUE_MAX: usize = 16;
 
 /// The `warden.v1.Warden` service of one node.
 pub struct WardenService {
@@ -37,10 +43,19 @@ pub struct WardenService {
     limits: Limits,
 }
 
+impl Clone for WardenService {
+    fn clone(&self) -> Self {
+        WardenService { node: self.node.clone(), directory: self.directory.clone(), timeout: self.timeout, limits: self.limits.clone() }
+    }
+}
+
 impl WardenService {
-    /// The service, wrapped for tonic with the request-size limit.
-    pub fn server(node: NodeHandle, directory: Arc<PeerDirectory>, timeout: Duration) -> WardenServer<WardenService> {
-        WardenServer::new(WardenService { node, directory, timeout, limits: Limits::default() })
+    /// The service, wrapped for tonic with the request-size limit. Sessions are granted at
+    /// least 1.5 × `election_timeout` (DESIGN.md rule 6: a TTL must outlast an election).
+    pub fn server(node: NodeHandle, directory: Arc<PeerDirectory>, timeout: Duration, election_timeout: Duration) -> WardenServer<WardenService> {
+        let mut limits = Limits::default();
+        limits.session_ttl_ms_min = limits.session_ttl_ms_min.max(election_timeout.as_millis() as u64 * 3 / 2);
+        WardenServer::new(WardenService { node, directory, timeout, limits })
             .max_decoding_message_size(REQUEST_BYTES_MAX)
             .max_encoding_message_size(REQUEST_BYTES_MAX * 8)
     }
@@ -50,23 +65,72 @@ impl WardenService {
         ResponseHeader { group_id: group, revision, raft_term: leader.term, leader_id: leader.leader_id, node_id: self.node.node_id() }
     }
 
-    /// Proposes a transaction and returns its response, with the header filled in.
-    async fn write(&self, routing: Option<&Routing>, request: TxnRequest, timeout: Duration) -> Result<TxnResponse, Status> {
-        let group = group_of(routing);
-        // Bad input is refused here, typed, before it costs a proposal.
-        txn::check_request(&request, &self.limits).map_err(status)?;
+    /// Proposes a command to `group`; returns its outcome and the header (at the revision
+    /// the command left).
+    async fn propose(&self, group: u64, op: CommandOp, timeout: Duration) -> Result<(CommandOutcome, ResponseHeader), Status> {
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let command = Command { now_ms, op: Some(CommandOp::Txn(request)) };
+        let command = Command { now_ms, op: Some(op) };
         let output = self.node.propose(group, command.encode_to_vec(), timeout).await.map_err(|e| self.engine_status(group, e))?;
         let result = CommandResult::decode(output.as_slice()).map_err(|e| internal(format!("command result: {e}")))?;
+        let revision = |header: &Option<ResponseHeader>| header.as_ref().map_or(0, |h| h.revision);
         match result.result {
-            Some(CommandOutcome::Txn(mut response)) => {
-                let revision = response.header.as_ref().map_or(0, |h| h.revision);
-                response.header = Some(self.header(group, revision));
-                Ok(response)
-            }
             Some(CommandOutcome::Error(error)) => Err(status(error)),
+            Some(outcome) => {
+                let at = match &outcome {
+                    CommandOutcome::Txn(r) => revision(&r.header),
+                    CommandOutcome::CreateSession(r) => revision(&r.header),
+                    CommandOutcome::CloseSession(r) => revision(&r.header),
+                    CommandOutcome::Error(_) => 0,
+                };
+                Ok((outcome, self.header(group, at)))
+            }
             None => Err(internal("empty command result".into())),
+        }
+    }
+
+    /// Proposes a transaction and returns its response, with the header filled in.
+    async fn write(&self, routing: Option<&Routing>, request: TxnRequest, timeout: Duration) -> Result<TxnResponse, Status> {
+        // Bad input is refused here, typed, before it costs a proposal.
+        txn::check_request(&request, &self.limits).map_err(status)?;
+        match self.propose(group_of(routing), CommandOp::Txn(request), timeout).await? {
+            (CommandOutcome::Txn(response), header) => Ok(TxnResponse { header: Some(header), ..response }),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
+    /// Asks the group's leader a leader-only question.
+    async fn leader_call(&self, group: u64, request: LeaderRequestKind, timeout: Duration) -> Result<(LeaderResponseKind, ResponseHeader), Status> {
+        let request = LeaderRequest { request: Some(request) }.encode_to_vec();
+        let output = self.node.leader_call(group, request, timeout).await.map_err(|e| self.engine_status(group, e))?;
+        let response = LeaderResponse::decode(output.as_slice()).map_err(|e| internal(format!("leader response: {e}")))?;
+        match response.response {
+            Some(LeaderResponseKind::Error(error)) => Err(status(error)),
+            Some(response) => Ok((response, self.header(group, 0))),
+            None => Err(internal("empty leader response".into())),
+        }
+    }
+
+    /// The group a session request goes to: the routed one, else the sessions' home group.
+    fn session_group(routing: Option<&Routing>, sessions: &[u64]) -> Result<u64, Status> {
+        if let Some(group) = routing.map(|r| r.group_id).filter(|g| *g != 0) {
+            return Ok(group);
+        }
+        let mut homes = sessions.iter().map(|id| sessions::home_group(*id));
+        let first = homes.next().unwrap_or(DEFAULT_GROUP);
+        if homes.any(|home| home != first) {
+            return Err(status(error(Code::InvalidArgument, "", "sessions of different home groups in one request")));
+        }
+        Ok(first)
+    }
+
+    async fn keep_alive_once(&self, request: KeepAliveRequest, timeout: Duration) -> Result<KeepAliveResponse, Status> {
+        if request.session_ids.len() > KEEPALIVE_SESSIONS_MAX {
+            return Err(status(error(Code::TooLarge, "", "too many sessions in one keepalive")));
+        }
+        let group = Self::session_group(request.routing.as_ref(), &request.session_ids)?;
+        match self.leader_call(group, LeaderRequestKind::KeepAlive(request), timeout).await? {
+            (LeaderResponseKind::KeepAlive(response), header) => Ok(KeepAliveResponse { header: Some(header), ..response }),
+            _ => Err(internal("mismatched result".into())),
         }
     }
 
@@ -249,6 +313,67 @@ impl Warden for WardenService {
         let request = request.into_inner();
         let routing = request.routing;
         Ok(Response::new(self.write(routing.as_ref(), request, timeout).await?))
+    }
+
+    async fn create_session(&self, request: Request<CreateSessionRequest>) -> Result<Response<CreateSessionResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let request = request.into_inner();
+        let granted = request.ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
+        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: granted });
+        match self.propose(group_of(request.routing.as_ref()), op, timeout).await? {
+            (CommandOutcome::CreateSession(response), header) => Ok(Response::new(CreateSessionResponse {
+                header: Some(header),
+                ttl_adjusted: response.ttl_adjusted || granted != request.ttl_ms,
+                ..response
+            })),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
+    async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Result<Response<KeepAliveResponse>, Status> {
+        let timeout = self.timeout(&request);
+        Ok(Response::new(self.keep_alive_once(request.into_inner(), timeout).await?))
+    }
+
+    type KeepAliveStreamStream = tokio_stream::wrappers::ReceiverStream<Result<KeepAliveResponse, Status>>;
+
+    async fn keep_alive_stream(&self, request: Request<tonic::Streaming<KeepAliveRequest>>) -> Result<Response<Self::KeepAliveStreamStream>, Status> {
+        let mut incoming = request.into_inner();
+        let (responses, stream) = tokio::sync::mpsc::channel(KEEPALIVE_STREAM_QUEUE_MAX);
+        let service = self.clone();
+        tokio::spawn(async move {
+            // One request at a time: a client renews on its own schedule, and a slow client
+            // holds at most the queue's worth of answers.
+            while let Ok(Some(request)) = incoming.message().await {
+                let answer = service.keep_alive_once(request, service.timeout).await;
+                let failed = answer.is_err();
+                if responses.send(answer).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(stream)))
+    }
+
+    async fn close_session(&self, request: Request<CloseSessionRequest>) -> Result<Response<CloseSessionResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let request = request.into_inner();
+        let group = Self::session_group(request.routing.as_ref(), &[request.session_id])?;
+        let op = CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id: request.session_id });
+        match self.propose(group, op, timeout).await? {
+            (CommandOutcome::CloseSession(response), header) => Ok(Response::new(CloseSessionResponse { header: Some(header), ..response })),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
+    async fn session_info(&self, request: Request<SessionInfoRequest>) -> Result<Response<SessionInfoResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let request = request.into_inner();
+        let group = Self::session_group(request.routing.as_ref(), &[request.session_id])?;
+        match self.leader_call(group, LeaderRequestKind::SessionInfo(request.session_id), timeout).await? {
+            (LeaderResponseKind::SessionInfo(response), header) => Ok(Response::new(SessionInfoResponse { header: Some(header), ..response })),
+            _ => Err(internal("mismatched result".into())),
+        }
     }
 
     async fn sync(&self, request: Request<SyncRequest>) -> Result<Response<SyncResponse>, Status> {

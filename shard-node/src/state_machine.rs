@@ -14,6 +14,25 @@ use crate::storage::{keys, Cf, Db, WriteOp};
 /// The result an applied command returns to its proposer (encoded by the state machine).
 pub type ApplyOutput = Result<Vec<u8>, EngineError>;
 
+/// The leader's view of time, passed to every leader-only call.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LeaderClock {
+    /// Wall-clock milliseconds since the Unix epoch (stamped into entries; TTL nodes).
+    pub wall_ms: u64,
+    /// Monotonic milliseconds since the process started (session leases: never jumps).
+    pub monotonic_ms: u64,
+}
+
+impl LeaderClock {
+    /// The clock now.
+    pub fn now() -> LeaderClock {
+        static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+        let start = START.get_or_init(std::time::Instant::now);
+        let wall_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        LeaderClock { wall_ms, monotonic_ms: start.elapsed().as_millis() as u64 }
+    }
+}
+
 /// A replicated state machine of one group.
 pub trait StateMachine: Send {
     /// Applies the committed command of entry `index`.
@@ -29,11 +48,21 @@ pub trait StateMachine: Send {
     /// Checks a command before it is proposed, so malformed input never reaches the log.
     fn validate(&self, command: &[u8]) -> Result<(), EngineError>;
 
-    /// Commands the leader should propose because of time (for example expiries), judged
-    /// against the leader's clock `now_ms` (DESIGN.md rule 6: only the leader judges time).
-    /// Called on the leader only, a few times per second.
-    fn leader_proposals(&mut self, _now_ms: u64) -> Vec<Vec<u8>> {
+    /// Commands the leader should propose because of time (expiries), judged against the
+    /// leader's clock (DESIGN.md rule 6: only the leader judges time). Called on the leader
+    /// only, once per tick.
+    fn leader_proposals(&mut self, _clock: LeaderClock) -> Vec<Vec<u8>> {
         Vec::new()
+    }
+
+    /// This replica became leader (`true`) or stopped leading. Leader-only state (lease
+    /// deadlines) starts over here; it is never replicated.
+    fn on_leadership(&mut self, _leading: bool, _clock: LeaderClock) {}
+
+    /// A request only the leader answers from its own memory (session keepalives). Called
+    /// only on a leader that has applied every entry committed before its term.
+    fn leader_call(&mut self, _request: &[u8], _clock: LeaderClock) -> Result<Vec<u8>, EngineError> {
+        Err(EngineError::Invalid("this state machine answers no leader calls".into()))
     }
 }
 

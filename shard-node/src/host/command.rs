@@ -50,11 +50,14 @@ impl Replica {
 
     /// Proposes what the state machine asks for because of time (leader only); nobody waits
     /// for the outcome.
-    pub(crate) fn propose_leader_commands(&mut self, config: &NodeConfig, now_ms: u64) {
-        if !self.is_leader() {
+    pub(crate) fn propose_leader_commands(&mut self, config: &NodeConfig, clock: crate::state_machine::LeaderClock) {
+        // Only a leader that has applied an entry of its own term judges time: before that it
+        // may not know every session or node a previous leader created.
+        if !self.is_leader() || self.applied.term != self.raw.raft.term {
             return;
         }
-        for command in self.sm.leader_proposals(now_ms) {
+        self.notice_leadership();
+        for command in self.sm.leader_proposals(clock) {
             let (reply, _ignored) = oneshot::channel();
             self.propose(config, Proposed::Command(command), Instant::now() + config.election_timeout(), reply);
         }

@@ -162,6 +162,12 @@ impl NodeHandle {
         self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::Campaign { group, reply }).await
     }
 
+    /// Asks this node's replica of `group`, which must lead, a leader-only question (see
+    /// `StateMachine::leader_call`).
+    pub async fn leader_call(&self, group: u64, request: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, EngineError> {
+        self.ask(group, timeout, |reply| WorkerMsg::LeaderCall { group, request, reply }).await
+    }
+
     /// This node's view of `group`.
     pub async fn status(&self, group: u64) -> Result<GroupStatus, EngineError> {
         self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::Status { group, reply }).await
@@ -276,7 +282,12 @@ impl Node {
         listener.set_nonblocking(true)?;
         let service = RaftTransportService::server(handle.clone(), limits);
         let api = config.serve_api.then(|| {
-            crate::service::WardenService::server(handle.clone(), directory.clone(), Duration::from_millis(config.request_timeout_ms))
+            crate::service::WardenService::server(
+                handle.clone(),
+                directory.clone(),
+                Duration::from_millis(config.request_timeout_ms),
+                config.election_timeout(),
+            )
         });
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET)

@@ -41,6 +41,8 @@ pub enum WorkerMsg {
     Unreachable { group: u64, to: u64, snapshot: bool },
     /// Report the group's raft status.
     Status { group: u64, reply: Reply<GroupStatus> },
+    /// A request the leader answers from its own memory (see `StateMachine::leader_call`).
+    LeaderCall { group: u64, request: Vec<u8>, reply: Reply<Vec<u8>> },
 }
 
 /// A replica's view of its group.

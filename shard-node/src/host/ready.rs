@@ -86,7 +86,9 @@ impl Replica {
         }
         // 7. Tell raft how far apply got (drives flow control and auto-leave of joint configs).
         self.raw.advance_apply_to(self.applied.index);
-        // 8. Answer proposers and reads now that the apply write is done.
+        // 8. Leader-only state follows role changes (a new leader re-grants every lease).
+        self.notice_leadership();
+        // 9. Answer proposers and reads now that the apply write is done.
         for (reply, output) in replies {
             let _ = reply.send(output);
         }

@@ -71,6 +71,8 @@ pub struct Replica {
     pub(crate) log_compact_entries: u64,
     /// Leadership last published to the node's leader table.
     pub(crate) published_leader: super::LeaderInfo,
+    /// Whether the state machine was last told it leads.
+    pub(crate) told_leading: bool,
 }
 
 impl Replica {
@@ -99,6 +101,7 @@ impl Replica {
             installing_snapshot: false,
             log_compact_entries: config.log_compact_entries.max(2),
             published_leader: super::LeaderInfo::default(),
+            told_leading: false,
         })
     }
 
@@ -110,6 +113,29 @@ impl Replica {
     /// True when this replica leads its group.
     pub fn is_leader(&self) -> bool {
         self.raw.raft.state == StateRole::Leader
+    }
+
+    /// Tells the state machine when leadership changed, so leader-only state starts over.
+    pub(crate) fn notice_leadership(&mut self) {
+        let leading = self.is_leader();
+        if leading != self.told_leading {
+            self.told_leading = leading;
+            self.sm.on_leadership(leading, crate::state_machine::LeaderClock::now());
+        }
+    }
+
+    /// Answers a leader-only request. The leader must have applied an entry of its own term:
+    /// only then has it applied everything committed before it took over (and so knows every
+    /// session a previous leader created).
+    pub(crate) fn leader_call(&mut self, request: &[u8]) -> Result<Vec<u8>, EngineError> {
+        if !self.is_leader() {
+            return Err(self.not_leader());
+        }
+        if self.applied.term != self.raw.raft.term {
+            return Err(EngineError::busy(format!("group {}: new leader still catching up", self.group)));
+        }
+        self.notice_leadership();
+        self.sm.leader_call(request, crate::state_machine::LeaderClock::now())
     }
 
     pub(crate) fn not_leader(&self) -> EngineError {

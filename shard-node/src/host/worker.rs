@@ -120,16 +120,13 @@ impl Worker {
     fn on_tick(&mut self, now: Instant) {
         self.tick += 1;
         let retry_ticks = self.config.election_tick as u64;
-        // Time-driven proposals (expiries) are judged by the leader's clock about once a second.
-        let scan_due = self.tick % (1000 / self.config.tick_ms).max(1) == 0;
-        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        // Time-driven proposals (expiries) are judged by the leader's clock every tick.
+        let clock = crate::state_machine::LeaderClock::now();
         for replica in self.replicas.values_mut() {
             replica.raw.tick();
             replica.retry_read_index(self.tick, retry_ticks);
             replica.expire_requests(now);
-            if scan_due {
-                replica.propose_leader_commands(&self.config, now_ms);
-            }
+            replica.propose_leader_commands(&self.config, clock);
         }
     }
 
@@ -163,6 +160,9 @@ impl Worker {
                 if let Some(replica) = self.replicas.get_mut(&group) {
                     replica.report_unreachable(to, snapshot);
                 }
+            }
+            WorkerMsg::LeaderCall { group, request, reply } => {
+                let _ = reply.send(self.replica(group).and_then(|replica| replica.leader_call(&request)));
             }
             WorkerMsg::Status { group, reply } => {
                 let _ = reply.send(self.replica(group).map(|replica| replica.status()));

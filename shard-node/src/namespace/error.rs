@@ -29,3 +29,8 @@ pub fn too_large(path: &str, what: &str, size: usize, limit: usize) -> WardenErr
 pub fn invalid(path: &str, message: impl Into<String>) -> WardenError {
     error(Code::InvalidArgument, path, message)
 }
+
+/// `SessionExpired`: the session does not exist (expired, closed, or never created).
+pub fn session_expired(session: u64, path: &str) -> WardenError {
+    error(Code::SessionExpired, path, format!("session {session:#x} has expired or does not exist"))
+}

@@ -8,14 +8,16 @@ use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
-use warden_proto::namespace::{Command, CommandResult, Query, QueryResult};
+use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
+use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
+use warden_proto::namespace::{Command, CommandResult, LeaderRequest, LeaderResponse, Query, QueryResult};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::*;
 
 use super::{Limits, NamespaceFactory};
 use crate::error::EngineError;
-use crate::state_machine::{SmReader, SmWrites, StateMachine, StateMachineFactory};
+use crate::state_machine::{LeaderClock, SmReader, SmWrites, StateMachine, StateMachineFactory};
 use crate::storage::Db;
 
 const GROUP: u64 = 1;
@@ -62,14 +64,21 @@ impl Harness {
         output
     }
 
-    fn apply(&mut self, op: CommandOp) -> Outcome<TxnResponse> {
+    fn apply_result(&mut self, op: CommandOp) -> Outcome<CommandOutcome> {
         let command = Command { now_ms: self.now_ms, op: Some(op) };
         let output = self.apply_bytes(&command.encode_to_vec()).map_err(engine)?;
         let result = CommandResult::decode(output.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
         match result.result {
-            Some(CommandOutcome::Txn(response)) => Ok(response),
             Some(CommandOutcome::Error(error)) => Err(error),
+            Some(outcome) => Ok(outcome),
             None => Err(engine(EngineError::Invalid("empty result".into()))),
+        }
+    }
+
+    fn apply(&mut self, op: CommandOp) -> Outcome<TxnResponse> {
+        match self.apply_result(op)? {
+            CommandOutcome::Txn(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }
 
@@ -127,13 +136,58 @@ impl Harness {
         self.reopen()
     }
 
-    /// Proposes-and-applies what the leader would for time `now_ms` (TTL expiries).
+    /// Proposes-and-applies what the leader would at time `now_ms` (TTL and session
+    /// expiries); the harness's wall and monotonic clocks are the same number.
     pub fn leader_scan(&mut self, now_ms: u64) -> Result<usize, EngineError> {
-        let commands = self.sm.leader_proposals(now_ms);
+        let commands = self.sm.leader_proposals(clock(now_ms));
         for command in &commands {
             self.apply_bytes(command)?;
         }
         Ok(commands.len())
+    }
+
+    /// Tells the state machine it leads (or not) from time `now_ms`.
+    pub fn set_leading(&mut self, leading: bool, now_ms: u64) {
+        self.sm.on_leadership(leading, clock(now_ms));
+    }
+
+    /// Opens a session.
+    pub fn create_session(&mut self, ttl_ms: u64) -> Outcome<CreateSessionResponse> {
+        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms });
+        match self.apply_result(op)? {
+            CommandOutcome::CreateSession(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Closes a session.
+    pub fn close_session(&mut self, session_id: u64) -> Outcome<CloseSessionResponse> {
+        let op = CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id });
+        match self.apply_result(op)? {
+            CommandOutcome::CloseSession(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// A leader-only call at time `now_ms`.
+    pub fn leader_call(&mut self, request: LeaderRequestKind, now_ms: u64) -> Outcome<LeaderResponseKind> {
+        let bytes = LeaderRequest { request: Some(request) }.encode_to_vec();
+        let output = self.sm.leader_call(&bytes, clock(now_ms)).map_err(engine)?;
+        let response = LeaderResponse::decode(output.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
+        match response.response {
+            Some(LeaderResponseKind::Error(error)) => Err(error),
+            Some(response) => Ok(response),
+            None => Err(engine(EngineError::Invalid("empty leader response".into()))),
+        }
+    }
+
+    /// Renews sessions at time `now_ms`.
+    pub fn keep_alive(&mut self, session_ids: &[u64], now_ms: u64) -> Outcome<Vec<SessionLease>> {
+        let request = LeaderRequestKind::KeepAlive(KeepAliveRequest { session_ids: session_ids.to_vec(), routing: None });
+        match self.leader_call(request, now_ms)? {
+            LeaderResponseKind::KeepAlive(response) => Ok(response.leases),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
     }
 
     fn query(&self, query: QueryKind) -> Outcome<QueryResult> {
@@ -186,6 +240,10 @@ impl Harness {
     pub fn revision(&self) -> Outcome<u64> {
         Ok(self.query(QueryKind::Revision(true))?.revision)
     }
+}
+
+fn clock(now_ms: u64) -> LeaderClock {
+    LeaderClock { wall_ms: now_ms, monotonic_ms: now_ms }
 }
 
 /// An engine error in the harness as a `WardenError` (code UNKNOWN).

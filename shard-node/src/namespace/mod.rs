@@ -9,6 +9,7 @@ pub mod error;
 pub mod harness;
 pub mod path;
 pub mod query;
+pub mod sessions;
 pub mod store;
 pub mod txn;
 
@@ -18,12 +19,19 @@ use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::{Command, CommandResult, ExpireTtl};
-use warden_proto::v1::{NodeKind, TxnResponse};
+use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
+use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
+use warden_proto::namespace::{LeaderRequest, LeaderResponse};
+use warden_proto::v1::{
+    CloseSessionResponse, CreateSessionResponse, KeepAliveResponse, NodeKind, SessionInfoResponse, SessionLease, TxnResponse,
+};
 
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::{ApplyOutput, SmReader, SmWrites, StateMachine, StateMachineFactory};
+pub use sessions::LeaderClock;
+use sessions::LeaseTable;
 use store::TxnView;
-use txn::{TtlChange, Txn, TxnFailure};
+use txn::{SessionChange, TtlChange, Txn, TxnFailure};
 
 /// Limits of the namespace (DESIGN.md rule 8).
 #[derive(Clone, Debug)]
@@ -40,6 +48,14 @@ pub struct Limits {
     pub ttl_ms_max: u64,
     /// TTL expiries the leader proposes per scan.
     pub ttl_expiries_per_scan_max: usize,
+    /// Shortest session TTL granted (DESIGN: at least 1.5 × the election timeout).
+    pub session_ttl_ms_min: u64,
+    /// Longest session TTL granted.
+    pub session_ttl_ms_max: u64,
+    /// Ephemeral nodes one session may own.
+    pub ephemerals_per_session_max: usize,
+    /// Sessions one expiry entry ends at most (so expiring many never stalls the group).
+    pub sessions_per_expiry_max: usize,
 }
 
 impl Default for Limits {
@@ -51,6 +67,10 @@ impl Default for Limits {
             recursive_delete_nodes_max: 10_000,
             ttl_ms_max: 30 * 24 * 3600 * 1000,
             ttl_expiries_per_scan_max: 128,
+            session_ttl_ms_min: 3_000,
+            session_ttl_ms_max: 600_000,
+            ephemerals_per_session_max: 10_000,
+            sessions_per_expiry_max: 64,
         }
     }
 }
@@ -64,7 +84,15 @@ pub struct NamespaceFactory {
 
 impl StateMachineFactory for NamespaceFactory {
     fn create(&self, group: u64) -> Box<dyn StateMachine> {
-        Box::new(NamespaceStateMachine { group, limits: self.limits.clone(), reader: None, revision: 0, ttl: BTreeMap::new() })
+        Box::new(NamespaceStateMachine {
+            group,
+            limits: self.limits.clone(),
+            reader: None,
+            revision: 0,
+            ttl: BTreeMap::new(),
+            sessions: BTreeMap::new(),
+            leases: LeaseTable::default(),
+        })
     }
 }
 
@@ -83,6 +111,10 @@ pub struct NamespaceStateMachine {
     reader: Option<SmReader>,
     revision: u64,
     ttl: BTreeMap<String, TtlEntry>,
+    /// Every live session and its granted TTL (replicated state, rebuilt from disk).
+    sessions: BTreeMap<u64, u64>,
+    /// Lease deadlines: leader-only, not replicated.
+    leases: LeaseTable,
 }
 
 impl NamespaceStateMachine {
@@ -93,15 +125,40 @@ impl NamespaceStateMachine {
     fn apply_command(&mut self, command: Command, writes: &mut SmWrites) -> Result<CommandResult, StorageError> {
         let reader = self.reader()?.clone();
         let mut view = TxnView::new(&reader, Some(writes));
-        let mut txn = Txn { view: &mut view, limits: &self.limits, now_ms: command.now_ms, revision: self.revision + 1, ttl_changes: Vec::new() };
+        let mut txn = Txn {
+            view: &mut view,
+            limits: &self.limits,
+            now_ms: command.now_ms,
+            revision: self.revision + 1,
+            ttl_changes: Vec::new(),
+            session_changes: Vec::new(),
+        };
+        let empty = || TxnResponse { header: None, succeeded: true, results: Vec::new() };
         let outcome = match command.op {
-            Some(CommandOp::Txn(request)) => txn.run(&request),
+            Some(CommandOp::Txn(request)) => txn.run(&request).map(CommandOutcome::Txn),
             Some(CommandOp::ExpireTtl(ExpireTtl { path, mod_revision })) => {
-                txn.expire_ttl(&path, mod_revision).map(|_| TxnResponse { header: None, succeeded: true, results: Vec::new() })
+                txn.expire_ttl(&path, mod_revision).map(|_| CommandOutcome::Txn(empty()))
+            }
+            Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms).map(CommandOutcome::CreateSession),
+            Some(CommandOp::CloseSession(close)) => match txn.end_session(close.session_id) {
+                Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
+                Ok(None) => Err(TxnFailure::Refused(error::session_expired(close.session_id, ""))),
+                Err(failure) => Err(failure),
+            },
+            Some(CommandOp::ExpireSessions(expire)) => {
+                let mut result = Ok(CommandOutcome::Txn(empty()));
+                for session in expire.session_ids.iter().take(self.limits.sessions_per_expiry_max) {
+                    if let Err(failure) = txn.end_session(*session) {
+                        result = Err(failure);
+                        break;
+                    }
+                }
+                result
             }
             None => Err(TxnFailure::Refused(error::invalid("", "command without an operation"))),
         };
         let ttl_changes = std::mem::take(&mut txn.ttl_changes);
+        let session_changes = std::mem::take(&mut txn.session_changes);
         let response = match outcome {
             Ok(response) => response,
             Err(TxnFailure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)) }),
@@ -122,9 +179,27 @@ impl NamespaceStateMachine {
                     }
                 }
             }
+            for change in session_changes {
+                match change {
+                    SessionChange::Added(id, ttl_ms) => {
+                        self.sessions.insert(id, ttl_ms);
+                        self.leases.add(id, ttl_ms);
+                    }
+                    SessionChange::Removed(id) => {
+                        self.sessions.remove(&id);
+                        self.leases.remove(id);
+                    }
+                }
+            }
         }
-        let header = warden_proto::v1::ResponseHeader { revision: self.revision, ..Default::default() };
-        Ok(CommandResult { result: Some(CommandOutcome::Txn(TxnResponse { header: Some(header), ..response })) })
+        let header = Some(warden_proto::v1::ResponseHeader { revision: self.revision, ..Default::default() });
+        let response = match response {
+            CommandOutcome::Txn(txn) => CommandOutcome::Txn(TxnResponse { header, ..txn }),
+            CommandOutcome::CreateSession(created) => CommandOutcome::CreateSession(CreateSessionResponse { header, ..created }),
+            CommandOutcome::CloseSession(closed) => CommandOutcome::CloseSession(CloseSessionResponse { header, ..closed }),
+            error @ CommandOutcome::Error(_) => error,
+        };
+        Ok(CommandResult { result: Some(response) })
     }
 }
 
@@ -165,6 +240,9 @@ impl StateMachine for NamespaceStateMachine {
             return Err(error);
         }
         self.ttl = ttl;
+        self.sessions = store::read_sessions(reader)?.into_values().map(|record| (record.session_id, record.ttl_ms)).collect();
+        // A replica that (re)loads its state (a snapshot) re-grants every lease if it leads.
+        self.leases.regrant(&self.sessions);
         self.reader = Some(reader.clone());
         Ok(())
     }
@@ -173,13 +251,54 @@ impl StateMachine for NamespaceStateMachine {
         let command = Command::decode(command).map_err(|e| EngineError::Invalid(format!("namespace command: {e}")))?;
         match command.op {
             Some(CommandOp::Txn(request)) => txn::check_request(&request, &self.limits).map_err(|e| EngineError::Invalid(e.message)),
-            Some(CommandOp::ExpireTtl(_)) => Ok(()),
+            Some(CommandOp::ExpireSessions(expire)) if expire.session_ids.len() > self.limits.sessions_per_expiry_max => {
+                Err(EngineError::Invalid(format!("more than {} sessions in one expiry", self.limits.sessions_per_expiry_max)))
+            }
+            Some(CommandOp::ExpireTtl(_) | CommandOp::CreateSession(_) | CommandOp::CloseSession(_) | CommandOp::ExpireSessions(_)) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }
     }
 
-    fn leader_proposals(&mut self, now_ms: u64) -> Vec<Vec<u8>> {
+    fn on_leadership(&mut self, leading: bool, clock: LeaderClock) {
+        self.leases.set_leading(leading, &self.sessions, clock.monotonic_ms);
+    }
+
+    fn leader_call(&mut self, request: &[u8], clock: LeaderClock) -> Result<Vec<u8>, EngineError> {
+        let request = LeaderRequest::decode(request).map_err(|e| EngineError::Invalid(format!("leader request: {e}")))?;
+        let now_ms = clock.monotonic_ms;
+        let lease = |leases: &mut LeaseTable, sessions: &BTreeMap<u64, u64>, id: u64, renew: bool| {
+            let ttl_ms = sessions.get(&id).copied();
+            let remaining = match ttl_ms {
+                Some(ttl_ms) if renew => leases.renew(id, ttl_ms, now_ms),
+                Some(_) => leases.remaining(id, now_ms),
+                None => None,
+            };
+            SessionLease { session_id: id, alive: remaining.is_some(), granted_ttl_ms: ttl_ms.unwrap_or(0), remaining_ms: remaining.unwrap_or(0) }
+        };
+        let response = match request.request {
+            Some(LeaderRequestKind::KeepAlive(keep_alive)) => {
+                let leases = keep_alive.session_ids.iter().map(|id| lease(&mut self.leases, &self.sessions, *id, true)).collect();
+                LeaderResponseKind::KeepAlive(KeepAliveResponse { header: None, leases })
+            }
+            Some(LeaderRequestKind::SessionInfo(id)) => {
+                let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
+                let record = TxnView::new(reader, None).session(id).map_err(|e| EngineError::busy(e.to_string()))?;
+                let lease = lease(&mut self.leases, &self.sessions, id, false);
+                LeaderResponseKind::SessionInfo(SessionInfoResponse { header: None, lease: Some(lease), ephemerals: record.map_or(0, |r| r.ephemerals) })
+            }
+            None => LeaderResponseKind::Error(error::invalid("", "leader request without a kind")),
+        };
+        Ok(LeaderResponse { response: Some(response) }.encode_to_vec())
+    }
+
+    fn leader_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
+        let now_ms = clock.wall_ms;
         let mut due = Vec::new();
+        let expired = self.leases.take_expired(clock.monotonic_ms, self.limits.sessions_per_expiry_max);
+        if !expired.is_empty() {
+            let op = CommandOp::ExpireSessions(warden_proto::namespace::ExpireSessions { session_ids: expired });
+            due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
+        }
         for (path, entry) in &self.ttl {
             if due.len() >= self.limits.ttl_expiries_per_scan_max {
                 break;

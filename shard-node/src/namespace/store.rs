@@ -2,19 +2,24 @@
 //! transaction buffer that reads through pending writes.
 //!
 //! Keys: `n<path>` → `NodeRecord`; `c<parent>\0<name>` → empty (the sorted children index;
-//! paths never contain NUL); `mrevision` → the group revision (8 bytes, big-endian).
+//! paths never contain NUL); `s<session id>` → `SessionRecord`; `e<session id><path>` → empty
+//! (each session's ephemeral nodes, in path order); `mrevision` → the group revision and
+//! `mnext_session` → the next session sequence (8 bytes, big-endian each).
 
 use std::collections::BTreeMap;
 
 use prost::Message as _;
-use warden_proto::namespace::NodeRecord;
+use warden_proto::namespace::{NodeRecord, SessionRecord};
 
 use crate::error::StorageError;
 use crate::state_machine::{SmReader, SmWrites};
 
 const NODE: u8 = b'n';
 const CHILD: u8 = b'c';
+const SESSION: u8 = b's';
+const EPHEMERAL: u8 = b'e';
 const REVISION_KEY: &[u8] = b"mrevision";
+const NEXT_SESSION_KEY: &[u8] = b"mnext_session";
 
 /// Key of a node's record.
 pub fn node_key(path: &str) -> Vec<u8> {
@@ -38,14 +43,42 @@ fn child_key(parent: &str, name: &str) -> Vec<u8> {
     key
 }
 
-/// The exclusive end of the keys starting with `prefix` (the prefix never ends in 0xff:
-/// it ends in NUL).
+/// Key of a session's record.
+pub fn session_key(session: u64) -> Vec<u8> {
+    let mut key = vec![SESSION];
+    key.extend_from_slice(&session.to_be_bytes());
+    key
+}
+
+/// Prefix of a session's ephemeral-node index.
+fn ephemeral_prefix(session: u64) -> Vec<u8> {
+    let mut key = vec![EPHEMERAL];
+    key.extend_from_slice(&session.to_be_bytes());
+    key
+}
+
+/// The exclusive end of the keys starting with `prefix`.
 fn prefix_end(prefix: &[u8]) -> Vec<u8> {
     let mut end = prefix.to_vec();
-    if let Some(last) = end.last_mut() {
-        *last += 1;
+    while let Some(last) = end.pop() {
+        if last < 0xff {
+            end.push(last + 1);
+            return end;
+        }
     }
-    end
+    // All 0xff: no key sorts after the prefix's range but those longer 0xff strings, which
+    // no layout here produces.
+    vec![0xff; prefix.len() + 1]
+}
+
+fn decode_u64(bytes: Option<Vec<u8>>, what: &str) -> Result<u64, StorageError> {
+    match bytes {
+        None => Ok(0),
+        Some(bytes) => {
+            let bytes: [u8; 8] = bytes.as_slice().try_into().map_err(|_| StorageError::Corrupt(what.to_string()))?;
+            Ok(u64::from_be_bytes(bytes))
+        }
+    }
 }
 
 /// Decodes a stored node record.
@@ -55,13 +88,23 @@ pub fn decode_record(bytes: &[u8]) -> Result<NodeRecord, StorageError> {
 
 /// Reads the stored revision.
 pub fn read_revision(reader: &SmReader) -> Result<u64, StorageError> {
-    match reader.get(REVISION_KEY)? {
-        None => Ok(0),
-        Some(bytes) => {
-            let bytes: [u8; 8] = bytes.as_slice().try_into().map_err(|_| StorageError::Corrupt("revision".into()))?;
-            Ok(u64::from_be_bytes(bytes))
+    decode_u64(reader.get(REVISION_KEY)?, "revision")
+}
+
+/// Every session record on disk, by id.
+pub fn read_sessions(reader: &SmReader) -> Result<BTreeMap<u64, SessionRecord>, StorageError> {
+    let mut sessions = BTreeMap::new();
+    let mut corrupt = None;
+    reader.scan_range(&[SESSION], Some(&[SESSION + 1]), |_, value| {
+        match SessionRecord::decode(value) {
+            Ok(record) => {
+                sessions.insert(record.session_id, record);
+            }
+            Err(error) => corrupt = Some(StorageError::Corrupt(format!("session record: {error}"))),
         }
-    }
+        corrupt.is_none()
+    })?;
+    corrupt.map_or(Ok(sessions), Err)
 }
 
 /// Reads a node straight from disk (queries: apply has finished writing).
@@ -127,13 +170,50 @@ impl<'a> TxnView<'a> {
 
     /// The group revision.
     pub fn revision(&self) -> Result<u64, StorageError> {
-        match self.get(REVISION_KEY)? {
-            None => Ok(0),
-            Some(bytes) => {
-                let bytes: [u8; 8] = bytes.as_slice().try_into().map_err(|_| StorageError::Corrupt("revision".into()))?;
-                Ok(u64::from_be_bytes(bytes))
-            }
-        }
+        decode_u64(self.get(REVISION_KEY)?, "revision")
+    }
+
+    /// Takes the next session sequence number.
+    pub fn take_session_sequence(&mut self) -> Result<u64, StorageError> {
+        let next = decode_u64(self.get(NEXT_SESSION_KEY)?, "next session")?.max(1);
+        self.local.insert(NEXT_SESSION_KEY.to_vec(), Some((next + 1).to_be_bytes().to_vec()));
+        Ok(next)
+    }
+
+    /// A session's record.
+    pub fn session(&self, session: u64) -> Result<Option<SessionRecord>, StorageError> {
+        self.get(&session_key(session))?
+            .map(|bytes| SessionRecord::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("session record: {e}"))))
+            .transpose()
+    }
+
+    /// Writes a session's record.
+    pub fn put_session(&mut self, record: &SessionRecord) {
+        self.local.insert(session_key(record.session_id), Some(record.encode_to_vec()));
+    }
+
+    /// Removes a session's record.
+    pub fn delete_session(&mut self, session: u64) {
+        self.local.insert(session_key(session), None);
+    }
+
+    /// Records that `session` owns the ephemeral node `path`.
+    pub fn add_ephemeral(&mut self, session: u64, path: &str) {
+        let mut key = ephemeral_prefix(session);
+        key.extend_from_slice(path.as_bytes());
+        self.local.insert(key, Some(Vec::new()));
+    }
+
+    /// Forgets that `session` owns `path`.
+    pub fn remove_ephemeral(&mut self, session: u64, path: &str) {
+        let mut key = ephemeral_prefix(session);
+        key.extend_from_slice(path.as_bytes());
+        self.local.insert(key, None);
+    }
+
+    /// Up to `limit` ephemeral paths of `session`, in path order; the flag says whether more follow.
+    pub fn ephemerals(&self, session: u64, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
+        self.scan_names(&ephemeral_prefix(session), "", limit)
     }
 
     /// Sets the group revision.
@@ -149,7 +229,13 @@ impl<'a> TxnView<'a> {
     /// Up to `limit` child names after `start_after`, merging disk with pending and buffered
     /// writes; the flag says whether more follow.
     pub fn children(&self, parent: &str, start_after: &str, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
-        let prefix = children_prefix(parent);
+        self.scan_names(&children_prefix(parent), start_after, limit)
+    }
+
+    /// The suffixes (as UTF-8 names) of up to `limit` keys under `prefix` after
+    /// `prefix + start_after`, merging disk with pending and buffered writes.
+    fn scan_names(&self, prefix: &[u8], start_after: &str, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
+        let prefix = prefix.to_vec();
         let end = prefix_end(&prefix);
         let mut from = prefix.clone();
         from.extend_from_slice(start_after.as_bytes());
@@ -197,7 +283,7 @@ impl<'a> TxnView<'a> {
                 more = true;
                 break;
             }
-            let name = String::from_utf8(key[prefix.len()..].to_vec()).map_err(|_| StorageError::Corrupt("child name".into()))?;
+            let name = String::from_utf8(key[prefix.len()..].to_vec()).map_err(|_| StorageError::Corrupt("indexed name".into()))?;
             out.push(name);
         }
         // `more` from an incomplete disk scan is exact only if the page is full.

@@ -2,18 +2,20 @@
 //! `else` operations, all-or-nothing, at one new revision. Deterministic: the only time is
 //! the leader's `now_ms` carried in the command.
 
-use warden_proto::namespace::NodeRecord;
+use warden_proto::namespace::{NodeRecord, SessionRecord};
 use warden_proto::v1::compare::{Op as CompareOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{
-    Compare, CreateRequest, CreateResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, NodeKind,
+    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, NodeKind,
     SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
 };
 
 use super::error::{error, invalid, invalid_path, no_node, too_large};
 use super::path;
+use super::error::session_expired;
+use super::sessions;
 use super::store::TxnView;
 use super::Limits;
 use crate::error::StorageError;
@@ -51,6 +53,14 @@ pub enum TtlChange {
     Remove(String),
 }
 
+/// A change of the set of sessions, for the in-memory index and the leader's lease table.
+pub enum SessionChange {
+    /// A session was created with this TTL.
+    Added(u64, u64),
+    /// A session ended.
+    Removed(u64),
+}
+
 /// One transaction in progress.
 pub struct Txn<'v, 'a> {
     pub view: &'v mut TxnView<'a>,
@@ -59,6 +69,7 @@ pub struct Txn<'v, 'a> {
     /// The revision every change of this transaction carries.
     pub revision: u64,
     pub ttl_changes: Vec<TtlChange>,
+    pub session_changes: Vec<SessionChange>,
 }
 
 /// Checks the shape of a request before anything runs (also used before proposing).
@@ -97,6 +108,10 @@ fn check_op(op: &TxnOp, limits: &Limits) -> Result<(), WardenError> {
                 }
                 _ => {}
             }
+            if create.session_id != 0 && kind != NodeKind::Persistent {
+                return Err(invalid(&create.path, "ephemeral nodes are neither containers nor TTL nodes"));
+            }
+
         }
         Some(Op::Set(set)) => {
             path::validate(&set.path, false).map_err(|e| invalid_path(&set.path, &e))?;
@@ -207,7 +222,11 @@ impl Txn<'_, '_> {
             return Err(error(Code::NodeExists, &path, format!("{path} already exists")).into());
         }
         let kind = NodeKind::try_from(request.kind).unwrap_or(NodeKind::Persistent);
+        if request.session_id != 0 {
+            self.attach_ephemeral(request.session_id, &path)?;
+        }
         let stat = Stat {
+            ephemeral_owner: request.session_id,
             create_revision: self.revision,
             mod_revision: self.revision,
             ctime_ms: self.now_ms,
@@ -308,6 +327,10 @@ impl Txn<'_, '_> {
             }
         }
         for doomed_path in &doomed {
+            let owner = self.view.node(doomed_path)?.and_then(|node| node.stat).map_or(0, |stat| stat.ephemeral_owner);
+            if owner != 0 {
+                self.detach_ephemeral(owner, doomed_path)?;
+            }
             self.view.delete_node(doomed_path);
             self.ttl_changes.push(TtlChange::Remove(doomed_path.clone()));
             if let Some(parent) = path::parent(doomed_path) {
@@ -342,6 +365,68 @@ impl Txn<'_, '_> {
             Some(node) => GetResponse { header: None, data: node.data, stat: node.stat },
             None => GetResponse::default(),
         })
+    }
+
+    /// Records that `session` owns the new ephemeral node `path`.
+    fn attach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), TxnFailure> {
+        let mut record = self.view.session(session)?.ok_or_else(|| session_expired(session, path))?;
+        if record.ephemerals >= self.limits.ephemerals_per_session_max as u64 {
+            return Err(too_large(path, "ephemeral nodes of one session", record.ephemerals as usize + 1, self.limits.ephemerals_per_session_max).into());
+        }
+        record.ephemerals += 1;
+        self.view.put_session(&record);
+        self.view.add_ephemeral(session, path);
+        Ok(())
+    }
+
+    fn detach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), TxnFailure> {
+        self.view.remove_ephemeral(session, path);
+        if let Some(mut record) = self.view.session(session)? {
+            record.ephemerals = record.ephemerals.saturating_sub(1);
+            self.view.put_session(&record);
+        }
+        Ok(())
+    }
+
+    /// Opens a session of `group` with `ttl_ms` (clamped to the limits).
+    pub fn create_session(&mut self, group: u64, ttl_ms: u64) -> Result<CreateSessionResponse, TxnFailure> {
+        let granted = ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
+        let sequence = self.view.take_session_sequence()?;
+        if sequence >= 1 << sessions::SESSION_SEQUENCE_BITS {
+            return Err(error(Code::TooLarge, "", "session ids of this group are exhausted").into());
+        }
+        let session_id = sessions::session_id(group, sequence);
+        self.view.put_session(&SessionRecord { session_id, ttl_ms: granted, ephemerals: 0 });
+        self.session_changes.push(SessionChange::Added(session_id, granted));
+        Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
+    }
+
+    /// Ends a session: its ephemeral nodes go first, in path order, then its record.
+    /// Returns how many nodes were deleted (with emptied containers); `None` if the session
+    /// does not exist.
+    pub fn end_session(&mut self, session: u64) -> Result<Option<u64>, TxnFailure> {
+        if self.view.session(session)?.is_none() {
+            return Ok(None);
+        }
+        let mut deleted = 0;
+        loop {
+            let (paths, _) = self.view.ephemerals(session, 1024)?;
+            if paths.is_empty() {
+                break;
+            }
+            for path in paths {
+                if self.view.node(&path)?.is_none() {
+                    // Already gone with an ancestor deleted earlier in this loop.
+                    self.view.remove_ephemeral(session, &path);
+                    continue;
+                }
+                deleted += self.delete_subtree(&path)?;
+                deleted += self.detach_from_parent(&path)?;
+            }
+        }
+        self.view.delete_session(session);
+        self.session_changes.push(SessionChange::Removed(session));
+        Ok(Some(deleted))
     }
 
     /// Deletes a TTL node the leader found expired, if it is unchanged and childless.

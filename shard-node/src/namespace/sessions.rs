@@ -1,0 +1,154 @@
+//! Sessions (DESIGN.md rules 6 and 7): a replicated record per session (id, granted TTL,
+//! ephemeral count) with an index of its ephemeral nodes, and the lease deadlines, which live
+//! only in the leader's memory ([`LeaseTable`]). The leader proposes expiries; apply deletes a
+//! session's ephemerals in the same entry as the session, in path order.
+
+use std::collections::{BTreeMap, HashMap};
+
+pub use crate::state_machine::LeaderClock;
+
+/// Bits of a session id that count sessions within its home group; the bits above name the
+/// home group.
+pub const SESSION_SEQUENCE_BITS: u32 = 40;
+
+/// The id of the `sequence`-th session of `group`.
+pub fn session_id(group: u64, sequence: u64) -> u64 {
+    (group << SESSION_SEQUENCE_BITS) | (sequence & ((1 << SESSION_SEQUENCE_BITS) - 1))
+}
+
+/// The group a session id names as its home.
+pub fn home_group(session_id: u64) -> u64 {
+    session_id >> SESSION_SEQUENCE_BITS
+}
+
+/// Re-propose an expiry that has not applied after this long (it may have been dropped).
+const EXPIRY_RETRY_MS: u64 = 5_000;
+
+/// Session deadlines as the leader judges them. Not replicated and not persisted: a new
+/// leader starts by granting every session a full TTL.
+#[derive(Debug, Default)]
+pub struct LeaseTable {
+    leading: bool,
+    deadlines: HashMap<u64, u64>,
+    /// Sessions whose expiry was proposed, and when.
+    expiring: HashMap<u64, u64>,
+    /// Latest monotonic time seen.
+    now_ms: u64,
+}
+
+impl LeaseTable {
+    /// This replica became leader (`true`) or stopped leading. A new leader grants every
+    /// known session a fresh full TTL before it expires anything.
+    pub fn set_leading(&mut self, leading: bool, sessions: &BTreeMap<u64, u64>, now_ms: u64) {
+        self.leading = leading;
+        self.now_ms = self.now_ms.max(now_ms);
+        self.deadlines.clear();
+        self.expiring.clear();
+        if leading {
+            for (id, ttl_ms) in sessions {
+                self.deadlines.insert(*id, now_ms + ttl_ms);
+            }
+        }
+    }
+
+    /// Grants every session a full TTL from the latest time seen (after the set of sessions
+    /// was replaced by a snapshot).
+    pub fn regrant(&mut self, sessions: &BTreeMap<u64, u64>) {
+        let (leading, now_ms) = (self.leading, self.now_ms);
+        self.set_leading(leading, sessions, now_ms);
+    }
+
+    /// True while this replica leads.
+    pub fn leading(&self) -> bool {
+        self.leading
+    }
+
+    /// A session appeared (applied): on the leader it gets a full TTL from now.
+    pub fn add(&mut self, id: u64, ttl_ms: u64) {
+        if self.leading {
+            self.deadlines.insert(id, self.now_ms + ttl_ms);
+        }
+    }
+
+    /// A session ended (applied).
+    pub fn remove(&mut self, id: u64) {
+        self.deadlines.remove(&id);
+        self.expiring.remove(&id);
+    }
+
+    /// Renews a live session; `None` if it is unknown or already being expired.
+    pub fn renew(&mut self, id: u64, ttl_ms: u64, now_ms: u64) -> Option<u64> {
+        self.now_ms = self.now_ms.max(now_ms);
+        if self.expiring.contains_key(&id) {
+            return None;
+        }
+        let deadline = self.deadlines.get_mut(&id)?;
+        *deadline = (*deadline).max(now_ms + ttl_ms);
+        Some(*deadline - now_ms)
+    }
+
+    /// Time left for a live session.
+    pub fn remaining(&self, id: u64, now_ms: u64) -> Option<u64> {
+        if self.expiring.contains_key(&id) {
+            return None;
+        }
+        self.deadlines.get(&id).map(|deadline| deadline.saturating_sub(now_ms))
+    }
+
+    /// Sessions whose lease ran out, at most `max`, in id order; they are marked as expiring
+    /// so they are proposed once (again only after [`EXPIRY_RETRY_MS`]).
+    pub fn take_expired(&mut self, now_ms: u64, max: usize) -> Vec<u64> {
+        self.now_ms = self.now_ms.max(now_ms);
+        if !self.leading {
+            return Vec::new();
+        }
+        let mut due: Vec<u64> = self.deadlines.iter().filter(|(_, deadline)| **deadline <= now_ms).map(|(id, _)| *id).collect();
+        due.retain(|id| self.expiring.get(id).is_none_or(|proposed| now_ms.saturating_sub(*proposed) >= EXPIRY_RETRY_MS));
+        due.sort_unstable();
+        due.truncate(max);
+        for id in &due {
+            self.expiring.insert(*id, now_ms);
+        }
+        due
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ids_name_their_home_group() {
+        let id = session_id(7, 42);
+        assert_eq!(home_group(id), 7);
+        assert_ne!(session_id(7, 1), session_id(8, 1));
+    }
+
+    #[test]
+    fn a_new_leader_grants_full_ttls_before_expiring() {
+        let sessions = BTreeMap::from([(1, 1000), (2, 5000)]);
+        let mut leases = LeaseTable::default();
+        assert!(leases.take_expired(10_000, 10).is_empty(), "a follower expires nothing");
+        leases.set_leading(true, &sessions, 10_000);
+        assert!(leases.take_expired(10_999, 10).is_empty(), "every session got a full TTL at election");
+        assert_eq!(leases.take_expired(11_000, 10), vec![1]);
+        assert!(leases.take_expired(11_001, 10).is_empty(), "proposed once");
+        assert_eq!(leases.renew(1, 1000, 11_002), None, "an expiring session is not renewed");
+        assert_eq!(leases.renew(2, 5000, 12_000), Some(5000));
+        assert_eq!(leases.remaining(2, 13_000), Some(4000));
+        assert_eq!(leases.take_expired(11_000 + EXPIRY_RETRY_MS, 10), vec![1], "retried if still not applied");
+        leases.remove(1);
+        leases.set_leading(false, &sessions, 20_000);
+        assert_eq!(leases.remaining(2, 20_000), None, "a follower holds no deadlines");
+    }
+
+    #[test]
+    fn expiries_come_in_bounded_batches() {
+        let sessions: BTreeMap<u64, u64> = (1..=100).map(|id| (id, 10)).collect();
+        let mut leases = LeaseTable::default();
+        leases.set_leading(true, &sessions, 0);
+        let first = leases.take_expired(10, 64);
+        assert_eq!(first.len(), 64);
+        assert_eq!(leases.take_expired(10, 64).len(), 36);
+    }
+}
