@@ -4,6 +4,28 @@ use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::WardenError;
 
 use super::path::PathError;
+use crate::error::StorageError;
+
+/// Why a namespace operation did not complete: a user-facing refusal (nothing changed) or a
+/// storage failure (the node stops).
+pub enum Failure {
+    /// The request was refused.
+    Refused(WardenError),
+    /// Storage failed.
+    Storage(StorageError),
+}
+
+impl From<StorageError> for Failure {
+    fn from(error: StorageError) -> Self {
+        Failure::Storage(error)
+    }
+}
+
+impl From<WardenError> for Failure {
+    fn from(error: WardenError) -> Self {
+        Failure::Refused(error)
+    }
+}
 
 /// An error with `code` about `path`.
 pub fn error(code: Code, path: &str, message: impl Into<String>) -> WardenError {

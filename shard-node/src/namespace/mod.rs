@@ -31,7 +31,8 @@ use crate::state_machine::{ApplyOutput, SmReader, SmWrites, StateMachine, StateM
 pub use sessions::LeaderClock;
 use sessions::LeaseTable;
 use store::TxnView;
-use txn::{SessionChange, TtlChange, Txn, TxnFailure};
+use error::Failure;
+use txn::{SessionChange, TtlChange, Txn};
 
 /// Limits of the namespace (DESIGN.md rule 8).
 #[derive(Clone, Debug)]
@@ -142,7 +143,7 @@ impl NamespaceStateMachine {
             Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms).map(CommandOutcome::CreateSession),
             Some(CommandOp::CloseSession(close)) => match txn.end_session(close.session_id) {
                 Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
-                Ok(None) => Err(TxnFailure::Refused(error::session_expired(close.session_id, ""))),
+                Ok(None) => Err(Failure::Refused(error::session_expired(close.session_id, ""))),
                 Err(failure) => Err(failure),
             },
             Some(CommandOp::ExpireSessions(expire)) => {
@@ -155,14 +156,14 @@ impl NamespaceStateMachine {
                 }
                 result
             }
-            None => Err(TxnFailure::Refused(error::invalid("", "command without an operation"))),
+            None => Err(Failure::Refused(error::invalid("", "command without an operation"))),
         };
         let ttl_changes = std::mem::take(&mut txn.ttl_changes);
         let session_changes = std::mem::take(&mut txn.session_changes);
         let response = match outcome {
             Ok(response) => response,
-            Err(TxnFailure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)) }),
-            Err(TxnFailure::Storage(error)) => return Err(error),
+            Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)) }),
+            Err(Failure::Storage(error)) => return Err(error),
         };
         // Only a transaction that changed something takes a revision.
         if !view.is_unchanged() {

@@ -4,9 +4,9 @@ use prost::Message as _;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::{Query, QueryResult};
-use warden_proto::v1::{ExistsResponse, GetChildrenResponse, GetResponse, Stat, WardenError};
+use warden_proto::v1::{ExistsResponse, GetChildrenResponse, GetResponse, Stat};
 
-use super::error::{invalid, invalid_path, no_node, too_large};
+use super::error::{invalid, invalid_path, no_node, too_large, Failure};
 use super::{path, store, Limits};
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::SmReader;
@@ -20,23 +20,6 @@ pub fn run(reader: &SmReader, limits: &Limits, revision: u64, query: &[u8]) -> R
         Err(Failure::Storage(error)) => return Err(EngineError::busy(error.to_string())),
     };
     Ok(QueryResult { revision, result: Some(outcome) })
-}
-
-enum Failure {
-    Refused(WardenError),
-    Storage(StorageError),
-}
-
-impl From<StorageError> for Failure {
-    fn from(error: StorageError) -> Self {
-        Failure::Storage(error)
-    }
-}
-
-impl From<WardenError> for Failure {
-    fn from(error: WardenError) -> Self {
-        Failure::Refused(error)
-    }
 }
 
 fn node(reader: &SmReader, path: &str) -> Result<Option<warden_proto::namespace::NodeRecord>, Failure> {

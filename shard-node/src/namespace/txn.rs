@@ -14,7 +14,7 @@ use warden_proto::v1::{
 
 use super::error::{error, invalid, invalid_path, no_node, too_large};
 use super::path;
-use super::error::session_expired;
+use super::error::{session_expired, Failure};
 use super::sessions;
 use super::store::TxnView;
 use super::Limits;
@@ -22,27 +22,6 @@ use crate::error::StorageError;
 
 /// Largest sequential suffix (`%010d`): creating past it fails with `SequenceExhausted`.
 pub const SEQUENCE_MAX: u64 = 9_999_999_999;
-
-/// Why a transaction did not commit: a user-facing error (nothing changes) or a storage
-/// failure (the node stops).
-pub enum TxnFailure {
-    /// The request was refused.
-    Refused(WardenError),
-    /// Storage failed.
-    Storage(StorageError),
-}
-
-impl From<StorageError> for TxnFailure {
-    fn from(error: StorageError) -> Self {
-        TxnFailure::Storage(error)
-    }
-}
-
-impl From<WardenError> for TxnFailure {
-    fn from(error: WardenError) -> Self {
-        TxnFailure::Refused(error)
-    }
-}
 
 /// A change of a TTL node the state machine's expiry index must learn once the transaction
 /// commits.
@@ -132,7 +111,7 @@ fn check_op(op: &TxnOp, limits: &Limits) -> Result<(), WardenError> {
 
 impl Txn<'_, '_> {
     /// Runs the transaction. On `Err`, the view must be discarded.
-    pub fn run(&mut self, request: &TxnRequest) -> Result<TxnResponse, TxnFailure> {
+    pub fn run(&mut self, request: &TxnRequest) -> Result<TxnResponse, Failure> {
         check_request(request, self.limits)?;
         let mut succeeded = true;
         for compare in &request.compares {
@@ -145,7 +124,7 @@ impl Txn<'_, '_> {
         let mut results = Vec::with_capacity(ops.len());
         for (index, op) in ops.iter().enumerate() {
             let result = self.op(op).map_err(|failure| match failure {
-                TxnFailure::Refused(error) => TxnFailure::Refused(WardenError { op_index: index as u32, ..error }),
+                Failure::Refused(error) => Failure::Refused(WardenError { op_index: index as u32, ..error }),
                 storage => storage,
             })?;
             results.push(TxnOpResult { result: Some(result) });
@@ -153,7 +132,7 @@ impl Txn<'_, '_> {
         Ok(TxnResponse { header: None, succeeded, results })
     }
 
-    fn compare(&self, compare: &Compare) -> Result<bool, TxnFailure> {
+    fn compare(&self, compare: &Compare) -> Result<bool, Failure> {
         let node = self.node(&compare.path)?;
         let stat = node.as_ref().and_then(|n| n.stat.clone()).unwrap_or_default();
         let op = CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
@@ -175,7 +154,7 @@ impl Txn<'_, '_> {
         })
     }
 
-    fn op(&mut self, op: &TxnOp) -> Result<OpResult, TxnFailure> {
+    fn op(&mut self, op: &TxnOp) -> Result<OpResult, Failure> {
         Ok(match &op.op {
             Some(Op::Create(create)) => OpResult::Create(self.create(create)?),
             Some(Op::Set(set)) => OpResult::Set(self.set(set)?),
@@ -193,7 +172,7 @@ impl Txn<'_, '_> {
         }
     }
 
-    fn create(&mut self, request: &CreateRequest) -> Result<CreateResponse, TxnFailure> {
+    fn create(&mut self, request: &CreateRequest) -> Result<CreateResponse, Failure> {
         let requested = request.path.as_str();
         let parent_path = path::parent(requested).ok_or_else(|| error(Code::NodeExists, "/", "the root always exists"))?;
         let mut parent = match self.node(parent_path)? {
@@ -249,7 +228,7 @@ impl Txn<'_, '_> {
     }
 
     /// Creates every missing ancestor of (and including) `path` as a persistent node.
-    fn create_ancestors(&mut self, path: &str) -> Result<NodeRecord, TxnFailure> {
+    fn create_ancestors(&mut self, path: &str) -> Result<NodeRecord, Failure> {
         let mut missing = vec![path.to_string()];
         let mut current = path;
         while let Some(parent) = path::parent(current) {
@@ -263,10 +242,10 @@ impl Txn<'_, '_> {
             let request = CreateRequest { path: ancestor.clone(), ..CreateRequest::default() };
             self.create(&request)?;
         }
-        self.node(path)?.ok_or_else(|| TxnFailure::Storage(StorageError::Corrupt(format!("{path} vanished after creation"))))
+        self.node(path)?.ok_or_else(|| Failure::Storage(StorageError::Corrupt(format!("{path} vanished after creation"))))
     }
 
-    fn set(&mut self, request: &SetRequest) -> Result<SetResponse, TxnFailure> {
+    fn set(&mut self, request: &SetRequest) -> Result<SetResponse, Failure> {
         let mut node = self.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
         let mut stat = node.stat.clone().unwrap_or_default();
         if let Some(expected) = request.expected_version {
@@ -287,7 +266,7 @@ impl Txn<'_, '_> {
         Ok(SetResponse { header: None, stat: Some(stat) })
     }
 
-    fn delete(&mut self, request: &DeleteRequest) -> Result<DeleteResponse, TxnFailure> {
+    fn delete(&mut self, request: &DeleteRequest) -> Result<DeleteResponse, Failure> {
         let node = self.view.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
         let stat = node.stat.clone().unwrap_or_default();
         if let Some(expected) = request.expected_version {
@@ -304,7 +283,7 @@ impl Txn<'_, '_> {
     }
 
     /// Deletes `path` and everything under it; returns how many nodes went.
-    fn delete_subtree(&mut self, path: &str) -> Result<u64, TxnFailure> {
+    fn delete_subtree(&mut self, path: &str) -> Result<u64, Failure> {
         let mut doomed = vec![path.to_string()];
         let mut next = 0;
         while next < doomed.len() {
@@ -344,7 +323,7 @@ impl Txn<'_, '_> {
 
     /// Removes `path` from its parent's children; an emptied container parent goes too
     /// (and so on upward). Returns how many containers were removed.
-    fn detach_from_parent(&mut self, path: &str) -> Result<u64, TxnFailure> {
+    fn detach_from_parent(&mut self, path: &str) -> Result<u64, Failure> {
         let Some(parent_path) = path::parent(path) else { return Ok(0) };
         self.view.remove_child(parent_path, path::name(path));
         let mut parent = self.node(parent_path)?.ok_or_else(|| StorageError::Corrupt(format!("parent of {path} missing")))?;
@@ -360,7 +339,7 @@ impl Txn<'_, '_> {
         Ok(0)
     }
 
-    fn get(&self, request: &GetRequest) -> Result<GetResponse, TxnFailure> {
+    fn get(&self, request: &GetRequest) -> Result<GetResponse, Failure> {
         Ok(match self.node(&request.path)? {
             Some(node) => GetResponse { header: None, data: node.data, stat: node.stat },
             None => GetResponse::default(),
@@ -368,7 +347,7 @@ impl Txn<'_, '_> {
     }
 
     /// Records that `session` owns the new ephemeral node `path`.
-    fn attach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), TxnFailure> {
+    fn attach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
         let mut record = self.view.session(session)?.ok_or_else(|| session_expired(session, path))?;
         if record.ephemerals >= self.limits.ephemerals_per_session_max as u64 {
             return Err(too_large(path, "ephemeral nodes of one session", record.ephemerals as usize + 1, self.limits.ephemerals_per_session_max).into());
@@ -379,7 +358,7 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
-    fn detach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), TxnFailure> {
+    fn detach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
         self.view.remove_ephemeral(session, path);
         if let Some(mut record) = self.view.session(session)? {
             record.ephemerals = record.ephemerals.saturating_sub(1);
@@ -389,7 +368,7 @@ impl Txn<'_, '_> {
     }
 
     /// Opens a session of `group` with `ttl_ms` (clamped to the limits).
-    pub fn create_session(&mut self, group: u64, ttl_ms: u64) -> Result<CreateSessionResponse, TxnFailure> {
+    pub fn create_session(&mut self, group: u64, ttl_ms: u64) -> Result<CreateSessionResponse, Failure> {
         let granted = ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
         let sequence = self.view.take_session_sequence()?;
         if sequence >= 1 << sessions::SESSION_SEQUENCE_BITS {
@@ -404,7 +383,7 @@ impl Txn<'_, '_> {
     /// Ends a session: its ephemeral nodes go first, in path order, then its record.
     /// Returns how many nodes were deleted (with emptied containers); `None` if the session
     /// does not exist.
-    pub fn end_session(&mut self, session: u64) -> Result<Option<u64>, TxnFailure> {
+    pub fn end_session(&mut self, session: u64) -> Result<Option<u64>, Failure> {
         if self.view.session(session)?.is_none() {
             return Ok(None);
         }
@@ -430,7 +409,7 @@ impl Txn<'_, '_> {
     }
 
     /// Deletes a TTL node the leader found expired, if it is unchanged and childless.
-    pub fn expire_ttl(&mut self, path: &str, mod_revision: u64) -> Result<u64, TxnFailure> {
+    pub fn expire_ttl(&mut self, path: &str, mod_revision: u64) -> Result<u64, Failure> {
         let Some(node) = self.view.node(path)? else { return Ok(0) };
         let stat = node.stat.unwrap_or_default();
         if stat.kind != NodeKind::Ttl as i32 || stat.mod_revision != mod_revision || stat.num_children > 0 {
