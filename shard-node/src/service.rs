@@ -14,7 +14,7 @@ use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
-use warden_proto::namespace::{Command, CommandResult, LeaderRequest, LeaderResponse, Query, QueryResult};
+use warden_proto::namespace::{Command, CommandResult, LeaderRequest, LeaderResponse, LockQuery, Query, QueryResult};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
@@ -32,6 +32,8 @@ pub const REQUEST_BYTES_MAX: usize = 3 << 19;
 pub const DEFAULT_GROUP: u64 = 1;
 /// Sessions renewed by one keepalive request at most.
 pub const KEEPALIVE_SESSIONS_MAX: usize = 1024;
+/// Longest a `Lock` call waits.
+pub const LOCK_WAIT_MS_MAX: u64 = 300_000;
 /// Keepalive responses queued on one stream before the stream waits for its client.
 const KEEPALIVE_STREAM_QUEUE_MAX: usize = 16;
 
@@ -80,6 +82,7 @@ impl WardenService {
                     CommandOutcome::Txn(r) => revision(&r.header),
                     CommandOutcome::CreateSession(r) => revision(&r.header),
                     CommandOutcome::CloseSession(r) => revision(&r.header),
+                    CommandOutcome::Lock(r) => revision(&r.header),
                     CommandOutcome::Error(_) => 0,
                 };
                 Ok((outcome, self.header(group, at)))
@@ -123,6 +126,31 @@ impl WardenService {
         Ok(first)
     }
 
+    /// Proposes a lock command and returns the lock response (for `Lock`) with its header.
+    async fn lock_command(&self, group: u64, op: CommandOp, timeout: Duration) -> Result<(Option<LockResponse>, ResponseHeader), Status> {
+        match self.propose(group, op, timeout).await? {
+            (CommandOutcome::Lock(response), header) => Ok((Some(response), header)),
+            (CommandOutcome::Txn(_), header) => Ok((None, header)),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
+    async fn release(&self, group: u64, sequencer: Sequencer, timeout: Duration) -> Result<ResponseHeader, Status> {
+        let op = CommandOp::ReleaseLock(warden_proto::namespace::ReleaseLock { sequencer: Some(sequencer) });
+        Ok(self.lock_command(group, op, timeout).await?.1)
+    }
+
+    /// Whether `sequencer` holds, from this node's applied state (`Stale`) or confirmed
+    /// with the leader.
+    async fn holds(&self, group: u64, sequencer: Sequencer, consistency: Consistency, timeout: Duration) -> Result<(bool, ResponseHeader), Status> {
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let query = QueryKind::CheckSequencer(LockQuery { path: sequencer.path.clone(), sequencer: Some(sequencer), now_ms });
+        match self.read_group(group, consistency as i32, query, timeout).await? {
+            (QueryOutcome::CheckSequencer(response), header) => Ok((response.holds, header)),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
     async fn keep_alive_once(&self, request: KeepAliveRequest, timeout: Duration) -> Result<KeepAliveResponse, Status> {
         if request.session_ids.len() > KEEPALIVE_SESSIONS_MAX {
             return Err(status(error(Code::TooLarge, "", "too many sessions in one keepalive")));
@@ -144,7 +172,10 @@ impl WardenService {
     }
 
     async fn read(&self, routing: Option<&Routing>, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), Status> {
-        let group = group_of(routing);
+        self.read_group(group_of(routing), consistency, query, timeout).await
+    }
+
+    async fn read_group(&self, group: u64, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), Status> {
         let consistency = match Consistency::try_from(consistency) {
             Ok(Consistency::Linearizable) => ReadConsistency::Linearizable,
             Ok(Consistency::Stale) => ReadConsistency::Stale,
@@ -202,6 +233,33 @@ fn parse_grpc_timeout(value: &str) -> Option<Duration> {
         "n" => Duration::from_nanos(amount),
         _ => return None,
     })
+}
+
+/// Removes a waiting `Lock` call's waiter if the call goes away (the client hung up) before
+/// it was answered.
+struct ReleaseOnDrop {
+    service: Option<WardenService>,
+    group: u64,
+    sequencer: Sequencer,
+}
+
+impl ReleaseOnDrop {
+    fn disarm(mut self) {
+        self.service = None;
+    }
+}
+
+impl Drop for ReleaseOnDrop {
+    fn drop(&mut self) {
+        if let Some(service) = self.service.take() {
+            let (group, sequencer) = (self.group, self.sequencer.clone());
+            tokio::spawn(async move {
+                if let Err(error) = service.release(group, sequencer, service.timeout).await {
+                    tracing::warn!(%error, "could not remove the waiter of an abandoned Lock call");
+                }
+            });
+        }
+    }
 }
 
 fn group_of(routing: Option<&Routing>) -> u64 {
@@ -372,6 +430,97 @@ impl Warden for WardenService {
         let group = Self::session_group(request.routing.as_ref(), &[request.session_id])?;
         match self.leader_call(group, LeaderRequestKind::SessionInfo(request.session_id), timeout).await? {
             (LeaderResponseKind::SessionInfo(response), header) => Ok(Response::new(SessionInfoResponse { header: Some(header), ..response })),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
+    async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        let rpc_timeout = self.timeout(&request);
+        let request = request.into_inner();
+        if request.session_id == 0 {
+            return Err(status(error(Code::InvalidArgument, &request.path, "a lock needs a session")));
+        }
+        if request.timeout_ms > LOCK_WAIT_MS_MAX {
+            return Err(status(error(Code::InvalidArgument, &request.path, "timeout_ms is at most 300000")));
+        }
+        let group = group_of(request.routing.as_ref());
+        let acquire = warden_proto::namespace::AcquireLock {
+            path: request.path.clone(),
+            session_id: request.session_id,
+            mode: request.mode,
+            lock_delay_ms: request.lock_delay_ms,
+            request_id: request.request_id,
+        };
+        let (response, header) = self.lock_command(group, CommandOp::AcquireLock(acquire), rpc_timeout).await?;
+        let mut response = response.ok_or_else(|| internal("no lock response".into()))?;
+        let mut sequencer = response.sequencer.take().ok_or_else(|| internal("no sequencer".into()))?;
+        sequencer.group_id = group;
+        let answer = |acquired: bool, sequencer: Option<Sequencer>, header: ResponseHeader| {
+            Ok(Response::new(LockResponse { header: Some(header), acquired, sequencer }))
+        };
+        if response.acquired {
+            return answer(true, Some(sequencer), header);
+        }
+        if !request.wait {
+            let header = self.release(group, sequencer, rpc_timeout).await?;
+            return answer(false, None, header);
+        }
+        // Wait: register for the grant notification, then look; the notification wakes only
+        // this waiter, and only once it holds.
+        let wait = match request.timeout_ms {
+            0 => rpc_timeout,
+            ms => Duration::from_millis(ms).min(rpc_timeout),
+        };
+        let deadline = std::time::Instant::now() + wait;
+        let guard = ReleaseOnDrop { service: Some(self.clone()), group, sequencer: sequencer.clone() };
+        let key = crate::namespace::locks::notify_key(&sequencer.waiter);
+        loop {
+            let remaining = deadline.saturating_duration_since(std::time::Instant::now());
+            if remaining.is_zero() {
+                break;
+            }
+            let notified = self.node.register_await(group, key.clone(), remaining).map_err(|e| self.engine_status(group, e))?;
+            let (holds, header) = self.holds(group, sequencer.clone(), Consistency::Stale, remaining).await?;
+            if holds {
+                guard.disarm();
+                return answer(true, Some(sequencer), header);
+            }
+            if tokio::time::timeout(remaining, notified).await.is_err() {
+                break;
+            }
+        }
+        // Timed out: the waiter goes (the guard would do it too, but an answer should come
+        // after the cleanup).
+        guard.disarm();
+        let header = self.release(group, sequencer, self.timeout).await?;
+        answer(false, None, header)
+    }
+
+    async fn unlock(&self, request: Request<UnlockRequest>) -> Result<Response<UnlockResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let request = request.into_inner();
+        let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "unlock needs a sequencer")))?;
+        let group = if sequencer.group_id != 0 { sequencer.group_id } else { group_of(request.routing.as_ref()) };
+        let header = self.release(group, sequencer, timeout).await?;
+        Ok(Response::new(UnlockResponse { header: Some(header) }))
+    }
+
+    async fn check_sequencer(&self, request: Request<CheckSequencerRequest>) -> Result<Response<CheckSequencerResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let request = request.into_inner();
+        let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "no sequencer")))?;
+        let group = if sequencer.group_id != 0 { sequencer.group_id } else { group_of(request.routing.as_ref()) };
+        let (holds, header) = self.holds(group, sequencer, Consistency::Linearizable, timeout).await?;
+        Ok(Response::new(CheckSequencerResponse { header: Some(header), holds }))
+    }
+
+    async fn lock_info(&self, request: Request<LockInfoRequest>) -> Result<Response<LockInfoResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let request = request.into_inner();
+        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let query = QueryKind::LockInfo(LockQuery { path: request.path.clone(), sequencer: None, now_ms });
+        match self.read(request.routing.as_ref(), Consistency::Linearizable as i32, query, timeout).await? {
+            (QueryOutcome::LockInfo(response), header) => Ok(Response::new(LockInfoResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
     }

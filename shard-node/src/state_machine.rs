@@ -79,12 +79,13 @@ pub struct SmWrites {
     group: u64,
     ops: Vec<WriteOp>,
     pending: BTreeMap<Vec<u8>, Option<Vec<u8>>>,
+    notifications: Vec<Vec<u8>>,
 }
 
 impl SmWrites {
     /// Empty writes for `group`.
     pub fn new(group: u64) -> SmWrites {
-        SmWrites { group, ops: Vec::new(), pending: BTreeMap::new() }
+        SmWrites { group, ops: Vec::new(), pending: BTreeMap::new(), notifications: Vec::new() }
     }
 
     /// Sets `key` to `value`.
@@ -112,9 +113,20 @@ impl SmWrites {
             .map(|(key, value)| (key.as_slice(), value.as_deref()))
     }
 
+    /// Wakes whoever awaits `key` on this replica once these writes are applied (see
+    /// `NodeHandle::await_key`). Keys mean what the state machine says they mean.
+    pub fn notify(&mut self, key: Vec<u8>) {
+        self.notifications.push(key);
+    }
+
     /// The recorded ops.
     pub fn into_ops(self) -> Vec<WriteOp> {
         self.ops
+    }
+
+    /// The recorded ops and notifications.
+    pub fn into_parts(self) -> (Vec<WriteOp>, Vec<Vec<u8>>) {
+        (self.ops, self.notifications)
     }
 
     /// Mutable access for the engine to append its own records to the same batch.

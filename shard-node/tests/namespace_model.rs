@@ -275,9 +275,10 @@ impl Model {
                 self.expire(&expire.path, expire.mod_revision, command.now_ms);
                 Ok(TxnResponse { header: header(self.revision), succeeded: true, results: Vec::new() })
             }
-            Some(CommandOp::CreateSession(_) | CommandOp::CloseSession(_) | CommandOp::ExpireSessions(_)) => {
-                unreachable!("session commands are filtered out before the model (tests/namespace_sessions.rs covers them)")
+            Some(op) if unmodelled(op) => {
+                unreachable!("session and lock commands are filtered out before the model (namespace_sessions.rs and namespace_locks.rs cover them)")
             }
+            Some(_) => unreachable!("every other command is modelled above"),
         }
     }
 
@@ -1030,11 +1031,8 @@ impl Run {
             Step::Raw(spec) => {
                 let bytes = self.raw_bytes(spec);
                 let decoded = Command::decode(bytes.as_slice());
-                let session_command = decoded.as_ref().is_ok_and(|command| {
-                    matches!(command.op, Some(CommandOp::CreateSession(_) | CommandOp::CloseSession(_) | CommandOp::ExpireSessions(_)))
-                });
-                if session_command {
-                    // The model has no sessions; random bytes that decode to one are skipped.
+                if decoded.as_ref().is_ok_and(|command| command.op.as_ref().is_some_and(unmodelled)) {
+                    // The model has no sessions or locks; random bytes that decode to one are skipped.
                     return Ok(());
                 }
                 let output = self.h.apply_bytes(&bytes);
@@ -1117,6 +1115,19 @@ fn run(limits: Limits, steps: &[Step]) -> Result<(), TestCaseError> {
     // Whatever happened, a restart keeps it all.
     run.h.reopen().expect("reopen");
     run.check_all()
+}
+
+/// Commands the model leaves to their own tests (sessions, locks).
+fn unmodelled(op: &CommandOp) -> bool {
+    matches!(
+        op,
+        CommandOp::CreateSession(_)
+            | CommandOp::CloseSession(_)
+            | CommandOp::ExpireSessions(_)
+            | CommandOp::AcquireLock(_)
+            | CommandOp::ReleaseLock(_)
+            | CommandOp::LockDelayEnded(_)
+    )
 }
 
 /// Small bounds, so paging, recursive-delete, transaction-size and value limits are hit.

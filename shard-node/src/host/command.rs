@@ -124,7 +124,9 @@ impl Replica {
         ));
         // Not synced: every applied entry is already durable in the log, so a crash that loses
         // this write re-applies from the log (the write carries its applied index).
-        self.db.write_ops(&writes.into_ops(), false)?;
+        let (ops, notifications) = writes.into_parts();
+        self.db.write_ops(&ops, false)?;
+        self.wake(notifications);
         Ok(replies)
     }
 

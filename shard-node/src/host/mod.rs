@@ -168,6 +168,16 @@ impl NodeHandle {
         self.ask(group, timeout, |reply| WorkerMsg::LeaderCall { group, request, reply }).await
     }
 
+    /// Registers interest in notification `key` of `group` on this node (see
+    /// `SmWrites::notify`) and returns at once; the receiver resolves when apply notifies the
+    /// key, or with an error at the deadline. Register first, then check the state: a
+    /// notification that comes after the registration is never missed.
+    pub fn register_await(&self, group: u64, key: Vec<u8>, timeout: Duration) -> Result<oneshot::Receiver<Result<(), EngineError>>, EngineError> {
+        let (reply, answer) = oneshot::channel();
+        self.try_send(group, WorkerMsg::Await { group, key, deadline: Instant::now() + timeout, reply })?;
+        Ok(answer)
+    }
+
     /// This node's view of `group`.
     pub async fn status(&self, group: u64) -> Result<GroupStatus, EngineError> {
         self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::Status { group, reply }).await

@@ -41,6 +41,9 @@ pub enum WorkerMsg {
     Unreachable { group: u64, to: u64, snapshot: bool },
     /// Report the group's raft status.
     Status { group: u64, reply: Reply<GroupStatus> },
+    /// Wake `reply` when apply notifies `key` (see `SmWrites::notify`), or fail it at
+    /// `deadline`.
+    Await { group: u64, key: Vec<u8>, deadline: Instant, reply: Reply<()> },
     /// A request the leader answers from its own memory (see `StateMachine::leader_call`).
     LeaderCall { group: u64, request: Vec<u8>, reply: Reply<Vec<u8>> },
 }

@@ -129,6 +129,10 @@ impl Replica {
         assert_eq!(apply_state.index, index, "group {}: snapshot apply state", self.group);
         self.sm.reload(&SmReader::new(self.db.clone(), self.group), index)?;
         self.applied = apply_state;
+        // The state jumped without applying entries, so no notification was made: wake every
+        // waiting caller to look again.
+        let keys: Vec<Vec<u8>> = self.awaiting.keys().cloned().collect();
+        self.wake(keys);
         self.installing_snapshot = false;
         self.raw.advance_apply_to(index);
         self.serve_confirmed_reads();

@@ -2,7 +2,7 @@
 //! on it. Behaviour is grouped by feature in sibling modules (`command`, `query`, `ready`),
 //! all as `impl Replica` blocks; this file holds the state and its construction.
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -73,7 +73,12 @@ pub struct Replica {
     pub(crate) published_leader: super::LeaderInfo,
     /// Whether the state machine was last told it leads.
     pub(crate) told_leading: bool,
+    /// Callers waiting for a notification key (see `SmWrites::notify`).
+    pub(crate) awaiting: HashMap<Vec<u8>, Vec<(Instant, Reply<()>)>>,
 }
+
+/// Callers one replica lets wait for notifications at once.
+const AWAITING_MAX: usize = 65_536;
 
 impl Replica {
     /// Loads the replica of `group` from disk (its records must exist).
@@ -102,6 +107,7 @@ impl Replica {
             log_compact_entries: config.log_compact_entries.max(2),
             published_leader: super::LeaderInfo::default(),
             told_leading: false,
+            awaiting: HashMap::new(),
         })
     }
 
@@ -161,6 +167,25 @@ impl Replica {
         }
     }
 
+    /// Registers a caller waiting for `key`.
+    pub(crate) fn register_await(&mut self, key: Vec<u8>, deadline: Instant, reply: Reply<()>) {
+        let waiting: usize = self.awaiting.values().map(Vec::len).sum();
+        if waiting >= AWAITING_MAX {
+            let _ = reply.send(Err(EngineError::busy(format!("group {}: too many callers waiting", self.group))));
+            return;
+        }
+        self.awaiting.entry(key).or_default().push((deadline, reply));
+    }
+
+    /// Wakes the callers waiting for `keys`.
+    pub(crate) fn wake(&mut self, keys: Vec<Vec<u8>>) {
+        for key in keys {
+            for (_, reply) in self.awaiting.remove(&key).unwrap_or_default() {
+                let _ = reply.send(Ok(()));
+            }
+        }
+    }
+
     /// Fails every waiting request (the replica is going away).
     pub(crate) fn fail_all(&mut self, error: &EngineError) {
         for (_, proposal) in std::mem::take(&mut self.proposals) {
@@ -170,6 +195,9 @@ impl Replica {
         let inflight = self.inflight_read.take().into_iter().flat_map(|inflight| inflight.reads);
         for read in std::mem::take(&mut self.queued_reads).into_iter().chain(confirmed).chain(inflight) {
             let _ = read.reply.send(Err(error.clone()));
+        }
+        for (_, reply) in std::mem::take(&mut self.awaiting).into_values().flatten() {
+            let _ = reply.send(Err(error.clone()));
         }
     }
 
@@ -194,6 +222,14 @@ impl Replica {
             }
         };
         expire(&mut self.queued_reads);
+        self.awaiting.retain(|_, waiting| {
+            let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(waiting).into_iter().partition(|(deadline, _)| *deadline <= now);
+            *waiting = kept;
+            for (_, reply) in expired {
+                let _ = reply.send(Err(EngineError::busy(format!("group {group}: nothing happened before the deadline"))));
+            }
+            !waiting.is_empty()
+        });
         if let Some(inflight) = &mut self.inflight_read {
             expire(&mut inflight.reads);
         }

@@ -161,6 +161,10 @@ impl Worker {
                     replica.report_unreachable(to, snapshot);
                 }
             }
+            WorkerMsg::Await { group, key, deadline, reply } => match self.replicas.get_mut(&group) {
+                Some(replica) => replica.register_await(key, deadline, reply),
+                None => drop(reply.send(Err(EngineError::GroupNotFound(group)))),
+            },
             WorkerMsg::LeaderCall { group, request, reply } => {
                 let _ = reply.send(self.replica(group).and_then(|replica| replica.leader_call(&request)));
             }

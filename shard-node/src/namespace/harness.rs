@@ -10,7 +10,7 @@ use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
-use warden_proto::namespace::{Command, CommandResult, LeaderRequest, LeaderResponse, Query, QueryResult};
+use warden_proto::namespace::{AcquireLock, Command, CommandResult, LeaderRequest, LeaderResponse, LockQuery, Query, QueryResult, ReleaseLock};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::*;
@@ -165,6 +165,36 @@ impl Harness {
         let op = CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id });
         match self.apply_result(op)? {
             CommandOutcome::CloseSession(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Adds a lock waiter (see `Txn::acquire_lock`) at the harness's `now_ms`.
+    pub fn lock(&mut self, request: AcquireLock) -> Outcome<LockResponse> {
+        match self.apply_result(CommandOp::AcquireLock(request))? {
+            CommandOutcome::Lock(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Removes a sequencer's waiter.
+    pub fn unlock(&mut self, sequencer: Sequencer) -> Outcome<()> {
+        self.apply_result(CommandOp::ReleaseLock(ReleaseLock { sequencer: Some(sequencer) })).map(drop)
+    }
+
+    /// Holders and waiters of a lock as of time `now_ms`.
+    pub fn lock_info(&self, path: &str, now_ms: u64) -> Outcome<LockInfoResponse> {
+        match self.query(QueryKind::LockInfo(LockQuery { path: path.into(), sequencer: None, now_ms }))?.result {
+            Some(QueryOutcome::LockInfo(response)) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Whether a sequencer holds at time `now_ms`.
+    pub fn check_sequencer(&self, sequencer: &Sequencer, now_ms: u64) -> Outcome<bool> {
+        let query = LockQuery { path: sequencer.path.clone(), sequencer: Some(sequencer.clone()), now_ms };
+        match self.query(QueryKind::CheckSequencer(query))?.result {
+            Some(QueryOutcome::CheckSequencer(response)) => Ok(response.holds),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }

@@ -7,6 +7,7 @@
 
 pub mod error;
 pub mod harness;
+pub mod locks;
 pub mod path;
 pub mod query;
 pub mod sessions;
@@ -23,7 +24,8 @@ use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
 use warden_proto::namespace::{LeaderRequest, LeaderResponse};
 use warden_proto::v1::{
-    CloseSessionResponse, CreateSessionResponse, KeepAliveResponse, NodeKind, SessionInfoResponse, SessionLease, TxnResponse,
+    CloseSessionResponse, CreateSessionResponse, KeepAliveResponse, LockResponse, NodeKind, SessionInfoResponse, SessionLease,
+    TxnResponse,
 };
 
 use crate::error::{EngineError, StorageError};
@@ -93,6 +95,7 @@ impl StateMachineFactory for NamespaceFactory {
             ttl: BTreeMap::new(),
             sessions: BTreeMap::new(),
             leases: LeaseTable::default(),
+            blocked_locks: BTreeMap::new(),
         })
     }
 }
@@ -116,11 +119,42 @@ pub struct NamespaceStateMachine {
     sessions: BTreeMap<u64, u64>,
     /// Lease deadlines: leader-only, not replicated.
     leases: LeaseTable,
+    /// Locks in their lock-delay, and until when (replicated state, rebuilt from disk).
+    blocked_locks: BTreeMap<String, u64>,
 }
 
 impl NamespaceStateMachine {
     fn reader(&self) -> Result<&SmReader, StorageError> {
         self.reader.as_ref().ok_or_else(|| StorageError::Corrupt(format!("group {}: namespace used before load", self.group)))
+    }
+
+    /// Wakes the waiters that hold each touched lock now (only those: no herd).
+    fn notify_lock_holders(
+        &self,
+        reader: &SmReader,
+        writes: &mut SmWrites,
+        touched: &std::collections::BTreeSet<String>,
+        now_ms: u64,
+    ) -> Result<(), StorageError> {
+        let mut keys = Vec::new();
+        {
+            let view = TxnView::new(reader, Some(writes));
+            for lock_path in touched {
+                let Some(meta) = view.lock_meta(lock_path)? else { continue };
+                let waiters = match locks::waiters(&view, lock_path) {
+                    Ok(waiters) => waiters,
+                    Err(Failure::Storage(error)) => return Err(error),
+                    // A lock with foreign children serves nobody.
+                    Err(Failure::Refused(_)) => continue,
+                };
+                let holding = locks::holders(&waiters, Some(&meta), now_ms);
+                keys.extend(waiters[..holding].iter().map(|w| locks::notify_key(&w.path)));
+            }
+        }
+        for key in keys {
+            writes.notify(key);
+        }
+        Ok(())
     }
 
     fn apply_command(&mut self, command: Command, writes: &mut SmWrites) -> Result<CommandResult, StorageError> {
@@ -133,6 +167,8 @@ impl NamespaceStateMachine {
             revision: self.revision + 1,
             ttl_changes: Vec::new(),
             session_changes: Vec::new(),
+            touched: std::collections::BTreeSet::new(),
+            lock_changes: Vec::new(),
         };
         let empty = || TxnResponse { header: None, succeeded: true, results: Vec::new() };
         let outcome = match command.op {
@@ -141,7 +177,7 @@ impl NamespaceStateMachine {
                 txn.expire_ttl(&path, mod_revision).map(|_| CommandOutcome::Txn(empty()))
             }
             Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms).map(CommandOutcome::CreateSession),
-            Some(CommandOp::CloseSession(close)) => match txn.end_session(close.session_id) {
+            Some(CommandOp::CloseSession(close)) => match txn.end_session(close.session_id, false) {
                 Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
                 Ok(None) => Err(Failure::Refused(error::session_expired(close.session_id, ""))),
                 Err(failure) => Err(failure),
@@ -149,17 +185,24 @@ impl NamespaceStateMachine {
             Some(CommandOp::ExpireSessions(expire)) => {
                 let mut result = Ok(CommandOutcome::Txn(empty()));
                 for session in expire.session_ids.iter().take(self.limits.sessions_per_expiry_max) {
-                    if let Err(failure) = txn.end_session(*session) {
+                    if let Err(failure) = txn.end_session(*session, true) {
                         result = Err(failure);
                         break;
                     }
                 }
                 result
             }
+            Some(CommandOp::AcquireLock(acquire)) => txn.acquire_lock(&acquire).map(CommandOutcome::Lock),
+            Some(CommandOp::ReleaseLock(release)) => {
+                txn.release_lock(&release.sequencer.unwrap_or_default()).map(|()| CommandOutcome::Txn(empty()))
+            }
+            Some(CommandOp::LockDelayEnded(ended)) => txn.end_lock_delay(&ended.path).map(|()| CommandOutcome::Txn(empty())),
             None => Err(Failure::Refused(error::invalid("", "command without an operation"))),
         };
         let ttl_changes = std::mem::take(&mut txn.ttl_changes);
         let session_changes = std::mem::take(&mut txn.session_changes);
+        let touched = std::mem::take(&mut txn.touched);
+        let lock_changes = std::mem::take(&mut txn.lock_changes);
         let response = match outcome {
             Ok(response) => response,
             Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)) }),
@@ -180,6 +223,14 @@ impl NamespaceStateMachine {
                     }
                 }
             }
+            for (path, blocked_until_ms) in lock_changes {
+                if blocked_until_ms == 0 {
+                    self.blocked_locks.remove(&path);
+                } else {
+                    self.blocked_locks.insert(path, blocked_until_ms);
+                }
+            }
+            self.notify_lock_holders(&reader, writes, &touched, command.now_ms)?;
             for change in session_changes {
                 match change {
                     SessionChange::Added(id, ttl_ms) => {
@@ -198,6 +249,7 @@ impl NamespaceStateMachine {
             CommandOutcome::Txn(txn) => CommandOutcome::Txn(TxnResponse { header, ..txn }),
             CommandOutcome::CreateSession(created) => CommandOutcome::CreateSession(CreateSessionResponse { header, ..created }),
             CommandOutcome::CloseSession(closed) => CommandOutcome::CloseSession(CloseSessionResponse { header, ..closed }),
+            CommandOutcome::Lock(lock) => CommandOutcome::Lock(LockResponse { header, ..lock }),
             error @ CommandOutcome::Error(_) => error,
         };
         Ok(CommandResult { result: Some(response) })
@@ -242,6 +294,11 @@ impl StateMachine for NamespaceStateMachine {
         }
         self.ttl = ttl;
         self.sessions = store::read_sessions(reader)?.into_values().map(|record| (record.session_id, record.ttl_ms)).collect();
+        self.blocked_locks = store::read_lock_metas(reader)?
+            .into_iter()
+            .filter(|(_, meta)| meta.blocked_until_ms != 0)
+            .map(|(path, meta)| (path, meta.blocked_until_ms))
+            .collect();
         // A replica that (re)loads its state (a snapshot) re-grants every lease if it leads.
         self.leases.regrant(&self.sessions);
         self.reader = Some(reader.clone());
@@ -255,7 +312,15 @@ impl StateMachine for NamespaceStateMachine {
             Some(CommandOp::ExpireSessions(expire)) if expire.session_ids.len() > self.limits.sessions_per_expiry_max => {
                 Err(EngineError::Invalid(format!("more than {} sessions in one expiry", self.limits.sessions_per_expiry_max)))
             }
-            Some(CommandOp::ExpireTtl(_) | CommandOp::CreateSession(_) | CommandOp::CloseSession(_) | CommandOp::ExpireSessions(_)) => Ok(()),
+            Some(
+                CommandOp::ExpireTtl(_)
+                | CommandOp::CreateSession(_)
+                | CommandOp::CloseSession(_)
+                | CommandOp::ExpireSessions(_)
+                | CommandOp::AcquireLock(_)
+                | CommandOp::ReleaseLock(_)
+                | CommandOp::LockDelayEnded(_),
+            ) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }
     }
@@ -295,6 +360,10 @@ impl StateMachine for NamespaceStateMachine {
     fn leader_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
         let now_ms = clock.wall_ms;
         let mut due = Vec::new();
+        for (path, _) in self.blocked_locks.iter().filter(|(_, until)| **until <= now_ms).take(self.limits.ttl_expiries_per_scan_max) {
+            let op = CommandOp::LockDelayEnded(warden_proto::namespace::LockDelayEnded { path: path.clone() });
+            due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
+        }
         let expired = self.leases.take_expired(clock.monotonic_ms, self.limits.sessions_per_expiry_max);
         if !expired.is_empty() {
             let op = CommandOp::ExpireSessions(warden_proto::namespace::ExpireSessions { session_ids: expired });

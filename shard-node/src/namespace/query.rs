@@ -4,10 +4,10 @@ use prost::Message as _;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::{Query, QueryResult};
-use warden_proto::v1::{ExistsResponse, GetChildrenResponse, GetResponse, Stat};
+use warden_proto::v1::{CheckSequencerResponse, ExistsResponse, GetChildrenResponse, GetResponse, LockInfoResponse, Stat};
 
 use super::error::{invalid, invalid_path, no_node, too_large, Failure};
-use super::{path, store, Limits};
+use super::{locks, path, store, Limits};
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::SmReader;
 
@@ -28,6 +28,14 @@ fn node(reader: &SmReader, path: &str) -> Result<Option<warden_proto::namespace:
         None if path == "/" => Some(warden_proto::namespace::NodeRecord { stat: Some(Stat::default()), ..Default::default() }),
         found => found,
     })
+}
+
+/// The waiters and metadata of the lock at `path` (none if it is not a lock).
+fn lock_state(reader: &SmReader, lock_path: &str) -> Result<(Vec<locks::Waiter>, Option<warden_proto::namespace::LockMeta>), Failure> {
+    path::validate(lock_path, false).map_err(|e| invalid_path(lock_path, &e))?;
+    let view = store::TxnView::new(reader, None);
+    let Some(meta) = view.lock_meta(lock_path)? else { return Ok((Vec::new(), None)) };
+    Ok((locks::waiters(&view, lock_path)?, Some(meta)))
 }
 
 fn answer(reader: &SmReader, limits: &Limits, query: Query) -> Result<QueryOutcome, Failure> {
@@ -62,6 +70,23 @@ fn answer(reader: &SmReader, limits: &Limits, query: Query) -> Result<QueryOutco
             QueryOutcome::Children(GetChildrenResponse { header: None, names, stats, more, stat: parent.stat })
         }
         Some(QueryKind::Revision(_)) => QueryOutcome::Exists(ExistsResponse::default()),
+        Some(QueryKind::LockInfo(query)) => {
+            let (waiters, meta) = lock_state(reader, &query.path)?;
+            let holding = locks::holders(&waiters, meta.as_ref(), query.now_ms);
+            QueryOutcome::LockInfo(LockInfoResponse {
+                header: None,
+                holders: waiters[..holding].iter().map(locks::Waiter::to_proto).collect(),
+                waiters: waiters[holding..].iter().map(locks::Waiter::to_proto).collect(),
+                blocked_until_ms: meta.map_or(0, |m| m.blocked_until_ms),
+            })
+        }
+        Some(QueryKind::CheckSequencer(query)) => {
+            let sequencer = query.sequencer.unwrap_or_default();
+            let (waiters, meta) = lock_state(reader, &sequencer.path)?;
+            let holding = locks::holders(&waiters, meta.as_ref(), query.now_ms);
+            let holds = waiters[..holding].iter().any(|w| w.path == sequencer.waiter && w.token == sequencer.token);
+            QueryOutcome::CheckSequencer(CheckSequencerResponse { header: None, holds })
+        }
         None => return Err(invalid("", "query without a kind").into()),
     })
 }

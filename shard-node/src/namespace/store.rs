@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 
 use prost::Message as _;
-use warden_proto::namespace::{NodeRecord, SessionRecord};
+use warden_proto::namespace::{LockMeta, NodeRecord, SessionRecord};
 
 use crate::error::StorageError;
 use crate::state_machine::{SmReader, SmWrites};
@@ -18,6 +18,7 @@ const NODE: u8 = b'n';
 const CHILD: u8 = b'c';
 const SESSION: u8 = b's';
 const EPHEMERAL: u8 = b'e';
+const LOCK: u8 = b'l';
 const REVISION_KEY: &[u8] = b"mrevision";
 const NEXT_SESSION_KEY: &[u8] = b"mnext_session";
 
@@ -48,6 +49,29 @@ pub fn session_key(session: u64) -> Vec<u8> {
     let mut key = vec![SESSION];
     key.extend_from_slice(&session.to_be_bytes());
     key
+}
+
+/// Key of a lock's metadata.
+pub fn lock_meta_key(path: &str) -> Vec<u8> {
+    let mut key = vec![LOCK];
+    key.extend_from_slice(path.as_bytes());
+    key
+}
+
+/// Every lock's metadata on disk, by path.
+pub fn read_lock_metas(reader: &SmReader) -> Result<BTreeMap<String, LockMeta>, StorageError> {
+    let mut metas = BTreeMap::new();
+    let mut corrupt = None;
+    reader.scan_range(&[LOCK], Some(&[LOCK + 1]), |key, value| {
+        match LockMeta::decode(value) {
+            Ok(meta) => {
+                metas.insert(String::from_utf8_lossy(&key[1..]).into_owned(), meta);
+            }
+            Err(error) => corrupt = Some(StorageError::Corrupt(format!("lock meta: {error}"))),
+        }
+        corrupt.is_none()
+    })?;
+    corrupt.map_or(Ok(metas), Err)
 }
 
 /// Prefix of a session's ephemeral-node index.
@@ -195,6 +219,23 @@ impl<'a> TxnView<'a> {
     /// Removes a session's record.
     pub fn delete_session(&mut self, session: u64) {
         self.local.insert(session_key(session), None);
+    }
+
+    /// A lock's metadata.
+    pub fn lock_meta(&self, path: &str) -> Result<Option<LockMeta>, StorageError> {
+        self.get(&lock_meta_key(path))?
+            .map(|bytes| LockMeta::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("lock meta: {e}"))))
+            .transpose()
+    }
+
+    /// Writes a lock's metadata.
+    pub fn put_lock_meta(&mut self, path: &str, meta: &LockMeta) {
+        self.local.insert(lock_meta_key(path), Some(meta.encode_to_vec()));
+    }
+
+    /// Removes a lock's metadata (its node is gone).
+    pub fn delete_lock_meta(&mut self, path: &str) {
+        self.local.insert(lock_meta_key(path), None);
     }
 
     /// Records that `session` owns the ephemeral node `path`.

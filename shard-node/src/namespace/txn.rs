@@ -2,19 +2,20 @@
 //! `else` operations, all-or-nothing, at one new revision. Deterministic: the only time is
 //! the leader's `now_ms` carried in the command.
 
-use warden_proto::namespace::{NodeRecord, SessionRecord};
+use warden_proto::namespace::{AcquireLock, LockMeta, NodeRecord, SessionRecord};
 use warden_proto::v1::compare::{Op as CompareOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{
-    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, NodeKind,
+    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, LockMode, LockResponse, Sequencer, DeleteResponse, GetRequest, GetResponse, NodeKind,
     SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
 };
 
 use super::error::{error, invalid, invalid_path, no_node, too_large};
 use super::path;
 use super::error::{session_expired, Failure};
+use super::locks;
 use super::sessions;
 use super::store::TxnView;
 use super::Limits;
@@ -49,6 +50,10 @@ pub struct Txn<'v, 'a> {
     pub revision: u64,
     pub ttl_changes: Vec<TtlChange>,
     pub session_changes: Vec<SessionChange>,
+    /// Parents whose children changed (locks among them get their holders notified).
+    pub touched: std::collections::BTreeSet<String>,
+    /// Locks whose lock-delay changed: `(path, blocked until; 0 = none or gone)`.
+    pub lock_changes: Vec<(String, u64)>,
 }
 
 /// Checks the shape of a request before anything runs (also used before proposing).
@@ -217,6 +222,7 @@ impl Txn<'_, '_> {
         };
         self.view.put_node(&path, &NodeRecord { data: request.data.clone(), stat: Some(stat.clone()), next_sequence: 0 });
         self.view.add_child(parent_path, path::name(&path));
+        self.touched.insert(parent_path.to_string());
         parent_stat.num_children += 1;
         parent_stat.cversion += 1;
         parent.stat = Some(parent_stat);
@@ -310,6 +316,10 @@ impl Txn<'_, '_> {
             if owner != 0 {
                 self.detach_ephemeral(owner, doomed_path)?;
             }
+            if self.view.lock_meta(doomed_path)?.is_some() {
+                self.view.delete_lock_meta(doomed_path);
+                self.lock_changes.push((doomed_path.clone(), 0));
+            }
             self.view.delete_node(doomed_path);
             self.ttl_changes.push(TtlChange::Remove(doomed_path.clone()));
             if let Some(parent) = path::parent(doomed_path) {
@@ -326,6 +336,7 @@ impl Txn<'_, '_> {
     fn detach_from_parent(&mut self, path: &str) -> Result<u64, Failure> {
         let Some(parent_path) = path::parent(path) else { return Ok(0) };
         self.view.remove_child(parent_path, path::name(path));
+        self.touched.insert(parent_path.to_string());
         let mut parent = self.node(parent_path)?.ok_or_else(|| StorageError::Corrupt(format!("parent of {path} missing")))?;
         let mut stat = parent.stat.clone().unwrap_or_default();
         stat.num_children = stat.num_children.saturating_sub(1);
@@ -380,10 +391,10 @@ impl Txn<'_, '_> {
         Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
     }
 
-    /// Ends a session: its ephemeral nodes go first, in path order, then its record.
-    /// Returns how many nodes were deleted (with emptied containers); `None` if the session
-    /// does not exist.
-    pub fn end_session(&mut self, session: u64) -> Result<Option<u64>, Failure> {
+    /// Ends a session: its ephemeral nodes go first, in path order, then its record. When it
+    /// `expired` (rather than closed), locks it held enter their lock-delay. Returns how many
+    /// nodes were deleted (with emptied containers); `None` if the session does not exist.
+    pub fn end_session(&mut self, session: u64, expired: bool) -> Result<Option<u64>, Failure> {
         if self.view.session(session)?.is_none() {
             return Ok(None);
         }
@@ -399,6 +410,9 @@ impl Txn<'_, '_> {
                     self.view.remove_ephemeral(session, &path);
                     continue;
                 }
+                if expired {
+                    self.start_lock_delay_if_holding(&path)?;
+                }
                 deleted += self.delete_subtree(&path)?;
                 deleted += self.detach_from_parent(&path)?;
             }
@@ -406,6 +420,110 @@ impl Txn<'_, '_> {
         self.view.delete_session(session);
         self.session_changes.push(SessionChange::Removed(session));
         Ok(Some(deleted))
+    }
+
+    /// If `waiter` holds its parent's lock and that lock has a lock-delay, the lock is not
+    /// granted to anyone until the delay has passed (Chubby's lock-delay).
+    fn start_lock_delay_if_holding(&mut self, waiter: &str) -> Result<(), Failure> {
+        let Some(lock_path) = path::parent(waiter) else { return Ok(()) };
+        let Some(mut meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
+        if meta.lock_delay_ms == 0 {
+            return Ok(());
+        }
+        let waiters = locks::waiters(self.view, lock_path)?;
+        let holding = locks::holders(&waiters, Some(&meta), self.now_ms);
+        if waiters[..holding].iter().any(|w| w.path == waiter) {
+            meta.blocked_until_ms = meta.blocked_until_ms.max(self.now_ms + meta.lock_delay_ms);
+            self.view.put_lock_meta(lock_path, &meta);
+            self.lock_changes.push((lock_path.to_string(), meta.blocked_until_ms));
+        }
+        Ok(())
+    }
+
+    /// Adds a waiter for `request.session_id` to the lock at `request.path` (creating the
+    /// lock as a container node), or finds the one an earlier try of the same request made.
+    pub fn acquire_lock(&mut self, request: &AcquireLock) -> Result<LockResponse, Failure> {
+        let lock_path = request.path.as_str();
+        path::validate(lock_path, false).map_err(|e| invalid_path(lock_path, &e))?;
+        if lock_path == "/" {
+            return Err(invalid("/", "the root cannot be a lock").into());
+        }
+        let mode = LockMode::try_from(request.mode).map_err(|_| invalid(lock_path, "unknown lock mode"))?;
+        if request.lock_delay_ms > locks::LOCK_DELAY_MS_MAX {
+            return Err(invalid(lock_path, format!("lock_delay_ms is at most {}", locks::LOCK_DELAY_MS_MAX)).into());
+        }
+        if self.view.session(request.session_id)?.is_none() {
+            return Err(session_expired(request.session_id, lock_path).into());
+        }
+        match self.node(lock_path)? {
+            Some(node) if node.stat.as_ref().is_some_and(|s| s.ephemeral_owner != 0) => {
+                return Err(invalid(lock_path, "an ephemeral node cannot be a lock").into());
+            }
+            Some(_) => {}
+            None => {
+                let container = CreateRequest { path: lock_path.into(), kind: NodeKind::Container as i32, create_parents: true, ..CreateRequest::default() };
+                self.create(&container)?;
+            }
+        }
+        let meta = match self.view.lock_meta(lock_path)? {
+            Some(meta) => meta,
+            None => {
+                let meta = LockMeta { lock_delay_ms: request.lock_delay_ms, blocked_until_ms: 0 };
+                self.view.put_lock_meta(lock_path, &meta);
+                meta
+            }
+        };
+        let mut waiters = locks::waiters(self.view, lock_path)?;
+        let retried = waiters.iter().position(|w| request.request_id != 0 && w.session_id == request.session_id && w.request_id == request.request_id);
+        let index = match retried {
+            Some(index) => index,
+            None => {
+                let waiter = CreateRequest {
+                    path: path::join(lock_path, locks::WAITER_PREFIX),
+                    data: locks::waiter_data(mode, request.request_id),
+                    sequential: true,
+                    session_id: request.session_id,
+                    ..CreateRequest::default()
+                };
+                let created = self.create(&waiter)?;
+                let token = created.stat.map_or(self.revision, |s| s.create_revision);
+                waiters.push(locks::Waiter { path: created.path, mode, session_id: request.session_id, token, request_id: request.request_id });
+                waiters.len() - 1
+            }
+        };
+        let holding = locks::holders(&waiters, Some(&meta), self.now_ms);
+        let waiter = &waiters[index];
+        let sequencer = Sequencer { path: lock_path.into(), mode: waiter.mode as i32, token: waiter.token, group_id: 0, waiter: waiter.path.clone() };
+        Ok(LockResponse { header: None, acquired: index < holding, sequencer: Some(sequencer) })
+    }
+
+    /// Removes a sequencer's waiter (unlock, or giving up waiting). Releasing a waiter that is
+    /// already gone is not an error; a sequencer naming another hold is.
+    pub fn release_lock(&mut self, sequencer: &Sequencer) -> Result<(), Failure> {
+        let waiter = sequencer.waiter.as_str();
+        path::validate(waiter, false).map_err(|e| invalid_path(waiter, &e))?;
+        if path::parent(waiter) != Some(sequencer.path.as_str()) {
+            return Err(invalid(waiter, "the waiter is not a child of the lock").into());
+        }
+        let Some(node) = self.view.node(waiter)? else { return Ok(()) };
+        if node.stat.unwrap_or_default().create_revision != sequencer.token {
+            return Err(invalid(waiter, "the sequencer's token does not match its waiter").into());
+        }
+        self.delete(&DeleteRequest { path: waiter.into(), ..DeleteRequest::default() })?;
+        Ok(())
+    }
+
+    /// A lock's lock-delay has passed (judged by the leader): grant it again.
+    pub fn end_lock_delay(&mut self, lock_path: &str) -> Result<(), Failure> {
+        let Some(mut meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
+        if meta.blocked_until_ms == 0 || meta.blocked_until_ms > self.now_ms {
+            return Ok(());
+        }
+        meta.blocked_until_ms = 0;
+        self.view.put_lock_meta(lock_path, &meta);
+        self.lock_changes.push((lock_path.to_string(), 0));
+        self.touched.insert(lock_path.to_string());
+        Ok(())
     }
 
     /// Deletes a TTL node the leader found expired, if it is unchanged and childless.

@@ -1,0 +1,130 @@
+//! Locks are nodes too (DESIGN.md "Data model"). A lock at `path` is a container node whose
+//! children `lock-%010d` are ephemeral-sequential waiters (data: mode byte, then the request
+//! id), granted in FIFO order: the first waiter holds an exclusive lock; the leading run of
+//! shared waiters holds a shared lock. A sequencer's token is its waiter's create_revision,
+//! so for a lock path tokens only grow. Metadata (lock-delay) lives beside the node.
+//!
+//! Whenever a lock's waiters change, apply notifies the waiters that hold it now (keys are
+//! waiter paths): a waiting `Lock` call wakes only when it holds — no herd.
+
+use warden_proto::namespace::LockMeta;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::{LockMode, LockWaiter};
+
+use super::error::{error, Failure};
+use super::path;
+use super::store::TxnView;
+
+/// Name prefix of waiter nodes.
+pub const WAITER_PREFIX: &str = "lock-";
+/// Longest lock-delay (Chubby's bound).
+pub const LOCK_DELAY_MS_MAX: u64 = 60_000;
+/// Waiters one lock may have.
+pub const WAITERS_MAX: usize = 10_000;
+
+/// One waiter of a lock.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Waiter {
+    /// The waiter node's path.
+    pub path: String,
+    pub mode: LockMode,
+    pub session_id: u64,
+    /// Its create_revision: the fencing token.
+    pub token: u64,
+    pub request_id: u64,
+}
+
+impl Waiter {
+    /// As the public API shows it.
+    pub fn to_proto(&self) -> LockWaiter {
+        LockWaiter { waiter: self.path.clone(), mode: self.mode as i32, session_id: self.session_id, token: self.token }
+    }
+}
+
+/// Data of a waiter node.
+pub fn waiter_data(mode: LockMode, request_id: u64) -> Vec<u8> {
+    let mut data = vec![mode as u8];
+    data.extend_from_slice(&request_id.to_be_bytes());
+    data
+}
+
+fn decode_waiter_data(data: &[u8]) -> Option<(LockMode, u64)> {
+    let (&mode, rest) = data.split_first()?;
+    let mode = LockMode::try_from(i32::from(mode)).ok()?;
+    Some((mode, u64::from_be_bytes(rest.try_into().ok()?)))
+}
+
+fn is_waiter_name(name: &str) -> bool {
+    name.strip_prefix(WAITER_PREFIX).is_some_and(|digits| digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// The waiters of the lock at `path`, in grant order. A child that is not a waiter makes
+/// the path unusable as a lock.
+pub fn waiters(view: &TxnView, lock_path: &str) -> Result<Vec<Waiter>, Failure> {
+    let (names, more) = view.children(lock_path, "", WAITERS_MAX)?;
+    if more {
+        return Err(error(Code::TooLarge, lock_path, "the lock has too many waiters").into());
+    }
+    let mut waiters = Vec::with_capacity(names.len());
+    for name in names {
+        let waiter_path = path::join(lock_path, &name);
+        let node = view.node(&waiter_path)?.ok_or_else(|| crate::error::StorageError::Corrupt(format!("{waiter_path} indexed but missing")))?;
+        let stat = node.stat.unwrap_or_default();
+        let parsed = decode_waiter_data(&node.data).filter(|_| is_waiter_name(&name) && stat.ephemeral_owner != 0);
+        let Some((mode, request_id)) = parsed else {
+            return Err(error(Code::InvalidArgument, lock_path, format!("{lock_path} has a child {name} that is not a lock waiter")).into());
+        };
+        waiters.push(Waiter { path: waiter_path, mode, session_id: stat.ephemeral_owner, token: stat.create_revision, request_id });
+    }
+    Ok(waiters)
+}
+
+/// How many leading waiters hold the lock at time `now_ms` (none during a lock-delay).
+pub fn holders(waiters: &[Waiter], meta: Option<&LockMeta>, now_ms: u64) -> usize {
+    if meta.is_some_and(|meta| meta.blocked_until_ms > now_ms) {
+        return 0;
+    }
+    match waiters.first() {
+        None => 0,
+        Some(first) if first.mode == LockMode::Exclusive => 1,
+        Some(_) => waiters.iter().take_while(|w| w.mode == LockMode::Shared).count(),
+    }
+}
+
+/// The notification key of a waiter (what a waiting `Lock` call awaits).
+pub fn notify_key(waiter_path: &str) -> Vec<u8> {
+    let mut key = b"lock-granted:".to_vec();
+    key.extend_from_slice(waiter_path.as_bytes());
+    key
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn waiter(mode: LockMode) -> Waiter {
+        Waiter { path: String::new(), mode, session_id: 1, token: 1, request_id: 0 }
+    }
+
+    #[test]
+    fn fifo_grant_rules() {
+        use LockMode::{Exclusive as X, Shared as S};
+        let cases: &[(&[LockMode], usize)] = &[(&[], 0), (&[X, X], 1), (&[S, S, X, S], 2), (&[X, S, S], 1), (&[S], 1)];
+        for (modes, expected) in cases {
+            let waiters: Vec<Waiter> = modes.iter().map(|m| waiter(*m)).collect();
+            assert_eq!(holders(&waiters, None, 0), *expected, "{modes:?}");
+        }
+        let blocked = LockMeta { lock_delay_ms: 10, blocked_until_ms: 100 };
+        assert_eq!(holders(&[waiter(X)], Some(&blocked), 99), 0, "lock-delay in force");
+        assert_eq!(holders(&[waiter(X)], Some(&blocked), 100), 1, "lock-delay over");
+    }
+
+    #[test]
+    fn waiter_names_and_data() {
+        assert!(is_waiter_name("lock-0000000042"));
+        assert!(!is_waiter_name("lock-42"));
+        assert!(!is_waiter_name("other"));
+        assert_eq!(decode_waiter_data(&waiter_data(LockMode::Shared, 7)), Some((LockMode::Shared, 7)));
+        assert_eq!(decode_waiter_data(&[9, 0]), None);
+    }
+}
