@@ -1,6 +1,7 @@
 //! `warden bench …`: benchmarks of the hot paths, each printing JSON lines.
 
 mod engine;
+mod locks;
 mod namespace;
 
 use clap::Subcommand;
@@ -12,6 +13,8 @@ pub enum BenchCommand {
     Engine(engine::EngineArgs),
     /// The public namespace API over gRPC: create / set / get / txn.
     Namespace(namespace::NamespaceArgs),
+    /// Locks and sessions over gRPC: uncontended cycles, contended hand-off, keepalives.
+    Locks(locks::LocksArgs),
 }
 
 /// Runs a benchmark.
@@ -19,6 +22,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Engine(args) => engine::run(args).await,
         BenchCommand::Namespace(args) => namespace::run(args).await,
+        BenchCommand::Locks(args) => locks::run(args).await,
     }
 }
 
