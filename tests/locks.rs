@@ -1,4 +1,4 @@
-//! Locks over gRPC on a 5-replica group: mutual exclusion under contention while clients
+//! Locks over gRPC on a 5-replica group: mutual exclusion under contention (50 clients) while clients
 //! crash and leaders are killed (checked with a fenced resource), waiting calls that time out
 //! and remove their waiter, and sequencers after their lock is lost.
 
@@ -84,7 +84,7 @@ async fn contention_with_crashing_clients_and_leaders_never_admits_two_holders()
     let stale_refused = Arc::new(AtomicU64::new(0));
     let deadline = Instant::now() + Duration::from_secs(14);
     let mut clients = Vec::new();
-    for client in 0..8u64 {
+    for client in 0..50u64 {
         let (api, fence, inside, admitted, stale_refused) = (api.clone(), fence.clone(), inside.clone(), admitted.clone(), stale_refused.clone());
         clients.push(tokio::spawn(async move {
             let mut round = 0u64;
