@@ -1,5 +1,6 @@
 //! Sessions over gRPC on a 5-replica group: expiry removes exactly the dead session's
-//! ephemerals; leader failover neither expires live sessions nor saves dead ones.
+//! ephemerals; leader failover neither expires live sessions (nor moves their locks) nor
+//! saves dead ones.
 
 mod support;
 
@@ -121,6 +122,17 @@ async fn leader_failover_keeps_live_sessions_and_still_expires_dead_ones() {
     create_ephemeral(&api, "/lock/dead", dead).await;
     let stop = Arc::new(AtomicBool::new(false));
     let keeper = keep_alive(api.clone(), alive, stop.clone());
+    // The live session holds a lock across the failovers: it must not change hands.
+    let lock = LockRequest { path: "/held".into(), session_id: alive, request_id: 1, ..LockRequest::default() };
+    let held = api
+        .call(TIMEOUT, true, |mut c| {
+            let lock = lock.clone();
+            async move { c.lock(lock).await }
+        })
+        .await
+        .expect("lock");
+    assert!(held.acquired);
+    let sequencer = held.sequencer.expect("sequencer");
     // The dead client's session must still expire although the leader that knew its
     // deadline is killed: the new leader grants a full TTL, then expires it.
     let leader = cluster.leader(1).await.expect("leader");
@@ -135,6 +147,16 @@ async fn leader_failover_keeps_live_sessions_and_still_expires_dead_ones() {
     cluster.restart(leader).expect("restart");
     tokio::time::sleep(Duration::from_millis(TTL_MS + 1_000)).await;
     assert!(exists(&api, "/lock/alive").await, "still alive after another failover");
+    let check = CheckSequencerRequest { sequencer: Some(sequencer), routing: None };
+    let holds = api
+        .call(TIMEOUT, true, |mut c| {
+            let check = check.clone();
+            async move { c.check_sequencer(check).await }
+        })
+        .await
+        .expect("check")
+        .holds;
+    assert!(holds, "the lock did not change hands across two failovers");
     stop.store(true, Ordering::Relaxed);
     assert!(keeper.await.expect("keeper") > 0);
     assert!(killed_at.elapsed() > Duration::from_millis(TTL_MS));
