@@ -9,6 +9,8 @@ use serde_json::json;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::kv::{self, KvFactory};
 
+use super::NODES;
+
 /// Flags of `warden bench engine`.
 #[derive(clap::Args)]
 pub struct EngineArgs {
@@ -35,7 +37,6 @@ pub struct EngineArgs {
     data_dir: Option<PathBuf>,
 }
 
-const NODES: u64 = 5;
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs every configuration and a summary line with the ratios the targets are about.
@@ -65,11 +66,7 @@ pub async fn run(args: EngineArgs) -> anyhow::Result<()> {
 }
 
 async fn run_one(args: &EngineArgs, root: &std::path::Path, groups: u64) -> anyhow::Result<serde_json::Value> {
-    let dir = root.join(format!("engine-g{groups}-c{}", args.clients_per_group));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
-    std::fs::create_dir_all(&dir)?;
+    let dir = super::fresh_dir(root, &format!("engine-g{groups}-c{}", args.clients_per_group))?;
     let config = ClusterConfig { nodes: NODES, tick_ms: 100, workers: args.workers, ..ClusterConfig::default() };
     let cluster = Arc::new(Cluster::start_at(config, Arc::new(KvFactory), &dir)?);
     let voters: Vec<u64> = (1..=NODES).collect();

@@ -2,7 +2,6 @@
 //! (fsync on): uncontended acquire+release cycles, contended hand-off latency, and session
 //! keepalives per second on one group and across many.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -12,8 +11,6 @@ use serde_json::json;
 use tonic::transport::Channel;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
-use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::namespace::NamespaceFactory;
 
 /// Flags of `warden bench locks`.
 #[derive(clap::Args)]
@@ -38,44 +35,6 @@ pub struct LocksArgs {
     data_dir: Option<PathBuf>,
 }
 
-const NODES: u64 = 5;
-
-struct Setup {
-    cluster: Arc<Cluster>,
-    leaders: HashMap<u64, WardenClient<Channel>>,
-    dir: PathBuf,
-}
-
-impl Setup {
-    /// Stops the cluster and removes its directory.
-    fn finish(self) -> anyhow::Result<()> {
-        drop(self.cluster);
-        std::fs::remove_dir_all(&self.dir)?;
-        Ok(())
-    }
-}
-
-async fn setup(root: &std::path::Path, groups: u64) -> anyhow::Result<Setup> {
-    let dir = root.join(format!("locks-g{groups}"));
-    if dir.exists() {
-        std::fs::remove_dir_all(&dir)?;
-    }
-    std::fs::create_dir_all(&dir)?;
-    let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
-    let cluster = Arc::new(Cluster::start_at(config, Arc::new(NamespaceFactory::default()), &dir)?);
-    let voters: Vec<u64> = (1..=NODES).collect();
-    for group in 1..=groups {
-        cluster.create_group(group, &voters).await?;
-    }
-    let mut leaders = HashMap::new();
-    for group in 1..=groups {
-        let leader = cluster.wait_leader(group, Duration::from_secs(30)).await?;
-        let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?;
-        leaders.insert(group, WardenClient::new(Channel::from_shared(format!("http://{addr}"))?.connect().await?));
-    }
-    Ok(Setup { cluster, leaders, dir })
-}
-
 async fn session(client: &mut WardenClient<Channel>, group: u64) -> anyhow::Result<u64> {
     let request = CreateSessionRequest { ttl_ms: 60_000, routing: Some(Routing { group_id: group }) };
     Ok(client.create_session(request).await?.into_inner().session_id)
@@ -91,7 +50,7 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
     let measure = Duration::from_secs(args.seconds);
     let warmup = Duration::from_secs(1);
     {
-        let setup = setup(&root, 1).await?;
+        let setup = super::ApiCluster::start(&root, "locks-g1", 1).await?;
         let leader = setup.leaders[&1].clone();
         // Uncontended: each client owns a lock; a cycle is acquire + release.
         let mut sessions = Vec::new();
@@ -153,7 +112,7 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
     }
     // Keepalives: sessions spread over the groups, each request renews a batch of one group.
     for &groups in &args.keepalive_groups {
-        let setup = setup(&root, groups).await?;
+        let setup = super::ApiCluster::start(&root, &format!("locks-g{groups}"), groups).await?;
         let clients = groups as usize;
         let mut batches = Vec::new();
         for client in 0..clients {

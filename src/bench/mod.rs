@@ -32,3 +32,60 @@ pub fn default_data_dir() -> std::path::PathBuf {
     let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
     home.join(".cache").join("warden-bench")
 }
+
+/// Nodes of every benchmark cluster.
+pub const NODES: u64 = 5;
+
+/// A fresh (wiped) directory `root/name` for one benchmark configuration.
+pub fn fresh_dir(root: &std::path::Path, name: &str) -> anyhow::Result<std::path::PathBuf> {
+    let dir = root.join(name);
+    if dir.exists() {
+        std::fs::remove_dir_all(&dir)?;
+    }
+    std::fs::create_dir_all(&dir)?;
+    Ok(dir)
+}
+
+/// A 5-node cluster serving the public API, with `groups` namespace groups on every node and
+/// a client of each group's leader.
+pub struct ApiCluster {
+    /// The cluster.
+    pub cluster: std::sync::Arc<warden_shard_node::cluster::Cluster>,
+    /// A client connected to each group's leader.
+    pub leaders: std::collections::HashMap<u64, warden_proto::v1::warden_client::WardenClient<tonic::transport::Channel>>,
+    dir: std::path::PathBuf,
+}
+
+impl ApiCluster {
+    /// Starts it in `root/name` (wiped first).
+    pub async fn start(root: &std::path::Path, name: &str, groups: u64) -> anyhow::Result<ApiCluster> {
+        use warden_shard_node::cluster::{Cluster, ClusterConfig};
+        anyhow::ensure!(groups > 0, "group counts must be positive");
+        let dir = fresh_dir(root, name)?;
+        let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
+        let factory = std::sync::Arc::new(warden_shard_node::namespace::NamespaceFactory::default());
+        let cluster = std::sync::Arc::new(Cluster::start_at(config, factory, &dir)?);
+        let voters: Vec<u64> = (1..=NODES).collect();
+        for group in 1..=groups {
+            cluster.create_group(group, &voters).await?;
+        }
+        let mut channels = std::collections::HashMap::new();
+        for id in cluster.node_ids() {
+            let addr = cluster.addr(id).ok_or_else(|| anyhow::anyhow!("no address for node {id}"))?;
+            channels.insert(id, tonic::transport::Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+        }
+        let mut leaders = std::collections::HashMap::new();
+        for group in 1..=groups {
+            let leader = cluster.wait_leader(group, std::time::Duration::from_secs(30)).await?;
+            leaders.insert(group, warden_proto::v1::warden_client::WardenClient::new(channels[&leader].clone()));
+        }
+        Ok(ApiCluster { cluster, leaders, dir })
+    }
+
+    /// Stops the cluster and removes its directory.
+    pub fn finish(self) -> anyhow::Result<()> {
+        drop(self.cluster);
+        std::fs::remove_dir_all(&self.dir)?;
+        Ok(())
+    }
+}

@@ -1,9 +1,7 @@
 //! `warden bench namespace`: the public API over gRPC against an in-process 5-node cluster
 //! (fsync on, 5 replicas per group): create / set / get / txn rates and latencies.
 
-use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
@@ -12,8 +10,6 @@ use warden_proto::v1::compare::{Op as CmpOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
-use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::namespace::NamespaceFactory;
 
 /// Flags of `warden bench namespace`.
 #[derive(clap::Args)]
@@ -35,35 +31,14 @@ pub struct NamespaceArgs {
     data_dir: Option<PathBuf>,
 }
 
-const NODES: u64 = 5;
 const OPS: [&str; 4] = ["create", "set", "get", "txn"];
 
 /// Runs every group count and operation, one JSON line each.
 pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
     let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
     for &groups in &args.groups {
-        anyhow::ensure!(groups > 0, "--groups takes positive counts");
-        let dir = root.join(format!("namespace-g{groups}"));
-        if dir.exists() {
-            std::fs::remove_dir_all(&dir)?;
-        }
-        std::fs::create_dir_all(&dir)?;
-        let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
-        let cluster = Arc::new(Cluster::start_at(config, Arc::new(NamespaceFactory::default()), &dir)?);
-        let voters: Vec<u64> = (1..=NODES).collect();
-        for group in 1..=groups {
-            cluster.create_group(group, &voters).await?;
-        }
-        let mut channels: HashMap<u64, Channel> = HashMap::new();
-        for id in cluster.node_ids() {
-            let addr = cluster.addr(id).ok_or_else(|| anyhow::anyhow!("no address for node {id}"))?;
-            channels.insert(id, Channel::from_shared(format!("http://{addr}"))?.connect().await?);
-        }
-        let mut leaders = HashMap::new();
-        for group in 1..=groups {
-            let leader = cluster.wait_leader(group, Duration::from_secs(30)).await?;
-            leaders.insert(group, WardenClient::new(channels[&leader].clone()));
-        }
+        let bench = super::ApiCluster::start(&root, &format!("namespace-g{groups}"), groups).await?;
+        let leaders = bench.leaders.clone();
         // Each client owns a key (and a parent for its creates) in its group.
         let clients = args.clients.max(1);
         let value = vec![b'v'; args.value_bytes];
@@ -101,8 +76,7 @@ pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
             });
             println!("{line}");
         }
-        drop(cluster);
-        std::fs::remove_dir_all(&dir)?;
+        bench.finish()?;
     }
     Ok(())
 }
