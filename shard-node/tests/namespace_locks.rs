@@ -2,24 +2,15 @@
 //! grow, idempotent retries, lock-delay after a holder's session expires (and not after a
 //! clean unlock), sequencer checks, and bad input.
 
+mod support;
+
+
 use warden_proto::namespace::AcquireLock;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
-use warden_shard_node::namespace::harness::{Harness, Outcome};
-use warden_shard_node::namespace::Limits;
+use support::{code, leading_harness};
 
-fn harness() -> Harness {
-    let mut ns = Harness::new(Limits::default()).expect("harness");
-    ns.set_leading(true, 0);
-    ns
-}
 
-fn code<T: std::fmt::Debug>(outcome: Outcome<T>) -> Code {
-    match outcome {
-        Ok(value) => panic!("expected an error, got {value:?}"),
-        Err(error) => Code::try_from(error.code).expect("known code"),
-    }
-}
 
 fn acquire(path: &str, session_id: u64, mode: LockMode) -> AcquireLock {
     AcquireLock { path: path.into(), session_id, mode: mode as i32, lock_delay_ms: 0, request_id: 0 }
@@ -31,7 +22,7 @@ fn sequencer(response: &LockResponse) -> Sequencer {
 
 #[test]
 fn exclusive_locks_are_fifo_and_tokens_grow() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let sessions: Vec<u64> = (0..3).map(|_| ns.create_session(10_000).expect("session").session_id).collect();
     let first = ns.lock(acquire("/locks/etl", sessions[0], LockMode::Exclusive)).expect("lock");
     let second = ns.lock(acquire("/locks/etl", sessions[1], LockMode::Exclusive)).expect("lock");
@@ -56,7 +47,7 @@ fn exclusive_locks_are_fifo_and_tokens_grow() {
 
 #[test]
 fn shared_holders_are_the_leading_run_of_shared_waiters() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let s: Vec<u64> = (0..4).map(|_| ns.create_session(10_000).expect("session").session_id).collect();
     let r1 = ns.lock(acquire("/rw", s[0], LockMode::Shared)).expect("lock");
     let r2 = ns.lock(acquire("/rw", s[1], LockMode::Shared)).expect("lock");
@@ -72,7 +63,7 @@ fn shared_holders_are_the_leading_run_of_shared_waiters() {
 
 #[test]
 fn retries_with_the_same_request_id_are_idempotent() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let session = ns.create_session(10_000).expect("session").session_id;
     let other = ns.create_session(10_000).expect("session").session_id;
     ns.lock(acquire("/l", other, LockMode::Exclusive)).expect("lock");
@@ -85,7 +76,7 @@ fn retries_with_the_same_request_id_are_idempotent() {
 
 #[test]
 fn an_expired_holder_triggers_lock_delay_a_clean_unlock_does_not() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let holder = ns.create_session(3_000).expect("session").session_id;
     let next = ns.create_session(600_000).expect("session").session_id;
     let delayed = AcquireLock { lock_delay_ms: 5_000, ..acquire("/job", holder, LockMode::Exclusive) };
@@ -109,7 +100,7 @@ fn an_expired_holder_triggers_lock_delay_a_clean_unlock_does_not() {
 
 #[test]
 fn bad_lock_requests_change_nothing() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let session = ns.create_session(10_000).expect("session").session_id;
     ns.create_simple("/plain", b"").expect("node");
     ns.create_simple("/plain/child", b"").expect("child");

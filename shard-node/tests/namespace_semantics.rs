@@ -1,24 +1,17 @@
 //! Table-driven semantics of every namespace operation and error, on one replica's state
 //! machine (the `Harness` applies commands without raft).
 
+mod support;
+
+
 use warden_proto::v1::compare::{Op as CmpOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
-use warden_shard_node::namespace::harness::{Harness, Outcome};
-use warden_shard_node::namespace::Limits;
+use support::{code, harness};
 
-fn harness() -> Harness {
-    Harness::new(Limits::default()).expect("harness")
-}
 
-fn code<T: std::fmt::Debug>(outcome: Outcome<T>) -> Code {
-    match outcome {
-        Ok(value) => panic!("expected an error, got {value:?}"),
-        Err(error) => Code::try_from(error.code).expect("known code"),
-    }
-}
 
 fn create(path: &str) -> CreateRequest {
     CreateRequest { path: path.into(), ..CreateRequest::default() }

@@ -2,24 +2,17 @@
 //! ephemerals owned by a session, close and expiry deleting exactly that session's
 //! ephemerals in one entry, and leases judged only by the leader.
 
+mod support;
+
+
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
-use warden_shard_node::namespace::harness::{Harness, Outcome};
+use support::{code, leading_harness};
+use warden_shard_node::namespace::harness::Harness;
 use warden_shard_node::namespace::sessions::home_group;
 use warden_shard_node::namespace::Limits;
 
-fn harness() -> Harness {
-    let mut ns = Harness::new(Limits::default()).expect("harness");
-    ns.set_leading(true, 0);
-    ns
-}
 
-fn code<T: std::fmt::Debug>(outcome: Outcome<T>) -> Code {
-    match outcome {
-        Ok(value) => panic!("expected an error, got {value:?}"),
-        Err(error) => Code::try_from(error.code).expect("known code"),
-    }
-}
 
 fn ephemeral(path: &str, session_id: u64) -> CreateRequest {
     CreateRequest { path: path.into(), session_id, ..CreateRequest::default() }
@@ -27,7 +20,7 @@ fn ephemeral(path: &str, session_id: u64) -> CreateRequest {
 
 #[test]
 fn sessions_get_ids_of_their_home_group_and_clamped_ttls() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let a = ns.create_session(10_000).expect("session");
     let b = ns.create_session(10_000).expect("session");
     assert_ne!(a.session_id, b.session_id);
@@ -41,7 +34,7 @@ fn sessions_get_ids_of_their_home_group_and_clamped_ttls() {
 
 #[test]
 fn ephemerals_belong_to_a_live_session_and_have_no_children() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let session = ns.create_session(10_000).expect("session").session_id;
     let made = ns.create(ephemeral("/e", session)).expect("ephemeral");
     assert_eq!(made.stat.expect("stat").ephemeral_owner, session);
@@ -58,7 +51,7 @@ fn ephemerals_belong_to_a_live_session_and_have_no_children() {
 
 #[test]
 fn closing_a_session_deletes_exactly_its_ephemerals_in_one_revision() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let mine = ns.create_session(10_000).expect("session").session_id;
     let other = ns.create_session(10_000).expect("session").session_id;
     ns.create(CreateRequest { kind: NodeKind::Container as i32, path: "/members".into(), ..CreateRequest::default() }).expect("container");
@@ -82,7 +75,7 @@ fn closing_a_session_deletes_exactly_its_ephemerals_in_one_revision() {
 
 #[test]
 fn deleting_an_ephemeral_by_hand_updates_its_session() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let session = ns.create_session(10_000).expect("session").session_id;
     ns.create(ephemeral("/x", session)).expect("ephemeral");
     ns.delete("/x", None, false).expect("delete");
@@ -138,7 +131,7 @@ fn many_expiries_are_batched_into_bounded_entries() {
 
 #[test]
 fn sessions_and_their_ephemerals_survive_a_restart() {
-    let mut ns = harness();
+    let mut ns = leading_harness();
     let session = ns.create_session(3_000).expect("session").session_id;
     ns.create(ephemeral("/e", session)).expect("ephemeral");
     ns.reopen().expect("reopen");
