@@ -160,31 +160,43 @@ const BACKOFF_MIN: Duration = Duration::from_millis(20);
 const BACKOFF_MAX: Duration = Duration::from_millis(1000);
 
 impl PeerTask {
-    async fn run(self, mut queue: mpsc::Receiver<Outgoing>) {
+    async fn run(self, queue: mpsc::Receiver<Outgoing>) {
+        let task = Arc::new(self);
+        // The queue outlives each connection: the request stream of a call borrows it, and
+        // the reconnect loop takes it back when the call ends.
+        let queue = Arc::new(tokio::sync::Mutex::new(queue));
         let mut backoff = BACKOFF_MIN;
         loop {
-            match self.connect().await {
-                Ok(stream) => {
+            match task.connect().await {
+                Ok(mut client) => {
                     backoff = BACKOFF_MIN;
-                    if self.pump(&mut queue, stream).await.is_none() {
-                        return; // The node is stopping: its queue closed.
+                    // The call's request body is pulled straight from the queue: no task or
+                    // channel between the host loop's send and the HTTP/2 stream.
+                    let batches = futures::stream::unfold((task.clone(), queue.clone()), |(task, queue)| async move {
+                        let batch = task.next_batch(&queue).await?;
+                        Some((batch, (task, queue)))
+                    });
+                    if let Err(status) = client.stream(batches).await {
+                        tracing::debug!(from = task.from, to = task.to, %status, "raft stream ended");
                     }
                 }
-                Err(error) => tracing::debug!(from = self.from, to = self.to, %error, "connect failed"),
+                Err(error) => tracing::debug!(from = task.from, to = task.to, %error, "connect failed"),
             }
             // While disconnected, whatever is queued is lost and raft is told.
-            while let Ok(outgoing) = queue.try_recv() {
-                self.undeliverable(&outgoing);
+            let mut pending = queue.lock().await;
+            while let Ok(outgoing) = pending.try_recv() {
+                task.undeliverable(&outgoing);
             }
-            if queue.is_closed() {
-                return;
+            if pending.is_closed() {
+                return; // The node is stopping: its queue closed.
             }
+            drop(pending);
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(BACKOFF_MAX);
         }
     }
 
-    async fn connect(&self) -> Result<mpsc::Sender<RaftBatch>, String> {
+    async fn connect(&self) -> Result<RaftTransportClient<tonic::transport::Channel>, String> {
         let addr = self.directory.get(self.to).ok_or_else(|| format!("no address for node {}", self.to))?;
         let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
             .map_err(|e| e.to_string())?
@@ -193,21 +205,15 @@ impl PeerTask {
             .initial_stream_window_size(Some(8 << 20))
             .initial_connection_window_size(Some(16 << 20));
         let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
-        let mut client = RaftTransportClient::new(channel)
+        Ok(RaftTransportClient::new(channel)
             .max_encoding_message_size(self.limits.grpc_message_bytes_max)
-            .max_decoding_message_size(self.limits.grpc_message_bytes_max);
-        let (sender, receiver) = mpsc::channel::<RaftBatch>(64);
-        let (from, to) = (self.from, self.to);
-        tokio::spawn(async move {
-            if let Err(status) = client.stream(tokio_stream::wrappers::ReceiverStream::new(receiver)).await {
-                tracing::debug!(from, to, %status, "raft stream ended");
-            }
-        });
-        Ok(sender)
+            .max_decoding_message_size(self.limits.grpc_message_bytes_max))
     }
 
-    /// Forwards batches until the stream breaks (`Some`) or the queue closes (`None`).
-    async fn pump(&self, queue: &mut mpsc::Receiver<Outgoing>, stream: mpsc::Sender<RaftBatch>) -> Option<()> {
+    /// The next batch: everything queued (up to the batch limit) after the first message;
+    /// `None` once the queue closes. Faults drop or delay here.
+    async fn next_batch(&self, queue: &tokio::sync::Mutex<mpsc::Receiver<Outgoing>>) -> Option<RaftBatch> {
+        let mut queue = queue.lock().await;
         loop {
             let first = queue.recv().await?;
             let mut batch = Vec::new();
@@ -228,11 +234,7 @@ impl PeerTask {
             if !delay.is_zero() {
                 tokio::time::sleep(delay).await;
             }
-            if stream.send(RaftBatch { from_node: self.from, envelopes: batch }).await.is_err() {
-                // The stream is gone; the batch is lost. Messages queued after it will be
-                // reported when the reconnect loop drains the queue.
-                return Some(());
-            }
+            return Some(RaftBatch { from_node: self.from, envelopes: batch });
         }
     }
 
