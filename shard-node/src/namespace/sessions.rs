@@ -34,6 +34,9 @@ pub struct LeaseTable {
     expiring: HashMap<u64, u64>,
     /// Latest monotonic time seen.
     now_ms: u64,
+    /// Nothing can be due before this time, so the per-tick scan is skipped until then.
+    /// Renewals only move deadlines later, so it stays a valid lower bound between scans.
+    recheck_at_ms: u64,
 }
 
 impl LeaseTable {
@@ -44,6 +47,7 @@ impl LeaseTable {
         self.now_ms = self.now_ms.max(now_ms);
         self.deadlines.clear();
         self.expiring.clear();
+        self.recheck_at_ms = 0;
         if leading {
             for (id, ttl_ms) in sessions {
                 self.deadlines.insert(*id, now_ms + ttl_ms);
@@ -66,7 +70,9 @@ impl LeaseTable {
     /// A session appeared (applied): on the leader it gets a full TTL from now.
     pub fn add(&mut self, id: u64, ttl_ms: u64) {
         if self.leading {
-            self.deadlines.insert(id, self.now_ms + ttl_ms);
+            let deadline = self.now_ms + ttl_ms;
+            self.deadlines.insert(id, deadline);
+            self.recheck_at_ms = self.recheck_at_ms.min(deadline);
         }
     }
 
@@ -99,17 +105,28 @@ impl LeaseTable {
     /// so they are proposed once (again only after [`EXPIRY_RETRY_MS`]).
     pub fn take_expired(&mut self, now_ms: u64, max: usize) -> Vec<u64> {
         self.now_ms = self.now_ms.max(now_ms);
-        if !self.leading {
+        if !self.leading || now_ms < self.recheck_at_ms {
             return Vec::new();
         }
-        let mut due: Vec<u64> = self.deadlines.iter().filter(|(_, deadline)| **deadline <= now_ms).map(|(id, _)| *id).collect();
-        due.retain(|id| self.expiring.get(id).is_none_or(|proposed| now_ms.saturating_sub(*proposed) >= EXPIRY_RETRY_MS));
+        let mut due: Vec<u64> =
+            self.deadlines.iter().filter(|(id, deadline)| self.due_at(**id, **deadline) <= now_ms).map(|(id, _)| *id).collect();
+        let truncated = due.len() > max;
         due.sort_unstable();
         due.truncate(max);
         for id in &due {
             self.expiring.insert(*id, now_ms);
         }
+        self.recheck_at_ms = if truncated {
+            now_ms
+        } else {
+            self.deadlines.iter().map(|(id, deadline)| self.due_at(*id, *deadline)).min().unwrap_or(u64::MAX)
+        };
         due
+    }
+
+    /// When a session can next come due: its deadline, or the retry time of its proposed expiry.
+    fn due_at(&self, id: u64, deadline: u64) -> u64 {
+        self.expiring.get(&id).map_or(deadline, |proposed| proposed + EXPIRY_RETRY_MS)
     }
 }
 
@@ -140,6 +157,21 @@ mod tests {
         leases.remove(1);
         leases.set_leading(false, &sessions, 20_000);
         assert_eq!(leases.remaining(2, 20_000), None, "a follower holds no deadlines");
+    }
+
+    #[test]
+    fn skipping_idle_scans_never_delays_an_expiry() {
+        let sessions = BTreeMap::from([(1, 10_000)]);
+        let mut leases = LeaseTable::default();
+        leases.set_leading(true, &sessions, 0);
+        assert!(leases.take_expired(100, 10).is_empty(), "nothing due: the next scan waits for 10 s");
+        leases.add(2, 500);
+        assert!(leases.take_expired(599, 10).is_empty());
+        assert_eq!(leases.take_expired(600, 10), vec![2], "a session added after the scan is still expired on time");
+        leases.remove(2); // Its expiry entry applied.
+        assert_eq!(leases.renew(1, 10_000, 5_000), Some(10_000));
+        assert!(leases.take_expired(10_000, 10).is_empty(), "renewed to 15 s");
+        assert_eq!(leases.take_expired(15_000, 10), vec![1]);
     }
 
     #[test]
