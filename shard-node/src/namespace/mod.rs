@@ -93,6 +93,7 @@ impl StateMachineFactory for NamespaceFactory {
             reader: None,
             revision: 0,
             ttl: BTreeMap::new(),
+            ttl_recheck_at_ms: 0,
             sessions: BTreeMap::new(),
             leases: LeaseTable::default(),
             blocked_locks: BTreeMap::new(),
@@ -115,6 +116,9 @@ pub struct NamespaceStateMachine {
     reader: Option<SmReader>,
     revision: u64,
     ttl: BTreeMap<String, TtlEntry>,
+    /// No TTL node can expire before this time (wall ms), so the leader's per-tick scan is
+    /// skipped until then. Changes only move expiries later; new nodes lower it.
+    ttl_recheck_at_ms: u64,
     /// Every live session and its granted TTL (replicated state, rebuilt from disk).
     sessions: BTreeMap<u64, u64>,
     /// Lease deadlines: leader-only, not replicated.
@@ -216,6 +220,7 @@ impl NamespaceStateMachine {
             for change in ttl_changes {
                 match change {
                     TtlChange::Upsert(path, stat) => {
+                        self.ttl_recheck_at_ms = self.ttl_recheck_at_ms.min(stat.mtime_ms.saturating_add(stat.ttl_ms));
                         self.ttl.insert(path, TtlEntry { mod_revision: stat.mod_revision, mtime_ms: stat.mtime_ms, ttl_ms: stat.ttl_ms });
                     }
                     TtlChange::Remove(path) => {
@@ -293,6 +298,7 @@ impl StateMachine for NamespaceStateMachine {
             return Err(error);
         }
         self.ttl = ttl;
+        self.ttl_recheck_at_ms = 0;
         self.sessions = store::read_sessions(reader)?.into_values().map(|record| (record.session_id, record.ttl_ms)).collect();
         self.blocked_locks = store::read_lock_metas(reader)?
             .into_iter()
@@ -369,22 +375,35 @@ impl StateMachine for NamespaceStateMachine {
             let op = CommandOp::ExpireSessions(warden_proto::namespace::ExpireSessions { session_ids: expired });
             due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
         }
+        if now_ms < self.ttl_recheck_at_ms {
+            return due;
+        }
+        let mut recheck_at_ms = u64::MAX;
         for (path, entry) in &self.ttl {
             if due.len() >= self.limits.ttl_expiries_per_scan_max {
+                // More may be due: look again next tick.
+                recheck_at_ms = now_ms;
                 break;
             }
-            let expired = now_ms.saturating_sub(entry.mtime_ms) >= entry.ttl_ms;
+            let expires_at = entry.mtime_ms.saturating_add(entry.ttl_ms);
+            if expires_at > now_ms {
+                recheck_at_ms = recheck_at_ms.min(expires_at);
+                continue;
+            }
             // A TTL node with children does not expire (as in ZooKeeper): skip it rather than
-            // proposing a no-op every scan.
-            let childless = || {
-                self.reader().ok().and_then(|reader| store::read_node(reader, path).ok().flatten())
-                    .is_some_and(|node| node.stat.unwrap_or_default().num_children == 0)
-            };
-            if expired && childless() {
+            // proposing a no-op every scan (it is looked at again every tick while due).
+            let childless = self
+                .reader()
+                .ok()
+                .and_then(|reader| store::read_node(reader, path).ok().flatten())
+                .is_some_and(|node| node.stat.unwrap_or_default().num_children == 0);
+            recheck_at_ms = now_ms;
+            if childless {
                 let op = CommandOp::ExpireTtl(ExpireTtl { path: path.clone(), mod_revision: entry.mod_revision });
                 due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
             }
         }
+        self.ttl_recheck_at_ms = recheck_at_ms;
         due
     }
 }
