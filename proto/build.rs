@@ -10,6 +10,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("warden_descriptor.bin");
     tonic_prost_build::configure()
         .file_descriptor_set_path(&descriptor_path)
+        // Watch events are shared by every watcher they go to: cloning `Bytes` is free.
+        .bytes(".warden.v1.WatchEvent")
         .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

@@ -26,7 +26,7 @@ pub struct KvStateMachine {
 pub struct KvFactory;
 
 impl StateMachineFactory for KvFactory {
-    fn create(&self, _group: u64) -> Box<dyn StateMachine> {
+    fn create(&self, _node_id: u64, _group: u64) -> Box<dyn StateMachine> {
         Box::new(KvStateMachine::default())
     }
 }

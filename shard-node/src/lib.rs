@@ -19,6 +19,7 @@ pub mod state_machine;
 pub mod storage;
 pub mod store_writer;
 pub mod transport;
+pub mod watch;
 
 pub use config::NodeConfig;
 pub use error::{EngineError, StorageError};

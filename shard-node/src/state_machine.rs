@@ -41,6 +41,10 @@ pub trait StateMachine: Send {
     /// Answers a read-only query from the applied state.
     fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError>;
 
+    /// The writes of the entries applied since the last call have reached the store: make
+    /// their effects visible to observers (watch events). Called on the applying thread.
+    fn publish(&mut self) {}
+
     /// Rebuilds in-memory state from the group's data on disk, applied up to `applied_index`
     /// (at start and after a snapshot is installed).
     fn reload(&mut self, reader: &SmReader, applied_index: u64) -> Result<(), StorageError>;
@@ -68,8 +72,14 @@ pub trait StateMachine: Send {
 
 /// Creates the state machine of each group a node hosts.
 pub trait StateMachineFactory: Send + Sync {
-    /// A fresh, empty state machine for `group`.
-    fn create(&self, group: u64) -> Box<dyn StateMachine>;
+    /// A fresh, empty state machine for `group`'s replica on node `node_id`.
+    fn create(&self, node_id: u64, group: u64) -> Box<dyn StateMachine>;
+
+    /// Where the state machines of this factory publish watch events, for the `Watch`
+    /// service (`None`: they publish none).
+    fn watch_hubs(&self) -> Option<crate::watch::WatchHubs> {
+        None
+    }
 }
 
 /// Writes of one group's state machine, confined to the group's range of the `sm` family.

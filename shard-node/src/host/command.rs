@@ -126,6 +126,8 @@ impl Replica {
         // this write re-applies from the log (the write carries its applied index).
         let (ops, notifications) = writes.into_parts();
         self.db.write_ops(&ops, false)?;
+        // Observers learn of the entries only now that their effects are in the store.
+        self.sm.publish();
         self.wake(notifications);
         Ok(replies)
     }

@@ -297,6 +297,7 @@ impl Node {
                 directory.clone(),
                 Duration::from_millis(config.request_timeout_ms),
                 config.election_timeout(),
+                factory.watch_hubs(),
             )
         });
         let reflection = tonic_reflection::server::Builder::configure()

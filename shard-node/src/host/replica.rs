@@ -85,7 +85,7 @@ impl Replica {
     pub fn load(config: &NodeConfig, db: Arc<Db>, group: u64, factory: &dyn StateMachineFactory) -> Result<Replica, ReplicaError> {
         let storage = PeerStorage::load(db.clone(), group, config.storage)?;
         let applied = storage.apply_state()?;
-        let mut sm = factory.create(group);
+        let mut sm = factory.create(config.node_id, group);
         sm.reload(&SmReader::new(db.clone(), group), applied.index)?;
         let logger = slog::Logger::root(slog::Discard, slog::o!());
         let mut raw = RawNode::new(&config.raft_config(applied.index), storage, &logger)?;

@@ -21,6 +21,7 @@ use crate::state_machine::{LeaderClock, SmReader, SmWrites, StateMachine, StateM
 use crate::storage::Db;
 
 const GROUP: u64 = 1;
+const NODE: u64 = 1;
 
 /// A namespace state machine applied to directly.
 pub struct Harness {
@@ -41,18 +42,23 @@ impl Harness {
     pub fn new(limits: Limits) -> Result<Harness, EngineError> {
         let dir = tempfile::tempdir().map_err(|e| EngineError::Invalid(e.to_string()))?;
         let db = Db::open(dir.path()).map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let factory = NamespaceFactory { limits };
-        let mut sm = factory.create(GROUP);
+        let factory = NamespaceFactory { limits, ..NamespaceFactory::default() };
+        let mut sm = factory.create(NODE, GROUP);
         sm.reload(&SmReader::new(db.clone(), GROUP), 0).map_err(|e| EngineError::Invalid(e.to_string()))?;
         Ok(Harness { _dir: dir, db, factory, sm, index: 0, now_ms: 1_000_000 })
     }
 
     /// Rebuilds the state machine from disk, as a restart does.
     pub fn reopen(&mut self) -> Result<(), EngineError> {
-        let mut sm = self.factory.create(GROUP);
+        let mut sm = self.factory.create(NODE, GROUP);
         sm.reload(&SmReader::new(self.db.clone(), GROUP), self.index).map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.sm = sm;
         Ok(())
+    }
+
+    /// The watch hub of the harness's replica (events are published after each apply).
+    pub fn watch_hub(&self) -> Option<Arc<crate::watch::WatchHub>> {
+        self.factory.hubs.get(NODE, GROUP)
     }
 
     /// Applies raw command bytes as the next entry (bad bytes come back as `Err`).
@@ -61,6 +67,7 @@ impl Harness {
         let mut writes = SmWrites::new(GROUP);
         let output = self.sm.apply(self.index, command, &mut writes);
         self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.sm.publish();
         output
     }
 

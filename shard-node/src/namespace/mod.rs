@@ -15,6 +15,7 @@ pub mod store;
 pub mod txn;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
@@ -30,6 +31,8 @@ use warden_proto::v1::{
 
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::{ApplyOutput, SmReader, SmWrites, StateMachine, StateMachineFactory};
+use crate::watch::event::node_state;
+use crate::watch::{Event, EventBatch, WatchHub, WatchHubs};
 pub use sessions::LeaderClock;
 use sessions::LeaseTable;
 use store::TxnView;
@@ -83,12 +86,20 @@ impl Default for Limits {
 pub struct NamespaceFactory {
     /// Limits every group enforces.
     pub limits: Limits,
+    /// Where each replica's watch hub is registered (with the limits of watches).
+    pub hubs: WatchHubs,
 }
 
 impl StateMachineFactory for NamespaceFactory {
-    fn create(&self, group: u64) -> Box<dyn StateMachine> {
+    fn create(&self, node_id: u64, group: u64) -> Box<dyn StateMachine> {
+        let hub = WatchHub::new(group, self.hubs.limits().clone());
+        self.hubs.insert(node_id, group, hub.clone());
         Box::new(NamespaceStateMachine {
+            node_id,
             group,
+            hubs: self.hubs.clone(),
+            hub,
+            unpublished: Vec::new(),
             limits: self.limits.clone(),
             reader: None,
             revision: 0,
@@ -98,6 +109,10 @@ impl StateMachineFactory for NamespaceFactory {
             leases: LeaseTable::default(),
             blocked_locks: BTreeMap::new(),
         })
+    }
+
+    fn watch_hubs(&self) -> Option<WatchHubs> {
+        Some(self.hubs.clone())
     }
 }
 
@@ -111,7 +126,13 @@ struct TtlEntry {
 
 /// One group's namespace.
 pub struct NamespaceStateMachine {
+    node_id: u64,
     group: u64,
+    hubs: WatchHubs,
+    /// This replica's watch hub.
+    hub: Arc<WatchHub>,
+    /// Events of revisions applied but not yet in the store (published by `publish`).
+    unpublished: Vec<EventBatch>,
     limits: Limits,
     reader: Option<SmReader>,
     revision: u64,
@@ -215,6 +236,17 @@ impl NamespaceStateMachine {
         // Only a transaction that changed something takes a revision.
         if !view.is_unchanged() {
             self.revision += 1;
+            let events: Vec<Event> = view
+                .node_changes()?
+                .into_iter()
+                .flat_map(|change| {
+                    let state = |record: Option<warden_proto::namespace::NodeRecord>| record.map(|r| node_state(r.stat, r.data));
+                    Event::of_change(&change.path, state(change.before), state(change.after))
+                })
+                .collect();
+            if !events.is_empty() {
+                self.unpublished.push(EventBatch { revision: self.revision, events });
+            }
             view.set_revision(self.revision);
             view.into_changes().commit_into(writes);
             for change in ttl_changes {
@@ -261,6 +293,13 @@ impl NamespaceStateMachine {
     }
 }
 
+impl Drop for NamespaceStateMachine {
+    fn drop(&mut self) {
+        self.hubs.remove(self.node_id, self.group, &self.hub);
+        self.hub.close();
+    }
+}
+
 impl StateMachine for NamespaceStateMachine {
     fn apply(&mut self, _index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
         let command = Command::decode(command).map_err(|e| EngineError::Invalid(format!("namespace command: {e}")))?;
@@ -276,8 +315,14 @@ impl StateMachine for NamespaceStateMachine {
         query::run(reader, &self.limits, self.revision, query).map(|result| result.encode_to_vec())
     }
 
+    fn publish(&mut self) {
+        self.hub.publish(std::mem::take(&mut self.unpublished), self.revision);
+    }
+
     fn reload(&mut self, reader: &SmReader, _applied_index: u64) -> Result<(), StorageError> {
         self.revision = store::read_revision(reader)?;
+        self.unpublished.clear();
+        self.hub.reset(self.revision);
         self.ttl.clear();
         let mut ttl = BTreeMap::new();
         let mut corrupt = None;
@@ -432,7 +477,7 @@ mod tests {
     fn entries_in_one_batch_see_each_others_writes() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(dir.path()).expect("db");
-        let mut sm = NamespaceFactory::default().create(1);
+        let mut sm = NamespaceFactory::default().create(1, 1);
         sm.reload(&SmReader::new(db.clone(), 1), 0).expect("load");
         let mut stored = SmWrites::new(1);
         let made = sm.apply(1, &txn(Op::Create(CreateRequest { path: "/p".into(), ..CreateRequest::default() })), &mut stored);

@@ -158,9 +158,14 @@ impl<'a> TxnView<'a> {
     }
 
     fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
-        if let Some(value) = self.local.get(key) {
-            return Ok(value.clone());
+        match self.local.get(key) {
+            Some(value) => Ok(value.clone()),
+            None => self.base_get(key),
         }
+    }
+
+    /// The value before this transaction: the batch's pending writes over disk.
+    fn base_get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         if let Some(value) = self.batch.and_then(|batch| batch.pending(key)) {
             return Ok(value.map(<[u8]>::to_vec));
         }
@@ -334,10 +339,33 @@ impl<'a> TxnView<'a> {
         Ok((out, more))
     }
 
+    /// Every node the transaction wrote, in path order: its path and its record before the
+    /// transaction and after it (`None`: absent).
+    pub fn node_changes(&self) -> Result<Vec<NodeChange>, StorageError> {
+        let decode = |bytes: Option<&Vec<u8>>| bytes.map(|b| decode_record(b)).transpose();
+        let mut changes = Vec::new();
+        for (key, after) in self.local.range(vec![NODE]..vec![NODE + 1]) {
+            let path = String::from_utf8(key[1..].to_vec()).map_err(|_| StorageError::Corrupt("node path".into()))?;
+            let before = decode(self.base_get(key)?.as_ref())?;
+            changes.push(NodeChange { path, before, after: decode(after.as_ref())? });
+        }
+        Ok(changes)
+    }
+
     /// Ends the transaction, keeping its buffered writes (see [`Changes::commit_into`]).
     pub fn into_changes(self) -> Changes {
         Changes(self.local)
     }
+}
+
+/// A node a transaction wrote.
+pub struct NodeChange {
+    /// Its path.
+    pub path: String,
+    /// Its record before the transaction.
+    pub before: Option<NodeRecord>,
+    /// Its record after the transaction.
+    pub after: Option<NodeRecord>,
 }
 
 /// The writes of a finished transaction.

@@ -1,7 +1,9 @@
 //! The public gRPC API (`warden.v1.Warden`) served by a shard-node for the groups it hosts.
 //! Writes become namespace transactions proposed to the group's leader; reads go through
 //! ReadIndex (linearizable) or the local applied state (stale). Every error is a gRPC status
-//! with a `WardenError` detail (DESIGN.md rule 9).
+//! with a `WardenError` detail (DESIGN.md rule 9). Watches are served in [`watch`].
+
+mod watch;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -25,6 +27,7 @@ use crate::error::EngineError;
 use crate::namespace::{sessions, txn, Limits};
 use crate::host::{NodeHandle, ReadConsistency};
 use crate::transport::PeerDirectory;
+use crate::watch::WatchHubs;
 
 /// Largest request accepted (DESIGN.md rule 8: 1.5 MiB).
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
@@ -43,21 +46,35 @@ pub struct WardenService {
     directory: Arc<PeerDirectory>,
     timeout: Duration,
     limits: Limits,
+    /// Where watches find the hubs of this node's replicas (`None`: no watches served).
+    hubs: Option<WatchHubs>,
 }
 
 impl Clone for WardenService {
     fn clone(&self) -> Self {
-        WardenService { node: self.node.clone(), directory: self.directory.clone(), timeout: self.timeout, limits: self.limits.clone() }
+        WardenService {
+            node: self.node.clone(),
+            directory: self.directory.clone(),
+            timeout: self.timeout,
+            limits: self.limits.clone(),
+            hubs: self.hubs.clone(),
+        }
     }
 }
 
 impl WardenService {
     /// The service, wrapped for tonic with the request-size limit. Sessions are granted at
     /// least 1.5 × `election_timeout` (DESIGN.md rule 6: a TTL must outlast an election).
-    pub fn server(node: NodeHandle, directory: Arc<PeerDirectory>, timeout: Duration, election_timeout: Duration) -> WardenServer<WardenService> {
+    pub fn server(
+        node: NodeHandle,
+        directory: Arc<PeerDirectory>,
+        timeout: Duration,
+        election_timeout: Duration,
+        hubs: Option<WatchHubs>,
+    ) -> WardenServer<WardenService> {
         let mut limits = Limits::default();
         limits.session_ttl_ms_min = limits.session_ttl_ms_min.max(election_timeout.as_millis() as u64 * 3 / 2);
-        WardenServer::new(WardenService { node, directory, timeout, limits })
+        WardenServer::new(WardenService { node, directory, timeout, limits, hubs })
             .max_decoding_message_size(REQUEST_BYTES_MAX)
             .max_encoding_message_size(REQUEST_BYTES_MAX * 8)
     }
@@ -291,7 +308,7 @@ pub fn status(error: WardenError) -> Status {
         Code::NoNode => GrpcCode::NotFound,
         Code::NodeExists => GrpcCode::AlreadyExists,
         Code::InvalidPath | Code::InvalidArgument => GrpcCode::InvalidArgument,
-        Code::TooLarge | Code::SequenceExhausted => GrpcCode::ResourceExhausted,
+        Code::TooLarge | Code::SequenceExhausted | Code::SlowWatcher => GrpcCode::ResourceExhausted,
         Code::Compacted => GrpcCode::OutOfRange,
         Code::OutcomeUnknown => GrpcCode::DeadlineExceeded,
         Code::Unknown => GrpcCode::Internal,
@@ -523,6 +540,13 @@ impl Warden for WardenService {
             (QueryOutcome::LockInfo(response), header) => Ok(Response::new(LockInfoResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
+    }
+
+    type WatchStream = watch::Responses;
+
+    async fn watch(&self, request: Request<tonic::Streaming<WatchRequest>>) -> Result<Response<Self::WatchStream>, Status> {
+        let hubs = self.hubs.clone().ok_or_else(|| status(error(Code::Unavailable, "", "this node serves no watches")))?;
+        Ok(Response::new(watch::serve(self.clone(), hubs, request.into_inner())))
     }
 
     async fn sync(&self, request: Request<SyncRequest>) -> Result<Response<SyncResponse>, Status> {

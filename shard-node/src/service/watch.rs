@@ -1,0 +1,270 @@
+//! The `Watch` call: one driver task per client stream. It takes the client's requests in
+//! order (create, cancel, progress), moves watches that start in the past through their
+//! hub's history as the stream's queue has room, and sends progress responses to idle
+//! watches. Events themselves reach the queue from the hubs, on the applying thread.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::Stream;
+use tonic::{Status, Streaming};
+use warden_proto::namespace::query::Query as QueryKind;
+use warden_proto::namespace::query_result::Result as QueryOutcome;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::watch_create::Kind as WatchKind;
+use warden_proto::v1::watch_created::Read;
+use warden_proto::v1::watch_request::Request as WatchRequestKind;
+use warden_proto::v1::*;
+
+use super::{error_of, group_of, WardenService};
+use crate::namespace::path;
+use crate::watch::hub::CatchUp;
+use crate::watch::stream::{watch_error, Outgoing, Phase, StreamWatch};
+use crate::watch::{WatchHubs, WatchSpec};
+
+/// The responses of one `Watch` call.
+pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
+
+/// Starts serving one `Watch` call.
+pub(super) fn serve(service: WardenService, hubs: WatchHubs, incoming: Streaming<WatchRequest>) -> Responses {
+    let stream = crate::watch::WatchStream::new(hubs.limits().stream_queue_bytes_max);
+    let driver = Driver { node_id: service.node.node_id(), service: service.clone(), hubs, stream: stream.clone(), next_watch_id: 1 };
+    tokio::spawn(driver.run(incoming));
+    let sender = Sender { stream, service };
+    Box::pin(futures::stream::unfold(sender, |sender| async move {
+        let outgoing = sender.stream.next().await?;
+        let response = sender.response(outgoing);
+        Some((Ok(response), sender))
+    }))
+}
+
+/// The sending half; when tonic drops it (the client went away) the driver cleans up.
+struct Sender {
+    stream: Arc<crate::watch::WatchStream>,
+    service: WardenService,
+}
+
+impl Drop for Sender {
+    fn drop(&mut self) {
+        self.stream.receiver_gone();
+    }
+}
+
+impl Sender {
+    fn response(&self, outgoing: Outgoing) -> WatchResponse {
+        let header = |group, revision| Some(self.service.header(group, revision));
+        match outgoing {
+            Outgoing::Created { watch_id, group, revision, created } => {
+                WatchResponse { watch_id, header: header(group, revision), created: Some(created), ..WatchResponse::default() }
+            }
+            Outgoing::Events { watch_id, group, batches, with_prev } => {
+                let revision = batches.last().map_or(0, |(batch, _)| batch.revision);
+                let events = batches
+                    .iter()
+                    .flat_map(|(batch, selected)| selected.iter().map(move |i| batch.events[*i as usize].to_proto(batch.revision, with_prev)))
+                    .collect();
+                WatchResponse { watch_id, header: header(group, revision), events, ..WatchResponse::default() }
+            }
+            Outgoing::Progress { watch_id, group, revision } => {
+                WatchResponse { watch_id, header: header(group, revision), progress: true, ..WatchResponse::default() }
+            }
+            Outgoing::Canceled { watch_id, group, error, resume_revision } => WatchResponse {
+                watch_id,
+                header: header(group, 0),
+                canceled: Some(WatchCanceled { error, resume_revision }),
+                ..WatchResponse::default()
+            },
+        }
+    }
+}
+
+struct Driver {
+    node_id: u64,
+    service: WardenService,
+    hubs: WatchHubs,
+    stream: Arc<crate::watch::WatchStream>,
+    /// Next id to try for a watch created with `watch_id = 0`.
+    next_watch_id: u64,
+}
+
+impl Driver {
+    async fn run(mut self, mut incoming: Streaming<WatchRequest>) {
+        let interval = Duration::from_millis(self.hubs.limits().progress_interval_ms.max(1));
+        let mut progress = tokio::time::interval_at(tokio::time::Instant::now() + interval, interval);
+        progress.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut requests_open = true;
+        loop {
+            // 1. Catch-up first: it only moves while the queue has room, and the room is
+            //    what woke us most of the time.
+            self.catch_up();
+            // 2. A client that went away ends the driver (after cleaning up below).
+            if self.stream.is_closed() {
+                break;
+            }
+            tokio::select! {
+                message = incoming.message(), if requests_open => match message {
+                    Ok(Some(request)) => self.handle(request).await,
+                    // The client closed its side: keep sending until it hangs up.
+                    Ok(None) => requests_open = false,
+                    Err(_) => break,
+                },
+                () = self.stream.driver_wake() => {}
+                _ = progress.tick() => self.progress(false),
+            }
+        }
+        // 3. Take every live watch out of its hub's index.
+        for (watch_id, watch) in self.stream.close() {
+            if let (Phase::Live, Some(hub)) = (watch.phase, self.hubs.get(self.node_id, watch.group)) {
+                hub.remove(&watch.path, &self.stream, watch_id);
+            }
+        }
+    }
+
+    /// One catch-up step for each watch behind, within the queue's free room.
+    fn catch_up(&self) {
+        for watch_id in self.stream.catching_up() {
+            let budget_bytes = self.stream.free_bytes();
+            if budget_bytes == 0 {
+                return;
+            }
+            let Some(watch) = self.stream.watch(watch_id) else { continue };
+            match self.hubs.get(self.node_id, watch.group) {
+                Some(hub) => {
+                    let step = hub.catch_up(&self.stream, watch_id, budget_bytes);
+                    debug_assert!(step != CatchUp::Live || self.stream.watch(watch_id).is_none_or(|w| w.phase == Phase::Live));
+                }
+                None => {
+                    let next = match watch.phase {
+                        Phase::CatchingUp { next_revision } => next_revision,
+                        Phase::Live => 0,
+                    };
+                    let error = watch_error(Code::Unavailable, format!("group {} is no longer hosted on this node", watch.group));
+                    self.stream.cancel(watch_id, Some(error), next);
+                }
+            }
+        }
+    }
+
+    /// Progress responses for idle watches with `progress_notify` (every live watch when
+    /// `all`, on the client's request).
+    fn progress(&self, all: bool) {
+        for (group, watch_ids) in self.stream.take_idle(all) {
+            if let Some(hub) = self.hubs.get(self.node_id, group) {
+                hub.progress(&self.stream, &watch_ids);
+            }
+        }
+    }
+
+    async fn handle(&mut self, request: WatchRequest) {
+        match request.request {
+            Some(WatchRequestKind::Create(create)) => self.create(create).await,
+            Some(WatchRequestKind::Cancel(cancel)) => match self.stream.cancel(cancel.watch_id, None, 0) {
+                Some(watch) => {
+                    if let (Phase::Live, Some(hub)) = (watch.phase, self.hubs.get(self.node_id, watch.group)) {
+                        hub.remove(&watch.path, &self.stream, cancel.watch_id);
+                    }
+                }
+                None => self.refuse(cancel.watch_id, 0, watch_error(Code::InvalidArgument, format!("no watch {} on this stream", cancel.watch_id))),
+            },
+            Some(WatchRequestKind::Progress(_)) => self.progress(true),
+            None => self.refuse(0, 0, watch_error(Code::InvalidArgument, "watch request without a kind")),
+        }
+    }
+
+    fn refuse(&self, watch_id: u64, group: u64, error: WardenError) {
+        self.stream.answer(Outgoing::Canceled { watch_id, group, error: Some(error), resume_revision: 0 });
+    }
+
+    fn pick_watch_id(&mut self) -> u64 {
+        while self.stream.contains(self.next_watch_id) {
+            self.next_watch_id += 1;
+        }
+        self.next_watch_id
+    }
+
+    async fn create(&mut self, create: WatchCreate) {
+        let watch_id = if create.watch_id == 0 { self.pick_watch_id() } else { create.watch_id };
+        let group = group_of(create.routing.as_ref());
+        match self.register(watch_id, group, create).await {
+            Ok((watch, created)) => self.stream.add(watch_id, watch, created),
+            Err(error) => self.refuse(watch_id, group, error),
+        }
+    }
+
+    /// Checks a creation and, with `read`, reads at the revision the watch starts after.
+    async fn register(&self, watch_id: u64, group: u64, create: WatchCreate) -> Result<(StreamWatch, Outgoing), WardenError> {
+        let limits = self.hubs.limits();
+        let invalid = |message: &str| watch_error(Code::InvalidArgument, message).with_path(&create.path);
+        if self.stream.contains(watch_id) {
+            return Err(invalid("the watch id is in use on this stream"));
+        }
+        if self.stream.len() >= limits.watches_per_stream_max {
+            let message = format!("a stream carries at most {} watches", limits.watches_per_stream_max);
+            return Err(WardenError { limit: limits.watches_per_stream_max as u64, ..watch_error(Code::TooLarge, message) });
+        }
+        path::validate(&create.path, true).map_err(|reason| crate::namespace::error::invalid_path(&create.path, &reason))?;
+        let kind = WatchKind::try_from(create.kind).map_err(|_| invalid("unknown watch kind"))?;
+        if create.recursive && kind != WatchKind::Persistent {
+            return Err(invalid("only persistent watches are recursive"));
+        }
+        if create.read && create.start_revision != 0 {
+            return Err(invalid("a watch with a read starts at the read: start_revision must be 0"));
+        }
+        let hub = self
+            .hubs
+            .get(self.node_id, group)
+            .ok_or_else(|| watch_error(Code::WrongGroup, format!("group {group} is not hosted on this node")))?;
+        let timeout = self.service.timeout;
+        let (revision, read) = if create.read {
+            let query = match kind {
+                WatchKind::Data => QueryKind::Get(GetRequest { path: create.path.clone(), consistency: create.consistency, routing: None }),
+                WatchKind::Children => QueryKind::Children(GetChildrenRequest { path: create.path.clone(), consistency: create.consistency, ..GetChildrenRequest::default() }),
+                WatchKind::Exists | WatchKind::Persistent => QueryKind::Exists(ExistsRequest { path: create.path.clone(), consistency: create.consistency, routing: None }),
+            };
+            let (outcome, header) = self.read(group, create.consistency, query, timeout).await?;
+            let read = match outcome {
+                QueryOutcome::Get(response) => Read::Get(GetResponse { header: Some(header), ..response }),
+                QueryOutcome::Exists(response) => Read::Exists(ExistsResponse { header: Some(header), ..response }),
+                QueryOutcome::Children(response) => Read::Children(GetChildrenResponse { header: Some(header), ..response }),
+                _ => return Err(watch_error(Code::Unknown, "mismatched read result")),
+            };
+            (header.revision, Some(read))
+        } else if create.start_revision != 0 {
+            (create.start_revision - 1, None)
+        } else if create.consistency == Consistency::Linearizable as i32 {
+            (self.read(group, create.consistency, QueryKind::Revision(true), timeout).await?.1.revision, None)
+        } else {
+            (hub.revision(), None)
+        };
+        let spec = WatchSpec::new(kind, create.recursive, create.no_create, create.no_delete, create.no_change, create.prev_data);
+        let start_revision = revision + 1;
+        let watch = StreamWatch {
+            group,
+            path: Arc::from(create.path.as_str()),
+            spec,
+            phase: Phase::CatchingUp { next_revision: start_revision },
+            progress_notify: create.progress_notify,
+            active: false,
+        };
+        let created = Outgoing::Created { watch_id, group, revision, created: WatchCreated { start_revision, read } };
+        Ok((watch, created))
+    }
+
+    async fn read(&self, group: u64, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), WardenError> {
+        self.service.read_group(group, consistency, query, timeout).await.map_err(|status| {
+            error_of(&status).unwrap_or_else(|| watch_error(Code::Unavailable, status.message()))
+        })
+    }
+}
+
+/// A `WardenError` about a path.
+trait WithPath {
+    fn with_path(self, path: &str) -> Self;
+}
+
+impl WithPath for WardenError {
+    fn with_path(self, path: &str) -> Self {
+        WardenError { path: path.to_string(), ..self }
+    }
+}

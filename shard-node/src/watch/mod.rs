@@ -1,0 +1,93 @@
+//! Watches: the events a group's applied writes produce, a bounded history of them per
+//! replica, and their delivery to the watch streams of clients (issue #5).
+//!
+//! - [`event`]: what an event is, and which events a watch wants (one matching rule for both
+//!   the live path and catch-up from history).
+//! - [`hub`]: one per hosted replica of a group. The state machine publishes each applied
+//!   revision's events into it (after the apply write, in revision order); it keeps them in a
+//!   bounded history and pushes them to the live watches indexed by path.
+//! - [`stream`]: one per client `Watch` call: the watches it carries and its bounded queue of
+//!   outgoing responses. A watch that would overflow the queue is cancelled with a resume
+//!   revision instead of growing memory.
+//!
+//! Architecture invariant: nothing here knows about Raft or RocksDB. The hub sees only
+//! revisions and events, handed over by the state machine once the apply write is done, so
+//! an event is never visible before the state it describes.
+//! Lock order: a hub's lock, then a stream's lock (never the other way round).
+
+pub mod event;
+pub mod hub;
+pub mod stream;
+
+use std::collections::HashMap;
+use std::sync::{Arc, RwLock};
+
+pub use event::{Event, EventBatch, EventKind, WatchSpec};
+pub use hub::WatchHub;
+pub use stream::WatchStream;
+
+/// Limits of watches (DESIGN.md rule 8).
+#[derive(Clone, Debug)]
+pub struct WatchLimits {
+    /// Revisions of events a replica keeps per group for watches that start in the past.
+    pub history_revisions_max: usize,
+    /// Bytes of events a replica keeps per group (paths, data and previous data).
+    pub history_bytes_max: usize,
+    /// Watches one stream carries at once.
+    pub watches_per_stream_max: usize,
+    /// Bytes of responses queued for one stream; a watch whose events do not fit is cancelled
+    /// with `SLOW_WATCHER`.
+    pub stream_queue_bytes_max: usize,
+    /// How long a watch with `progress_notify` stays quiet before a progress response.
+    pub progress_interval_ms: u64,
+}
+
+impl Default for WatchLimits {
+    fn default() -> Self {
+        WatchLimits {
+            history_revisions_max: 100_000,
+            history_bytes_max: 16 << 20,
+            watches_per_stream_max: 100_000,
+            stream_queue_bytes_max: 16 << 20,
+            progress_interval_ms: 10_000,
+        }
+    }
+}
+
+/// The hubs of every replica hosted in this process, by (node, group): the state machines
+/// register theirs, the `Watch` service looks them up. Carries the limits both use.
+#[derive(Clone, Default)]
+pub struct WatchHubs {
+    hubs: Arc<RwLock<HashMap<(u64, u64), Arc<WatchHub>>>>,
+    limits: Arc<WatchLimits>,
+}
+
+impl WatchHubs {
+    /// No hubs yet; watches will have `limits`.
+    pub fn new(limits: WatchLimits) -> WatchHubs {
+        WatchHubs { hubs: Arc::default(), limits: Arc::new(limits) }
+    }
+
+    /// The limits of watches.
+    pub fn limits(&self) -> &WatchLimits {
+        &self.limits
+    }
+
+    /// The hub of `group`'s replica on `node`, if hosted.
+    pub fn get(&self, node: u64, group: u64) -> Option<Arc<WatchHub>> {
+        self.hubs.read().unwrap_or_else(|e| e.into_inner()).get(&(node, group)).cloned()
+    }
+
+    /// Registers the hub of a replica (replacing a previous replica's).
+    pub fn insert(&self, node: u64, group: u64, hub: Arc<WatchHub>) {
+        self.hubs.write().unwrap_or_else(|e| e.into_inner()).insert((node, group), hub);
+    }
+
+    /// Forgets `hub` if it is still the one registered (a newer replica may have replaced it).
+    pub fn remove(&self, node: u64, group: u64, hub: &Arc<WatchHub>) {
+        let mut hubs = self.hubs.write().unwrap_or_else(|e| e.into_inner());
+        if hubs.get(&(node, group)).is_some_and(|current| Arc::ptr_eq(current, hub)) {
+            hubs.remove(&(node, group));
+        }
+    }
+}

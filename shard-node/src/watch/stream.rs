@@ -1,0 +1,395 @@
+//! One client `Watch` stream: the watches it carries and its bounded queue of responses.
+//!
+//! The hub pushes into the queue from the apply thread; the gRPC sender pops from it. The
+//! queue is bounded in bytes: a watch whose events do not fit is cancelled (`SLOW_WATCHER`)
+//! with the revision to resume from, so a client that stops reading costs at most the limit.
+//! Creation answers, cancellations and progress responses are small and one per watch at
+//! most in flight, so they are always queued (bounded by the watches per stream).
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use tokio::sync::Notify;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::{WardenError, WatchCreated};
+
+use super::event::{EventBatch, WatchSpec};
+
+/// Where a watch is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Phase {
+    /// Reading the hub's history; the next revision to look at.
+    CatchingUp {
+        /// The next revision to look at.
+        next_revision: u64,
+    },
+    /// In the hub's index: gets each revision as it is published.
+    Live,
+}
+
+/// One watch of a stream.
+#[derive(Clone, Debug)]
+pub struct StreamWatch {
+    /// The group whose hub serves it.
+    pub group: u64,
+    /// The watched path.
+    pub path: Arc<str>,
+    /// What it reports.
+    pub spec: WatchSpec,
+    /// Where it is.
+    pub phase: Phase,
+    /// Send progress responses when idle.
+    pub progress_notify: bool,
+    /// Events were queued since the last idle check.
+    pub active: bool,
+}
+
+/// A queued response, turned into a `WatchResponse` by the sender.
+#[derive(Debug)]
+pub enum Outgoing {
+    /// The watch exists; its events follow.
+    Created {
+        /// The watch.
+        watch_id: u64,
+        /// Its group.
+        group: u64,
+        /// The revision of its read, or the one it starts after.
+        revision: u64,
+        /// The answer.
+        created: WatchCreated,
+    },
+    /// Events of whole revisions: each batch with the indexes of the events the watch wants.
+    Events {
+        /// The watch.
+        watch_id: u64,
+        /// Its group.
+        group: u64,
+        /// Batches in revision order.
+        batches: Vec<(Arc<EventBatch>, Vec<u32>)>,
+        /// Include previous states.
+        with_prev: bool,
+    },
+    /// Every event of the watch up to `revision` has been queued before this.
+    Progress {
+        /// The watch.
+        watch_id: u64,
+        /// Its group.
+        group: u64,
+        /// The revision.
+        revision: u64,
+    },
+    /// The watch ended.
+    Canceled {
+        /// The watch.
+        watch_id: u64,
+        /// Its group (0 when the watch never existed).
+        group: u64,
+        /// Why the server ended it; `None` when the client asked.
+        error: Option<WardenError>,
+        /// Where to resume to get exactly the events not delivered.
+        resume_revision: u64,
+    },
+}
+
+/// Bytes a response without events accounts for.
+const CONTROL_BYTES: usize = 64;
+
+impl Outgoing {
+    fn size_bytes(&self) -> usize {
+        match self {
+            Outgoing::Events { batches, .. } => {
+                CONTROL_BYTES + batches.iter().flat_map(|(batch, selected)| selected.iter().map(|i| batch.events[*i as usize].size_bytes())).sum::<usize>()
+            }
+            _ => CONTROL_BYTES,
+        }
+    }
+}
+
+/// What became of events pushed to a stream.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pushed {
+    /// Queued; the watch goes on.
+    Queued,
+    /// Queued, and the one-shot watch ended with them.
+    Fired,
+    /// The queue is full: the caller cancels the watch.
+    Full,
+    /// The watch is no longer live on this stream.
+    Gone,
+}
+
+struct StreamState {
+    queue: VecDeque<Outgoing>,
+    queued_bytes: usize,
+    watches: HashMap<u64, StreamWatch>,
+    /// The client went away: nothing more is queued.
+    closed: bool,
+}
+
+/// The shared state of one `Watch` call.
+pub struct WatchStream {
+    state: Mutex<StreamState>,
+    /// Wakes the sender: a response was queued or the stream closed.
+    ready: Notify,
+    /// Wakes the driver: queue space was freed, or the client went away.
+    driver: Notify,
+    queue_bytes_max: usize,
+}
+
+impl WatchStream {
+    /// An empty stream whose queue holds at most `queue_bytes_max` bytes of events.
+    pub fn new(queue_bytes_max: usize) -> Arc<WatchStream> {
+        Arc::new(WatchStream {
+            state: Mutex::new(StreamState { queue: VecDeque::new(), queued_bytes: 0, watches: HashMap::new(), closed: false }),
+            ready: Notify::new(),
+            driver: Notify::new(),
+            queue_bytes_max,
+        })
+    }
+
+    fn lock(&self) -> MutexGuard<'_, StreamState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn enqueue(&self, state: &mut StreamState, outgoing: Outgoing) {
+        if state.closed {
+            return;
+        }
+        state.queued_bytes += outgoing.size_bytes();
+        state.queue.push_back(outgoing);
+        self.ready.notify_one();
+    }
+
+    /// Adds a watch and queues its creation answer (the caller checked the id is free).
+    pub fn add(&self, watch_id: u64, watch: StreamWatch, created: Outgoing) {
+        let mut state = self.lock();
+        debug_assert!(!state.watches.contains_key(&watch_id), "watch id {watch_id} reused while live");
+        state.watches.insert(watch_id, watch);
+        self.enqueue(&mut state, created);
+    }
+
+    /// Queues an answer about no watch (a refused creation).
+    pub fn answer(&self, outgoing: Outgoing) {
+        let mut state = self.lock();
+        self.enqueue(&mut state, outgoing);
+    }
+
+    /// Whether `watch_id` is taken by a watch of the stream.
+    pub fn contains(&self, watch_id: u64) -> bool {
+        self.lock().watches.contains_key(&watch_id)
+    }
+
+    /// Number of watches on the stream.
+    pub fn len(&self) -> usize {
+        self.lock().watches.len()
+    }
+
+    /// The stream carries no watch.
+    pub fn is_empty(&self) -> bool {
+        self.lock().watches.is_empty()
+    }
+
+    /// A watch of the stream.
+    pub fn watch(&self, watch_id: u64) -> Option<StreamWatch> {
+        self.lock().watches.get(&watch_id).cloned()
+    }
+
+    /// Ids of watches still catching up.
+    pub fn catching_up(&self) -> Vec<u64> {
+        let state = self.lock();
+        let mut ids: Vec<u64> = state.watches.iter().filter(|(_, w)| matches!(w.phase, Phase::CatchingUp { .. })).map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids
+    }
+
+    /// Live watches with `progress_notify` that were idle since the last call (all live
+    /// watches when `all`), by group; clears the activity marks.
+    pub fn take_idle(&self, all: bool) -> HashMap<u64, Vec<u64>> {
+        let mut state = self.lock();
+        let mut idle: HashMap<u64, Vec<u64>> = HashMap::new();
+        for (id, watch) in state.watches.iter_mut() {
+            let wanted = watch.phase == Phase::Live && (all || (watch.progress_notify && !watch.active));
+            watch.active = false;
+            if wanted {
+                idle.entry(watch.group).or_default().push(*id);
+            }
+        }
+        idle
+    }
+
+    /// Bytes of events the queue can take before it is full.
+    pub fn free_bytes(&self) -> usize {
+        self.queue_bytes_max.saturating_sub(self.lock().queued_bytes)
+    }
+
+    /// Queues events for a watch (called by its hub, under the hub's lock). `next` moves a
+    /// catching-up watch on (`Some(Phase)`); live watches pass `None` and must be live.
+    pub fn push_events(&self, watch_id: u64, group: u64, batches: Vec<(Arc<EventBatch>, Vec<u32>)>, next: Option<Phase>) -> Pushed {
+        let mut state = self.lock();
+        let Some(watch) = state.watches.get_mut(&watch_id).filter(|w| w.group == group) else { return Pushed::Gone };
+        match next {
+            None if watch.phase != Phase::Live => return Pushed::Gone,
+            None => {}
+            Some(phase) => watch.phase = phase,
+        }
+        if batches.is_empty() {
+            return Pushed::Queued;
+        }
+        let (spec, with_prev) = (watch.spec, watch.spec.wants_prev());
+        watch.active = true;
+        let outgoing = Outgoing::Events { watch_id, group, batches, with_prev };
+        if state.queued_bytes + outgoing.size_bytes() > self.queue_bytes_max {
+            return Pushed::Full;
+        }
+        let fired = spec.is_one_shot();
+        if fired {
+            state.watches.remove(&watch_id);
+        }
+        self.enqueue(&mut state, outgoing);
+        if fired {
+            Pushed::Fired
+        } else {
+            Pushed::Queued
+        }
+    }
+
+    /// Queues a progress response for a live watch (called under its hub's lock).
+    pub fn push_progress(&self, watch_id: u64, group: u64, revision: u64) {
+        let mut state = self.lock();
+        if state.watches.get(&watch_id).is_some_and(|w| w.group == group && w.phase == Phase::Live) {
+            self.enqueue(&mut state, Outgoing::Progress { watch_id, group, revision });
+        }
+    }
+
+    /// Ends a watch and queues the cancellation; returns the watch if it was there.
+    pub fn cancel(&self, watch_id: u64, error: Option<WardenError>, resume_revision: u64) -> Option<StreamWatch> {
+        let mut state = self.lock();
+        let watch = state.watches.remove(&watch_id)?;
+        let group = watch.group;
+        self.enqueue(&mut state, Outgoing::Canceled { watch_id, group, error, resume_revision });
+        Some(watch)
+    }
+
+    /// The client went away: drops the queue and returns every watch, for removal from hubs.
+    pub fn close(&self) -> Vec<(u64, StreamWatch)> {
+        let mut state = self.lock();
+        state.closed = true;
+        state.queue.clear();
+        state.queued_bytes = 0;
+        self.ready.notify_one();
+        self.driver.notify_one();
+        state.watches.drain().collect()
+    }
+
+    /// Marks the receiving side gone and wakes the driver (it cleans up with [`close`]).
+    ///
+    /// [`close`]: WatchStream::close
+    pub fn receiver_gone(&self) {
+        self.lock().closed = true;
+        self.driver.notify_one();
+    }
+
+    /// The receiving side is gone.
+    pub fn is_closed(&self) -> bool {
+        self.lock().closed
+    }
+
+    /// The next queued response, if any.
+    pub fn try_next(&self) -> Option<Outgoing> {
+        let mut state = self.lock();
+        let outgoing = state.queue.pop_front()?;
+        state.queued_bytes -= outgoing.size_bytes();
+        // Room again for a catching-up watch.
+        if state.queued_bytes <= self.queue_bytes_max / 2 {
+            self.driver.notify_one();
+        }
+        Some(outgoing)
+    }
+
+    /// The next response to send, waiting for one; `None` once the stream closed.
+    pub async fn next(&self) -> Option<Outgoing> {
+        loop {
+            if let Some(outgoing) = self.try_next() {
+                return Some(outgoing);
+            }
+            if self.is_closed() {
+                return None;
+            }
+            self.ready.notified().await;
+        }
+    }
+
+    /// Waits until the driver has something to do (queue space, or the client went away).
+    pub async fn driver_wake(&self) {
+        self.driver.notified().await;
+    }
+}
+
+/// A `WardenError` of `code`.
+pub fn watch_error(code: Code, message: impl Into<String>) -> WardenError {
+    WardenError { code: code as i32, message: message.into(), ..WardenError::default() }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watch::event::{node_state, Event, EventKind};
+    use warden_proto::v1::watch_create::Kind as WatchKind;
+
+    fn watch(kind: WatchKind) -> StreamWatch {
+        StreamWatch {
+            group: 1,
+            path: Arc::from("/a"),
+            spec: WatchSpec::new(kind, false, false, false, false, false),
+            phase: Phase::Live,
+            progress_notify: true,
+            active: false,
+        }
+    }
+
+    fn batch(revision: u64, data_bytes: usize) -> Vec<(Arc<EventBatch>, Vec<u32>)> {
+        let event = Event { kind: EventKind::Changed, path: "/a".into(), node: node_state(None, vec![0; data_bytes]), prev: None };
+        vec![(Arc::new(EventBatch { revision, events: vec![event] }), vec![0])]
+    }
+
+    fn created(watch_id: u64) -> Outgoing {
+        Outgoing::Created { watch_id, group: 1, revision: 0, created: WatchCreated::default() }
+    }
+
+    #[tokio::test]
+    async fn a_full_queue_refuses_events_but_keeps_order() {
+        let stream = WatchStream::new(1_000);
+        stream.add(1, watch(WatchKind::Persistent), created(1));
+        assert_eq!(stream.push_events(1, 1, batch(2, 500), None), Pushed::Queued);
+        assert_eq!(stream.push_events(1, 1, batch(3, 500), None), Pushed::Full, "the limit is bytes, not messages");
+        assert_eq!(stream.push_events(1, 2, batch(3, 1), None), Pushed::Gone, "another group's watch 1 is not this one");
+        assert!(matches!(stream.next().await, Some(Outgoing::Created { .. })));
+        assert!(matches!(stream.next().await, Some(Outgoing::Events { .. })));
+        assert_eq!(stream.push_events(1, 1, batch(3, 500), None), Pushed::Queued, "room again once sent");
+    }
+
+    #[tokio::test]
+    async fn one_shot_watches_end_with_their_first_events() {
+        let stream = WatchStream::new(10_000);
+        stream.add(7, watch(WatchKind::Data), created(7));
+        assert_eq!(stream.push_events(7, 1, batch(2, 1), None), Pushed::Fired);
+        assert_eq!(stream.push_events(7, 1, batch(3, 1), None), Pushed::Gone);
+        assert!(stream.is_empty());
+    }
+
+    #[tokio::test]
+    async fn idle_watches_get_progress_and_closing_drains_everything() {
+        let stream = WatchStream::new(10_000);
+        stream.add(1, watch(WatchKind::Persistent), created(1));
+        stream.add(2, watch(WatchKind::Persistent), created(2));
+        assert_eq!(stream.push_events(1, 1, batch(2, 1), None), Pushed::Queued);
+        let idle = stream.take_idle(false);
+        assert_eq!(idle.get(&1), Some(&vec![2]), "only the watch without events is idle");
+        assert_eq!(stream.take_idle(false).get(&1).map(Vec::len), Some(2), "activity marks reset");
+        let watches = stream.close();
+        assert_eq!(watches.len(), 2);
+        assert!(stream.next().await.is_none());
+        stream.push_progress(1, 1, 5);
+        assert!(stream.next().await.is_none(), "nothing is queued after close");
+    }
+}
