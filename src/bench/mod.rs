@@ -3,6 +3,7 @@
 mod engine;
 mod locks;
 mod namespace;
+mod watch;
 
 use clap::Subcommand;
 
@@ -15,6 +16,9 @@ pub enum BenchCommand {
     Namespace(namespace::NamespaceArgs),
     /// Locks and sessions over gRPC: uncontended cycles, contended hand-off, keepalives.
     Locks(locks::LocksArgs),
+    /// Watches over gRPC: delivery latency by watcher count, memory per idle watch, events
+    /// per second on a recursive watch under write load.
+    Watch(watch::WatchArgs),
 }
 
 /// Runs a benchmark.
@@ -23,6 +27,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Engine(args) => engine::run(args).await,
         BenchCommand::Namespace(args) => namespace::run(args).await,
         BenchCommand::Locks(args) => locks::run(args).await,
+        BenchCommand::Watch(args) => watch::run(args).await,
     }
 }
 

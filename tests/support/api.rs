@@ -15,8 +15,13 @@ use warden_shard_node::service::error_of;
 
 /// A 5-node cluster serving the namespace API with group 1 on all nodes.
 pub async fn namespace_cluster(config: ClusterConfig) -> Arc<Cluster> {
+    namespace_cluster_with(config, NamespaceFactory::default()).await
+}
+
+/// The same with the namespace's limits (and watch limits) of `factory`.
+pub async fn namespace_cluster_with(config: ClusterConfig, factory: NamespaceFactory) -> Arc<Cluster> {
     let config = ClusterConfig { serve_api: true, ..config };
-    let cluster = Arc::new(Cluster::start(config, Arc::new(NamespaceFactory::default())).expect("cluster starts"));
+    let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
     let voters: Vec<u64> = cluster.node_ids();
     cluster.create_group(1, &voters).await.expect("group");
     cluster.wait_leader(1, Duration::from_secs(30)).await.expect("leader");

@@ -2,3 +2,4 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod watch;

@@ -56,7 +56,7 @@ impl Sender {
         let header = |group, revision| Some(self.service.header(group, revision));
         match outgoing {
             Outgoing::Created { watch_id, group, revision, created } => {
-                WatchResponse { watch_id, header: header(group, revision), created: Some(created), ..WatchResponse::default() }
+                WatchResponse { watch_id, header: header(group, revision), created: Some(*created), ..WatchResponse::default() }
             }
             Outgoing::Events { watch_id, group, batches, with_prev } => {
                 let revision = batches.last().map_or(0, |(batch, _)| batch.revision);
@@ -247,7 +247,7 @@ impl Driver {
             progress_notify: create.progress_notify,
             active: false,
         };
-        let created = Outgoing::Created { watch_id, group, revision, created: WatchCreated { start_revision, read } };
+        let created = Outgoing::Created { watch_id, group, revision, created: Box::new(WatchCreated { start_revision, read }) };
         Ok((watch, created))
     }
 

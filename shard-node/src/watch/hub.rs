@@ -196,14 +196,20 @@ impl WatchHub {
         let mut next = next_revision;
         let mut exhausted = true;
         for batch in state.history.range(first..) {
-            if bytes >= budget_bytes || (watch.spec.is_one_shot() && !batches.is_empty()) {
+            if watch.spec.is_one_shot() && !batches.is_empty() {
+                exhausted = false;
+                break;
+            }
+            let selected = watch.spec.select(&watch.path, batch);
+            let size_bytes: usize = selected.iter().map(|i| batch.events[*i as usize].size_bytes()).sum();
+            // Always at least one revision, so a watch moves on whatever its events' size.
+            if !batches.is_empty() && bytes + size_bytes > budget_bytes {
                 exhausted = false;
                 break;
             }
             next = batch.revision + 1;
-            let selected = watch.spec.select(&watch.path, batch);
             if !selected.is_empty() {
-                bytes += selected.iter().map(|i| batch.events[*i as usize].size_bytes()).sum::<usize>();
+                bytes += size_bytes;
                 batches.push((batch.clone(), selected));
             }
         }
@@ -217,7 +223,8 @@ impl WatchHub {
             Pushed::Queued if exhausted => {
                 let watcher = Watcher { stream: stream.clone(), watch_id, spec: watch.spec, from_revision: next };
                 state.recursive += usize::from(watch.spec.is_recursive());
-                state.watchers.entry(watch.path.clone()).or_default().push(watcher);
+                // Most paths have one watcher: a Vec's first push would reserve four.
+                state.watchers.entry(watch.path.clone()).or_insert_with(|| Vec::with_capacity(1)).push(watcher);
                 CatchUp::Live
             }
             Pushed::Queued => CatchUp::More,
@@ -305,7 +312,6 @@ mod tests {
     use crate::watch::event::{node_state, Event, EventKind};
     use crate::watch::stream::{Outgoing, StreamWatch};
     use warden_proto::v1::watch_create::Kind as WatchKind;
-    use warden_proto::v1::WatchCreated;
 
     fn batch(revision: u64, paths: &[&str]) -> EventBatch {
         let events = paths.iter().map(|p| Event { kind: EventKind::Created, path: p.to_string(), node: node_state(None, vec![1; 10]), prev: None }).collect();
@@ -325,7 +331,7 @@ mod tests {
             progress_notify: false,
             active: false,
         };
-        stream.add(watch_id, watch, Outgoing::Created { watch_id, group: 1, revision: start, created: WatchCreated::default() });
+        stream.add(watch_id, watch, Outgoing::Created { watch_id, group: 1, revision: start, created: Box::default() });
     }
 
     /// Drains the queue: (watch id, revisions) per event response; (watch id, [0, resume

@@ -2,7 +2,8 @@
 //!
 //! The hub pushes into the queue from the apply thread; the gRPC sender pops from it. The
 //! queue is bounded in bytes: a watch whose events do not fit is cancelled (`SLOW_WATCHER`)
-//! with the revision to resume from, so a client that stops reading costs at most the limit.
+//! with the revision to resume from, so a client that stops reading costs at most the limit
+//! (plus one response: an empty queue takes any one, so no event is too large to deliver).
 //! Creation answers, cancellations and progress responses are small and one per watch at
 //! most in flight, so they are always queued (bounded by the watches per stream).
 
@@ -55,8 +56,9 @@ pub enum Outgoing {
         group: u64,
         /// The revision of its read, or the one it starts after.
         revision: u64,
-        /// The answer.
-        created: WatchCreated,
+        /// The answer (boxed: it may carry a whole read, and every queued response is as
+        /// large as the largest variant).
+        created: Box<WatchCreated>,
     },
     /// Events of whole revisions: each batch with the indexes of the events the watch wants.
     Events {
@@ -90,6 +92,9 @@ pub enum Outgoing {
         resume_revision: u64,
     },
 }
+
+/// Queue slots an idle stream keeps.
+const QUEUE_CAPACITY_IDLE: usize = 16;
 
 /// Bytes a response without events accounts for.
 const CONTROL_BYTES: usize = 64;
@@ -238,7 +243,8 @@ impl WatchStream {
         let (spec, with_prev) = (watch.spec, watch.spec.wants_prev());
         watch.active = true;
         let outgoing = Outgoing::Events { watch_id, group, batches, with_prev };
-        if state.queued_bytes + outgoing.size_bytes() > self.queue_bytes_max {
+        // An empty queue takes any one response, so no event is too large to deliver.
+        if state.queued_bytes + outgoing.size_bytes() > self.queue_bytes_max && !state.queue.is_empty() {
             return Pushed::Full;
         }
         let fired = spec.is_one_shot();
@@ -299,6 +305,11 @@ impl WatchStream {
         let mut state = self.lock();
         let outgoing = state.queue.pop_front()?;
         state.queued_bytes -= outgoing.size_bytes();
+        // A burst (thousands of creations, a catch-up) must not leave its capacity behind
+        // on an idle stream.
+        if state.queue.is_empty() && state.queue.capacity() > QUEUE_CAPACITY_IDLE {
+            state.queue.shrink_to(QUEUE_CAPACITY_IDLE);
+        }
         // Room again for a catching-up watch.
         if state.queued_bytes <= self.queue_bytes_max / 2 {
             self.driver.notify_one();
@@ -353,7 +364,7 @@ mod tests {
     }
 
     fn created(watch_id: u64) -> Outgoing {
-        Outgoing::Created { watch_id, group: 1, revision: 0, created: WatchCreated::default() }
+        Outgoing::Created { watch_id, group: 1, revision: 0, created: Box::default() }
     }
 
     #[tokio::test]
@@ -366,6 +377,9 @@ mod tests {
         assert!(matches!(stream.next().await, Some(Outgoing::Created { .. })));
         assert!(matches!(stream.next().await, Some(Outgoing::Events { .. })));
         assert_eq!(stream.push_events(1, 1, batch(3, 500), None), Pushed::Queued, "room again once sent");
+        assert!(matches!(stream.next().await, Some(Outgoing::Events { .. })));
+        assert_eq!(stream.push_events(1, 1, batch(4, 5_000), None), Pushed::Queued, "an empty queue takes any one response");
+        assert_eq!(stream.push_events(1, 1, batch(5, 1), None), Pushed::Full);
     }
 
     #[tokio::test]
