@@ -105,6 +105,11 @@ fn decode_u64(bytes: Option<Vec<u8>>, what: &str) -> Result<u64, StorageError> {
     }
 }
 
+/// The root's record before anything was written to it: the root always exists.
+pub fn implicit_root() -> NodeRecord {
+    NodeRecord { stat: Some(warden_proto::v1::Stat::default()), ..NodeRecord::default() }
+}
+
 /// Decodes a stored node record.
 pub fn decode_record(bytes: &[u8]) -> Result<NodeRecord, StorageError> {
     NodeRecord::decode(bytes).map_err(|e| StorageError::Corrupt(format!("node record: {e}")))
@@ -346,7 +351,8 @@ impl<'a> TxnView<'a> {
         let mut changes = Vec::new();
         for (key, after) in self.local.range(vec![NODE]..vec![NODE + 1]) {
             let path = String::from_utf8(key[1..].to_vec()).map_err(|_| StorageError::Corrupt("node path".into()))?;
-            let before = decode(self.base_get(key)?.as_ref())?;
+            // The root's first stored record is not its creation.
+            let before = decode(self.base_get(key)?.as_ref())?.or_else(|| (path == "/").then(implicit_root));
             changes.push(NodeChange { path, before, after: decode(after.as_ref())? });
         }
         Ok(changes)

@@ -139,7 +139,7 @@ impl Txn<'_, '_> {
 
     fn compare(&self, compare: &Compare) -> Result<bool, Failure> {
         let node = self.node(&compare.path)?;
-        let stat = node.as_ref().and_then(|n| n.stat.clone()).unwrap_or_default();
+        let stat = node.as_ref().and_then(|n| n.stat).unwrap_or_default();
         let op = CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
         let target = Target::try_from(compare.target).map_err(|_| invalid(&compare.path, "unknown compare target"))?;
         let ordering = match target {
@@ -172,7 +172,7 @@ impl Txn<'_, '_> {
     /// The node at `path`; the root exists even before anything was written to it.
     fn node(&self, path: &str) -> Result<Option<NodeRecord>, StorageError> {
         match self.view.node(path)? {
-            None if path == "/" => Ok(Some(NodeRecord { stat: Some(Stat::default()), ..NodeRecord::default() })),
+            None if path == "/" => Ok(Some(super::store::implicit_root())),
             node => Ok(node),
         }
     }
@@ -185,7 +185,7 @@ impl Txn<'_, '_> {
             None if request.create_parents => self.create_ancestors(parent_path)?,
             None => return Err(no_node(parent_path).into()),
         };
-        let mut parent_stat = parent.stat.clone().unwrap_or_default();
+        let mut parent_stat = parent.stat.unwrap_or_default();
         if parent_stat.ephemeral_owner != 0 {
             return Err(error(Code::NoChildrenForEphemerals, parent_path, "ephemeral nodes cannot have children").into());
         }
@@ -220,7 +220,7 @@ impl Txn<'_, '_> {
             ttl_ms: request.ttl_ms,
             ..Stat::default()
         };
-        self.view.put_node(&path, &NodeRecord { data: request.data.clone(), stat: Some(stat.clone()), next_sequence: 0 });
+        self.view.put_node(&path, &NodeRecord { data: request.data.clone(), stat: Some(stat), next_sequence: 0 });
         self.view.add_child(parent_path, path::name(&path));
         self.touched.insert(parent_path.to_string());
         parent_stat.num_children += 1;
@@ -228,7 +228,7 @@ impl Txn<'_, '_> {
         parent.stat = Some(parent_stat);
         self.view.put_node(parent_path, &parent);
         if kind == NodeKind::Ttl {
-            self.ttl_changes.push(TtlChange::Upsert(path.clone(), stat.clone()));
+            self.ttl_changes.push(TtlChange::Upsert(path.clone(), stat));
         }
         Ok(CreateResponse { header: None, path, stat: Some(stat) })
     }
@@ -253,7 +253,7 @@ impl Txn<'_, '_> {
 
     fn set(&mut self, request: &SetRequest) -> Result<SetResponse, Failure> {
         let mut node = self.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
-        let mut stat = node.stat.clone().unwrap_or_default();
+        let mut stat = node.stat.unwrap_or_default();
         if let Some(expected) = request.expected_version {
             if expected != stat.version {
                 return Err(error(Code::BadVersion, &request.path, format!("version is {}, not {expected}", stat.version)).into());
@@ -264,17 +264,17 @@ impl Txn<'_, '_> {
         stat.mtime_ms = self.now_ms;
         stat.data_length = request.data.len() as u64;
         node.data = request.data.clone();
-        node.stat = Some(stat.clone());
+        node.stat = Some(stat);
         self.view.put_node(&request.path, &node);
         if stat.kind == NodeKind::Ttl as i32 {
-            self.ttl_changes.push(TtlChange::Upsert(request.path.clone(), stat.clone()));
+            self.ttl_changes.push(TtlChange::Upsert(request.path.clone(), stat));
         }
         Ok(SetResponse { header: None, stat: Some(stat) })
     }
 
     fn delete(&mut self, request: &DeleteRequest) -> Result<DeleteResponse, Failure> {
         let node = self.view.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
-        let stat = node.stat.clone().unwrap_or_default();
+        let stat = node.stat.unwrap_or_default();
         if let Some(expected) = request.expected_version {
             if expected != stat.version {
                 return Err(error(Code::BadVersion, &request.path, format!("version is {}, not {expected}", stat.version)).into());
@@ -338,7 +338,7 @@ impl Txn<'_, '_> {
         self.view.remove_child(parent_path, path::name(path));
         self.touched.insert(parent_path.to_string());
         let mut parent = self.node(parent_path)?.ok_or_else(|| StorageError::Corrupt(format!("parent of {path} missing")))?;
-        let mut stat = parent.stat.clone().unwrap_or_default();
+        let mut stat = parent.stat.unwrap_or_default();
         stat.num_children = stat.num_children.saturating_sub(1);
         stat.cversion += 1;
         if stat.num_children == 0 && stat.kind == NodeKind::Container as i32 && parent_path != "/" {

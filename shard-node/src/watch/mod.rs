@@ -54,11 +54,14 @@ impl Default for WatchLimits {
     }
 }
 
+/// Hubs by (node, group).
+type HubsByReplica = HashMap<(u64, u64), Arc<WatchHub>>;
+
 /// The hubs of every replica hosted in this process, by (node, group): the state machines
 /// register theirs, the `Watch` service looks them up. Carries the limits both use.
 #[derive(Clone, Default)]
 pub struct WatchHubs {
-    hubs: Arc<RwLock<HashMap<(u64, u64), Arc<WatchHub>>>>,
+    hubs: Arc<RwLock<HubsByReplica>>,
     limits: Arc<WatchLimits>,
 }
 
