@@ -441,7 +441,7 @@ async fn lock_waiters_and_session_ephemerals_are_node_events() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn idle_watches_get_progress_at_the_current_revision() {
+async fn idle_watches_get_progress_and_watches_cancel_in_band() {
     let limits = WatchLimits { progress_interval_ms: 200, ..WatchLimits::default() };
     let cluster = namespace_cluster_with(ClusterConfig::default(), factory(limits)).await;
     let api = ApiClient::new(&cluster);
@@ -465,10 +465,36 @@ async fn idle_watches_get_progress_at_the_current_revision() {
     conn.create(persistent("/other", false, 0)).await.expect("created");
     conn.send(WatchRequestKind::Progress(WatchProgressRequest {})).await;
     let mut progressed = HashSet::new();
+    let mut other = 0;
     while progressed.len() < 2 {
         let response = conn.next(TIMEOUT).await.expect("stream").expect("progress");
         if response.progress {
             progressed.insert(response.watch_id);
+            other = other.max(response.watch_id);
+        }
+    }
+    // Cancelled in-band: confirmed without an error, and no event follows.
+    conn.send(WatchRequestKind::Cancel(WatchCancel { watch_id: other })).await;
+    let canceled = loop {
+        let response = conn.next(TIMEOUT).await.expect("stream").expect("the cancellation");
+        if let Some(canceled) = response.canceled {
+            break (response.watch_id, canceled);
+        }
+    };
+    assert_eq!((canceled.0, canceled.1.error), (other, None));
+    create(&api, "/other", b"").await;
+    // A refused creation is answered on the stream, typed, and changes nothing else.
+    let refused = conn.create(persistent("no/leading/slash", false, 0)).await.expect("an answer");
+    let error = refused.canceled.and_then(|c| c.error).expect("refused");
+    assert_eq!(error.code, Code::InvalidPath as i32);
+    let bad_kind = WatchCreate { kind: Kind::Data as i32, recursive: true, ..persistent("/quiet", false, 0) };
+    let refused = conn.create(bad_kind).await.expect("an answer");
+    assert_eq!(refused.canceled.and_then(|c| c.error).map(|e| e.code), Some(Code::InvalidArgument as i32));
+    // (The idle /quiet watch keeps getting progress responses meanwhile.)
+    let until = Instant::now() + Duration::from_secs(1);
+    while Instant::now() < until {
+        if let Some(response) = conn.next(Duration::from_millis(200)).await.expect("stream") {
+            assert!(response.events.is_empty() && response.watch_id != other, "nothing for a cancelled watch: {response:?}");
         }
     }
 }
