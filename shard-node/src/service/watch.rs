@@ -18,9 +18,10 @@ use warden_proto::v1::watch_request::Request as WatchRequestKind;
 use warden_proto::v1::*;
 
 use super::{error_of, group_of, WardenService};
+use crate::namespace::error::{error, invalid};
 use crate::namespace::path;
 use crate::watch::hub::CatchUp;
-use crate::watch::stream::{watch_error, Outgoing, Phase, StreamWatch};
+use crate::watch::stream::{Outgoing, Phase, StreamWatch};
 use crate::watch::{WatchHubs, WatchSpec};
 
 /// The responses of one `Watch` call.
@@ -139,7 +140,7 @@ impl Driver {
                         Phase::CatchingUp { next_revision } => next_revision,
                         Phase::Live => 0,
                     };
-                    let error = watch_error(Code::Unavailable, format!("group {} is no longer hosted on this node", watch.group));
+                    let error = error(Code::Unavailable, "", format!("group {} is no longer hosted on this node", watch.group));
                     self.stream.cancel(watch_id, Some(error), next);
                 }
             }
@@ -165,10 +166,10 @@ impl Driver {
                         hub.remove(&watch.path, &self.stream, cancel.watch_id);
                     }
                 }
-                None => self.refuse(cancel.watch_id, 0, watch_error(Code::InvalidArgument, format!("no watch {} on this stream", cancel.watch_id))),
+                None => self.refuse(cancel.watch_id, 0, error(Code::InvalidArgument, "", format!("no watch {} on this stream", cancel.watch_id))),
             },
             Some(WatchRequestKind::Progress(_)) => self.progress(true),
-            None => self.refuse(0, 0, watch_error(Code::InvalidArgument, "watch request without a kind")),
+            None => self.refuse(0, 0, error(Code::InvalidArgument, "", "watch request without a kind")),
         }
     }
 
@@ -195,13 +196,13 @@ impl Driver {
     /// Checks a creation and, with `read`, reads at the revision the watch starts after.
     async fn register(&self, watch_id: u64, group: u64, create: WatchCreate) -> Result<(StreamWatch, Outgoing), WardenError> {
         let limits = self.hubs.limits();
-        let invalid = |message: &str| watch_error(Code::InvalidArgument, message).with_path(&create.path);
+        let invalid = |message: &str| invalid(&create.path, message);
         if self.stream.contains(watch_id) {
             return Err(invalid("the watch id is in use on this stream"));
         }
         if self.stream.len() >= limits.watches_per_stream_max {
             let message = format!("a stream carries at most {} watches", limits.watches_per_stream_max);
-            return Err(WardenError { limit: limits.watches_per_stream_max as u64, ..watch_error(Code::TooLarge, message) });
+            return Err(WardenError { limit: limits.watches_per_stream_max as u64, ..error(Code::TooLarge, "", message) });
         }
         path::validate(&create.path, true).map_err(|reason| crate::namespace::error::invalid_path(&create.path, &reason))?;
         let kind = WatchKind::try_from(create.kind).map_err(|_| invalid("unknown watch kind"))?;
@@ -214,7 +215,7 @@ impl Driver {
         let hub = self
             .hubs
             .get(self.node_id, group)
-            .ok_or_else(|| watch_error(Code::WrongGroup, format!("group {group} is not hosted on this node")))?;
+            .ok_or_else(|| error(Code::WrongGroup, "", format!("group {group} is not hosted on this node")))?;
         let timeout = self.service.timeout;
         let (revision, read) = if create.read {
             let query = match kind {
@@ -227,7 +228,7 @@ impl Driver {
                 QueryOutcome::Get(response) => Read::Get(GetResponse { header: Some(header), ..response }),
                 QueryOutcome::Exists(response) => Read::Exists(ExistsResponse { header: Some(header), ..response }),
                 QueryOutcome::Children(response) => Read::Children(GetChildrenResponse { header: Some(header), ..response }),
-                _ => return Err(watch_error(Code::Unknown, "mismatched read result")),
+                _ => return Err(error(Code::Unknown, "", "mismatched read result")),
             };
             (header.revision, Some(read))
         } else if create.start_revision != 0 {
@@ -253,18 +254,7 @@ impl Driver {
 
     async fn read(&self, group: u64, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), WardenError> {
         self.service.read_group(group, consistency, query, timeout).await.map_err(|status| {
-            error_of(&status).unwrap_or_else(|| watch_error(Code::Unavailable, status.message()))
+            error_of(&status).unwrap_or_else(|| error(Code::Unavailable, "", status.message()))
         })
-    }
-}
-
-/// A `WardenError` about a path.
-trait WithPath {
-    fn with_path(self, path: &str) -> Self;
-}
-
-impl WithPath for WardenError {
-    fn with_path(self, path: &str) -> Self {
-        WardenError { path: path.to_string(), ..self }
     }
 }

@@ -13,8 +13,9 @@ use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::WardenError;
 
 use super::event::{EventBatch, WatchSpec};
-use super::stream::{watch_error, Phase, Pushed, WatchStream};
+use super::stream::{Phase, Pushed, WatchStream};
 use super::WatchLimits;
+use crate::namespace::error::error;
 use crate::namespace::path;
 
 /// A live watch in the index.
@@ -154,7 +155,7 @@ impl WatchHub {
                     Pushed::Queued => true,
                     Pushed::Fired | Pushed::Gone => false,
                     Pushed::Full => {
-                        let error = watch_error(Code::SlowWatcher, "the watch stream's queue is full: the client reads too slowly");
+                        let error = error(Code::SlowWatcher, "", "the watch stream's queue is full: the client reads too slowly");
                         watcher.stream.cancel(watcher.watch_id, Some(error), batch.revision);
                         false
                     }
@@ -185,7 +186,7 @@ impl WatchHub {
         if next_revision <= state.compact_revision {
             let error = WardenError {
                 compact_revision: state.compact_revision,
-                ..watch_error(Code::Compacted, format!("revision {next_revision} is no longer in this replica's event history"))
+                ..error(Code::Compacted, "", format!("revision {next_revision} is no longer in this replica's event history"))
             };
             stream.cancel(watch_id, Some(error), next_revision);
             return CatchUp::Ended;
@@ -274,7 +275,7 @@ impl WatchHub {
             let resume_revision = state.revision + 1;
             let error = WardenError {
                 compact_revision: revision,
-                ..watch_error(Code::Compacted, "this replica installed a snapshot: the events it skipped are not available here")
+                ..error(Code::Compacted, "", "this replica installed a snapshot: the events it skipped are not available here")
             };
             cancel_all(&mut state, &error, resume_revision);
         }
@@ -294,7 +295,7 @@ impl WatchHub {
 }
 
 fn replica_gone() -> WardenError {
-    watch_error(Code::Unavailable, "the replica serving this watch stopped")
+    error(Code::Unavailable, "", "the replica serving this watch stopped")
 }
 
 fn cancel_all(state: &mut HubState, error: &WardenError, resume_revision: u64) {

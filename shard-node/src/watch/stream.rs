@@ -11,7 +11,6 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
-use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{WardenError, WatchCreated};
 
 use super::event::{EventBatch, WatchSpec};
@@ -334,11 +333,6 @@ impl WatchStream {
     pub async fn driver_wake(&self) {
         self.driver.notified().await;
     }
-}
-
-/// A `WardenError` of `code`.
-pub fn watch_error(code: Code, message: impl Into<String>) -> WardenError {
-    WardenError { code: code as i32, message: message.into(), ..WardenError::default() }
 }
 
 #[cfg(test)]
