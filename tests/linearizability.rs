@@ -144,6 +144,31 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
     }
     match check_kv(&history, 50_000_000) {
         CheckResult::Linearizable => {}
-        other => panic!("history of {completed} completed operations is not linearizable: {other:?}"),
+        CheckResult::NotLinearizable(counterexample) => {
+            panic!("history of {completed} completed operations is not linearizable:\n{}", explain(&history, &counterexample))
+        }
+        other => panic!("history of {completed} completed operations: {other:?}"),
     }
+}
+
+/// The blocked operation and every operation on its key that overlaps the second before it,
+/// in invocation order, marked with their place in the linearized prefix: what a reader
+/// needs to see why no order works.
+fn explain(history: &History<KvInput, KvOutput>, counterexample: &warden_loadgen::linearizability::Counterexample) -> String {
+    let operations = history.operations();
+    let blocked = &operations[counterexample.blocked];
+    let window_start = blocked.invoked_at().saturating_sub(1_000_000_000);
+    let mut lines = vec![format!("blocked: #{} {:?}", counterexample.blocked, blocked)];
+    let mut related: Vec<(usize, _)> = operations
+        .iter()
+        .enumerate()
+        .filter(|(_, op)| op.input().key() == blocked.input().key())
+        .filter(|(_, op)| op.completed_at().is_none_or(|at| at >= window_start) && op.invoked_at() <= blocked.completed_at().unwrap_or(u64::MAX))
+        .collect();
+    related.sort_by_key(|(_, op)| op.invoked_at());
+    for (index, op) in related {
+        let place = counterexample.prefix.iter().position(|i| *i == index).map_or("-".to_string(), |p| p.to_string());
+        lines.push(format!("#{index} prefix@{place} client {} [{} .. {:?}] {:?} -> {:?}", op.client(), op.invoked_at(), op.completed_at(), op.input(), op.output()));
+    }
+    lines.join("\n")
 }

@@ -46,7 +46,9 @@ pub enum EngineError {
     /// The group already exists on this node.
     #[error("group {0} already exists on this node")]
     GroupExists(u64),
-    /// The node is stopping or stopped.
+    /// The node is stopping or stopped and did not take the request (it never reached a
+    /// worker, so nothing was proposed). A request taken before the stop is answered
+    /// `Unavailable { outcome_unknown: true }` instead.
     #[error("node stopped")]
     Stopped,
 }

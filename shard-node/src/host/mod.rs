@@ -122,7 +122,9 @@ impl NodeHandle {
         self.try_send(group, make(reply))?;
         match tokio::time::timeout(timeout + self.deadline_slack, answer).await {
             Ok(Ok(result)) => result,
-            Ok(Err(_)) => Err(EngineError::Stopped),
+            // The worker went away with the request (the node stopped): a proposal may
+            // already be on a quorum, so the outcome is unknown.
+            Ok(Err(_)) => Err(EngineError::Unavailable { reason: format!("group {group}: the node stopped before answering"), outcome_unknown: true }),
             Err(_) => Err(EngineError::Unavailable { reason: format!("group {group}: no answer in {timeout:?}"), outcome_unknown: true }),
         }
     }

@@ -188,8 +188,11 @@ impl Replica {
 
     /// Fails every waiting request (the replica is going away).
     pub(crate) fn fail_all(&mut self, error: &EngineError) {
-        for (_, proposal) in std::mem::take(&mut self.proposals) {
-            let _ = proposal.reply.send(Err(error.clone()));
+        // A pending proposal's entry may already be on a quorum and commit without this
+        // replica: "unknown" is the only true answer, whatever stopped us.
+        for (index, proposal) in std::mem::take(&mut self.proposals) {
+            let reason = format!("group {}: {error} while entry {index} was pending", self.group);
+            let _ = proposal.reply.send(Err(EngineError::Unavailable { reason, outcome_unknown: true }));
         }
         let confirmed = std::mem::take(&mut self.confirmed_reads).into_iter().flat_map(|(_, reads)| reads);
         let inflight = self.inflight_read.take().into_iter().flat_map(|inflight| inflight.reads);
