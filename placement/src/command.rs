@@ -1,0 +1,256 @@
+//! The replicated commands ([`Command`]), what applying one returns ([`Outcome`]), and
+//! [`Placement::apply`].
+//!
+//! Every command is checked in full before anything changes, so a refused command changes
+//! nothing. Time comes only from the command (`now_ms`, stamped by the proposing leader).
+
+use std::collections::BTreeSet;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::PlacementError;
+use crate::group::{Epoch, GroupInfo, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
+use crate::node::{validate_node, NodeInfo};
+use crate::paths::{is_strictly_below, validate_prefix};
+use crate::state::Placement;
+
+/// A change to the placement state, proposed to the placement group.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Command {
+    /// Registers the first nodes, as `(id, addr, zone)`, and creates group 1 owning `/`,
+    /// ready at once.
+    Bootstrap {
+        /// The founding nodes: `(id, addr, zone)`.
+        nodes: Vec<(u64, String, String)>,
+        /// Leader time: their first heartbeat.
+        now_ms: u64,
+    },
+    /// Adds a node or updates its address and zone; marks it up.
+    RegisterNode {
+        /// Node id (not 0).
+        id: u64,
+        /// Where it is reached.
+        addr: String,
+        /// Its failure-domain label (may be empty).
+        zone: String,
+        /// Leader time: counts as a heartbeat.
+        now_ms: u64,
+    },
+    /// Heartbeats of known nodes: each is up, last heard of at `now_ms`.
+    Heartbeat {
+        /// The nodes heard from.
+        ids: Vec<u64>,
+        /// Leader time.
+        now_ms: u64,
+    },
+    /// The leader found these nodes silent for the heartbeat timeout. Apply re-checks each
+    /// against `now_ms`, so a node whose heartbeat applied in between stays up.
+    MarkDown {
+        /// The nodes to mark down.
+        ids: Vec<u64>,
+        /// Leader time of the decision.
+        now_ms: u64,
+    },
+    /// Creates a group for `prefix` on new replicas; it is routed only once `GroupReady`.
+    CreateGroup {
+        /// The subtree it will own.
+        prefix: String,
+        /// Leader time: nodes silent for the heartbeat timeout by then get no replica.
+        now_ms: u64,
+    },
+    /// The group's replicas exist and it has a leader: commit its route.
+    GroupReady {
+        /// The group being created.
+        group_id: u64,
+    },
+    /// Forgets a group whose creation failed (never ready).
+    DropGroup {
+        /// The group being created.
+        group_id: u64,
+    },
+}
+
+/// What an accepted command did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub enum Outcome {
+    /// Bootstrap created the root group.
+    Bootstrapped(GroupInfo),
+    /// The node as it is now registered.
+    NodeRegistered(NodeInfo),
+    /// `Heartbeat`: the nodes that were down and are up again, by id.
+    NodesUp(Vec<u64>),
+    /// `MarkDown`: the nodes actually marked down (up and still silent at `now_ms`), by id.
+    NodesDown(Vec<u64>),
+    /// The new group, not yet ready.
+    GroupCreated(GroupInfo),
+    /// The group is routed now.
+    GroupReady {
+        /// The group, ready.
+        group: GroupInfo,
+        /// The groups whose served paths changed (their `epoch.version` grew), by id: the
+        /// ready group that owned the prefix before, and any group being created between
+        /// the two.
+        bumped: Vec<GroupInfo>,
+    },
+    /// The group that was dropped.
+    GroupDropped(GroupInfo),
+}
+
+impl Placement {
+    /// Applies `command`: deterministic (no clock, no I/O). On refusal nothing changes.
+    pub fn apply(&mut self, command: &Command) -> Result<Outcome, PlacementError> {
+        if !self.is_bootstrapped() && !matches!(command, Command::Bootstrap { .. }) {
+            return Err(PlacementError::NotBootstrapped);
+        }
+        match command {
+            Command::Bootstrap { nodes, now_ms } => self.bootstrap(nodes, *now_ms),
+            Command::RegisterNode { id, addr, zone, now_ms } => self.register_node(*id, addr, zone, *now_ms),
+            Command::Heartbeat { ids, now_ms } => self.heartbeat(ids, *now_ms),
+            Command::MarkDown { ids, now_ms } => self.mark_down(ids, *now_ms),
+            Command::CreateGroup { prefix, now_ms } => self.create_group(prefix, *now_ms),
+            Command::GroupReady { group_id } => self.group_ready(*group_id),
+            Command::DropGroup { group_id } => self.drop_group(*group_id),
+        }
+    }
+
+    fn bootstrap(&mut self, nodes: &[(u64, String, String)], now_ms: u64) -> Result<Outcome, PlacementError> {
+        if self.is_bootstrapped() {
+            return Err(PlacementError::AlreadyBootstrapped);
+        }
+        if nodes.is_empty() {
+            return Err(PlacementError::NotEnoughNodes { wanted: 1, up: 0 });
+        }
+        // Built aside and swapped in whole: the state before bootstrap is empty.
+        let mut next = Placement::new(self.config.clone());
+        for (id, addr, zone) in nodes {
+            validate_node(*id, addr, zone).map_err(|reason| PlacementError::InvalidNode { id: *id, reason })?;
+            let node = NodeInfo { id: *id, addr: addr.clone(), zone: zone.clone(), last_heartbeat_ms: now_ms, up: true };
+            if next.nodes.insert(*id, node).is_some() {
+                return Err(PlacementError::DuplicateNode(*id));
+            }
+        }
+        let replicas = next.pick_replicas(self.replicas_wanted().min(nodes.len()))?;
+        let root = GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas, epoch: Epoch::INITIAL, ready: true };
+        next.groups.insert(ROOT_GROUP_ID, root.clone());
+        next.routes.insert(root.prefix.clone(), ROOT_GROUP_ID);
+        next.bump_routing_version();
+        *self = next;
+        Ok(Outcome::Bootstrapped(root))
+    }
+
+    fn register_node(&mut self, id: u64, addr: &str, zone: &str, now_ms: u64) -> Result<Outcome, PlacementError> {
+        validate_node(id, addr, zone).map_err(|reason| PlacementError::InvalidNode { id, reason })?;
+        let node = NodeInfo { id, addr: addr.into(), zone: zone.into(), last_heartbeat_ms: now_ms, up: true };
+        let routing_changed = match self.nodes.get(&id) {
+            Some(old) => old.addr != node.addr || old.zone != node.zone || !old.up,
+            None => true,
+        };
+        self.nodes.insert(id, node.clone());
+        if routing_changed {
+            self.bump_routing_version();
+        }
+        Ok(Outcome::NodeRegistered(node))
+    }
+
+    fn heartbeat(&mut self, ids: &[u64], now_ms: u64) -> Result<Outcome, PlacementError> {
+        self.check_known(ids)?;
+        let mut revived = BTreeSet::new();
+        for id in ids {
+            if let Some(node) = self.nodes.get_mut(id) {
+                node.last_heartbeat_ms = now_ms;
+                if !node.up {
+                    node.up = true;
+                    revived.insert(*id);
+                }
+            }
+        }
+        if !revived.is_empty() {
+            self.bump_routing_version();
+        }
+        Ok(Outcome::NodesUp(revived.into_iter().collect()))
+    }
+
+    fn mark_down(&mut self, ids: &[u64], now_ms: u64) -> Result<Outcome, PlacementError> {
+        self.check_known(ids)?;
+        let silent: BTreeSet<u64> =
+            ids.iter().copied().filter(|id| self.nodes.get(id).is_some_and(|node| self.is_stale(node, now_ms))).collect();
+        for id in &silent {
+            if let Some(node) = self.nodes.get_mut(id) {
+                node.up = false;
+            }
+        }
+        if !silent.is_empty() {
+            self.bump_routing_version();
+        }
+        Ok(Outcome::NodesDown(silent.into_iter().collect()))
+    }
+
+    fn create_group(&mut self, prefix: &str, now_ms: u64) -> Result<Outcome, PlacementError> {
+        validate_prefix(prefix)
+            .map_err(|reason| PlacementError::InvalidPrefix { prefix: prefix.to_string(), reason })?;
+        if let Some(owner) = self.groups.values().find(|group| group.prefix == prefix) {
+            return Err(PlacementError::PrefixTaken { prefix: prefix.to_string(), group: owner.id });
+        }
+        let id = self.next_group_id;
+        if id > SHARD_GROUP_ID_MAX {
+            return Err(PlacementError::GroupIdsExhausted);
+        }
+        let replicas = self.pick_replicas_among(self.replicas_wanted(), |node| node.up && !self.is_stale(node, now_ms))?;
+        let group = GroupInfo { id, prefix: prefix.to_string(), replicas, epoch: Epoch::INITIAL, ready: false };
+        self.groups.insert(id, group.clone());
+        self.next_group_id += 1;
+        self.bump_routing_version();
+        Ok(Outcome::GroupCreated(group))
+    }
+
+    fn group_ready(&mut self, group_id: u64) -> Result<Outcome, PlacementError> {
+        let mut group = self.creating_group(group_id)?.clone();
+        // Only groups whose prefix is an ancestor of the new one can lose paths to it.
+        let ancestors: Vec<u64> =
+            self.groups.values().filter(|other| is_strictly_below(&group.prefix, &other.prefix)).map(|other| other.id).collect();
+        let before: Vec<_> = ancestors.iter().map(|id| self.descriptor(*id)).collect();
+        group.ready = true;
+        self.routes.insert(group.prefix.clone(), group_id);
+        self.groups.insert(group_id, group.clone());
+        let mut bumped = Vec::new();
+        for (id, old) in ancestors.iter().zip(before) {
+            if self.descriptor(*id) != old {
+                if let Some(ancestor) = self.groups.get_mut(id) {
+                    ancestor.epoch.version += 1;
+                    bumped.push(ancestor.clone());
+                }
+            }
+        }
+        self.bump_routing_version();
+        Ok(Outcome::GroupReady { group, bumped })
+    }
+
+    fn drop_group(&mut self, group_id: u64) -> Result<Outcome, PlacementError> {
+        let group = self.creating_group(group_id)?.clone();
+        self.groups.remove(&group_id);
+        self.bump_routing_version();
+        Ok(Outcome::GroupDropped(group))
+    }
+
+    /// The group `group_id` if it exists and is not ready yet.
+    fn creating_group(&self, group_id: u64) -> Result<&GroupInfo, PlacementError> {
+        match self.groups.get(&group_id) {
+            None => Err(PlacementError::UnknownGroup(group_id)),
+            Some(group) if group.ready => Err(PlacementError::GroupNotCreating(group_id)),
+            Some(group) => Ok(group),
+        }
+    }
+
+    /// Refuses the whole command if any id is not a registered node.
+    fn check_known(&self, ids: &[u64]) -> Result<(), PlacementError> {
+        match ids.iter().find(|id| !self.nodes.contains_key(id)) {
+            Some(unknown) => Err(PlacementError::UnknownNode(*unknown)),
+            None => Ok(()),
+        }
+    }
+
+    /// Replicas a new group gets.
+    fn replicas_wanted(&self) -> usize {
+        self.config.replicas_per_group.max(1)
+    }
+}

@@ -1,0 +1,70 @@
+//! Why placement refuses a command or a snapshot. A refused command changes nothing.
+
+use serde::{Deserialize, Serialize};
+
+use crate::node::NodeError;
+use crate::paths::PrefixError;
+
+/// A refusal by [`crate::Placement::apply`] or [`crate::Placement::from_bytes`].
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum PlacementError {
+    /// Only `Bootstrap` is accepted before the first group exists.
+    #[error("placement is not bootstrapped")]
+    NotBootstrapped,
+    /// `Bootstrap` was already applied.
+    #[error("placement is already bootstrapped")]
+    AlreadyBootstrapped,
+    /// No node has this id.
+    #[error("unknown node {0}")]
+    UnknownNode(u64),
+    /// A node id appears twice in `Bootstrap`.
+    #[error("node {0} is listed twice")]
+    DuplicateNode(u64),
+    /// A node's registration fields are refused.
+    #[error("node {id}: {reason}")]
+    InvalidNode {
+        /// The node id given.
+        id: u64,
+        /// What is wrong with it.
+        reason: NodeError,
+    },
+    /// No group has this id.
+    #[error("unknown group {0}")]
+    UnknownGroup(u64),
+    /// Another group (ready or being created) already owns this prefix.
+    #[error("prefix {prefix} is taken by group {group}")]
+    PrefixTaken {
+        /// The prefix asked for.
+        prefix: String,
+        /// The group that has it.
+        group: u64,
+    },
+    /// The prefix is not a valid group prefix.
+    #[error("invalid prefix {prefix:?}: {reason}")]
+    InvalidPrefix {
+        /// The prefix given.
+        prefix: String,
+        /// What is wrong with it.
+        reason: PrefixError,
+    },
+    /// Fewer eligible (up) nodes than replicas wanted.
+    #[error("{wanted} replicas wanted, {up} nodes up")]
+    NotEnoughNodes {
+        /// Replicas the group needs.
+        wanted: usize,
+        /// Nodes eligible to host one.
+        up: usize,
+    },
+    /// The group is ready (routed): it can neither become ready again nor be dropped.
+    #[error("group {0} is not being created")]
+    GroupNotCreating(u64),
+    /// Every shard-group id up to `SHARD_GROUP_ID_MAX` has been allocated.
+    #[error("shard group ids are exhausted")]
+    GroupIdsExhausted,
+    /// A snapshot could not be decoded.
+    #[error("bad placement snapshot: {0}")]
+    BadSnapshot(String),
+    /// The state breaks one of placement's invariants (a corrupt snapshot, or a bug).
+    #[error("inconsistent placement state: {0}")]
+    Inconsistent(String),
+}
