@@ -2,7 +2,7 @@
 //! (ARCHITECTURE.md: "Architecture invariant").
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/transport.proto", "proto/kv.proto", "proto/warden.proto", "proto/namespace.proto"];
+    let protos = ["proto/transport.proto", "proto/kv.proto", "proto/warden.proto", "proto/namespace.proto", "proto/placement.proto"];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }

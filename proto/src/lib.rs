@@ -23,5 +23,10 @@ pub mod namespace {
     tonic::include_proto!("warden.namespace");
 }
 
+/// Cluster administration: the routing table, shard groups, node liveness.
+pub mod placement {
+    tonic::include_proto!("warden.placement");
+}
+
 /// Encoded `FileDescriptorSet` of every Warden proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("warden_descriptor");

@@ -186,6 +186,29 @@ impl Cluster {
         Ok(())
     }
 
+    /// Creates the placement group on `voters` and bootstraps it with every node of the
+    /// cluster (no zones), then creates the root shard group (owning `/`) on the replicas
+    /// placement picked and waits for its leader. The factory must run the placement state
+    /// machine for its group (`placement::ShardNodeFactory`).
+    pub async fn bootstrap_placement(&self, voters: &[u64]) -> Result<warden_placement::GroupInfo, EngineError> {
+        use crate::placement::state_machine::{decode_result, encode_command};
+        use warden_placement::{Command, Outcome, PLACEMENT_GROUP_ID};
+        self.create_group(PLACEMENT_GROUP_ID, voters).await?;
+        self.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
+        let nodes = self.node_ids().into_iter().map(|id| (id, self.addr(id).map(|a| a.to_string()).unwrap_or_default(), String::new())).collect();
+        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let output = self.propose(PLACEMENT_GROUP_ID, encode_command(&Command::Bootstrap { nodes, now_ms }), Duration::from_secs(10)).await?;
+        match decode_result(&output)? {
+            Ok(Outcome::Bootstrapped(root)) => {
+                self.create_group(root.id, &root.replicas).await?;
+                self.wait_leader(root.id, Duration::from_secs(30)).await?;
+                Ok(root)
+            }
+            Ok(other) => Err(EngineError::Invalid(format!("bootstrap answered {other:?}"))),
+            Err(error) => Err(EngineError::Invalid(format!("bootstrap refused: {error}"))),
+        }
+    }
+
     /// Every running node's view of `group`.
     pub async fn statuses(&self, group: u64) -> Vec<GroupStatus> {
         let handles: Vec<NodeHandle> = self.nodes().values().map(Node::handle).collect();

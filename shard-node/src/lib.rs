@@ -14,6 +14,7 @@ pub mod error;
 pub mod host;
 pub mod kv;
 pub mod namespace;
+pub mod placement;
 pub mod service;
 pub mod state_machine;
 pub mod storage;

@@ -36,7 +36,7 @@ pub struct LocksArgs {
 }
 
 async fn session(client: &mut WardenClient<Channel>, group: u64) -> anyhow::Result<u64> {
-    let request = CreateSessionRequest { ttl_ms: 60_000, routing: Some(Routing { group_id: group }) };
+    let request = CreateSessionRequest { ttl_ms: 60_000, routing: Some(Routing { group_id: group, ..Routing::default() }) };
     Ok(client.create_session(request).await?.into_inner().session_id)
 }
 
@@ -132,7 +132,7 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
                 let (group, ids) = batches[client].clone();
                 let mut leader = leaders[&group].clone();
                 async move {
-                    let request = KeepAliveRequest { session_ids: ids, routing: Some(Routing { group_id: group }) };
+                    let request = KeepAliveRequest { session_ids: ids, routing: Some(Routing { group_id: group, ..Routing::default() }) };
                     leader.keep_alive(request).await.map(drop)
                 }
             }

@@ -45,7 +45,7 @@ pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
         for client in 0..clients {
             let group = 1 + (client as u64 % groups);
             let mut leader = leaders[&group].clone();
-            let routing = Some(Routing { group_id: group });
+            let routing = Some(Routing { group_id: group, ..Routing::default() });
             let parent = CreateRequest { path: format!("/c{client}"), routing, ..CreateRequest::default() };
             leader.create(parent).await?;
             let key = CreateRequest { path: format!("/k{client}"), data: value.clone(), routing, ..CreateRequest::default() };
@@ -82,7 +82,7 @@ pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
 }
 
 async fn one_op(leader: &mut WardenClient<Channel>, op: &str, client: usize, seq: u64, group: u64, value: Vec<u8>) -> Result<(), tonic::Status> {
-    let routing = Some(Routing { group_id: group });
+    let routing = Some(Routing { group_id: group, ..Routing::default() });
     let key = format!("/k{client}");
     match op {
         "create" => {

@@ -302,6 +302,13 @@ impl Node {
                 factory.watch_hubs(),
             )
         });
+        let placement = config.serve_api.then(|| {
+            crate::placement::service::PlacementService::server(handle.clone(), directory.clone(), Duration::from_millis(config.request_timeout_ms))
+        });
+        if config.serve_api && config.placement_heartbeat_ms > 0 {
+            let interval = Duration::from_millis(config.placement_heartbeat_ms);
+            runtime.spawn(crate::placement::heartbeat::run(handle.clone(), directory.clone(), listen_addr, config.zone.clone(), interval));
+        }
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
@@ -327,6 +334,7 @@ impl Node {
                 .add_service(health)
                 .add_service(reflection)
                 .add_optional_service(api)
+                .add_optional_service(placement)
                 .serve_with_incoming(incoming)
                 .await;
             if let Err(error) = served {

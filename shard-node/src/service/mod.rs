@@ -221,20 +221,26 @@ impl WardenService {
     }
 
     fn engine_status(&self, group: u64, error: EngineError) -> Status {
-        let detail = match &error {
-            EngineError::NotLeader { leader_hint, .. } => {
-                let leader_id = leader_hint.unwrap_or(0);
-                let leader_addr = leader_hint.and_then(|id| self.directory.get(id)).map(|a| a.to_string()).unwrap_or_default();
-                WardenError { leader_id, leader_addr, ..warden_error(Code::NotLeader, error.to_string()) }
-            }
-            EngineError::GroupNotFound(_) => warden_error(Code::WrongGroup, format!("group {group} is not hosted on this node")),
-            EngineError::Unavailable { outcome_unknown: true, .. } => warden_error(Code::OutcomeUnknown, error.to_string()),
-            EngineError::Unavailable { .. } | EngineError::Dropped(_) | EngineError::Stopped => warden_error(Code::Unavailable, error.to_string()),
-            EngineError::TooLarge { limit_bytes, .. } => WardenError { limit: *limit_bytes as u64, ..warden_error(Code::TooLarge, error.to_string()) },
-            EngineError::Invalid(_) | EngineError::GroupExists(_) => warden_error(Code::InvalidArgument, error.to_string()),
-        };
-        status(detail)
+        engine_status(&self.directory, group, error)
     }
+}
+
+/// The gRPC status of an engine error about `group` (NOT_LEADER carries the leader's address
+/// from `directory`).
+pub(crate) fn engine_status(directory: &PeerDirectory, group: u64, error: EngineError) -> Status {
+    let detail = match &error {
+        EngineError::NotLeader { leader_hint, .. } => {
+            let leader_id = leader_hint.unwrap_or(0);
+            let leader_addr = leader_hint.and_then(|id| directory.get(id)).map(|a| a.to_string()).unwrap_or_default();
+            WardenError { leader_id, leader_addr, ..warden_error(Code::NotLeader, error.to_string()) }
+        }
+        EngineError::GroupNotFound(_) => warden_error(Code::WrongGroup, format!("group {group} is not hosted on this node")),
+        EngineError::Unavailable { outcome_unknown: true, .. } => warden_error(Code::OutcomeUnknown, error.to_string()),
+        EngineError::Unavailable { .. } | EngineError::Dropped(_) | EngineError::Stopped => warden_error(Code::Unavailable, error.to_string()),
+        EngineError::TooLarge { limit_bytes, .. } => WardenError { limit: *limit_bytes as u64, ..warden_error(Code::TooLarge, error.to_string()) },
+        EngineError::Invalid(_) | EngineError::GroupExists(_) => warden_error(Code::InvalidArgument, error.to_string()),
+    };
+    status(detail)
 }
 
 /// Parses a `grpc-timeout` header value (`<digits><unit>`, unit one of H M S m u n).

@@ -74,6 +74,13 @@ impl PeerDirectory {
     pub fn get(&self, node: u64) -> Option<SocketAddr> {
         self.addrs.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&node).copied()
     }
+
+    /// Every node known, in id order.
+    pub fn ids(&self) -> Vec<u64> {
+        let mut ids: Vec<u64> = self.addrs.read().unwrap_or_else(std::sync::PoisonError::into_inner).keys().copied().collect();
+        ids.sort_unstable();
+        ids
+    }
 }
 
 struct Outgoing {

@@ -1,0 +1,17 @@
+//! The placement group hosted on shard-nodes (DESIGN.md: "Runs placement replicas through the
+//! same engine using the placement crate's state machine"): [`state_machine`] puts
+//! `warden_placement::Placement` behind the engine's `StateMachine` trait; [`service`] is the
+//! `warden.placement.Placement` gRPC service every node serves; [`heartbeat`] tells the
+//! placement group a node is alive; [`factory`] gives each group its state machine (the
+//! placement group's, or a namespace).
+//!
+//! Architecture invariant: the routing table changes only through commands applied by the
+//! placement group; nodes and routers hold copies read from it.
+
+pub mod factory;
+pub mod heartbeat;
+pub mod service;
+pub mod state_machine;
+
+pub use factory::ShardNodeFactory;
+pub use state_machine::PlacementStateMachine;

@@ -1,0 +1,205 @@
+//! `warden.placement.Placement`, served by every shard-node. Reads of the routing table are
+//! linearizable reads of the placement group; changes are proposed to it, so they are
+//! answered by its leader (elsewhere: NOT_LEADER with the leader's address). Creating a
+//! group is a sequence run by the placement leader:
+//!
+//! 1. `CreateGroup` is committed: placement allocates the id and picks the replicas.
+//! 2. Each picked node creates its replica (`CreateReplica`); the first one campaigns.
+//! 3. The group answers a linearizable `Sync`: it has a leader.
+//! 4. `GroupReady` is committed: the route exists from now on.
+//!
+//! If 2 or 3 fails, `DropGroup` forgets the group (replicas already made stay idle on their
+//! nodes; nothing routes to them).
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use tonic::transport::Channel;
+use tonic::{Request, Response, Status};
+use warden_placement::{Command, GroupDescriptor, Outcome, Placement, PlacementConfig, PlacementError, PLACEMENT_GROUP_ID};
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::placement_server::{Placement as PlacementApi, PlacementServer};
+use warden_proto::placement::*;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::{Routing, SyncRequest, WardenError};
+
+use super::state_machine::{decode_result, decode_state, encode_command};
+use crate::error::EngineError;
+use crate::host::{NodeHandle, ReadConsistency};
+use crate::service::{engine_status, status};
+use crate::transport::PeerDirectory;
+
+/// How long a new group may take to elect its first leader.
+const GROUP_LEADER_WAIT: Duration = Duration::from_secs(10);
+/// Pause between checks for that leader.
+const GROUP_LEADER_POLL: Duration = Duration::from_millis(50);
+
+/// The placement service of one node.
+#[derive(Clone)]
+pub struct PlacementService {
+    node: NodeHandle,
+    directory: Arc<PeerDirectory>,
+    timeout: Duration,
+}
+
+impl PlacementService {
+    /// The service, wrapped for tonic.
+    pub fn server(node: NodeHandle, directory: Arc<PeerDirectory>, timeout: Duration) -> PlacementServer<PlacementService> {
+        PlacementServer::new(PlacementService { node, directory, timeout })
+    }
+
+    /// Proposes `command` to the placement group (this node must lead it).
+    async fn propose(&self, command: &Command) -> Result<Outcome, Status> {
+        let output = self
+            .node
+            .propose(PLACEMENT_GROUP_ID, encode_command(command), self.timeout)
+            .await
+            .map_err(|e| engine_status(&self.directory, PLACEMENT_GROUP_ID, e))?;
+        decode_result(&output).map_err(internal)?.map_err(placement_status)
+    }
+
+    /// The placement state as committed (linearizable).
+    async fn state(&self) -> Result<Placement, Status> {
+        let bytes = self
+            .node
+            .read(PLACEMENT_GROUP_ID, Vec::new(), ReadConsistency::Linearizable, self.timeout)
+            .await
+            .map_err(|e| engine_status(&self.directory, PLACEMENT_GROUP_ID, e))?;
+        // The configuration only steers the leader's decisions, not what the table says.
+        decode_state(&bytes, PlacementConfig::default()).map_err(internal)
+    }
+
+    /// Steps 2 and 3: the replicas exist and the group has a leader.
+    async fn start_group(&self, group: &warden_placement::GroupInfo, state: &Placement) -> Result<(), Status> {
+        for (position, replica) in group.replicas.iter().enumerate() {
+            let addr = state.node(*replica).map(|n| n.addr.clone()).ok_or_else(|| internal(format!("node {replica} has no address")))?;
+            let request = CreateReplicaRequest { group_id: group.id, voters: group.replicas.clone(), campaign: position == 0 };
+            let mut client = PlacementClient::new(channel(&addr)?);
+            client.create_replica(request).await?;
+        }
+        let first = state.node(group.replicas[0]).map(|n| n.addr.clone()).unwrap_or_default();
+        let mut client = WardenClient::new(channel(&first)?);
+        let deadline = tokio::time::Instant::now() + GROUP_LEADER_WAIT;
+        loop {
+            let sync = SyncRequest { routing: Some(Routing { group_id: group.id, ..Routing::default() }) };
+            match client.sync(sync).await {
+                Ok(_) => return Ok(()),
+                Err(error) if tokio::time::Instant::now() >= deadline => return Err(error),
+                Err(_) => tokio::time::sleep(GROUP_LEADER_POLL).await,
+            }
+        }
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+/// A lazily connected channel to `addr` (`host:port`).
+fn channel(addr: &str) -> Result<Channel, Status> {
+    Ok(Channel::from_shared(format!("http://{addr}"))
+        .map_err(|e| internal(format!("address {addr}: {e}")))?
+        .connect_timeout(Duration::from_secs(1))
+        .connect_lazy())
+}
+
+fn internal(error: impl std::fmt::Display) -> Status {
+    status(WardenError { code: Code::Unknown as i32, message: error.to_string(), ..WardenError::default() })
+}
+
+/// The typed status of a refused placement command.
+fn placement_status(error: PlacementError) -> Status {
+    let code = match &error {
+        PlacementError::InvalidPrefix { .. } => Code::InvalidPath,
+        PlacementError::PrefixTaken { .. } | PlacementError::AlreadyBootstrapped | PlacementError::DuplicateNode(_) => Code::NodeExists,
+        PlacementError::NotBootstrapped | PlacementError::NotEnoughNodes { .. } => Code::Unavailable,
+        PlacementError::GroupIdsExhausted => Code::TooLarge,
+        PlacementError::UnknownNode(_)
+        | PlacementError::UnknownGroup(_)
+        | PlacementError::GroupNotCreating(_)
+        | PlacementError::InvalidNode { .. } => Code::InvalidArgument,
+        PlacementError::BadSnapshot(_) | PlacementError::Inconsistent(_) => Code::Unknown,
+    };
+    status(WardenError { code: code as i32, message: error.to_string(), ..WardenError::default() })
+}
+
+/// The wire form of a descriptor.
+pub fn descriptor_proto(descriptor: &GroupDescriptor) -> warden_proto::v1::GroupDescriptor {
+    warden_proto::v1::GroupDescriptor {
+        group_id: descriptor.id,
+        prefix: descriptor.prefix.clone(),
+        excluded: descriptor.excluded.clone(),
+        replicas: descriptor.replicas.clone(),
+        conf_ver: descriptor.epoch.conf_ver,
+        version: descriptor.epoch.version,
+    }
+}
+
+/// The routing table of a placement state.
+pub fn routing_table(state: &Placement) -> RoutingTable {
+    let nodes = state
+        .nodes()
+        .values()
+        .map(|n| NodeEntry { id: n.id, addr: n.addr.clone(), zone: n.zone.clone(), up: n.up, last_heartbeat_ms: n.last_heartbeat_ms })
+        .collect();
+    let groups = state
+        .groups()
+        .values()
+        .filter_map(|g| state.descriptor(g.id).map(|d| GroupEntry { descriptor: Some(descriptor_proto(&d)), ready: g.ready }))
+        .collect();
+    RoutingTable { version: state.routing_version(), nodes, groups }
+}
+
+#[tonic::async_trait]
+impl PlacementApi for PlacementService {
+    async fn get_routing_table(&self, _request: Request<GetRoutingTableRequest>) -> Result<Response<RoutingTable>, Status> {
+        Ok(Response::new(routing_table(&self.state().await?)))
+    }
+
+    async fn create_group(&self, request: Request<CreateGroupRequest>) -> Result<Response<CreateGroupResponse>, Status> {
+        let prefix = request.into_inner().prefix;
+        let group = match self.propose(&Command::CreateGroup { prefix, now_ms: now_ms() }).await? {
+            Outcome::GroupCreated(group) => group,
+            other => return Err(internal(format!("unexpected outcome {other:?}"))),
+        };
+        let state = self.state().await?;
+        if let Err(error) = self.start_group(&group, &state).await {
+            // The group never served anything: forget it (best effort; the error is the answer).
+            if let Err(drop_error) = self.propose(&Command::DropGroup { group_id: group.id }).await {
+                tracing::warn!(group = group.id, %drop_error, "could not drop a group whose creation failed");
+            }
+            return Err(error);
+        }
+        self.propose(&Command::GroupReady { group_id: group.id }).await?;
+        let state = self.state().await?;
+        let entry = state
+            .descriptor(group.id)
+            .map(|d| GroupEntry { descriptor: Some(descriptor_proto(&d)), ready: state.group(group.id).is_some_and(|g| g.ready) });
+        Ok(Response::new(CreateGroupResponse { group: entry, routing_version: state.routing_version() }))
+    }
+
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        let request = request.into_inner();
+        let command = Command::RegisterNode { id: request.node_id, addr: request.addr, zone: request.zone, now_ms: now_ms() };
+        self.propose(&command).await?;
+        let version = self.state().await?.routing_version();
+        Ok(Response::new(HeartbeatResponse { routing_version: version }))
+    }
+
+    async fn create_replica(&self, request: Request<CreateReplicaRequest>) -> Result<Response<CreateReplicaResponse>, Status> {
+        let request = request.into_inner();
+        if request.group_id == PLACEMENT_GROUP_ID || request.voters.is_empty() {
+            return Err(status(WardenError { code: Code::InvalidArgument as i32, message: "not a shard group".into(), ..WardenError::default() }));
+        }
+        match self.node.create_group(request.group_id, request.voters).await {
+            // Idempotent: a retried creation finds its replica.
+            Ok(()) | Err(EngineError::GroupExists(_)) => {}
+            Err(error) => return Err(engine_status(&self.directory, request.group_id, error)),
+        }
+        if request.campaign {
+            self.node.campaign(request.group_id).await.map_err(|e| engine_status(&self.directory, request.group_id, e))?;
+        }
+        Ok(Response::new(CreateReplicaResponse {}))
+    }
+}

@@ -1,0 +1,146 @@
+//! `warden_placement::Placement` as a replicated state machine. Commands and the state are
+//! JSON (the placement crate's serde forms; the state is small: nodes, groups, routes).
+//! The whole state is rewritten under one key with every change, so apply stays one write.
+
+use warden_placement::{Command, Placement, PlacementConfig, PlacementError, Outcome};
+
+use crate::error::{EngineError, StorageError};
+use crate::state_machine::{ApplyOutput, LeaderClock, SmReader, SmWrites, StateMachine};
+
+/// Key of the encoded state in the placement group's range.
+const STATE_KEY: &[u8] = b"placement";
+
+/// How long the leader waits before proposing the same nodes down again (the first
+/// proposal is usually applied well before).
+const MARK_DOWN_RETRY_MS: u64 = 1_000;
+
+/// What applying a placement command answers: the crate's own result.
+pub type PlacementResult = Result<Outcome, PlacementError>;
+
+/// The placement group's state machine.
+pub struct PlacementStateMachine {
+    placement: Placement,
+    config: PlacementConfig,
+    /// Leader-only: when nodes were last proposed down (wall ms), so the proposal is not
+    /// repeated every tick while it commits.
+    mark_down_proposed_ms: u64,
+}
+
+impl PlacementStateMachine {
+    /// An empty placement state with `config`.
+    pub fn new(config: PlacementConfig) -> PlacementStateMachine {
+        PlacementStateMachine { placement: Placement::new(config.clone()), config, mark_down_proposed_ms: 0 }
+    }
+}
+
+/// Encodes a command for proposing.
+pub fn encode_command(command: &Command) -> Vec<u8> {
+    // Serializing these plain enums cannot fail.
+    serde_json::to_vec(command).unwrap_or_default()
+}
+
+/// Decodes what apply answered.
+pub fn decode_result(bytes: &[u8]) -> Result<PlacementResult, EngineError> {
+    serde_json::from_slice(bytes).map_err(|e| EngineError::Invalid(format!("placement result: {e}")))
+}
+
+/// Decodes the state a query answered.
+pub fn decode_state(bytes: &[u8], config: PlacementConfig) -> Result<Placement, EngineError> {
+    Placement::from_bytes(bytes, config).map_err(|e| EngineError::Invalid(format!("placement state: {e}")))
+}
+
+fn decode_command(bytes: &[u8]) -> Result<Command, EngineError> {
+    serde_json::from_slice(bytes).map_err(|e| EngineError::Invalid(format!("placement command: {e}")))
+}
+
+impl StateMachine for PlacementStateMachine {
+    fn apply(&mut self, _index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
+        let command = decode_command(command)?;
+        let result = self.placement.apply(&command);
+        // A refused command changed nothing (the crate checks before it changes).
+        if result.is_ok() {
+            writes.put(STATE_KEY, &self.placement.to_bytes());
+        }
+        serde_json::to_vec(&result).map_err(|e| EngineError::Invalid(format!("placement result: {e}")))
+    }
+
+    /// Every query answers the whole state (see [`decode_state`]).
+    fn query(&self, _query: &[u8]) -> Result<Vec<u8>, EngineError> {
+        Ok(self.placement.to_bytes())
+    }
+
+    fn reload(&mut self, reader: &SmReader, _applied_index: u64) -> Result<(), StorageError> {
+        self.placement = match reader.get(STATE_KEY)? {
+            Some(bytes) => Placement::from_bytes(&bytes, self.config.clone()).map_err(|e| StorageError::Corrupt(format!("placement state: {e}")))?,
+            None => Placement::new(self.config.clone()),
+        };
+        Ok(())
+    }
+
+    fn validate(&self, command: &[u8]) -> Result<(), EngineError> {
+        decode_command(command).map(drop)
+    }
+
+    fn leader_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
+        let down = self.placement.nodes_to_mark_down(clock.wall_ms);
+        if down.is_empty() || clock.wall_ms < self.mark_down_proposed_ms.saturating_add(MARK_DOWN_RETRY_MS) {
+            return Vec::new();
+        }
+        self.mark_down_proposed_ms = clock.wall_ms;
+        vec![encode_command(&Command::MarkDown { ids: down, now_ms: clock.wall_ms })]
+    }
+
+    fn on_leadership(&mut self, leading: bool, _clock: LeaderClock) {
+        if !leading {
+            self.mark_down_proposed_ms = 0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::storage::Db;
+
+    fn apply(sm: &mut PlacementStateMachine, db: &std::sync::Arc<Db>, index: u64, command: &Command) -> PlacementResult {
+        let mut writes = SmWrites::new(warden_placement::PLACEMENT_GROUP_ID);
+        let output = sm.apply(index, &encode_command(command), &mut writes).expect("applied");
+        db.write_ops(&writes.into_ops(), false).expect("write");
+        decode_result(&output).expect("result")
+    }
+
+    #[test]
+    fn state_survives_a_reload_and_refusals_write_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(dir.path()).expect("db");
+        let reader = SmReader::new(db.clone(), warden_placement::PLACEMENT_GROUP_ID);
+        let mut sm = PlacementStateMachine::new(PlacementConfig::default());
+        sm.reload(&reader, 0).expect("load");
+        let nodes = (1..=5).map(|id| (id, format!("127.0.0.1:{}", 7000 + id), String::new())).collect();
+        assert!(apply(&mut sm, &db, 1, &Command::Bootstrap { nodes, now_ms: 1 }).is_ok());
+        let refused = apply(&mut sm, &db, 2, &Command::CreateGroup { prefix: "no-slash".into(), now_ms: 2 });
+        assert!(matches!(refused, Err(PlacementError::InvalidPrefix { .. })));
+        let created = apply(&mut sm, &db, 3, &Command::CreateGroup { prefix: "/a".into(), now_ms: 3 });
+        assert!(matches!(created, Ok(Outcome::GroupCreated(_))));
+        let before = sm.query(&[]).expect("query");
+        let mut reloaded = PlacementStateMachine::new(PlacementConfig::default());
+        reloaded.reload(&reader, 3).expect("reload");
+        assert_eq!(reloaded.query(&[]).expect("query"), before);
+        assert!(sm.validate(b"{not json").is_err());
+    }
+
+    #[test]
+    fn the_leader_proposes_silent_nodes_down_once_per_retry_interval() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(dir.path()).expect("db");
+        let mut sm = PlacementStateMachine::new(PlacementConfig { heartbeat_timeout_ms: 100, ..PlacementConfig::default() });
+        sm.reload(&SmReader::new(db.clone(), warden_placement::PLACEMENT_GROUP_ID), 0).expect("load");
+        let nodes = vec![(1, "127.0.0.1:7001".to_string(), String::new())];
+        assert!(apply(&mut sm, &db, 1, &Command::Bootstrap { nodes, now_ms: 1_000 }).is_ok());
+        assert!(sm.leader_proposals(LeaderClock { wall_ms: 1_050, monotonic_ms: 0 }).is_empty(), "not silent yet");
+        let proposed = sm.leader_proposals(LeaderClock { wall_ms: 1_200, monotonic_ms: 0 });
+        assert_eq!(proposed.len(), 1);
+        assert_eq!(decode_command(&proposed[0]).expect("command"), Command::MarkDown { ids: vec![1], now_ms: 1_200 });
+        assert!(sm.leader_proposals(LeaderClock { wall_ms: 1_300, monotonic_ms: 0 }).is_empty(), "not again while it commits");
+    }
+}

@@ -1,0 +1,125 @@
+//! The placement group hosted on shard-nodes: bootstrap, node registration and liveness from
+//! heartbeats, and creating a shard group for a prefix (replicas placed, created on their
+//! nodes, routed only once the group has a leader), through the `warden.placement` API.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_placement::PlacementConfig;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::*;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::*;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::placement::ShardNodeFactory;
+use warden_shard_node::service::error_of;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn placement_cluster(heartbeat_timeout_ms: u64) -> Arc<Cluster> {
+    let factory = ShardNodeFactory { placement: PlacementConfig { heartbeat_timeout_ms, ..PlacementConfig::default() }, ..ShardNodeFactory::default() };
+    let config = ClusterConfig { serve_api: true, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
+    let root = cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
+    assert_eq!((root.id, root.prefix.as_str(), root.replicas.len()), (1, "/", 5));
+    cluster
+}
+
+fn client(cluster: &Cluster, node: u64) -> PlacementClient<Channel> {
+    let addr = cluster.addr(node).expect("addr");
+    PlacementClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy())
+}
+
+/// Calls `call` on each node in turn (following NOT_LEADER hints) until it succeeds or is
+/// refused with something other than NOT_LEADER / UNAVAILABLE.
+async fn at_leader<T, F, Fut>(cluster: &Cluster, call: F) -> Result<T, WardenError>
+where
+    F: Fn(PlacementClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    let ids = cluster.node_ids();
+    let mut node = ids[0];
+    let mut turn = 0;
+    loop {
+        let status = match call(client(cluster, node)).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) => status,
+        };
+        let error = error_of(&status).unwrap_or(WardenError { code: Code::Unavailable as i32, message: status.to_string(), ..WardenError::default() });
+        let retry = error.code == Code::NotLeader as i32 || error.code == Code::Unavailable as i32;
+        if !retry || Instant::now() > deadline {
+            return Err(error);
+        }
+        turn += 1;
+        node = Some(error.leader_id).filter(|id| ids.contains(id) && *id != node).unwrap_or(ids[turn % ids.len()]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn table(cluster: &Cluster) -> RoutingTable {
+    at_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_group_is_placed_created_and_routed_once_it_has_a_leader() {
+    let cluster = placement_cluster(10_000).await;
+    let before = table(&cluster).await;
+    assert_eq!(before.groups.len(), 1);
+    let created = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/teams/payments".into() }).await })
+        .await
+        .expect("group created");
+    let entry = created.group.expect("group");
+    let descriptor = entry.descriptor.expect("descriptor");
+    assert!(entry.ready, "answered once routed");
+    assert_eq!((descriptor.group_id, descriptor.prefix.as_str()), (2, "/teams/payments"));
+    let mut replicas = descriptor.replicas.clone();
+    replicas.sort_unstable();
+    replicas.dedup();
+    assert_eq!(replicas.len(), 5, "five distinct nodes");
+    assert!(created.routing_version > before.version);
+
+    // The routing table has the route; the root group's descriptor carves the prefix out.
+    let after = table(&cluster).await;
+    let root = after.groups.iter().filter_map(|g| g.descriptor.as_ref()).find(|d| d.group_id == 1).expect("root group");
+    assert_eq!(root.excluded, vec!["/teams/payments".to_string()]);
+    assert!(root.version > 1, "the root group's epoch moved");
+    // The new group has a leader and takes writes.
+    let leader = cluster.wait_leader(2, TIMEOUT).await.expect("leader of the new group");
+    let addr = cluster.addr(leader).expect("addr");
+    let mut api = WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy());
+    let routing = Some(Routing { group_id: 2, ..Routing::default() });
+    let create = CreateRequest { path: "/teams/payments/lock".into(), create_parents: true, routing, ..CreateRequest::default() };
+    api.create(create).await.expect("write to the new group");
+
+    // The same prefix again, and a malformed one, are refused, typed, changing nothing.
+    let again = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/teams/payments".into() }).await }).await;
+    assert_eq!(again.err().map(|e| e.code), Some(Code::NodeExists as i32));
+    let bad = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "teams//x".into() }).await }).await;
+    assert_eq!(bad.err().map(|e| e.code), Some(Code::InvalidPath as i32));
+    assert_eq!(table(&cluster).await.version, after.version);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_node_is_marked_down_and_comes_back_up_when_it_heartbeats() {
+    let cluster = placement_cluster(2_000).await;
+    let up = |table: &RoutingTable, id: u64| table.nodes.iter().find(|n| n.id == id).map(|n| n.up);
+    // Placement lives on nodes 1-3; node 5 goes silent.
+    cluster.kill(5);
+    let deadline = Instant::now() + TIMEOUT;
+    while up(&table(&cluster).await, 5) != Some(false) {
+        assert!(Instant::now() < deadline, "node 5 was never marked down");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(up(&table(&cluster).await, 4), Some(true), "heartbeating nodes stay up");
+    cluster.restart(5).expect("restart");
+    let deadline = Instant::now() + TIMEOUT;
+    while up(&table(&cluster).await, 5) != Some(true) {
+        assert!(Instant::now() < deadline, "node 5 never came back up");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
