@@ -61,6 +61,11 @@ where
     }
 }
 
+fn api(cluster: &Cluster, node: u64) -> WardenClient<Channel> {
+    let addr = cluster.addr(node).expect("addr");
+    WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy())
+}
+
 async fn table(cluster: &Cluster) -> RoutingTable {
     at_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table")
 }
@@ -68,6 +73,8 @@ async fn table(cluster: &Cluster) -> RoutingTable {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_prefix_group_is_placed_created_and_routed_once_it_has_a_leader() {
     let cluster = placement_cluster(10_000).await;
+    let root_leader = cluster.wait_leader(1, TIMEOUT).await.expect("root leader");
+    api(&cluster, root_leader).create(CreateRequest { path: "/teams".into(), ..CreateRequest::default() }).await.expect("create /teams");
     let before = table(&cluster).await;
     assert_eq!(before.groups.len(), 1);
     let created = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/teams/payments".into() }).await })
@@ -83,6 +90,18 @@ async fn a_prefix_group_is_placed_created_and_routed_once_it_has_a_leader() {
     assert_eq!(replicas.len(), 5, "five distinct nodes");
     assert!(created.routing_version > before.version);
 
+    // Requests are checked against the groups' descriptors.
+    let root_leader = cluster.wait_leader(1, TIMEOUT).await.expect("root leader");
+    let mut root_api = api(&cluster, root_leader);
+    let misrouted = CreateRequest { path: "/teams/payments/x".into(), ..CreateRequest::default() };
+    let refused = root_api.create(misrouted).await.expect_err("the root group no longer serves it");
+    let error = error_of(&refused).expect("typed");
+    assert_eq!(error.code, Code::WrongGroup as i32);
+    assert_eq!(error.descriptor.map(|d| d.excluded), Some(vec!["/teams/payments".to_string()]), "the answer says what it serves");
+    let delete_parent = DeleteRequest { path: "/teams".into(), recursive: true, ..DeleteRequest::default() };
+    let refused = root_api.delete(delete_parent).await.expect_err("a subtree lives in another group");
+    assert_eq!(error_of(&refused).map(|e| e.code), Some(Code::NotEmpty as i32));
+
     // The routing table has the route; the root group's descriptor carves the prefix out.
     let after = table(&cluster).await;
     let root = after.groups.iter().filter_map(|g| g.descriptor.as_ref()).find(|d| d.group_id == 1).expect("root group");
@@ -90,13 +109,25 @@ async fn a_prefix_group_is_placed_created_and_routed_once_it_has_a_leader() {
     assert!(root.version > 1, "the root group's epoch moved");
     // The new group has a leader and takes writes.
     let leader = cluster.wait_leader(2, TIMEOUT).await.expect("leader of the new group");
-    let addr = cluster.addr(leader).expect("addr");
-    let mut api = WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy());
+    let mut group_api = api(&cluster, leader);
     let routing = Some(Routing { group_id: 2, ..Routing::default() });
-    let create = CreateRequest { path: "/teams/payments/lock".into(), create_parents: true, routing, ..CreateRequest::default() };
-    api.create(create).await.expect("write to the new group");
+    let create = CreateRequest { path: "/teams/payments/lock".into(), routing, ..CreateRequest::default() };
+    group_api.create(create).await.expect("write to the new group (its prefix node is its root)");
+    let outside = GetRequest { path: "/teams".into(), routing, ..GetRequest::default() };
+    assert_eq!(error_of(&group_api.get(outside).await.expect_err("outside")).map(|e| e.code), Some(Code::WrongGroup as i32));
+    let root_delete = DeleteRequest { path: "/teams/payments".into(), recursive: true, routing, ..DeleteRequest::default() };
+    assert_eq!(error_of(&group_api.delete(root_delete).await.expect_err("root")).map(|e| e.code), Some(Code::InvalidArgument as i32));
+
+    // A prefix where the owner already holds nodes cannot be given away (no subtree moves).
+    let mut root_api = api(&cluster, cluster.wait_leader(1, TIMEOUT).await.expect("root leader"));
+    root_api.create(CreateRequest { path: "/busy/x".into(), create_parents: true, ..CreateRequest::default() }).await.expect("create");
+    let busy = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/busy".into() }).await }).await;
+    assert_eq!(busy.err().map(|e| e.code), Some(Code::NotEmpty as i32));
+    let after_busy = table(&cluster).await;
+    assert!(after_busy.groups.iter().all(|g| g.descriptor.as_ref().is_some_and(|d| d.prefix != "/busy")), "the failed group is dropped");
 
     // The same prefix again, and a malformed one, are refused, typed, changing nothing.
+    let after = table(&cluster).await;
     let again = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/teams/payments".into() }).await }).await;
     assert_eq!(again.err().map(|e| e.code), Some(Code::NodeExists as i32));
     let bad = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "teams//x".into() }).await }).await;

@@ -202,6 +202,15 @@ impl Cluster {
             Ok(Outcome::Bootstrapped(root)) => {
                 self.create_group(root.id, &root.replicas).await?;
                 self.wait_leader(root.id, Duration::from_secs(30)).await?;
+                // The root group serves `/` (and, as groups are added, less).
+                let state = crate::placement::state_machine::decode_state(
+                    &self.read(PLACEMENT_GROUP_ID, Vec::new(), Duration::from_secs(10)).await?,
+                    warden_placement::PlacementConfig::default(),
+                )?;
+                let descriptor = state.descriptor(root.id).map(|d| crate::placement::service::descriptor_proto(&d));
+                let set = warden_proto::namespace::SetDescriptor { descriptor };
+                let command = warden_proto::namespace::Command { now_ms, op: Some(warden_proto::namespace::command::Op::SetDescriptor(set)) };
+                self.propose(root.id, prost::Message::encode_to_vec(&command), Duration::from_secs(10)).await?;
                 Ok(root)
             }
             Ok(other) => Err(EngineError::Invalid(format!("bootstrap answered {other:?}"))),

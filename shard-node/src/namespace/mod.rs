@@ -5,6 +5,7 @@
 //! Data lives in RocksDB (`store`); in memory there is only the revision and an index of
 //! TTL nodes for the leader's expiry scan, both rebuilt on start and after a snapshot.
 
+pub mod descriptor;
 pub mod error;
 pub mod harness;
 pub mod locks;
@@ -25,7 +26,7 @@ use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
 use warden_proto::namespace::{LeaderRequest, LeaderResponse};
 use warden_proto::v1::{
-    CloseSessionResponse, CreateSessionResponse, KeepAliveResponse, LockResponse, NodeKind, SessionInfoResponse, SessionLease,
+    GroupDescriptor, CloseSessionResponse, CreateSessionResponse, KeepAliveResponse, LockResponse, NodeKind, SessionInfoResponse, SessionLease,
     TxnResponse,
 };
 
@@ -108,6 +109,7 @@ impl StateMachineFactory for NamespaceFactory {
             sessions: BTreeMap::new(),
             leases: LeaseTable::default(),
             blocked_locks: BTreeMap::new(),
+            descriptor: None,
         })
     }
 
@@ -146,6 +148,8 @@ pub struct NamespaceStateMachine {
     leases: LeaseTable,
     /// Locks in their lock-delay, and until when (replicated state, rebuilt from disk).
     blocked_locks: BTreeMap<String, u64>,
+    /// What the group serves (replicated state, rebuilt from disk; `None`: every path).
+    descriptor: Option<GroupDescriptor>,
 }
 
 impl NamespaceStateMachine {
@@ -182,10 +186,46 @@ impl NamespaceStateMachine {
         Ok(())
     }
 
+    /// Refuses a command touching a path this group does not serve (WRONG_GROUP), or
+    /// deleting a node with a subtree in another group.
+    fn check_paths(&self, op: Option<&CommandOp>) -> Result<(), warden_proto::v1::WardenError> {
+        use warden_proto::v1::txn_op::Op;
+        let served = |path: &str| descriptor::check_served(self.descriptor.as_ref(), path);
+        match op {
+            Some(CommandOp::Txn(request)) => {
+                for compare in &request.compares {
+                    served(&compare.path)?;
+                }
+                for op in request.then.iter().chain(&request.r#else) {
+                    match &op.op {
+                        Some(Op::Create(create)) => served(&create.path)?,
+                        Some(Op::Set(set)) => served(&set.path)?,
+                        Some(Op::Get(get)) => served(&get.path)?,
+                        Some(Op::Delete(delete)) => {
+                            served(&delete.path)?;
+                            descriptor::check_deletable(self.descriptor.as_ref(), &delete.path)?;
+                        }
+                        None => {}
+                    }
+                }
+            }
+            Some(CommandOp::AcquireLock(acquire)) => served(&acquire.path)?,
+            Some(CommandOp::ReleaseLock(release)) => served(release.sequencer.as_ref().map_or("", |s| s.path.as_str()))?,
+            _ => {}
+        }
+        Ok(())
+    }
+
     fn apply_command(&mut self, command: Command, writes: &mut SmWrites) -> Result<CommandResult, StorageError> {
+        if let Err(error) = self.check_paths(command.op.as_ref()) {
+            return Ok(CommandResult { result: Some(CommandOutcome::Error(error)) });
+        }
         let reader = self.reader()?.clone();
+        let root = descriptor::root(self.descriptor.as_ref()).to_string();
+        let mut new_descriptor = None;
         let mut view = TxnView::new(&reader, Some(writes));
         let mut txn = Txn {
+            root: &root,
             view: &mut view,
             limits: &self.limits,
             now_ms: command.now_ms,
@@ -222,6 +262,10 @@ impl NamespaceStateMachine {
                 txn.release_lock(&release.sequencer.unwrap_or_default()).map(|()| CommandOutcome::Txn(empty()))
             }
             Some(CommandOp::LockDelayEnded(ended)) => txn.end_lock_delay(&ended.path).map(|()| CommandOutcome::Txn(empty())),
+            Some(CommandOp::SetDescriptor(set)) => txn.set_descriptor(self.group, self.descriptor.as_ref(), set.descriptor).map(|descriptor| {
+                new_descriptor = Some(descriptor);
+                CommandOutcome::Txn(empty())
+            }),
             None => Err(Failure::Refused(error::invalid("", "command without an operation"))),
         };
         let ttl_changes = std::mem::take(&mut txn.ttl_changes);
@@ -249,6 +293,9 @@ impl NamespaceStateMachine {
             }
             view.set_revision(self.revision);
             view.into_changes().commit_into(writes);
+            if new_descriptor.is_some() {
+                self.descriptor = new_descriptor;
+            }
             for change in ttl_changes {
                 match change {
                     TtlChange::Upsert(path, stat) => {
@@ -312,7 +359,7 @@ impl StateMachine for NamespaceStateMachine {
 
     fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError> {
         let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
-        query::run(reader, &self.limits, self.revision, query).map(|result| result.encode_to_vec())
+        query::run(reader, &self.limits, self.revision, self.descriptor.as_ref(), query).map(|result| result.encode_to_vec())
     }
 
     fn publish(&mut self) {
@@ -321,6 +368,7 @@ impl StateMachine for NamespaceStateMachine {
 
     fn reload(&mut self, reader: &SmReader, _applied_index: u64) -> Result<(), StorageError> {
         self.revision = store::read_revision(reader)?;
+        self.descriptor = store::read_descriptor(reader)?;
         self.unpublished.clear();
         self.hub.reset(self.revision);
         self.ttl.clear();
@@ -370,7 +418,8 @@ impl StateMachine for NamespaceStateMachine {
                 | CommandOp::ExpireSessions(_)
                 | CommandOp::AcquireLock(_)
                 | CommandOp::ReleaseLock(_)
-                | CommandOp::LockDelayEnded(_),
+                | CommandOp::LockDelayEnded(_)
+                | CommandOp::SetDescriptor(_),
             ) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }

@@ -4,16 +4,26 @@ use prost::Message as _;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::{Query, QueryResult};
-use warden_proto::v1::{CheckSequencerResponse, ExistsResponse, GetChildrenResponse, GetResponse, LockInfoResponse, Stat};
+use warden_proto::v1::{CheckSequencerResponse, ExistsResponse, GetChildrenResponse, GetResponse, GroupDescriptor, LockInfoResponse};
 
 use super::error::{invalid, invalid_path, no_node, too_large, Failure};
-use super::{locks, path, store, Limits};
+use super::{descriptor, locks, path, store, Limits};
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::SmReader;
 
-/// Runs an encoded [`Query`] at `revision`.
-pub fn run(reader: &SmReader, limits: &Limits, revision: u64, query: &[u8]) -> Result<QueryResult, EngineError> {
+/// Runs an encoded [`Query`] at `revision`, for a group serving `descriptor`.
+pub fn run(reader: &SmReader, limits: &Limits, revision: u64, descriptor: Option<&GroupDescriptor>, query: &[u8]) -> Result<QueryResult, EngineError> {
     let query = Query::decode(query).map_err(|e| EngineError::Invalid(format!("namespace query: {e}")))?;
+    let path = match &query.query {
+        Some(QueryKind::Get(get)) => Some(get.path.as_str()),
+        Some(QueryKind::Exists(exists)) => Some(exists.path.as_str()),
+        Some(QueryKind::Children(children)) => Some(children.path.as_str()),
+        Some(QueryKind::LockInfo(lock) | QueryKind::CheckSequencer(lock)) => Some(lock.path.as_str()),
+        Some(QueryKind::Revision(_)) | None => None,
+    };
+    if let Some(Err(error)) = path.map(|path| descriptor::check_served(descriptor, path)) {
+        return Ok(QueryResult { revision, result: Some(QueryOutcome::Error(error)) });
+    }
     let outcome = match answer(reader, limits, query) {
         Ok(outcome) => outcome,
         Err(Failure::Refused(error)) => QueryOutcome::Error(error),
@@ -25,7 +35,7 @@ pub fn run(reader: &SmReader, limits: &Limits, revision: u64, query: &[u8]) -> R
 fn node(reader: &SmReader, path: &str) -> Result<Option<warden_proto::namespace::NodeRecord>, Failure> {
     path::validate(path, true).map_err(|e| invalid_path(path, &e))?;
     Ok(match store::read_node(reader, path)? {
-        None if path == "/" => Some(warden_proto::namespace::NodeRecord { stat: Some(Stat::default()), ..Default::default() }),
+        None if path == "/" => Some(store::implicit_root()),
         found => found,
     })
 }

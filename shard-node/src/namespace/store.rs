@@ -4,12 +4,14 @@
 //! Keys: `n<path>` → `NodeRecord`; `c<parent>\0<name>` → empty (the sorted children index;
 //! paths never contain NUL); `s<session id>` → `SessionRecord`; `e<session id><path>` → empty
 //! (each session's ephemeral nodes, in path order); `mrevision` → the group revision and
-//! `mnext_session` → the next session sequence (8 bytes, big-endian each).
+//! `mnext_session` → the next session sequence (8 bytes, big-endian each); `mdescriptor` →
+//! the group's descriptor (what it serves).
 
 use std::collections::BTreeMap;
 
 use prost::Message as _;
 use warden_proto::namespace::{LockMeta, NodeRecord, SessionRecord};
+use warden_proto::v1::GroupDescriptor;
 
 use crate::error::StorageError;
 use crate::state_machine::{SmReader, SmWrites};
@@ -21,6 +23,7 @@ const EPHEMERAL: u8 = b'e';
 const LOCK: u8 = b'l';
 const REVISION_KEY: &[u8] = b"mrevision";
 const NEXT_SESSION_KEY: &[u8] = b"mnext_session";
+const DESCRIPTOR_KEY: &[u8] = b"mdescriptor";
 
 /// Key of a node's record.
 pub fn node_key(path: &str) -> Vec<u8> {
@@ -118,6 +121,11 @@ pub fn decode_record(bytes: &[u8]) -> Result<NodeRecord, StorageError> {
 /// Reads the stored revision.
 pub fn read_revision(reader: &SmReader) -> Result<u64, StorageError> {
     decode_u64(reader.get(REVISION_KEY)?, "revision")
+}
+
+/// The group's descriptor on disk (`None`: never set; the group serves every path).
+pub fn read_descriptor(reader: &SmReader) -> Result<Option<GroupDescriptor>, StorageError> {
+    reader.get(DESCRIPTOR_KEY)?.map(|bytes| GroupDescriptor::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("descriptor: {e}")))).transpose()
 }
 
 /// Every session record on disk, by id.
@@ -265,6 +273,11 @@ impl<'a> TxnView<'a> {
     /// Up to `limit` ephemeral paths of `session`, in path order; the flag says whether more follow.
     pub fn ephemerals(&self, session: u64, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
         self.scan_names(&ephemeral_prefix(session), "", limit)
+    }
+
+    /// Writes the group's descriptor.
+    pub fn put_descriptor(&mut self, descriptor: &GroupDescriptor) {
+        self.local.insert(DESCRIPTOR_KEY.to_vec(), Some(descriptor.encode_to_vec()));
     }
 
     /// Sets the group revision.

@@ -8,7 +8,7 @@ use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{
-    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, LockMode, LockResponse, Sequencer, DeleteResponse, GetRequest, GetResponse, NodeKind,
+    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, GroupDescriptor, LockMode, LockResponse, Sequencer, DeleteResponse, GetRequest, GetResponse, NodeKind,
     SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
 };
 
@@ -44,6 +44,8 @@ pub enum SessionChange {
 /// One transaction in progress.
 pub struct Txn<'v, 'a> {
     pub view: &'v mut TxnView<'a>,
+    /// The group's root (its prefix): always exists, cannot be deleted or be a lock.
+    pub root: &'v str,
     pub limits: &'v Limits,
     pub now_ms: u64,
     /// The revision every change of this transaction carries.
@@ -273,6 +275,9 @@ impl Txn<'_, '_> {
     }
 
     fn delete(&mut self, request: &DeleteRequest) -> Result<DeleteResponse, Failure> {
+        if request.path == self.root {
+            return Err(invalid(&request.path, "the group's root cannot be deleted").into());
+        }
         let node = self.view.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
         let stat = node.stat.unwrap_or_default();
         if let Some(expected) = request.expected_version {
@@ -341,7 +346,7 @@ impl Txn<'_, '_> {
         let mut stat = parent.stat.unwrap_or_default();
         stat.num_children = stat.num_children.saturating_sub(1);
         stat.cversion += 1;
-        if stat.num_children == 0 && stat.kind == NodeKind::Container as i32 && parent_path != "/" {
+        if stat.num_children == 0 && stat.kind == NodeKind::Container as i32 && parent_path != self.root {
             self.view.delete_node(parent_path);
             return Ok(1 + self.detach_from_parent(parent_path)?);
         }
@@ -440,13 +445,54 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
+    /// Makes the group serve `new` (see `namespace.proto`, `SetDescriptor`): refused when it
+    /// is older than `current`, changes the prefix, or gives away a path where this group
+    /// holds a node. A prefix node missing here is created: it is the group's root.
+    pub fn set_descriptor(&mut self, group: u64, current: Option<&GroupDescriptor>, new: Option<GroupDescriptor>) -> Result<GroupDescriptor, Failure> {
+        let new = new.ok_or_else(|| invalid("", "set_descriptor without a descriptor"))?;
+        if new.group_id != group {
+            return Err(invalid(&new.prefix, format!("a descriptor of group {} sent to group {group}", new.group_id)).into());
+        }
+        path::validate(&new.prefix, true).map_err(|e| invalid_path(&new.prefix, &e))?;
+        if let Some(current) = current {
+            if new.conf_ver < current.conf_ver || new.version < current.version {
+                return Err(invalid(&new.prefix, "the descriptor is older than the group's").into());
+            }
+            if new.prefix != current.prefix {
+                return Err(invalid(&new.prefix, format!("the group's prefix is {}; it never changes", current.prefix)).into());
+            }
+        }
+        for excluded in &new.excluded {
+            path::validate(excluded, true).map_err(|e| invalid_path(excluded, &e))?;
+            if !warden_placement::is_strictly_below(excluded, &new.prefix) {
+                return Err(invalid(excluded, "an excluded prefix must be below the group's prefix").into());
+            }
+            if self.node(excluded)?.is_some() {
+                return Err(error(Code::NotEmpty, excluded, "this group holds nodes there (moving a subtree to another group is not supported)").into());
+            }
+        }
+        if self.node(&new.prefix)?.is_none() {
+            let stat = Stat {
+                create_revision: self.revision,
+                mod_revision: self.revision,
+                ctime_ms: self.now_ms,
+                mtime_ms: self.now_ms,
+                kind: NodeKind::Persistent as i32,
+                ..Stat::default()
+            };
+            self.view.put_node(&new.prefix, &NodeRecord { stat: Some(stat), ..NodeRecord::default() });
+        }
+        self.view.put_descriptor(&new);
+        Ok(new)
+    }
+
     /// Adds a waiter for `request.session_id` to the lock at `request.path` (creating the
     /// lock as a container node), or finds the one an earlier try of the same request made.
     pub fn acquire_lock(&mut self, request: &AcquireLock) -> Result<LockResponse, Failure> {
         let lock_path = request.path.as_str();
         path::validate(lock_path, false).map_err(|e| invalid_path(lock_path, &e))?;
-        if lock_path == "/" {
-            return Err(invalid("/", "the root cannot be a lock").into());
+        if lock_path == self.root {
+            return Err(invalid(lock_path, "the group's root cannot be a lock").into());
         }
         let mode = LockMode::try_from(request.mode).map_err(|_| invalid(lock_path, "unknown lock mode"))?;
         if request.lock_delay_ms > locks::LOCK_DELAY_MS_MAX {

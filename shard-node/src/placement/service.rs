@@ -6,10 +6,14 @@
 //! 1. `CreateGroup` is committed: placement allocates the id and picks the replicas.
 //! 2. Each picked node creates its replica (`CreateReplica`); the first one campaigns.
 //! 3. The group answers a linearizable `Sync`: it has a leader.
-//! 4. `GroupReady` is committed: the route exists from now on.
+//! 4. The new group gets its descriptor (creating its prefix node), then each group giving
+//!    paths away gets its new one (`SetDescriptor`, refused if it holds nodes there) — both
+//!    as placement will compute them once the group is ready.
+//! 5. `GroupReady` is committed: the route exists from now on.
 //!
-//! If 2 or 3 fails, `DropGroup` forgets the group (replicas already made stay idle on their
-//! nodes; nothing routes to them).
+//! If 2–4 fail, `DropGroup` forgets the group (replicas already made stay idle on their
+//! nodes; nothing routes to them). Between 4 and 5 a request for the prefix may be answered
+//! WRONG_GROUP by the old owner while the route is not yet committed: routers retry.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -20,6 +24,10 @@ use warden_placement::{Command, GroupDescriptor, Outcome, Placement, PlacementCo
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::placement_server::{Placement as PlacementApi, PlacementServer};
 use warden_proto::placement::*;
+use prost::Message as _;
+use warden_proto::namespace::command::Op as CommandOp;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
+use warden_proto::namespace::{Command as NamespaceCommand, CommandResult, SetDescriptor};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{Routing, SyncRequest, WardenError};
@@ -88,6 +96,47 @@ impl PlacementService {
                 Err(error) if tokio::time::Instant::now() >= deadline => return Err(error),
                 Err(_) => tokio::time::sleep(GROUP_LEADER_POLL).await,
             }
+        }
+    }
+}
+
+impl PlacementService {
+    /// Step 4: the descriptors placement will have once `group` is ready, new group first.
+    async fn hand_over(&self, group: &warden_placement::GroupInfo, state: &Placement) -> Result<(), Status> {
+        let mut next = state.clone();
+        let bumped = match next.apply(&Command::GroupReady { group_id: group.id }).map_err(placement_status)? {
+            Outcome::GroupReady { bumped, .. } => bumped,
+            other => return Err(internal(format!("unexpected outcome {other:?}"))),
+        };
+        for changed in std::iter::once(group).chain(bumped.iter()) {
+            let descriptor = next.descriptor(changed.id).ok_or_else(|| internal(format!("group {} has no descriptor", changed.id)))?;
+            self.set_descriptor_at(state, &descriptor).await?;
+        }
+        Ok(())
+    }
+
+    /// Has the leader of `descriptor`'s group apply it, trying its replicas in turn and
+    /// following NOT_LEADER hints.
+    async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor) -> Result<(), Status> {
+        let deadline = tokio::time::Instant::now() + self.timeout;
+        let mut target = descriptor.replicas.first().copied();
+        let mut turn = 0usize;
+        loop {
+            let addr = target.and_then(|id| state.node(id)).map(|n| n.addr.clone()).unwrap_or_default();
+            let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)) };
+            let status = match PlacementClient::new(channel(&addr)?).set_descriptor(request).await {
+                Ok(_) => return Ok(()),
+                Err(status) => status,
+            };
+            let error = crate::service::error_of(&status);
+            let retry = error.as_ref().is_none_or(|e| e.code == Code::NotLeader as i32 || e.code == Code::Unavailable as i32);
+            if !retry || tokio::time::Instant::now() >= deadline {
+                return Err(status);
+            }
+            turn += 1;
+            let hint = error.map(|e| e.leader_id).filter(|id| *id != 0 && descriptor.replicas.contains(id));
+            target = hint.or_else(|| descriptor.replicas.get(turn % descriptor.replicas.len()).copied());
+            tokio::time::sleep(GROUP_LEADER_POLL).await;
         }
     }
 }
@@ -171,6 +220,12 @@ impl PlacementApi for PlacementService {
             }
             return Err(error);
         }
+        if let Err(error) = self.hand_over(&group, &state).await {
+            if let Err(drop_error) = self.propose(&Command::DropGroup { group_id: group.id }).await {
+                tracing::warn!(group = group.id, %drop_error, "could not drop a group whose creation failed");
+            }
+            return Err(error);
+        }
         self.propose(&Command::GroupReady { group_id: group.id }).await?;
         let state = self.state().await?;
         let entry = state
@@ -185,6 +240,19 @@ impl PlacementApi for PlacementService {
         self.propose(&command).await?;
         let version = self.state().await?.routing_version();
         Ok(Response::new(HeartbeatResponse { routing_version: version }))
+    }
+
+    async fn set_descriptor(&self, request: Request<SetDescriptorRequest>) -> Result<Response<SetDescriptorResponse>, Status> {
+        let descriptor = request.into_inner().descriptor.ok_or_else(|| {
+            status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() })
+        })?;
+        let group = descriptor.group_id;
+        let command = NamespaceCommand { now_ms: now_ms(), op: Some(CommandOp::SetDescriptor(SetDescriptor { descriptor: Some(descriptor) })) };
+        let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
+        match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
+            Some(CommandOutcome::Error(error)) => Err(status(error)),
+            _ => Ok(Response::new(SetDescriptorResponse {})),
+        }
     }
 
     async fn create_replica(&self, request: Request<CreateReplicaRequest>) -> Result<Response<CreateReplicaResponse>, Status> {
