@@ -12,6 +12,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .file_descriptor_set_path(&descriptor_path)
         // Watch events are shared by every watcher they go to: cloning `Bytes` is free.
         .bytes(".warden.v1.WatchEvent")
+        // Errors travel in `Result`s everywhere; the rarely present descriptor stays out of line.
+        .boxed(".warden.v1.WardenError.descriptor")
         .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

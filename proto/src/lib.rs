@@ -28,5 +28,43 @@ pub mod placement {
     tonic::include_proto!("warden.placement");
 }
 
+/// The `grpc-timeout` header of a request, if it carries one (`<digits><unit>`, unit one
+/// of H M S m u n): the caller's deadline, which servers and routers shorten theirs to.
+pub fn grpc_timeout<T>(request: &tonic::Request<T>) -> Option<std::time::Duration> {
+    parse_grpc_timeout(request.metadata().get("grpc-timeout")?.to_str().ok()?)
+}
+
+/// Parses a `grpc-timeout` header value.
+pub fn parse_grpc_timeout(value: &str) -> Option<std::time::Duration> {
+    use std::time::Duration;
+    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
+    let amount: u64 = digits.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount.saturating_mul(3600)),
+        "M" => Duration::from_secs(amount.saturating_mul(60)),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
+}
+
 /// Encoded `FileDescriptorSet` of every Warden proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("warden_descriptor");
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("3000m"), Some(Duration::from_secs(3)));
+        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
+        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
+        assert_eq!(parse_grpc_timeout("5x"), None);
+        assert_eq!(parse_grpc_timeout(""), None);
+        assert_eq!(parse_grpc_timeout("m"), None);
+    }
+}

@@ -1,2 +1,73 @@
-//! The stateless router: routing-table cache, forwarding by longest path prefix, retries.
-//! Not built yet: the router issue fills this crate (see ARCHITECTURE.md).
+//! Warden's stateless router (DESIGN.md code map, `router/`): serves the whole public API
+//! (`warden.v1.Warden`) and forwards each call to the shard group serving its path, using a
+//! cached routing table read from the placement group and a leader cache per group.
+//!
+//! - [`table`]: the routing table copy (longest prefix by segments).
+//! - [`upstream`]: table refresh, channels, leader cache, and the retrying call.
+//! - [`service`]: the `Warden` service: forwarding, `GetChildren` merging, keepalive streams.
+//! - [`watch`]: watch streams proxied over one upstream stream per group.
+//!
+//! **Architecture invariant:** a router holds nothing that cannot be rebuilt from placement
+//! and the shard-nodes; killing one loses nothing (clients reconnect to any router).
+
+pub mod service;
+pub mod table;
+pub mod upstream;
+pub mod watch;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+pub use service::RouterService;
+pub use upstream::Upstreams;
+
+/// How a router runs.
+#[derive(Clone, Debug)]
+pub struct RouterConfig {
+    /// Node addresses (`host:port`) to learn the cluster from.
+    pub seeds: Vec<String>,
+    /// Deadline of a request when the caller sets none (a shorter caller deadline wins).
+    pub request_timeout: Duration,
+    /// How often the routing table is re-read even when no WRONG_GROUP asked for it.
+    pub table_refresh_interval: Duration,
+}
+
+impl RouterConfig {
+    /// Defaults (5 s requests, table re-read every second) for `seeds`.
+    pub fn new(seeds: Vec<String>) -> RouterConfig {
+        RouterConfig { seeds, request_timeout: Duration::from_secs(5), table_refresh_interval: Duration::from_secs(1) }
+    }
+}
+
+/// Serves the router on `listener` until the future is dropped, refreshing the routing
+/// table in the background.
+pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> Result<(), tonic::transport::Error> {
+    let upstreams = Arc::new(Upstreams::new(config.seeds));
+    let refresher = {
+        let upstreams = upstreams.clone();
+        tokio::spawn(async move {
+            let mut ticker = tokio::time::interval(config.table_refresh_interval);
+            loop {
+                ticker.tick().await;
+                if let Err(status) = upstreams.refresh().await {
+                    tracing::debug!(%status, "routing table refresh");
+                }
+            }
+        })
+    };
+    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let served = tonic::transport::Server::builder().add_service(RouterService::server(upstreams, config.request_timeout)).serve_with_incoming(incoming).await;
+    refresher.abort();
+    served
+}
+
+#[cfg(test)]
+mod tests {
+    /// The router computes a session's home group the way shard-nodes make session ids.
+    #[test]
+    fn session_home_groups_match_the_namespace() {
+        let id = (7u64 << crate::service::SESSION_SEQUENCE_BITS) | 12345;
+        assert_eq!(crate::service::home_group(id), warden_shard_node::namespace::sessions::home_group(id));
+        assert_eq!(crate::service::home_group(id), 7);
+    }
+}

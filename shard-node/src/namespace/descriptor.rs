@@ -18,7 +18,7 @@ pub fn serves(descriptor: Option<&GroupDescriptor>, path: &str) -> bool {
 pub fn check_served(descriptor: Option<&GroupDescriptor>, path: &str) -> Result<(), WardenError> {
     match descriptor {
         Some(d) if !serves(descriptor, path) => Err(WardenError {
-            descriptor: Some(d.clone()),
+            descriptor: Some(Box::new(d.clone())),
             ..error(Code::WrongGroup, path, format!("group {} serves {} (excluding {:?}), not this path", d.group_id, d.prefix, d.excluded))
         }),
         _ => Ok(()),

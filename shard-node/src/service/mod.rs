@@ -212,7 +212,7 @@ impl WardenService {
     /// The request's deadline: the service's own, shortened to answer (typed) within the
     /// caller's gRPC deadline when it sent one.
     fn timeout<T>(&self, request: &Request<T>) -> Duration {
-        let caller = request.metadata().get("grpc-timeout").and_then(|v| v.to_str().ok()).and_then(parse_grpc_timeout);
+        let caller = warden_proto::grpc_timeout(request);
         match caller {
             // Keep a tenth for the answer's way back.
             Some(caller) => self.timeout.min(caller.mul_f64(0.9)),
@@ -241,21 +241,6 @@ pub(crate) fn engine_status(directory: &PeerDirectory, group: u64, error: Engine
         EngineError::Invalid(_) | EngineError::GroupExists(_) => warden_error(Code::InvalidArgument, error.to_string()),
     };
     status(detail)
-}
-
-/// Parses a `grpc-timeout` header value (`<digits><unit>`, unit one of H M S m u n).
-fn parse_grpc_timeout(value: &str) -> Option<Duration> {
-    let (digits, unit) = value.split_at(value.len().checked_sub(1)?);
-    let amount: u64 = digits.parse().ok()?;
-    Some(match unit {
-        "H" => Duration::from_secs(amount.saturating_mul(3600)),
-        "M" => Duration::from_secs(amount.saturating_mul(60)),
-        "S" => Duration::from_secs(amount),
-        "m" => Duration::from_millis(amount),
-        "u" => Duration::from_micros(amount),
-        "n" => Duration::from_nanos(amount),
-        _ => return None,
-    })
 }
 
 /// Removes a waiting `Lock` call's waiter if the call goes away (the client hung up) before
@@ -561,20 +546,5 @@ impl Warden for WardenService {
         let consistency = Consistency::Linearizable as i32;
         let (_, header) = self.read(routing.as_ref(), consistency, QueryKind::Revision(true), timeout).await?;
         Ok(Response::new(SyncResponse { header: Some(header) }))
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn grpc_timeouts_parse() {
-        assert_eq!(parse_grpc_timeout("3000m"), Some(Duration::from_secs(3)));
-        assert_eq!(parse_grpc_timeout("2S"), Some(Duration::from_secs(2)));
-        assert_eq!(parse_grpc_timeout("1H"), Some(Duration::from_secs(3600)));
-        assert_eq!(parse_grpc_timeout("5x"), None);
-        assert_eq!(parse_grpc_timeout(""), None);
-        assert_eq!(parse_grpc_timeout("m"), None);
     }
 }

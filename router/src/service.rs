@@ -1,0 +1,293 @@
+//! `warden.v1.Warden` as the router serves it: each call goes to the group serving its path
+//! (or, for sessions and sequencers, the group their id names), with that group's id and
+//! epoch in its routing; see [`Upstreams::call`] for retries. `GetChildren` of a parent some
+//! of whose children are other groups' prefixes adds those children. Streams are proxied:
+//! keepalives as unary calls to each session's home group, watches over one upstream stream
+//! per group (see [`crate::watch`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Request, Response, Status, Streaming};
+use warden_proto::v1::txn_op::Op;
+use warden_proto::v1::warden_server::{Warden, WardenServer};
+use warden_proto::v1::*;
+
+use crate::upstream::{Target, Upstreams};
+
+/// Bits of a session id below its home group (see the namespace's `sessions` module).
+pub const SESSION_SEQUENCE_BITS: u32 = 40;
+/// Largest request the router accepts (as a shard-node does: 1.5 MiB).
+pub const REQUEST_BYTES_MAX: usize = 3 << 19;
+/// Keepalive answers queued on one stream before the router waits for its client.
+const KEEPALIVE_STREAM_QUEUE_MAX: usize = 16;
+
+/// The router's public API.
+#[derive(Clone)]
+pub struct RouterService {
+    upstreams: Arc<Upstreams>,
+    timeout: Duration,
+}
+
+impl RouterService {
+    /// The service over `upstreams`, answering within `timeout` unless the caller's
+    /// deadline is shorter.
+    pub fn server(upstreams: Arc<Upstreams>, timeout: Duration) -> WardenServer<RouterService> {
+        WardenServer::new(RouterService { upstreams, timeout })
+            .max_decoding_message_size(REQUEST_BYTES_MAX)
+            .max_encoding_message_size(crate::upstream::RESPONSE_BYTES_MAX)
+    }
+
+    fn deadline<T>(&self, request: &Request<T>) -> Instant {
+        Instant::now() + warden_proto::grpc_timeout(request).map_or(self.timeout, |caller| self.timeout.min(caller.mul_f64(0.9)))
+    }
+}
+
+/// The home group of a session.
+pub fn home_group(session_id: u64) -> u64 {
+    session_id >> SESSION_SEQUENCE_BITS
+}
+
+fn op_path(op: &TxnOp) -> Option<&str> {
+    match op.op.as_ref()? {
+        Op::Create(create) => Some(&create.path),
+        Op::Set(set) => Some(&set.path),
+        Op::Delete(delete) => Some(&delete.path),
+        Op::Get(get) => Some(&get.path),
+    }
+}
+
+/// The one group a transaction's paths route to (a transaction never spans groups).
+fn txn_target<'a>(upstreams: &Upstreams, request: &'a TxnRequest) -> Result<Target<'a>, Status> {
+    let paths: Vec<&str> = request.compares.iter().map(|c| c.path.as_str()).chain(request.then.iter().chain(&request.r#else).filter_map(op_path)).collect();
+    let table = upstreams.table();
+    let mut groups: Vec<u64> = paths.iter().filter_map(|p| table.route(p).map(|g| g.id())).collect();
+    groups.sort_unstable();
+    groups.dedup();
+    if groups.len() > 1 {
+        return Err(Status::invalid_argument(format!("a transaction's paths must be served by one group; these span groups {groups:?}")));
+    }
+    Ok(Target::Path(paths.first().copied().unwrap_or("/")))
+}
+
+/// Where a sequencer's lock lives.
+fn sequencer_target(sequencer: &Sequencer) -> Target<'_> {
+    if sequencer.group_id != 0 {
+        Target::Group(sequencer.group_id)
+    } else {
+        Target::Path(&sequencer.path)
+    }
+}
+
+/// Sends `request` with its routing set by the router.
+macro_rules! forward {
+    ($self:ident, $target:expr, $idempotent:expr, $deadline:expr, $request:ident, $method:ident) => {
+        $self
+            .upstreams
+            .call($target, $idempotent, $deadline, |mut client, routing| {
+                let request = $request.clone();
+                async move { client.$method(with_routing(request, routing)).await }
+            })
+            .await
+            .map(Response::new)
+    };
+}
+
+/// Requests whose routing the router sets.
+trait Routed {
+    fn set_routing(&mut self, routing: Routing);
+}
+
+macro_rules! routed {
+    ($($t:ty),*) => {
+        $(impl Routed for $t {
+            fn set_routing(&mut self, routing: Routing) {
+                self.routing = Some(routing);
+            }
+        })*
+    };
+}
+
+routed!(
+    CreateRequest, GetRequest, ExistsRequest, SetRequest, DeleteRequest, GetChildrenRequest, TxnRequest, SyncRequest,
+    CreateSessionRequest, KeepAliveRequest, CloseSessionRequest, SessionInfoRequest, LockRequest, UnlockRequest,
+    CheckSequencerRequest, LockInfoRequest
+);
+
+fn with_routing<R: Routed>(mut request: R, routing: Routing) -> R {
+    request.set_routing(routing);
+    request
+}
+
+#[tonic::async_trait]
+impl Warden for RouterService {
+    async fn create(&self, request: Request<CreateRequest>) -> Result<Response<CreateResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), false, deadline, request, create)
+    }
+
+    async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), true, deadline, request, get)
+    }
+
+    async fn exists(&self, request: Request<ExistsRequest>) -> Result<Response<ExistsResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), true, deadline, request, exists)
+    }
+
+    async fn set(&self, request: Request<SetRequest>) -> Result<Response<SetResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), false, deadline, request, set)
+    }
+
+    async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), false, deadline, request, delete)
+    }
+
+    async fn get_children(&self, request: Request<GetChildrenRequest>) -> Result<Response<GetChildrenResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let mut response = forward!(self, Target::Path(&request.path), true, deadline, request, get_children)?.into_inner();
+        // Children that are other groups' prefixes are not listed by the parent's group.
+        let table = self.upstreams.table();
+        let limit = if request.limit == 0 { usize::MAX } else { request.limit as usize };
+        let mut extra = Vec::new();
+        for group in table.child_groups(&request.path) {
+            let name = group.descriptor.prefix.rsplit('/').next().unwrap_or_default().to_string();
+            if name.as_str() > request.start_after.as_str() && !response.names.contains(&name) {
+                extra.push((name, group.id(), group.descriptor.prefix.clone()));
+            }
+        }
+        if extra.is_empty() {
+            return Ok(Response::new(response));
+        }
+        let mut merged: Vec<(String, Option<Stat>)> =
+            response.names.drain(..).zip(response.stats.drain(..).map(Some).chain(std::iter::repeat(None))).collect();
+        for (name, group, prefix) in extra {
+            let stat = if request.with_stats {
+                let exists = ExistsRequest { path: prefix, ..ExistsRequest::default() };
+                forward!(self, Target::Group(group), true, deadline, exists, exists)?.into_inner().stat
+            } else {
+                None
+            };
+            merged.push((name, stat));
+        }
+        merged.sort_by(|a, b| a.0.cmp(&b.0));
+        if merged.len() > limit {
+            merged.truncate(limit);
+            response.more = true;
+        }
+        for (name, stat) in merged {
+            response.names.push(name);
+            if request.with_stats {
+                response.stats.push(stat.unwrap_or_default());
+            }
+        }
+        Ok(Response::new(response))
+    }
+
+    async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let target = txn_target(&self.upstreams, &request)?;
+        forward!(self, target, false, deadline, request, txn)
+    }
+
+    async fn sync(&self, request: Request<SyncRequest>) -> Result<Response<SyncResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let target = request.routing.as_ref().map(|r| r.group_id).filter(|g| *g != 0).map_or(Target::Path("/"), Target::Group);
+        forward!(self, target, true, deadline, request, sync)
+    }
+
+    async fn create_session(&self, request: Request<CreateSessionRequest>) -> Result<Response<CreateSessionResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let target = request.routing.as_ref().map(|r| r.group_id).filter(|g| *g != 0).map_or(Target::Path("/"), Target::Group);
+        forward!(self, target, false, deadline, request, create_session)
+    }
+
+    async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Result<Response<KeepAliveResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let target = request.session_ids.first().map_or(Target::Path("/"), |id| Target::Group(home_group(*id)));
+        forward!(self, target, true, deadline, request, keep_alive)
+    }
+
+    type KeepAliveStreamStream = tokio_stream::wrappers::ReceiverStream<Result<KeepAliveResponse, Status>>;
+
+    async fn keep_alive_stream(&self, request: Request<Streaming<KeepAliveRequest>>) -> Result<Response<Self::KeepAliveStreamStream>, Status> {
+        let mut incoming = request.into_inner();
+        let (responses, stream) = tokio::sync::mpsc::channel(KEEPALIVE_STREAM_QUEUE_MAX);
+        let service = self.clone();
+        tokio::spawn(async move {
+            // Each renewal goes to its sessions' home group as a unary call, so a leader
+            // change in one group never ends the client's stream.
+            while let Ok(Some(request)) = incoming.message().await {
+                let deadline = Instant::now() + service.timeout;
+                let target = request.session_ids.first().map_or(Target::Path("/"), |id| Target::Group(home_group(*id)));
+                let answer = forward!(service, target, true, deadline, request, keep_alive).map(Response::into_inner);
+                let failed = answer.is_err();
+                if responses.send(answer).await.is_err() || failed {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(stream)))
+    }
+
+    async fn close_session(&self, request: Request<CloseSessionRequest>) -> Result<Response<CloseSessionResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        forward!(self, Target::Group(home_group(request.session_id)), false, deadline, request, close_session)
+    }
+
+    async fn session_info(&self, request: Request<SessionInfoRequest>) -> Result<Response<SessionInfoResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        forward!(self, Target::Group(home_group(request.session_id)), true, deadline, request, session_info)
+    }
+
+    async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        // With a request id, a retried Lock finds the same waiter: safe to resend.
+        let idempotent = request.request_id != 0;
+        forward!(self, Target::Path(&request.path), idempotent, deadline, request, lock)
+    }
+
+    async fn unlock(&self, request: Request<UnlockRequest>) -> Result<Response<UnlockResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let sequencer = request.sequencer.clone().unwrap_or_default();
+        // Unlock is idempotent (a waiter already gone is fine).
+        forward!(self, sequencer_target(&sequencer), true, deadline, request, unlock)
+    }
+
+    async fn check_sequencer(&self, request: Request<CheckSequencerRequest>) -> Result<Response<CheckSequencerResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        let sequencer = request.sequencer.clone().unwrap_or_default();
+        forward!(self, sequencer_target(&sequencer), true, deadline, request, check_sequencer)
+    }
+
+    async fn lock_info(&self, request: Request<LockInfoRequest>) -> Result<Response<LockInfoResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), true, deadline, request, lock_info)
+    }
+
+    type WatchStream = crate::watch::Responses;
+
+    async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<Self::WatchStream>, Status> {
+        Ok(Response::new(crate::watch::proxy(self.upstreams.clone(), request.into_inner())))
+    }
+}

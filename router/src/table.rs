@@ -1,0 +1,111 @@
+//! The router's copy of the routing table: ready groups by prefix, and node addresses.
+//! Rebuilt whole from `GetRoutingTable`; never edited in place.
+
+use std::collections::{BTreeMap, HashMap};
+
+use warden_placement::is_at_or_below;
+use warden_proto::placement::RoutingTable;
+use warden_proto::v1::GroupDescriptor;
+
+/// A routed group.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GroupRoute {
+    /// What it serves, and its epoch.
+    pub descriptor: GroupDescriptor,
+}
+
+impl GroupRoute {
+    /// The group id.
+    pub fn id(&self) -> u64 {
+        self.descriptor.group_id
+    }
+}
+
+/// A routing table.
+#[derive(Clone, Debug, Default)]
+pub struct Table {
+    /// Placement's routing version.
+    pub version: u64,
+    /// Ready groups by prefix.
+    routes: BTreeMap<String, GroupRoute>,
+    /// Every group (ready or not) by id: lookups by id (sessions, sequencers).
+    groups: HashMap<u64, GroupRoute>,
+    /// Node addresses (`host:port`).
+    addrs: HashMap<u64, String>,
+}
+
+impl Table {
+    /// The table of a `GetRoutingTable` answer.
+    pub fn from_proto(table: RoutingTable) -> Table {
+        let mut routes = BTreeMap::new();
+        let mut groups = HashMap::new();
+        for entry in table.groups {
+            let Some(descriptor) = entry.descriptor else { continue };
+            let route = GroupRoute { descriptor };
+            if entry.ready {
+                routes.insert(route.descriptor.prefix.clone(), route.clone());
+            }
+            groups.insert(route.id(), route);
+        }
+        let addrs = table.nodes.into_iter().map(|n| (n.id, n.addr)).collect();
+        Table { version: table.version, routes, groups, addrs }
+    }
+
+    /// The ready group with the longest prefix at or above `path`.
+    pub fn route(&self, path: &str) -> Option<&GroupRoute> {
+        self.routes.iter().filter(|(prefix, _)| is_at_or_below(path, prefix)).max_by_key(|(prefix, _)| prefix.len()).map(|(_, route)| route)
+    }
+
+    /// A group by id.
+    pub fn group(&self, id: u64) -> Option<&GroupRoute> {
+        self.groups.get(&id)
+    }
+
+    /// Ready groups whose prefix is a direct child of `parent` (their prefix nodes are
+    /// children of `parent` that the parent's own group does not list).
+    pub fn child_groups(&self, parent: &str) -> Vec<&GroupRoute> {
+        self.routes
+            .iter()
+            .filter(|(prefix, _)| prefix.rsplit_once('/').map(|(head, _)| if head.is_empty() { "/" } else { head }) == Some(parent) && prefix.as_str() != "/")
+            .map(|(_, route)| route)
+            .collect()
+    }
+
+    /// Where node `id` listens.
+    pub fn addr(&self, id: u64) -> Option<&str> {
+        self.addrs.get(&id).map(String::as_str)
+    }
+
+    /// Every node address, in id order.
+    pub fn addrs(&self) -> Vec<String> {
+        let mut ids: Vec<&u64> = self.addrs.keys().collect();
+        ids.sort_unstable();
+        ids.into_iter().filter_map(|id| self.addrs.get(id).cloned()).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_proto::placement::{GroupEntry, NodeEntry};
+
+    fn entry(id: u64, prefix: &str, ready: bool) -> GroupEntry {
+        GroupEntry { descriptor: Some(GroupDescriptor { group_id: id, prefix: prefix.into(), replicas: vec![1], ..GroupDescriptor::default() }), ready }
+    }
+
+    #[test]
+    fn longest_ready_prefix_wins_by_segments() {
+        let table = Table::from_proto(RoutingTable {
+            version: 3,
+            nodes: vec![NodeEntry { id: 1, addr: "a:1".into(), ..NodeEntry::default() }],
+            groups: vec![entry(1, "/", true), entry(2, "/a", true), entry(3, "/a/b", false), entry(4, "/c/d", true)],
+        });
+        assert_eq!(table.route("/a/b/c").map(GroupRoute::id), Some(2), "a group not ready is not routed");
+        assert_eq!(table.route("/ab").map(GroupRoute::id), Some(1));
+        assert_eq!(table.route("/").map(GroupRoute::id), Some(1));
+        assert_eq!(table.group(3).map(GroupRoute::id), Some(3));
+        assert_eq!(table.child_groups("/").iter().map(|g| g.id()).collect::<Vec<_>>(), vec![2]);
+        assert_eq!(table.child_groups("/c").iter().map(|g| g.id()).collect::<Vec<_>>(), vec![4]);
+        assert_eq!(table.addr(1), Some("a:1"));
+    }
+}

@@ -1,0 +1,204 @@
+//! The router's view of the cluster: the routing table (refreshed from any node that hosts
+//! a placement replica), a channel per node, a leader cache per group (moka), and [`call`],
+//! which sends one request to the group serving it and retries what is safe to retry.
+//!
+//! [`call`]: Upstreams::call
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use prost::Message as _;
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use tonic::{Response, Status};
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::GetRoutingTableRequest;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::{Routing, WardenError};
+
+use crate::table::{GroupRoute, Table};
+
+/// First pause before retrying; doubles up to [`BACKOFF_MAX`].
+const BACKOFF_MIN: Duration = Duration::from_millis(10);
+/// Longest pause between retries.
+const BACKOFF_MAX: Duration = Duration::from_millis(500);
+/// How long a leader stays cached without being confirmed.
+const LEADER_TTL: Duration = Duration::from_secs(30);
+/// Groups whose leaders are cached at most.
+const LEADERS_CACHED_MAX: u64 = 100_000;
+/// Largest response the router accepts from a node.
+pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
+
+/// What a request goes to.
+#[derive(Clone, Copy, Debug)]
+pub enum Target<'a> {
+    /// The group serving this path.
+    Path(&'a str),
+    /// This group (sessions, sequencers).
+    Group(u64),
+}
+
+/// The cluster as one router sees it.
+pub struct Upstreams {
+    seeds: Vec<String>,
+    table: RwLock<Arc<Table>>,
+    /// One refresh at a time; the others wait for it and use its result.
+    refreshing: tokio::sync::Mutex<()>,
+    channels: Mutex<HashMap<String, Channel>>,
+    leaders: moka::sync::Cache<u64, u64>,
+}
+
+/// The Warden error a status carries, if any.
+pub fn error_of(status: &Status) -> Option<WardenError> {
+    WardenError::decode(status.details()).ok().filter(|e| e.code != Code::Unknown as i32 || !e.message.is_empty())
+}
+
+/// Whether a failed call provably never reached a node (the connection was refused or
+/// could not be made): only then is a write safe to send again.
+fn never_sent(status: &Status) -> bool {
+    let mut text = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        text.push_str(&format!(": {error}"));
+        source = error.source();
+    }
+    status.code() == tonic::Code::Unavailable && (text.contains("tcp connect error") || text.contains("Connection refused"))
+}
+
+impl Upstreams {
+    /// A view that learns the cluster from `seeds` (node addresses, `host:port`).
+    pub fn new(seeds: Vec<String>) -> Upstreams {
+        Upstreams {
+            seeds,
+            table: RwLock::new(Arc::new(Table::default())),
+            refreshing: tokio::sync::Mutex::new(()),
+            channels: Mutex::new(HashMap::new()),
+            leaders: moka::sync::Cache::builder().max_capacity(LEADERS_CACHED_MAX).time_to_live(LEADER_TTL).build(),
+        }
+    }
+
+    /// The current table.
+    pub fn table(&self) -> Arc<Table> {
+        self.table.read().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// A (lazily connected) channel to `addr`.
+    pub fn channel(&self, addr: &str) -> Result<Channel, Status> {
+        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(channel) = channels.get(addr) {
+            return Ok(channel.clone());
+        }
+        let channel = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| Status::invalid_argument(format!("address {addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(1))
+            .tcp_nodelay(true)
+            .connect_lazy();
+        channels.insert(addr.to_string(), channel.clone());
+        Ok(channel)
+    }
+
+    /// Fetches the routing table from the first node that answers (seeds first, then the
+    /// nodes the last table knew). A table older than the one held is ignored.
+    pub async fn refresh(&self) -> Result<Arc<Table>, Status> {
+        let seen = self.table().version;
+        let _one_at_a_time = self.refreshing.lock().await;
+        let current = self.table();
+        if current.version > seen {
+            return Ok(current);
+        }
+        let mut last_error = Status::unavailable("no seed node to ask for the routing table");
+        for addr in self.seeds.iter().cloned().chain(current.addrs()) {
+            let mut client = PlacementClient::new(self.channel(&addr)?);
+            match client.get_routing_table(GetRoutingTableRequest {}).await {
+                Ok(response) => {
+                    let table = Arc::new(Table::from_proto(response.into_inner()));
+                    let mut held = self.table.write().unwrap_or_else(|e| e.into_inner());
+                    if table.version >= held.version {
+                        *held = table;
+                    }
+                    return Ok(held.clone());
+                }
+                Err(status) => last_error = status,
+            }
+        }
+        Err(last_error)
+    }
+
+    fn resolve(&self, table: &Table, target: Target<'_>) -> Option<GroupRoute> {
+        match target {
+            Target::Path(path) => table.route(path).cloned(),
+            Target::Group(group) => table.group(group).cloned(),
+        }
+    }
+
+    /// Sends a request to the group `target` names, with that group's id and epoch in its
+    /// routing, until it is answered or `deadline` passes. Retried: NOT_LEADER (at the hinted
+    /// leader), WRONG_GROUP (after refreshing the table), UNAVAILABLE, and connections that
+    /// never reached a node; OUTCOME_UNKNOWN and lost connections only when `idempotent`.
+    /// Anything else is the answer.
+    pub async fn call<T, F, Fut>(&self, target: Target<'_>, idempotent: bool, deadline: Instant, mut call: F) -> Result<T, Status>
+    where
+        F: FnMut(WardenClient<Channel>, Routing) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
+        let mut attempt = 0usize;
+        let mut backoff = BACKOFF_MIN;
+        loop {
+            let mut table = self.table();
+            let mut group = self.resolve(&table, target);
+            if group.is_none() {
+                table = self.refresh().await?;
+                group = self.resolve(&table, target);
+            }
+            let group = group.ok_or_else(|| Status::unavailable(format!("no group serves {target:?}")))?;
+            let replicas = &group.descriptor.replicas;
+            if replicas.is_empty() {
+                return Err(Status::unavailable(format!("group {} has no replicas", group.id())));
+            }
+            let node = self.leaders.get(&group.id()).filter(|n| replicas.contains(n)).unwrap_or(replicas[attempt % replicas.len()]);
+            attempt += 1;
+            let addr = table.addr(node).unwrap_or_default().to_string();
+            let client = WardenClient::new(self.channel(&addr)?).max_decoding_message_size(RESPONSE_BYTES_MAX);
+            let routing = Routing { group_id: group.id(), conf_ver: group.descriptor.conf_ver, version: group.descriptor.version };
+            let status = match call(client, routing).await {
+                Ok(response) => {
+                    self.leaders.insert(group.id(), node);
+                    return Ok(response.into_inner());
+                }
+                Err(status) => status,
+            };
+            let retry = match error_of(&status).map(|e| (Code::try_from(e.code).unwrap_or(Code::Unknown), e.leader_id)) {
+                Some((Code::NotLeader, leader)) => {
+                    if leader != 0 && leader != node {
+                        self.leaders.insert(group.id(), leader);
+                        true
+                    } else {
+                        self.leaders.invalidate(&group.id());
+                        true
+                    }
+                }
+                Some((Code::WrongGroup, _)) => {
+                    self.refresh().await?;
+                    true
+                }
+                Some((Code::Unavailable, _)) => {
+                    self.leaders.invalidate(&group.id());
+                    true
+                }
+                Some((Code::OutcomeUnknown, _)) => idempotent,
+                Some(_) => false,
+                None => {
+                    self.leaders.invalidate(&group.id());
+                    idempotent || never_sent(&status)
+                }
+            };
+            if !retry || Instant::now() + backoff >= deadline {
+                return Err(status);
+            }
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(BACKOFF_MAX);
+        }
+    }
+}

@@ -1,0 +1,186 @@
+//! The router end to end over an in-process cluster with a placement group: a client works on
+//! paths of two groups through a router; killing one group's leader leaves the other
+//! untouched and the first recovers within the election time; a router with a stale table
+//! recovers from WRONG_GROUP; two routers agree; a router restarted mid-stream loses nothing.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::CreateGroupRequest;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::*;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::placement::ShardNodeFactory;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+
+async fn cluster_with_groups(prefixes: &[&str]) -> Arc<Cluster> {
+    let config = ClusterConfig { serve_api: true, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(ShardNodeFactory::default())).expect("cluster starts"));
+    cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
+    for prefix in prefixes {
+        create_group(&cluster, prefix).await;
+    }
+    cluster
+}
+
+async fn create_group(cluster: &Cluster, prefix: &str) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let leader = cluster.wait_leader(warden_placement::PLACEMENT_GROUP_ID, TIMEOUT).await.expect("placement leader");
+        let addr = cluster.addr(leader).expect("addr");
+        let mut client = PlacementClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy());
+        match client.create_group(CreateGroupRequest { prefix: prefix.into() }).await {
+            Ok(_) => return,
+            Err(status) => assert!(Instant::now() < deadline, "creating {prefix}: {status}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A router on its own runtime (as a separate process would be): dropping it stops every
+/// task and connection it had.
+struct Router {
+    addr: std::net::SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A router on a fresh loopback port (or `port`), seeded with every node.
+fn start_router(cluster: &Cluster, port: u16) -> Router {
+    start_router_refreshing(cluster, port, Duration::from_secs(1))
+}
+
+/// The same, re-reading the routing table every `refresh` unless told to sooner.
+fn start_router_refreshing(cluster: &Cluster, port: u16, refresh: Duration) -> Router {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let addr = listener.local_addr().expect("addr");
+    let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
+    let config = warden_router::RouterConfig { request_timeout: Duration::from_secs(10), table_refresh_interval: refresh, ..warden_router::RouterConfig::new(seeds) };
+    runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        let _ = warden_router::serve(listener, config).await;
+    });
+    Router { addr, runtime: Some(runtime) }
+}
+
+fn client(addr: std::net::SocketAddr) -> WardenClient<Channel> {
+    WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").timeout(TIMEOUT).connect_lazy())
+}
+
+async fn set(router: &mut WardenClient<Channel>, path: &str, data: &str) -> Result<SetResponse, tonic::Status> {
+    router.set(SetRequest { path: path.into(), data: data.as_bytes().to_vec(), ..SetRequest::default() }).await.map(tonic::Response::into_inner)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_groups_through_a_router_and_a_leader_kill_in_one_leaves_the_other_alone() {
+    let cluster = cluster_with_groups(&["/b"]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    for path in ["/a/x", "/b/x"] {
+        let create = CreateRequest { path: path.into(), data: b"0".to_vec(), create_parents: true, ..CreateRequest::default() };
+        let created = router.create(create).await.expect("create through the router").into_inner();
+        let expected_group = if path.starts_with("/b") { 2 } else { 1 };
+        assert_eq!(created.header.map(|h| h.group_id), Some(expected_group), "{path} is served by group {expected_group}");
+    }
+    // The root's children include the other group's prefix.
+    let children = router.get_children(GetChildrenRequest { path: "/".into(), with_stats: true, ..GetChildrenRequest::default() }).await.expect("ls").into_inner();
+    assert_eq!(children.names, vec!["a".to_string(), "b".to_string()]);
+    assert_eq!(children.stats.len(), 2);
+    // A transaction may not span groups.
+    let spanning = TxnRequest {
+        then: ["/a/x", "/b/x"].iter().map(|p| TxnOp { op: Some(txn_op::Op::Get(GetRequest { path: p.to_string(), ..GetRequest::default() })) }).collect(),
+        ..TxnRequest::default()
+    };
+    assert_eq!(router.txn(spanning).await.expect_err("spans groups").code(), tonic::Code::InvalidArgument);
+
+    // Kill group 2's leader: group 1 keeps answering at once, group 2 after an election.
+    let leader_b = cluster.wait_leader(2, TIMEOUT).await.expect("leader of /b");
+    let leader_a = cluster.wait_leader(1, TIMEOUT).await.expect("leader of /");
+    cluster.kill(leader_b);
+    let started = Instant::now();
+    set(&mut router, "/a/x", "1").await.expect("the other group is unaffected");
+    let unaffected = started.elapsed();
+    set(&mut router, "/b/x", "1").await.expect("recovers within the deadline");
+    let recovered = started.elapsed();
+    // (Unless the killed node also led group 1: then both groups elect.)
+    assert!(unaffected < Duration::from_secs(1) || leader_a == leader_b, "group 1 waited {unaffected:?}");
+    assert!(recovered < Duration::from_secs(10), "group 2 took {recovered:?}");
+    let got = router.get(GetRequest { path: "/b/x".into(), ..GetRequest::default() }).await.expect("get").into_inner();
+    assert_eq!(got.data, b"1");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stale_router_recovers_from_wrong_group_and_two_routers_agree() {
+    let cluster = cluster_with_groups(&[]).await;
+    // The first router re-reads its table only when a shard-node says it is stale.
+    let first_router = start_router_refreshing(&cluster, 0, Duration::from_secs(3600));
+    let second_router = start_router(&cluster, 0);
+    let (mut first, mut second) = (client(first_router.addr), client(second_router.addr));
+    // Both routers learn the table while only the root group exists.
+    first.sync(SyncRequest::default()).await.expect("sync");
+    second.sync(SyncRequest::default()).await.expect("sync");
+    create_group(&cluster, "/c").await;
+    // The first router still routes /c to the root group, which answers WRONG_GROUP; the
+    // router refreshes and goes to group 2.
+    let created = first
+        .create(CreateRequest { path: "/c/x".into(), data: b"v".to_vec(), ..CreateRequest::default() })
+        .await
+        .expect("create after a refresh")
+        .into_inner();
+    assert_eq!(created.header.map(|h| h.group_id), Some(2));
+    let seen = second.get(GetRequest { path: "/c/x".into(), ..GetRequest::default() }).await.expect("get").into_inner();
+    assert_eq!(seen.data, b"v");
+    assert_eq!(seen.header.map(|h| h.group_id), Some(2));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_restarted_mid_stream_loses_nothing() {
+    let cluster = cluster_with_groups(&["/w"]).await;
+    let mut router_process = start_router(&cluster, 0);
+    let addr = router_process.addr;
+    let mut router = client(addr);
+    router.create(CreateRequest { path: "/w/k".into(), data: b"0".to_vec(), ..CreateRequest::default() }).await.expect("create");
+    let start = router.sync(SyncRequest { routing: Some(Routing { group_id: 2, ..Routing::default() }) }).await.expect("sync").into_inner();
+    let mut next = start.header.map_or(1, |h| h.revision + 1);
+    let mut seen = Vec::new();
+    for round in 0..2 {
+        let (requests, outgoing) = tokio::sync::mpsc::channel(8);
+        let create = WatchCreate { path: "/w/k".into(), start_revision: next, ..WatchCreate::default() };
+        requests.send(WatchRequest { request: Some(watch_request::Request::Create(create)) }).await.expect("send");
+        let mut stream = router.watch(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await.expect("watch").into_inner();
+        let created = stream.message().await.expect("created").expect("created");
+        assert!(created.created.is_some(), "{created:?}");
+        for n in 0..3 {
+            let value = format!("r{round}-{n}");
+            set(&mut router, "/w/k", &value).await.expect("set");
+            let response = tokio::time::timeout(TIMEOUT, stream.message()).await.expect("in time").expect("stream").expect("event");
+            for event in response.events {
+                next = event.revision + 1;
+                seen.push(String::from_utf8(event.data.to_vec()).expect("utf8"));
+            }
+        }
+        if round == 0 {
+            // Restart the router on the same address: its streams and connections die, the
+            // client reconnects and resumes from the revision after the last event it saw.
+            drop(router_process);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            router_process = start_router(&cluster, addr.port());
+            assert_eq!(router_process.addr, addr);
+        }
+    }
+    assert_eq!(seen, vec!["r0-0", "r0-1", "r0-2", "r1-0", "r1-1", "r1-2"], "every change once, in order");
+}
