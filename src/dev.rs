@@ -1,11 +1,17 @@
-//! `warden dev`: a local cluster on loopback for trying Warden out.
+//! `warden dev`: a complete local cluster on loopback for trying Warden out: five
+//! shard-nodes, the placement group on three of them, a root shard group and a few example
+//! groups, and one router in front. Data is kept across restarts (`--fresh` wipes it).
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tonic::transport::Channel;
+use warden_placement::PLACEMENT_GROUP_ID;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::CreateGroupRequest;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::namespace::NamespaceFactory;
+use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::EngineError;
 
 /// Flags of `warden dev`.
@@ -20,38 +26,70 @@ pub struct DevArgs {
     /// Port of node 1; node i listens on base + i - 1.
     #[arg(long, default_value_t = 7101)]
     base_port: u16,
+    /// Where the router listens (clients connect here).
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    router: std::net::SocketAddr,
 }
 
 const NODES: u64 = 5;
-/// The one shard group `warden dev` runs until the router issue brings more.
-const GROUP: u64 = 1;
+/// Nodes holding a replica of the placement group.
+const PLACEMENT_VOTERS: [u64; 3] = [1, 2, 3];
+/// Shard groups made for a fresh cluster, beside the root group.
+const EXAMPLE_PREFIXES: [&str; 3] = ["/teams/payments", "/teams/search", "/config"];
 
-/// Starts the cluster and waits for Ctrl-C.
+/// Starts the cluster and the router, and waits for Ctrl-C.
 pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     if args.fresh && args.data_dir.exists() {
         std::fs::remove_dir_all(&args.data_dir)?;
     }
     std::fs::create_dir_all(&args.data_dir)?;
     let config = ClusterConfig { nodes: NODES, tick_ms: 100, base_port: Some(args.base_port), serve_api: true, ..ClusterConfig::default() };
-    let cluster = Arc::new(Cluster::start_at(config, Arc::new(NamespaceFactory::default()), &args.data_dir)?);
-    let voters: Vec<u64> = (1..=NODES).collect();
-    match cluster.create_group(GROUP, &voters).await {
-        Ok(()) | Err(EngineError::GroupExists(_)) => {}
+    let cluster = Arc::new(Cluster::start_at(config, Arc::new(ShardNodeFactory::default()), &args.data_dir)?);
+    let first = cluster.handle(1).ok_or_else(|| anyhow::anyhow!("node 1 did not start"))?;
+    match first.status(PLACEMENT_GROUP_ID).await {
+        // Started before: every group is back from disk.
+        Ok(_) => {
+            cluster.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
+        }
+        Err(EngineError::GroupNotFound(_)) => {
+            let root = cluster.bootstrap_placement(&PLACEMENT_VOTERS).await?;
+            // The parent of two example groups, in the root group, so it lists them.
+            let leader = cluster.wait_leader(root.id, Duration::from_secs(30)).await?;
+            let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
+            let mut api = warden_proto::v1::warden_client::WardenClient::new(Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+            api.create(warden_proto::v1::CreateRequest { path: "/teams".into(), ..Default::default() }).await?;
+            for prefix in EXAMPLE_PREFIXES {
+                create_group(&cluster, prefix).await?;
+            }
+        }
         Err(error) => return Err(error.into()),
     }
-    let leader = cluster.wait_leader(GROUP, Duration::from_secs(30)).await?;
+    let listener = tokio::net::TcpListener::bind(args.router).await?;
+    let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
+    let router = tokio::spawn(warden_router::serve(listener, warden_router::RouterConfig::new(seeds)));
     for id in cluster.node_ids() {
-        let role = if id == leader { " (leader)" } else { "" };
-        println!("node {id}: 127.0.0.1:{}{role}", u64::from(args.base_port) + id - 1);
+        println!("node {id}: 127.0.0.1:{}", u64::from(args.base_port) + id - 1);
     }
-    let leader_port = u64::from(args.base_port) + leader - 1;
-    println!("one shard group (5 replicas) serves the namespace API warden.v1.Warden on every node;");
-    println!("writes go to the leader (others answer NOT_LEADER with its address). Try:");
-    println!("  grpcurl -plaintext -d '{{\"path\":\"/hello\",\"data\":\"d29ybGQ=\"}}' 127.0.0.1:{leader_port} warden.v1.Warden/Create");
-    println!("  grpcurl -plaintext -d '{{\"path\":\"/hello\"}}' 127.0.0.1:{leader_port} warden.v1.Warden/Get");
+    let router_addr = args.router;
+    println!("placement group on nodes 1-3; shard groups for / and {}", EXAMPLE_PREFIXES.join(", "));
+    println!("router (the whole warden.v1.Warden API, forwarded by path): {router_addr}. Try:");
+    println!("  grpcurl -plaintext -d '{{\"path\":\"/teams/payments/lock\",\"data\":\"aGVsbG8=\"}}' {router_addr} warden.v1.Warden/Create");
+    println!("  grpcurl -plaintext -d '{{\"path\":\"/teams/payments/lock\"}}' {router_addr} warden.v1.Warden/Get");
+    println!("  grpcurl -plaintext -d '{{\"path\":\"/teams\"}}' {router_addr} warden.v1.Warden/GetChildren");
+    println!("routing table: grpcurl -plaintext 127.0.0.1:{} warden.placement.Placement/GetRoutingTable", args.base_port);
     println!("data in {}; Ctrl-C stops", args.data_dir.display());
     tokio::signal::ctrl_c().await?;
     println!("stopping");
+    router.abort();
     drop(cluster);
+    Ok(())
+}
+
+/// Has the placement leader create a shard group for `prefix`.
+async fn create_group(cluster: &Cluster, prefix: &str) -> anyhow::Result<()> {
+    let leader = cluster.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
+    let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
+    let mut client = PlacementClient::new(Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+    client.create_group(CreateGroupRequest { prefix: prefix.into() }).await?;
     Ok(())
 }

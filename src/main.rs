@@ -1,4 +1,5 @@
-//! The `warden` binary: `warden dev` runs a local cluster, `warden bench …` runs benchmarks.
+//! The `warden` binary: `warden dev` runs a local cluster, `warden router` a router,
+//! `warden bench …` runs benchmarks.
 
 mod bench;
 mod dev;
@@ -15,11 +16,42 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Start a local 5-node cluster on loopback and keep it running until Ctrl-C.
+    /// Start a local cluster on loopback (5 nodes, placement, shard groups, a router) and
+    /// keep it running until Ctrl-C.
     Dev(dev::DevArgs),
+    /// Run a router: the public API, forwarded to shard groups by path.
+    Router(RouterArgs),
     /// Run a benchmark and print one JSON object per line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+}
+
+/// Flags of `warden router`.
+#[derive(clap::Args)]
+struct RouterArgs {
+    /// Where to listen.
+    #[arg(long, default_value = "127.0.0.1:7100")]
+    listen: std::net::SocketAddr,
+    /// Shard-node addresses to learn the cluster from (comma-separated `host:port`).
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103")]
+    seeds: Vec<String>,
+    /// Deadline of a request that sets none, in milliseconds.
+    #[arg(long, default_value_t = 5_000)]
+    request_timeout_ms: u64,
+}
+
+async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(args.listen).await?;
+    let config = warden_router::RouterConfig {
+        request_timeout: std::time::Duration::from_millis(args.request_timeout_ms),
+        ..warden_router::RouterConfig::new(args.seeds)
+    };
+    println!("router listening on {}", args.listen);
+    tokio::select! {
+        served = warden_router::serve(listener, config) => served?,
+        stop = tokio::signal::ctrl_c() => stop?,
+    }
+    Ok(())
 }
 
 fn main() -> anyhow::Result<()> {
@@ -32,6 +64,7 @@ fn main() -> anyhow::Result<()> {
     runtime.block_on(async {
         match cli.command {
             Command::Dev(args) => dev::run(args).await,
+            Command::Router(args) => run_router(args).await,
             Command::Bench(command) => bench::run(command).await,
         }
     })

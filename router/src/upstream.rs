@@ -57,7 +57,7 @@ pub fn error_of(status: &Status) -> Option<WardenError> {
 
 /// Whether a failed call provably never reached a node (the connection was refused or
 /// could not be made): only then is a write safe to send again.
-fn never_sent(status: &Status) -> bool {
+pub fn never_sent(status: &Status) -> bool {
     let mut text = status.message().to_string();
     let mut source = std::error::Error::source(status);
     while let Some(error) = source {

@@ -111,7 +111,7 @@ impl ApiClient {
                 // No Warden detail: the connection failed. A write is retried only when it
                 // provably never left (the connection was refused); a reset after sending
                 // ("error reading a body from connection") may follow an applied write.
-                None if idempotent || never_sent(&status) => retry(None),
+                None if idempotent || warden_router::upstream::never_sent(&status) => retry(None),
                 None => return Err(CallError::Unknown(status.to_string())),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
@@ -119,14 +119,3 @@ impl ApiClient {
     }
 }
 
-/// Whether a failed call provably never reached a server: the TCP connection was refused
-/// or could not be made. Anything else (a reset, a timeout) may follow a delivered request.
-fn never_sent(status: &tonic::Status) -> bool {
-    let mut text = status.message().to_string();
-    let mut source = std::error::Error::source(status);
-    while let Some(error) = source {
-        text.push_str(&format!(": {error}"));
-        source = error.source();
-    }
-    status.code() == tonic::Code::Unavailable && (text.contains("tcp connect error") || text.contains("Connection refused"))
-}
