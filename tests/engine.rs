@@ -246,10 +246,20 @@ async fn learner_promotion_voter_removal_joint_change_and_leader_transfer_under_
     let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::AddNode, 4)])).await;
     assert!(state.voters.contains(&4) && state.learners.is_empty(), "promoted: {state:?}");
 
-    // Leader transfer to the new voter.
-    let leader = cluster.leader(1).await.expect("leader");
-    cluster.handle(leader).expect("leader").transfer_leader(1, 4).await.expect("transfer");
-    wait_until("node 4 leads", Duration::from_secs(10), async || cluster.leader(1).await == Some(4)).await;
+    // Leader transfer to the new voter. Raft abandons a transfer whose target does not
+    // catch up within an election timeout (writes keep coming), so ask again until it lands.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while cluster.leader(1).await != Some(4) {
+        assert!(Instant::now() < deadline, "timed out waiting for node 4 to lead");
+        let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+        if leader != 4 {
+            cluster.handle(leader).expect("leader").transfer_leader(1, 4).await.expect("transfer");
+        }
+        let settled = Instant::now() + Duration::from_secs(3);
+        while Instant::now() < settled && cluster.leader(1).await != Some(4) {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
 
     // Remove voter 1 (not the leader now).
     let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::RemoveNode, 1)])).await;

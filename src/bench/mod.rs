@@ -3,6 +3,7 @@
 mod engine;
 mod locks;
 mod namespace;
+mod router;
 mod watch;
 
 use clap::Subcommand;
@@ -19,6 +20,9 @@ pub enum BenchCommand {
     /// Watches over gRPC: delivery latency by watcher count, memory per idle watch, events
     /// per second on a recursive watch under write load.
     Watch(watch::WatchArgs),
+    /// Writes through a router: aggregate writes/s by shard-group count, and the latency
+    /// the router adds.
+    Router(router::RouterArgs),
 }
 
 /// Runs a benchmark.
@@ -28,6 +32,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Namespace(args) => namespace::run(args).await,
         BenchCommand::Locks(args) => locks::run(args).await,
         BenchCommand::Watch(args) => watch::run(args).await,
+        BenchCommand::Router(args) => router::run(args).await,
     }
 }
 

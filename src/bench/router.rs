@@ -1,0 +1,119 @@
+//! `warden bench router`: writes through a router to an in-process 5-node cluster with a
+//! placement group (fsync on, 5 replicas per group): aggregate writes/s for 1, 4 and 16 shard
+//! groups at the same total client count, and the latency the router adds (one client, the
+//! same writes straight to the group's leader and then through the router).
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use tonic::transport::Channel;
+use warden_placement::PLACEMENT_GROUP_ID;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest};
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::*;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::placement::ShardNodeFactory;
+
+/// Flags of `warden bench router`.
+#[derive(clap::Args)]
+pub struct RouterArgs {
+    /// Shard-group counts to run (groups `/g0`, `/g1`, …; the root group stays idle).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
+    groups: Vec<usize>,
+    /// Closed-loop clients in total, spread over the groups.
+    #[arg(long, default_value_t = 64)]
+    clients: usize,
+    /// Measured seconds per run.
+    #[arg(long, default_value_t = 5)]
+    seconds: u64,
+    /// Where node directories go (wiped). Default: ~/.cache/warden-bench.
+    #[arg(long)]
+    data_dir: Option<PathBuf>,
+}
+
+async fn connect(addr: std::net::SocketAddr) -> anyhow::Result<Channel> {
+    Ok(Channel::from_shared(format!("http://{addr}"))?.tcp_nodelay(true).connect().await?)
+}
+
+/// Runs every group count, then the added-latency pair, one JSON line each.
+pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
+    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let dir = super::fresh_dir(&root, "router")?;
+    let groups_max = args.groups.iter().copied().max().unwrap_or(1).max(1);
+    let config = ClusterConfig { nodes: super::NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start_at(config, Arc::new(ShardNodeFactory::default()), &dir)?);
+    cluster.bootstrap_placement(&[1, 2, 3]).await?;
+    for group in 0..groups_max {
+        let leader = cluster.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
+        let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?;
+        PlacementClient::new(connect(addr).await?).create_group(CreateGroupRequest { prefix: format!("/g{group}") }).await?;
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+    let router_addr = listener.local_addr()?;
+    let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
+    let router = tokio::spawn(warden_router::serve(listener, warden_router::RouterConfig::new(seeds)));
+    let through_router = WardenClient::new(connect(router_addr).await?);
+    let value = vec![b'v'; 256];
+    // Client c of a run over n groups writes its own key in group c mod n.
+    let key = |client: usize, groups: usize| format!("/g{}/k{client}", client % groups.max(1));
+    let keys: std::collections::BTreeSet<String> = args.groups.iter().flat_map(|g| (0..args.clients).map(move |c| key(c, *g))).collect();
+    for path in keys {
+        through_router.clone().create(CreateRequest { path, data: value.clone(), ..CreateRequest::default() }).await?;
+    }
+    let warmup = Duration::from_secs(1);
+    let measure = Duration::from_secs(args.seconds);
+    for &groups in &args.groups {
+        let groups = groups.max(1);
+        let report = warden_loadgen::closed_loop(args.clients, warmup, measure, {
+            let (router, value) = (through_router.clone(), value.clone());
+            move |client, _| {
+                let path = key(client, groups);
+                let (mut router, value) = (router.clone(), value.clone());
+                async move { router.set(SetRequest { path, data: value, ..SetRequest::default() }).await.map(drop) }
+            }
+        })
+        .await;
+        println!(
+            "{}",
+            json!({"bench": "router", "groups": groups, "clients": args.clients, "writes_per_sec": report.ops_per_sec,
+                   "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors})
+        );
+    }
+    // Added latency: one client, the same key, straight to the leader of its group, then
+    // through the router.
+    let table = {
+        let leader = cluster.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
+        let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?;
+        PlacementClient::new(connect(addr).await?).get_routing_table(GetRoutingTableRequest {}).await?.into_inner()
+    };
+    let group = table.groups.iter().filter_map(|g| g.descriptor.as_ref()).find(|d| d.prefix == "/g0").map(|d| d.group_id).ok_or_else(|| anyhow::anyhow!("no /g0"))?;
+    let leader = cluster.wait_leader(group, Duration::from_secs(30)).await?;
+    let direct = WardenClient::new(connect(cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?).await?);
+    let mut runs = Vec::new();
+    for (name, client) in [("direct", direct), ("router", through_router)] {
+        let report = warden_loadgen::closed_loop(1, warmup, measure, {
+            let value = value.clone();
+            move |_, _| {
+                let (mut client, value) = (client.clone(), value.clone());
+                let routing = (name == "direct").then_some(Routing { group_id: group, ..Routing::default() });
+                async move { client.set(SetRequest { path: "/g0/k0".into(), data: value, routing, ..SetRequest::default() }).await.map(drop) }
+            }
+        })
+        .await;
+        runs.push(report);
+    }
+    println!(
+        "{}",
+        json!({"bench": "router", "run": "added_latency", "clients": 1,
+               "direct_p50_ms": runs[0].p50_ms, "direct_p99_ms": runs[0].p99_ms,
+               "router_p50_ms": runs[1].p50_ms, "router_p99_ms": runs[1].p99_ms,
+               "router_added_p50_ms": runs[1].p50_ms - runs[0].p50_ms, "router_added_p99_ms": runs[1].p99_ms - runs[0].p99_ms})
+    );
+    router.abort();
+    drop(cluster);
+    std::fs::remove_dir_all(&dir)?;
+    Ok(())
+}
