@@ -1,8 +1,10 @@
-//! The `warden` binary: `warden dev` runs a local cluster, `warden router` a router,
-//! `warden bench …` runs benchmarks.
+//! The `warden` binary: `warden dev` runs a local cluster, `warden node` / `warden router` /
+//! `warden admin` a real deployment, `warden bench …` runs benchmarks.
 
+mod admin;
 mod bench;
 mod dev;
+mod node;
 
 use clap::{Parser, Subcommand};
 
@@ -21,6 +23,11 @@ enum Command {
     Dev(dev::DevArgs),
     /// Run a router: the public API, forwarded to shard groups by path.
     Router(RouterArgs),
+    /// Run one shard-node of a multi-machine cluster.
+    Node(node::NodeArgs),
+    /// Cluster administration (bootstrap, shard groups).
+    #[command(subcommand)]
+    Admin(admin::AdminCommand),
     /// Run a benchmark and print one JSON object per line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
@@ -65,6 +72,8 @@ fn main() -> anyhow::Result<()> {
         match cli.command {
             Command::Dev(args) => dev::run(args).await,
             Command::Router(args) => run_router(args).await,
+            Command::Node(args) => node::run(args).await,
+            Command::Admin(command) => admin::run(command).await,
             Command::Bench(command) => bench::run(command).await,
         }
     })

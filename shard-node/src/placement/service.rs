@@ -242,6 +242,19 @@ impl PlacementApi for PlacementService {
         Ok(Response::new(HeartbeatResponse { routing_version: version }))
     }
 
+    async fn bootstrap(&self, _request: Request<BootstrapRequest>) -> Result<Response<BootstrapResponse>, Status> {
+        let nodes = self.directory.ids().into_iter().filter_map(|id| self.directory.get(id).map(|addr| (id, addr.to_string(), String::new()))).collect();
+        let root = match self.propose(&Command::Bootstrap { nodes, now_ms: now_ms() }).await? {
+            Outcome::Bootstrapped(root) => root,
+            other => return Err(internal(format!("unexpected outcome {other:?}"))),
+        };
+        let state = self.state().await?;
+        self.start_group(&root, &state).await?;
+        let descriptor = state.descriptor(root.id).ok_or_else(|| internal("the root group has no descriptor"))?;
+        self.set_descriptor_at(&state, &descriptor).await?;
+        Ok(Response::new(BootstrapResponse { root: Some(GroupEntry { descriptor: Some(descriptor_proto(&descriptor)), ready: true }) }))
+    }
+
     async fn set_descriptor(&self, request: Request<SetDescriptorRequest>) -> Result<Response<SetDescriptorResponse>, Status> {
         let descriptor = request.into_inner().descriptor.ok_or_else(|| {
             status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() })
@@ -257,8 +270,8 @@ impl PlacementApi for PlacementService {
 
     async fn create_replica(&self, request: Request<CreateReplicaRequest>) -> Result<Response<CreateReplicaResponse>, Status> {
         let request = request.into_inner();
-        if request.group_id == PLACEMENT_GROUP_ID || request.voters.is_empty() {
-            return Err(status(WardenError { code: Code::InvalidArgument as i32, message: "not a shard group".into(), ..WardenError::default() }));
+        if request.voters.is_empty() {
+            return Err(status(WardenError { code: Code::InvalidArgument as i32, message: "a new group needs voters".into(), ..WardenError::default() }));
         }
         match self.node.create_group(request.group_id, request.voters).await {
             // Idempotent: a retried creation finds its replica.

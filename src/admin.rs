@@ -1,0 +1,92 @@
+//! `warden admin`: cluster administration against the placement API of any node.
+
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_placement::PLACEMENT_GROUP_ID;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::*;
+
+/// `warden admin` subcommands.
+#[derive(clap::Subcommand)]
+pub enum AdminCommand {
+    /// Once per cluster: create the placement group on `--placement` nodes, register every
+    /// node and start the root shard group.
+    Bootstrap {
+        /// Every node, `id=host:port`, comma-separated.
+        #[arg(long, value_delimiter = ',', value_parser = parse_node)]
+        nodes: Vec<(u64, String)>,
+        /// Nodes holding the placement group's replicas (3 or 5).
+        #[arg(long, value_delimiter = ',', default_value = "1,2,3")]
+        placement: Vec<u64>,
+    },
+    /// Create a shard group for a path prefix.
+    CreateGroup {
+        /// The prefix (an absolute path).
+        prefix: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103")]
+        seeds: Vec<String>,
+    },
+}
+
+fn parse_node(text: &str) -> Result<(u64, String), String> {
+    let (id, addr) = text.split_once('=').ok_or_else(|| format!("{text}: expected id=host:port"))?;
+    Ok((id.parse().map_err(|e| format!("{text}: node id: {e}"))?, addr.to_string()))
+}
+
+fn client(addr: &str) -> anyhow::Result<PlacementClient<Channel>> {
+    Ok(PlacementClient::new(Channel::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_secs(1)).connect_lazy()))
+}
+
+/// Calls `call` on each of `addrs` in turn until one succeeds (the placement leader), for
+/// up to 30 s.
+async fn at_any<T, F, Fut>(addrs: &[String], call: F) -> anyhow::Result<T>
+where
+    F: Fn(PlacementClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut turn = 0;
+    loop {
+        let addr = &addrs[turn % addrs.len().max(1)];
+        match call(client(addr)?).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) if Instant::now() < deadline => tracing::debug!(%addr, %status, "retrying"),
+            Err(status) => anyhow::bail!("{addr}: {}", status.message()),
+        }
+        turn += 1;
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Runs an admin command.
+pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
+    match command {
+        AdminCommand::Bootstrap { nodes, placement } => {
+            let addr_of = |id: u64| nodes.iter().find(|(n, _)| *n == id).map(|(_, a)| a.clone());
+            let voters: Vec<String> = placement.iter().map(|id| addr_of(*id).ok_or_else(|| anyhow::anyhow!("node {id} is not in --nodes"))).collect::<Result<_, _>>()?;
+            for (position, addr) in voters.iter().enumerate() {
+                let request = CreateReplicaRequest { group_id: PLACEMENT_GROUP_ID, voters: placement.clone(), campaign: position == 0 };
+                at_any(std::slice::from_ref(addr), |mut c| {
+                    let request = request.clone();
+                    async move { c.create_replica(request).await }
+                })
+                .await?;
+            }
+            let answer = at_any(&voters, |mut c| async move { c.bootstrap(BootstrapRequest {}).await }).await?;
+            let root = answer.root.and_then(|r| r.descriptor).map(|d| d.replicas).unwrap_or_default();
+            println!("bootstrapped: placement on {placement:?}, root group on {root:?}");
+        }
+        AdminCommand::CreateGroup { prefix, seeds } => {
+            let answer = at_any(&seeds, |mut c| {
+                let prefix = prefix.clone();
+                async move { c.create_group(CreateGroupRequest { prefix }).await }
+            })
+            .await?;
+            let descriptor = answer.group.and_then(|g| g.descriptor).unwrap_or_default();
+            println!("group {} serves {} on nodes {:?}", descriptor.group_id, descriptor.prefix, descriptor.replicas);
+        }
+    }
+    Ok(())
+}

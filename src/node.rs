@@ -1,0 +1,78 @@
+//! `warden node`: one shard-node process for a real deployment. Every node of a cluster is
+//! started with the same peer list (`id=host:port`, its own entry included); then, once per
+//! cluster, `warden admin bootstrap` creates the placement group and the root shard group.
+//! Flags, or a JSON config file with the same names (`--config node.json`).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use warden_shard_node::placement::ShardNodeFactory;
+use warden_shard_node::transport::{NetFaults, PeerDirectory};
+use warden_shard_node::{Node, NodeConfig};
+
+/// Flags of `warden node`.
+#[derive(clap::Args, serde::Deserialize)]
+pub struct NodeArgs {
+    /// A JSON file with these settings (`id`, `listen`, `data_dir`, `peers`, `zone`); flags
+    /// given as well are ignored.
+    #[arg(long)]
+    #[serde(skip)]
+    config: Option<PathBuf>,
+    /// This node's id (positive, unique in the cluster).
+    #[arg(long, default_value_t = 0)]
+    #[serde(default)]
+    id: u64,
+    /// Where to listen (raft transport, public API, placement API).
+    #[arg(long, default_value = "127.0.0.1:7101")]
+    listen: std::net::SocketAddr,
+    /// Data directory (created if missing).
+    #[arg(long, default_value = "warden-node")]
+    data_dir: PathBuf,
+    /// Every node of the cluster, `id=host:port`, comma-separated (this one included).
+    #[arg(long, value_delimiter = ',', value_parser = parse_peer)]
+    #[serde(default)]
+    peers: Vec<(u64, std::net::SocketAddr)>,
+    /// Failure-domain label: placement spreads a group's replicas over zones.
+    #[arg(long, default_value = "")]
+    #[serde(default)]
+    zone: String,
+}
+
+fn parse_peer(text: &str) -> Result<(u64, std::net::SocketAddr), String> {
+    let (id, addr) = text.split_once('=').ok_or_else(|| format!("{text}: expected id=host:port"))?;
+    let id: u64 = id.parse().map_err(|e| format!("{text}: node id: {e}"))?;
+    let addr = addr.parse().map_err(|e| format!("{text}: address: {e}"))?;
+    Ok((id, addr))
+}
+
+/// Runs the node until Ctrl-C or SIGTERM.
+pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
+    let args = match &args.config {
+        Some(path) => serde_json::from_slice::<NodeArgs>(&std::fs::read(path)?).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
+        None => args,
+    };
+    anyhow::ensure!(args.id > 0, "--id must be a positive node id");
+    let peers: BTreeMap<u64, std::net::SocketAddr> = args.peers.iter().copied().collect();
+    anyhow::ensure!(peers.get(&args.id).is_some(), "--peers must include this node ({})", args.id);
+    let directory = Arc::new(PeerDirectory::new());
+    for (id, addr) in &peers {
+        directory.insert(*id, *addr);
+    }
+    std::fs::create_dir_all(&args.data_dir)?;
+    let mut config = NodeConfig::new(args.id, args.data_dir.clone());
+    config.serve_api = true;
+    config.zone = args.zone.clone();
+    let listener = std::net::TcpListener::bind(args.listen)?;
+    // Peers reach this node at its advertised address (its `--peers` entry).
+    let node = Node::start(config, listener, directory.clone(), Arc::new(NetFaults::new()), Arc::new(ShardNodeFactory::default()))?;
+    directory.insert(args.id, peers[&args.id]);
+    println!("node {} listening on {} (data in {})", args.id, args.listen, args.data_dir.display());
+    let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        stop = tokio::signal::ctrl_c() => stop?,
+        _ = terminate.recv() => {}
+    }
+    drop(node);
+    Ok(())
+}
