@@ -7,75 +7,93 @@
 
 use serde::{Deserialize, Serialize};
 
-/// Longest prefix accepted, in bytes (the namespace's path limit).
-pub const PREFIX_BYTES_MAX: usize = 1024;
-/// Deepest prefix accepted, in segments (the namespace's path limit: a deeper prefix could
-/// own no path).
-pub const PREFIX_DEPTH_MAX: usize = 64;
+/// Longest path, in bytes.
+pub const PATH_BYTES_MAX: usize = 1024;
+/// Deepest path, in segments.
+pub const PATH_DEPTH_MAX: usize = 64;
+
+/// Why a path has the wrong shape (DESIGN.md "Data model"; the namespace adds its reserved
+/// subtree on top).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+pub enum PathError {
+    /// The empty string.
+    #[error("path is empty")]
+    Empty,
+    /// Does not start with `/`.
+    #[error("path must be absolute")]
+    NotAbsolute,
+    /// Ends with `/` (only the root may).
+    #[error("path must not end with '/'")]
+    TrailingSlash,
+    /// Has `//`.
+    #[error("path has an empty segment")]
+    EmptySegment,
+    /// Has a `.` or `..` segment.
+    #[error("path has a relative segment '{0}'")]
+    Relative(String),
+    /// Has a control character.
+    #[error("path has a control character")]
+    ControlCharacter,
+    /// Longer than [`PATH_BYTES_MAX`].
+    #[error("path is {0} bytes, limit {PATH_BYTES_MAX}")]
+    TooLong(usize),
+    /// Deeper than [`PATH_DEPTH_MAX`].
+    #[error("path has {0} segments, limit {PATH_DEPTH_MAX}")]
+    TooDeep(usize),
+}
+
+/// Checks a path's shape: absolute, `/`-separated, no empty segment, no `.` or `..`, no
+/// trailing `/` except the root `/`, no control character, bounded bytes and depth.
+pub fn validate_path(path: &str) -> Result<(), PathError> {
+    if path.is_empty() {
+        return Err(PathError::Empty);
+    }
+    if path.len() > PATH_BYTES_MAX {
+        return Err(PathError::TooLong(path.len()));
+    }
+    if !path.starts_with('/') {
+        return Err(PathError::NotAbsolute);
+    }
+    if path.chars().any(char::is_control) {
+        return Err(PathError::ControlCharacter);
+    }
+    if path == "/" {
+        return Ok(());
+    }
+    if path.ends_with('/') {
+        return Err(PathError::TrailingSlash);
+    }
+    let mut depth = 0;
+    for segment in path[1..].split('/') {
+        depth += 1;
+        match segment {
+            "" => return Err(PathError::EmptySegment),
+            "." | ".." => return Err(PathError::Relative(segment.to_string())),
+            _ => {}
+        }
+    }
+    if depth > PATH_DEPTH_MAX {
+        return Err(PathError::TooDeep(depth));
+    }
+    Ok(())
+}
 
 /// Why a prefix is refused.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
 pub enum PrefixError {
-    /// Empty string.
-    #[error("prefix is empty")]
-    Empty,
-    /// Does not start with `/`.
-    #[error("prefix must be absolute")]
-    NotAbsolute,
-    /// Is `/`, which always belongs to the first group.
+    /// `/` is always the root group's.
     #[error("the root is always the first group's")]
     Root,
-    /// Ends with `/`.
-    #[error("prefix must not end with '/'")]
-    TrailingSlash,
-    /// Has `//`.
-    #[error("prefix has an empty segment")]
-    EmptySegment,
-    /// Has a `.` or `..` segment.
-    #[error("prefix has a relative segment '{0}'")]
-    Relative(String),
-    /// Has a control character (including NUL).
-    #[error("prefix has a control character")]
-    ControlCharacter,
-    /// Longer than [`PREFIX_BYTES_MAX`].
-    #[error("prefix is {0} bytes, limit {PREFIX_BYTES_MAX}")]
-    TooLong(usize),
-    /// Deeper than [`PREFIX_DEPTH_MAX`].
-    #[error("prefix has {0} segments, limit {PREFIX_DEPTH_MAX}")]
-    TooDeep(usize),
+    /// Not a valid path.
+    #[error(transparent)]
+    Path(#[from] PathError),
 }
 
-/// Checks that `prefix` may name a new group's subtree.
+/// Checks that `prefix` may name a new group's subtree: a valid path other than the root.
 pub fn validate_prefix(prefix: &str) -> Result<(), PrefixError> {
-    if prefix.is_empty() {
-        return Err(PrefixError::Empty);
-    }
-    if prefix.len() > PREFIX_BYTES_MAX {
-        return Err(PrefixError::TooLong(prefix.len()));
-    }
-    if !prefix.starts_with('/') {
-        return Err(PrefixError::NotAbsolute);
-    }
+    validate_path(prefix)?;
     if prefix == "/" {
         return Err(PrefixError::Root);
-    }
-    if prefix.chars().any(char::is_control) {
-        return Err(PrefixError::ControlCharacter);
-    }
-    if prefix.ends_with('/') {
-        return Err(PrefixError::TrailingSlash);
-    }
-    let mut depth = 0;
-    for segment in prefix[1..].split('/') {
-        depth += 1;
-        match segment {
-            "" => return Err(PrefixError::EmptySegment),
-            "." | ".." => return Err(PrefixError::Relative(segment.to_string())),
-            _ => {}
-        }
-    }
-    if depth > PREFIX_DEPTH_MAX {
-        return Err(PrefixError::TooDeep(depth));
     }
     Ok(())
 }
@@ -99,7 +117,7 @@ pub fn is_strictly_below(path: &str, prefix: &str) -> bool {
 
 /// The path one segment up: `/a/b` → `/a`, `/a` → `/`, `/` → none. Cuts at the last `/`,
 /// so walking parents from any string visits exactly the prefixes it is at or below.
-pub(crate) fn parent(path: &str) -> Option<&str> {
+pub fn parent(path: &str) -> Option<&str> {
     if path == "/" {
         return None;
     }
@@ -120,26 +138,26 @@ mod tests {
             ("/a", Ok(())),
             ("/a/b-c_d.e/ünïcode", Ok(())),
             ("/warden/sessions", Ok(())),
-            ("", Err(PrefixError::Empty)),
+            ("", Err(PrefixError::Path(PathError::Empty))),
             ("/", Err(PrefixError::Root)),
-            ("a/b", Err(PrefixError::NotAbsolute)),
-            ("/a/", Err(PrefixError::TrailingSlash)),
-            ("/a//b", Err(PrefixError::EmptySegment)),
-            ("/a/./b", Err(PrefixError::Relative(".".into()))),
-            ("/a/..", Err(PrefixError::Relative("..".into()))),
-            ("/a\0b", Err(PrefixError::ControlCharacter)),
-            ("/a\nb", Err(PrefixError::ControlCharacter)),
+            ("a/b", Err(PrefixError::Path(PathError::NotAbsolute))),
+            ("/a/", Err(PrefixError::Path(PathError::TrailingSlash))),
+            ("/a//b", Err(PrefixError::Path(PathError::EmptySegment))),
+            ("/a/./b", Err(PrefixError::Path(PathError::Relative(".".into())))),
+            ("/a/..", Err(PrefixError::Path(PathError::Relative("..".into())))),
+            ("/a\0b", Err(PrefixError::Path(PathError::ControlCharacter))),
+            ("/a\nb", Err(PrefixError::Path(PathError::ControlCharacter))),
         ];
         for (prefix, expected) in cases {
             assert_eq!(&validate_prefix(prefix), expected, "prefix {prefix:?}");
         }
-        assert_eq!(validate_prefix(&"/a".repeat(PREFIX_DEPTH_MAX)), Ok(()));
-        let deep = "/a".repeat(PREFIX_DEPTH_MAX + 1);
-        assert_eq!(validate_prefix(&deep), Err(PrefixError::TooDeep(PREFIX_DEPTH_MAX + 1)));
-        let longest = format!("/{}", "x".repeat(PREFIX_BYTES_MAX - 1));
+        assert_eq!(validate_prefix(&"/a".repeat(PATH_DEPTH_MAX)), Ok(()));
+        let deep = "/a".repeat(PATH_DEPTH_MAX + 1);
+        assert_eq!(validate_prefix(&deep), Err(PrefixError::Path(PathError::TooDeep(PATH_DEPTH_MAX + 1))));
+        let longest = format!("/{}", "x".repeat(PATH_BYTES_MAX - 1));
         assert_eq!(validate_prefix(&longest), Ok(()));
-        let long = format!("/{}", "x".repeat(PREFIX_BYTES_MAX));
-        assert_eq!(validate_prefix(&long), Err(PrefixError::TooLong(PREFIX_BYTES_MAX + 1)));
+        let long = format!("/{}", "x".repeat(PATH_BYTES_MAX));
+        assert_eq!(validate_prefix(&long), Err(PrefixError::Path(PathError::TooLong(PATH_BYTES_MAX + 1))));
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! must leave the state exactly as it was.
 
 use warden_placement::{
-    Command, Epoch, GroupInfo, NodeError, Outcome, Placement, PlacementConfig, PlacementError, PrefixError,
+    Command, Epoch, GroupInfo, NodeError, Outcome, PathError, Placement, PlacementConfig, PlacementError, PrefixError,
     ROOT_GROUP_ID,
 };
 
@@ -236,12 +236,12 @@ fn create_group_refusals() {
     let command = |prefix: &str| Command::CreateGroup { prefix: prefix.into(), now_ms: 0 };
     let invalid = |prefix: &str, reason| PlacementError::InvalidPrefix { prefix: prefix.into(), reason };
     refused(&mut placement, command("/"), invalid("/", PrefixError::Root));
-    refused(&mut placement, command("a"), invalid("a", PrefixError::NotAbsolute));
-    refused(&mut placement, command("/a/"), invalid("/a/", PrefixError::TrailingSlash));
-    refused(&mut placement, command("/a//b"), invalid("/a//b", PrefixError::EmptySegment));
-    refused(&mut placement, command("/a/.."), invalid("/a/..", PrefixError::Relative("..".into())));
+    refused(&mut placement, command("a"), invalid("a", PrefixError::Path(PathError::NotAbsolute)));
+    refused(&mut placement, command("/a/"), invalid("/a/", PrefixError::Path(PathError::TrailingSlash)));
+    refused(&mut placement, command("/a//b"), invalid("/a//b", PrefixError::Path(PathError::EmptySegment)));
+    refused(&mut placement, command("/a/.."), invalid("/a/..", PrefixError::Path(PathError::Relative("..".into()))));
     let long = format!("/{}", "x".repeat(1024));
-    refused(&mut placement, command(&long), invalid(&long, PrefixError::TooLong(1025)));
+    refused(&mut placement, command(&long), invalid(&long, PrefixError::Path(PathError::TooLong(1025))));
 
     let creating = create(&mut placement, "/a", 0);
     refused(&mut placement, command("/a"), PlacementError::PrefixTaken { prefix: "/a".into(), group: creating.id });
@@ -399,8 +399,8 @@ fn commands_outcomes_and_errors_encode() {
     let outcome = placement.apply(&Command::CreateGroup { prefix: "/a".into(), now_ms: 0 });
     let bytes = serde_json::to_vec(&outcome).unwrap();
     assert_eq!(serde_json::from_slice::<Result<Outcome, PlacementError>>(&bytes).unwrap(), outcome);
-    let error = PlacementError::InvalidPrefix { prefix: "/a/".into(), reason: PrefixError::TrailingSlash };
+    let error = PlacementError::InvalidPrefix { prefix: "/a/".into(), reason: PrefixError::Path(PathError::TrailingSlash) };
     let bytes = serde_json::to_vec(&error).unwrap();
     assert_eq!(serde_json::from_slice::<PlacementError>(&bytes).unwrap(), error);
-    assert_eq!(error.to_string(), "invalid prefix \"/a/\": prefix must not end with '/'");
+    assert_eq!(error.to_string(), "invalid prefix \"/a/\": path must not end with '/'");
 }
