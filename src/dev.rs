@@ -54,7 +54,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         Err(EngineError::GroupNotFound(_)) => {
             let root = cluster.bootstrap_placement(&PLACEMENT_VOTERS).await?;
             // The parent of two example groups, in the root group, so it lists them.
-            let leader = cluster.wait_leader(root.id, Duration::from_secs(30)).await?;
+            let leader = cluster.wait_leader(root.group_id, Duration::from_secs(30)).await?;
             let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
             let mut api = warden_proto::v1::warden_client::WardenClient::new(Channel::from_shared(format!("http://{addr}"))?.connect().await?);
             api.create(warden_proto::v1::CreateRequest { path: "/teams".into(), ..Default::default() }).await?;

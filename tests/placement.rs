@@ -25,7 +25,7 @@ async fn placement_cluster(heartbeat_timeout_ms: u64) -> Arc<Cluster> {
     let config = ClusterConfig { serve_api: true, ..ClusterConfig::default() };
     let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
     let root = cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
-    assert_eq!((root.id, root.prefix.as_str(), root.replicas.len()), (1, "/", 5));
+    assert_eq!((root.group_id, root.prefix.as_str(), root.replicas.len()), (1, "/", 5));
     cluster
 }
 

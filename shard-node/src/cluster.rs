@@ -186,35 +186,35 @@ impl Cluster {
         Ok(())
     }
 
-    /// Creates the placement group on `voters` and bootstraps it with every node of the
-    /// cluster (no zones), then creates the root shard group (owning `/`) on the replicas
-    /// placement picked and waits for its leader. The factory must run the placement state
+    /// Creates the placement group on `voters`, then has its leader bootstrap the cluster
+    /// (`Placement/Bootstrap`, as `warden admin bootstrap` does): every node registered, the
+    /// root shard group (owning `/`) started on the replicas placement picked. Returns the
+    /// root group's descriptor. Needs `serve_api` and a factory that runs the placement state
     /// machine for its group (`placement::ShardNodeFactory`).
-    pub async fn bootstrap_placement(&self, voters: &[u64]) -> Result<warden_placement::GroupInfo, EngineError> {
-        use crate::placement::state_machine::{decode_result, encode_command};
-        use warden_placement::{Command, Outcome, PLACEMENT_GROUP_ID};
+    pub async fn bootstrap_placement(&self, voters: &[u64]) -> Result<warden_proto::v1::GroupDescriptor, EngineError> {
+        use warden_placement::PLACEMENT_GROUP_ID;
+        use warden_proto::placement::{placement_client::PlacementClient, BootstrapRequest};
         self.create_group(PLACEMENT_GROUP_ID, voters).await?;
-        self.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
-        let nodes = self.node_ids().into_iter().map(|id| (id, self.addr(id).map(|a| a.to_string()).unwrap_or_default(), String::new())).collect();
-        let now_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let output = self.propose(PLACEMENT_GROUP_ID, encode_command(&Command::Bootstrap { nodes, now_ms }), Duration::from_secs(10)).await?;
-        match decode_result(&output)? {
-            Ok(Outcome::Bootstrapped(root)) => {
-                self.create_group(root.id, &root.replicas).await?;
-                self.wait_leader(root.id, Duration::from_secs(30)).await?;
-                // The root group serves `/` (and, as groups are added, less).
-                let state = crate::placement::state_machine::decode_state(
-                    &self.read(PLACEMENT_GROUP_ID, Vec::new(), Duration::from_secs(10)).await?,
-                    warden_placement::PlacementConfig::default(),
-                )?;
-                let descriptor = state.descriptor(root.id).map(|d| crate::placement::service::descriptor_proto(&d));
-                let set = warden_proto::namespace::SetDescriptor { descriptor };
-                let command = warden_proto::namespace::Command { now_ms, op: Some(warden_proto::namespace::command::Op::SetDescriptor(set)) };
-                self.propose(root.id, prost::Message::encode_to_vec(&command), Duration::from_secs(10)).await?;
-                Ok(root)
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let leader = self.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
+            let addr = self.addr(leader).ok_or(EngineError::Stopped)?;
+            let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+                .map_err(|e| EngineError::Invalid(e.to_string()))?
+                .connect_lazy();
+            let status = match PlacementClient::new(channel).bootstrap(BootstrapRequest {}).await {
+                Ok(response) => {
+                    let root = response.into_inner().root.and_then(|entry| entry.descriptor);
+                    return root.ok_or_else(|| EngineError::Invalid("bootstrap answered no root group".into()));
+                }
+                Err(status) => status,
+            };
+            // Only a leader change is worth another try: nothing was proposed.
+            let not_leader = crate::service::error_of(&status).is_some_and(|e| e.code == warden_proto::v1::warden_error::Code::NotLeader as i32);
+            if !not_leader || Instant::now() >= deadline {
+                return Err(EngineError::Invalid(format!("bootstrap: {status}")));
             }
-            Ok(other) => Err(EngineError::Invalid(format!("bootstrap answered {other:?}"))),
-            Err(error) => Err(EngineError::Invalid(format!("bootstrap refused: {error}"))),
+            tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
 

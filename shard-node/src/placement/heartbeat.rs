@@ -19,6 +19,7 @@ use crate::transport::PeerDirectory;
 pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAddr, zone: String, interval: Duration) {
     let mut hint: Option<u64> = None;
     let mut turn = 0usize;
+    let mut channels: std::collections::HashMap<SocketAddr, tonic::transport::Channel> = std::collections::HashMap::new();
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -30,8 +31,17 @@ pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAd
             ids.get(turn % ids.len().max(1)).copied()
         });
         let Some(target_addr) = target.and_then(|id| directory.get(id)) else { continue };
-        let Ok(endpoint) = tonic::transport::Channel::from_shared(format!("http://{target_addr}")) else { continue };
-        let mut client = PlacementClient::new(endpoint.connect_timeout(interval).timeout(interval).connect_lazy());
+        // One connection per target, kept across heartbeats.
+        let channel = match channels.get(&target_addr) {
+            Some(channel) => channel.clone(),
+            None => {
+                let Ok(endpoint) = tonic::transport::Channel::from_shared(format!("http://{target_addr}")) else { continue };
+                let channel = endpoint.connect_timeout(interval).timeout(interval).connect_lazy();
+                channels.insert(target_addr, channel.clone());
+                channel
+            }
+        };
+        let mut client = PlacementClient::new(channel);
         let request = HeartbeatRequest { node_id: node.node_id(), addr: addr.to_string(), zone: zone.clone() };
         match client.heartbeat(request).await {
             Ok(_) => hint = target,
