@@ -17,7 +17,7 @@ const TIMEOUT: Duration = Duration::from_secs(30);
 const TTL_MS: u64 = 3_000;
 
 async fn open_session(api: &ApiClient) -> u64 {
-    api.call(TIMEOUT, false, |mut c| async move { c.create_session(CreateSessionRequest { ttl_ms: TTL_MS, routing: None }).await })
+    api.call(TIMEOUT, false, |mut c| async move { c.create_session(CreateSessionRequest { ttl_ms: TTL_MS, ..Default::default() }).await })
         .await
         .expect("session")
         .session_id

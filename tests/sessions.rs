@@ -19,7 +19,7 @@ const TTL_MS: u64 = 3_000;
 
 async fn open_session(api: &ApiClient) -> u64 {
     let created = api
-        .call(TIMEOUT, false, |mut c| async move { c.create_session(CreateSessionRequest { ttl_ms: TTL_MS, routing: None }).await })
+        .call(TIMEOUT, false, |mut c| async move { c.create_session(CreateSessionRequest { ttl_ms: TTL_MS, ..Default::default() }).await })
         .await
         .expect("session");
     assert_eq!(created.granted_ttl_ms, TTL_MS);

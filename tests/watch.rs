@@ -403,7 +403,7 @@ async fn lock_waiters_and_session_ephemerals_are_node_events() {
     let mut conn = WatchConn::open(cluster.addr(node).expect("addr")).await.expect("stream");
     conn.create(persistent("/locks", true, 0)).await.expect("created");
     let session = |api: ApiClient| async move {
-        api.call(TIMEOUT, false, |mut c| async move { c.create_session(CreateSessionRequest { ttl_ms: 3_000, routing: None }).await })
+        api.call(TIMEOUT, false, |mut c| async move { c.create_session(CreateSessionRequest { ttl_ms: 3_000, ..Default::default() }).await })
             .await
             .expect("session")
             .session_id

@@ -50,6 +50,39 @@ pub fn parse_grpc_timeout(value: &str) -> Option<std::time::Duration> {
     })
 }
 
+/// The gRPC status for a Warden error, with the error as its structured detail (DESIGN.md
+/// rule 9). Shard-nodes and routers both answer this way.
+pub fn status(error: v1::WardenError) -> tonic::Status {
+    use prost::Message as _;
+    use tonic::Code as GrpcCode;
+    use v1::warden_error::Code;
+    let grpc = match Code::try_from(error.code).unwrap_or(Code::Unknown) {
+        Code::NotLeader | Code::Unavailable => GrpcCode::Unavailable,
+        Code::WrongGroup | Code::BadVersion | Code::NotEmpty | Code::NoChildrenForEphemerals | Code::SessionExpired => {
+            GrpcCode::FailedPrecondition
+        }
+        Code::NoNode => GrpcCode::NotFound,
+        Code::NodeExists => GrpcCode::AlreadyExists,
+        Code::InvalidPath | Code::InvalidArgument => GrpcCode::InvalidArgument,
+        Code::TooLarge | Code::SequenceExhausted | Code::SlowWatcher => GrpcCode::ResourceExhausted,
+        Code::Compacted => GrpcCode::OutOfRange,
+        Code::OutcomeUnknown => GrpcCode::DeadlineExceeded,
+        Code::Unknown => GrpcCode::Internal,
+    };
+    tonic::Status::with_details(grpc, error.message.clone(), error.encode_to_vec().into())
+}
+
+/// The Warden error a status carries as its detail, if any.
+pub fn error_of(status: &tonic::Status) -> Option<v1::WardenError> {
+    use prost::Message as _;
+    v1::WardenError::decode(status.details()).ok().filter(|e| e.code != v1::warden_error::Code::Unknown as i32 || !e.message.is_empty())
+}
+
+/// A Warden error with `code`, `message` and the `path` it concerns (may be empty).
+pub fn warden_error(code: v1::warden_error::Code, path: &str, message: impl Into<String>) -> v1::WardenError {
+    v1::WardenError { code: code as i32, path: path.into(), message: message.into(), ..v1::WardenError::default() }
+}
+
 /// Encoded `FileDescriptorSet` of every Warden proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("warden_descriptor");
 

@@ -5,6 +5,8 @@
 //! keepalives as unary calls to each session's home group, watches over one upstream stream
 //! per group (see [`crate::watch`]).
 
+use std::hash::{BuildHasher, RandomState};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,6 +14,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status, Streaming};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::warden_server::{Warden, WardenServer};
+use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
 
 use crate::upstream::{Target, Upstreams};
@@ -28,15 +31,30 @@ const KEEPALIVE_STREAM_QUEUE_MAX: usize = 16;
 pub struct RouterService {
     upstreams: Arc<Upstreams>,
     timeout: Duration,
+    /// Random hash keys of this router (sessions without a hint spread by hash).
+    session_spread: RandomState,
+    /// Sessions spread so far (the hashed counter).
+    sessions_spread: Arc<AtomicU64>,
 }
 
 impl RouterService {
     /// The service over `upstreams`, answering within `timeout` unless the caller's
     /// deadline is shorter.
     pub fn server(upstreams: Arc<Upstreams>, timeout: Duration) -> WardenServer<RouterService> {
-        WardenServer::new(RouterService { upstreams, timeout })
+        WardenServer::new(RouterService { upstreams, timeout, session_spread: RandomState::new(), sessions_spread: Arc::new(AtomicU64::new(0)) })
             .max_decoding_message_size(REQUEST_BYTES_MAX)
             .max_encoding_message_size(crate::upstream::RESPONSE_BYTES_MAX)
+    }
+
+    /// A home group for a session created without a hint: the ready group a counter hashes
+    /// to, so sessions spread evenly over the groups (and differently per router).
+    async fn spread_session(&self) -> Result<u64, Status> {
+        let key = self.session_spread.hash_one(self.sessions_spread.fetch_add(1, Ordering::Relaxed));
+        if let Some(group) = self.upstreams.table().spread(key) {
+            return Ok(group.id());
+        }
+        let table = self.upstreams.refresh().await?;
+        table.spread(key).map(|g| g.id()).ok_or_else(|| refusal(Code::Unavailable, "", "no shard group is ready to home a session"))
     }
 
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
@@ -66,9 +84,15 @@ fn txn_target<'a>(upstreams: &Upstreams, request: &'a TxnRequest) -> Result<Targ
     groups.sort_unstable();
     groups.dedup();
     if groups.len() > 1 {
-        return Err(Status::invalid_argument(format!("a transaction's paths must be served by one group; these span groups {groups:?}")));
+        let message = format!("a transaction's paths must be served by one group; these span groups {groups:?}");
+        return Err(refusal(Code::InvalidArgument, "", message));
     }
     Ok(Target::Path(paths.first().copied().unwrap_or("/")))
+}
+
+/// A typed refusal by the router itself.
+fn refusal(code: Code, path: &str, message: impl Into<String>) -> Status {
+    warden_proto::status(warden_proto::warden_error(code, path, message))
 }
 
 /// Where a sequencer's lock lives.
@@ -211,7 +235,17 @@ impl Warden for RouterService {
     async fn create_session(&self, request: Request<CreateSessionRequest>) -> Result<Response<CreateSessionResponse>, Status> {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
-        let target = request.routing.as_ref().map(|r| r.group_id).filter(|g| *g != 0).map_or(Target::Path("/"), Target::Group);
+        // The home group: the one named, else the one serving the hint, else one by hash.
+        let named = request.routing.as_ref().map(|r| r.group_id).filter(|g| *g != 0);
+        let hint = request.path_hint.clone();
+        let target = match named {
+            Some(group) => Target::Group(group),
+            None if !hint.is_empty() => {
+                warden_placement::validate_path(&hint).map_err(|e| refusal(Code::InvalidPath, &hint, e.to_string()))?;
+                Target::Path(&hint)
+            }
+            None => Target::Group(self.spread_session().await?),
+        };
         forward!(self, target, false, deadline, request, create_session)
     }
 

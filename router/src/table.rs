@@ -61,6 +61,16 @@ impl Table {
         self.groups.get(&id)
     }
 
+    /// The ready group that `key` hashes to (sessions without a path hint are spread over
+    /// the groups this way); `None` before any group is ready.
+    pub fn spread(&self, key: u64) -> Option<&GroupRoute> {
+        let count = self.routes.len() as u64;
+        if count == 0 {
+            return None;
+        }
+        self.routes.values().nth((key % count) as usize)
+    }
+
     /// Ready groups whose prefix is a direct child of `parent` (their prefix nodes are
     /// children of `parent` that the parent's own group does not list).
     pub fn child_groups(&self, parent: &str) -> Vec<&GroupRoute> {
@@ -107,5 +117,8 @@ mod tests {
         assert_eq!(table.child_groups("/").iter().map(|g| g.id()).collect::<Vec<_>>(), vec![2]);
         assert_eq!(table.child_groups("/c").iter().map(|g| g.id()).collect::<Vec<_>>(), vec![4]);
         assert_eq!(table.addr(1), Some("a:1"));
+        let spread: std::collections::BTreeSet<u64> = (0..6).filter_map(|key| table.spread(key)).map(GroupRoute::id).collect();
+        assert_eq!(spread, [1, 2, 4].into(), "keys spread over every ready group and only those");
+        assert!(Table::default().spread(7).is_none());
     }
 }

@@ -8,7 +8,6 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use prost::Message as _;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Response, Status};
@@ -16,7 +15,7 @@ use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::GetRoutingTableRequest;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
-use warden_proto::v1::{Routing, WardenError};
+use warden_proto::v1::Routing;
 
 use crate::table::{GroupRoute, Table};
 
@@ -50,10 +49,7 @@ pub struct Upstreams {
     leaders: moka::sync::Cache<u64, u64>,
 }
 
-/// The Warden error a status carries, if any.
-pub fn error_of(status: &Status) -> Option<WardenError> {
-    WardenError::decode(status.details()).ok().filter(|e| e.code != Code::Unknown as i32 || !e.message.is_empty())
-}
+pub use warden_proto::error_of;
 
 /// Whether a failed call provably never reached a node (the connection was refused or
 /// could not be made): only then is a write safe to send again.

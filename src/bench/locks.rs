@@ -36,7 +36,7 @@ pub struct LocksArgs {
 }
 
 async fn session(client: &mut WardenClient<Channel>, group: u64) -> anyhow::Result<u64> {
-    let request = CreateSessionRequest { ttl_ms: 60_000, routing: Some(Routing { group_id: group, ..Routing::default() }) };
+    let request = CreateSessionRequest { ttl_ms: 60_000, path_hint: String::new(), routing: Some(Routing { group_id: group, ..Routing::default() }) };
     Ok(client.create_session(request).await?.into_inner().session_id)
 }
 

@@ -29,7 +29,7 @@ impl From<WardenError> for Failure {
 
 /// An error with `code` about `path`.
 pub fn error(code: Code, path: &str, message: impl Into<String>) -> WardenError {
-    WardenError { code: code as i32, message: message.into(), path: path.to_string(), ..WardenError::default() }
+    warden_proto::warden_error(code, path, message)
 }
 
 /// `NoNode` for `path`.

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost::Message as _;
-use tonic::{Code as GrpcCode, Request, Response, Status};
+use tonic::{Request, Response, Status};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::query::Query as QueryKind;
@@ -278,39 +278,18 @@ fn group_of(routing: Option<&Routing>) -> u64 {
 }
 
 fn warden_error(code: Code, message: String) -> WardenError {
-    WardenError { code: code as i32, message, ..WardenError::default() }
+    warden_proto::warden_error(code, "", message)
 }
 
 fn error(code: Code, path: &str, message: &str) -> WardenError {
-    WardenError { path: path.into(), ..warden_error(code, message.into()) }
+    warden_proto::warden_error(code, path, message)
 }
 
 fn internal(message: String) -> Status {
     status(warden_error(Code::Unknown, message))
 }
 
-/// The gRPC status for a Warden error, with the error as its structured detail.
-pub fn status(error: WardenError) -> Status {
-    let grpc = match Code::try_from(error.code).unwrap_or(Code::Unknown) {
-        Code::NotLeader | Code::Unavailable => GrpcCode::Unavailable,
-        Code::WrongGroup | Code::BadVersion | Code::NotEmpty | Code::NoChildrenForEphemerals | Code::SessionExpired => {
-            GrpcCode::FailedPrecondition
-        }
-        Code::NoNode => GrpcCode::NotFound,
-        Code::NodeExists => GrpcCode::AlreadyExists,
-        Code::InvalidPath | Code::InvalidArgument => GrpcCode::InvalidArgument,
-        Code::TooLarge | Code::SequenceExhausted | Code::SlowWatcher => GrpcCode::ResourceExhausted,
-        Code::Compacted => GrpcCode::OutOfRange,
-        Code::OutcomeUnknown => GrpcCode::DeadlineExceeded,
-        Code::Unknown => GrpcCode::Internal,
-    };
-    Status::with_details(grpc, error.message.clone(), error.encode_to_vec().into())
-}
-
-/// The `WardenError` carried by a status from this service, if any.
-pub fn error_of(status: &Status) -> Option<WardenError> {
-    WardenError::decode(status.details()).ok().filter(|e| e.code != Code::Unknown as i32 || !e.message.is_empty())
-}
+pub use warden_proto::{error_of, status};
 
 #[tonic::async_trait]
 impl Warden for WardenService {
