@@ -69,14 +69,3 @@ pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> R
     refresher.abort();
     served
 }
-
-#[cfg(test)]
-mod tests {
-    /// The router computes a session's home group the way shard-nodes make session ids.
-    #[test]
-    fn session_home_groups_match_the_namespace() {
-        let id = (7u64 << crate::service::SESSION_SEQUENCE_BITS) | 12345;
-        assert_eq!(crate::service::home_group(id), warden_shard_node::namespace::sessions::home_group(id));
-        assert_eq!(crate::service::home_group(id), 7);
-    }
-}

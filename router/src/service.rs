@@ -17,10 +17,10 @@ use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
 
-use crate::upstream::{Target, Upstreams};
+use warden_placement::home_group;
 
-/// Bits of a session id below its home group (see the namespace's `sessions` module).
-pub const SESSION_SEQUENCE_BITS: u32 = 40;
+use crate::upstream::{warden_client, Target, Upstreams};
+
 /// Largest request the router accepts (as a shard-node does: 1.5 MiB).
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
 /// Keepalive answers queued on one stream before the router waits for its client.
@@ -60,11 +60,6 @@ impl RouterService {
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
         Instant::now() + warden_proto::grpc_timeout(request).map_or(self.timeout, |caller| self.timeout.min(caller.mul_f64(0.9)))
     }
-}
-
-/// The home group of a session.
-pub fn home_group(session_id: u64) -> u64 {
-    session_id >> SESSION_SEQUENCE_BITS
 }
 
 fn op_path(op: &TxnOp) -> Option<&str> {
@@ -109,9 +104,9 @@ macro_rules! forward {
     ($self:ident, $target:expr, $idempotent:expr, $deadline:expr, $request:ident, $method:ident) => {
         $self
             .upstreams
-            .call($target, $idempotent, $deadline, |mut client, routing| {
+            .call($target, $idempotent, $deadline, |channel, routing| {
                 let request = $request.clone();
-                async move { client.$method(with_routing(request, routing)).await }
+                async move { warden_client(channel).$method(with_routing(request, routing)).await }
             })
             .await
             .map(Response::new)

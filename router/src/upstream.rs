@@ -30,6 +30,12 @@ const LEADERS_CACHED_MAX: u64 = 100_000;
 /// Largest response the router accepts from a node.
 pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
 
+/// A `warden.v1.Warden` client on `channel` that accepts responses up to
+/// [`RESPONSE_BYTES_MAX`].
+pub fn warden_client(channel: Channel) -> WardenClient<Channel> {
+    WardenClient::new(channel).max_decoding_message_size(RESPONSE_BYTES_MAX)
+}
+
 /// What a request goes to.
 #[derive(Clone, Copy, Debug)]
 pub enum Target<'a> {
@@ -129,14 +135,14 @@ impl Upstreams {
         }
     }
 
-    /// Sends a request to the group `target` names, with that group's id and epoch in its
+    /// Sends a request (made by `call` on a channel to the chosen node) to the group `target` names, with that group's id and epoch in its
     /// routing, until it is answered or `deadline` passes. Retried: NOT_LEADER (at the hinted
     /// leader), WRONG_GROUP (after refreshing the table), UNAVAILABLE, and connections that
     /// never reached a node; OUTCOME_UNKNOWN and lost connections only when `idempotent`.
     /// Anything else is the answer.
     pub async fn call<T, F, Fut>(&self, target: Target<'_>, idempotent: bool, deadline: Instant, mut call: F) -> Result<T, Status>
     where
-        F: FnMut(WardenClient<Channel>, Routing) -> Fut,
+        F: FnMut(Channel, Routing) -> Fut,
         Fut: std::future::Future<Output = Result<Response<T>, Status>>,
     {
         let mut attempt = 0usize;
@@ -156,7 +162,7 @@ impl Upstreams {
             let node = self.leaders.get(&group.id()).filter(|n| replicas.contains(n)).unwrap_or(replicas[attempt % replicas.len()]);
             attempt += 1;
             let addr = table.addr(node).unwrap_or_default().to_string();
-            let client = WardenClient::new(self.channel(&addr)?).max_decoding_message_size(RESPONSE_BYTES_MAX);
+            let client = self.channel(&addr)?;
             let routing = Routing { group_id: group.id(), conf_ver: group.descriptor.conf_ver, version: group.descriptor.version };
             let status = match call(client, routing).await {
                 Ok(response) => {

@@ -13,12 +13,11 @@ use std::sync::{Arc, Mutex};
 use futures::Stream;
 use tokio::sync::mpsc;
 use tonic::{Status, Streaming};
-use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::watch_request::Request as WatchRequestKind;
 use warden_proto::v1::*;
 
-use crate::upstream::{Upstreams, RESPONSE_BYTES_MAX};
+use crate::upstream::{warden_client, Upstreams};
 
 /// The responses of one proxied `Watch` call.
 pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
@@ -132,7 +131,7 @@ async fn open(
     for replica in &route.descriptor.replicas {
         let Some(addr) = table.addr(*replica) else { continue };
         let (sender, outgoing) = mpsc::channel(REQUESTS_QUEUED_MAX);
-        let mut client = WardenClient::new(upstreams.channel(addr)?).max_decoding_message_size(RESPONSE_BYTES_MAX);
+        let mut client = warden_client(upstreams.channel(addr)?);
         match client.watch(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await {
             Ok(response) => {
                 tokio::spawn(pass_on(group, response.into_inner(), watches, responses));

@@ -339,4 +339,9 @@ impl Cluster {
             tasks: sum.tasks + m.tasks,
         })
     }
+
+    /// What node `id`'s remote-session checks found (`None` if it is not running).
+    pub fn remote_session_metrics(&self, id: u64) -> Option<Arc<crate::service::RemoteSessionMetrics>> {
+        self.nodes().get(&id).map(Node::remote_session_metrics)
+    }
 }

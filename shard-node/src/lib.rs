@@ -6,11 +6,13 @@
 //! - [`transport`]: one gRPC stream per peer node, batching messages of all groups.
 //! - [`state_machine`]: what a group replicates: [`namespace`] (the coordination service's
 //!   tree), and [`kv`], the engine's test state machine.
+//! - [`group_links`]: calls from one group to another (sessions homed elsewhere).
 //! - [`cluster`]: an in-process cluster with fault injection, for tests and benchmarks.
 
 pub mod cluster;
 pub mod config;
 pub mod error;
+pub mod group_links;
 pub mod host;
 pub mod kv;
 pub mod namespace;

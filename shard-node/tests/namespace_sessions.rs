@@ -140,3 +140,42 @@ fn sessions_and_their_ephemerals_survive_a_restart() {
     assert_eq!(ns.leader_scan(53_000).expect("scan"), 1);
     assert!(ns.exists("/e").expect("exists").is_none());
 }
+
+/// A session homed in another group (DESIGN.md rule 7): its ephemerals need it recorded
+/// first; this group never expires or closes it; only `EndRemoteSessions` (the home group's
+/// verdict, proposed by the leader) deletes them.
+#[test]
+fn remote_sessions_are_kept_until_their_home_group_ends_them() {
+    use warden_shard_node::namespace::sessions::session_id;
+    let mut ns = leading_harness();
+    let remote = session_id(2, 5);
+    assert_eq!(code(ns.create(ephemeral("/e", remote))), Code::SessionExpired, "not recorded yet");
+    assert_eq!(code(ns.add_remote_sessions(&[session_id(1, 9)])), Code::InvalidArgument, "own sessions are never remote");
+    ns.add_remote_sessions(&[remote]).expect("recorded");
+    ns.add_remote_sessions(&[remote]).expect("recording again changes nothing");
+    ns.create(ephemeral("/e", remote)).expect("ephemeral of a remote session");
+    assert_eq!(ns.remote_sessions().expect("list"), vec![remote]);
+    assert_eq!(ns.sessions_known(&[remote, session_id(2, 6)]).expect("known"), vec![remote]);
+
+    // No lease here: the leader never expires it, keepalives here do not know it, and only
+    // its home group may close it.
+    ns.leader_scan(1_000_000_000).expect("scan");
+    assert!(ns.exists("/e").expect("exists").is_some(), "a remote session is not expired by this group");
+    assert!(!ns.keep_alive(&[remote], 1_000_000_000).expect("keepalive")[0].alive);
+    assert_eq!(code(ns.close_session(remote)), Code::InvalidArgument);
+    assert!(ns.exists("/e").expect("exists").is_some());
+
+    // The record survives a reload (rebuilt from disk, still remote, still not expired).
+    ns.reopen().expect("reopen");
+    ns.set_leading(true, 0);
+    ns.leader_scan(1_000_000_000).expect("scan");
+    assert_eq!(ns.remote_sessions().expect("list"), vec![remote]);
+    assert!(ns.exists("/e").expect("exists").is_some());
+
+    // The home group's verdict ends it: its ephemerals go with it.
+    let local = ns.create_session(10_000).expect("session").session_id;
+    ns.end_remote_sessions(&[local, remote]).expect("ended");
+    assert!(ns.exists("/e").expect("exists").is_none());
+    assert!(ns.remote_sessions().expect("list").is_empty());
+    assert_eq!(ns.sessions_known(&[local]).expect("known"), vec![local], "a local session is not ended by a remote verdict");
+}

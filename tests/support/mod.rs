@@ -2,4 +2,6 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod routed;
 pub mod watch;
+pub mod proxy;

@@ -30,6 +30,7 @@ use crate::state_machine::{ApplyOutput, StateMachineFactory};
 use crate::storage::{Db, PeerStorage};
 use crate::store_writer::{StoreMetricsSnapshot, StoreWriter};
 use crate::transport::server::RaftTransportService;
+use crate::group_links::GroupLinks;
 use crate::transport::{NetFaults, PeerDirectory, Transport, TransportLimits};
 
 /// Where the host loop sends raft messages. `Err` hands back a message that could not be
@@ -71,6 +72,14 @@ impl LeaderTable {
     pub fn get(&self, group: u64) -> LeaderInfo {
         self.groups.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&group).copied().unwrap_or_default()
     }
+
+    /// The groups whose leader is `node`, as last seen, in id order.
+    pub fn led_by(&self, node: u64) -> Vec<u64> {
+        let groups = self.groups.read().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut led: Vec<u64> = groups.iter().filter(|(_, info)| info.leader_id == node).map(|(group, _)| *group).collect();
+        led.sort_unstable();
+        led
+    }
 }
 
 /// A cheap, cloneable handle for talking to a node's groups from any thread or task.
@@ -93,6 +102,11 @@ impl NodeHandle {
     /// Leadership of `group` as this node last saw it.
     pub fn leader_info(&self, group: u64) -> LeaderInfo {
         self.leaders.get(group)
+    }
+
+    /// The hosted groups this node leads (as last seen), in id order.
+    pub fn led_groups(&self) -> Vec<u64> {
+        self.leaders.led_by(self.node_id)
     }
 
     fn worker(&self, group: u64) -> &Sender<WorkerMsg> {
@@ -212,6 +226,8 @@ pub struct Node {
     store: Option<StoreWriter>,
     runtime: Option<tokio::runtime::Runtime>,
     listen_addr: SocketAddr,
+    /// What this node's remote-session checks found (all zero when it serves no API).
+    remote_metrics: Arc<crate::service::RemoteSessionMetrics>,
 }
 
 impl Node {
@@ -256,7 +272,7 @@ impl Node {
         };
         let limits = TransportLimits::default();
         let transport: Arc<dyn RaftSender> =
-            Arc::new(Transport::new(handle.clone(), directory.clone(), faults, runtime.handle().clone(), limits));
+            Arc::new(Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits));
 
         // 2. Replicas from disk, each on the worker its id maps to.
         let mut replicas: Vec<HashMap<u64, Replica>> = (0..config.workers).map(|_| HashMap::new()).collect();
@@ -294,14 +310,16 @@ impl Node {
         listener.set_nonblocking(true)?;
         let service = RaftTransportService::server(handle.clone(), limits);
         let api = config.serve_api.then(|| {
-            crate::service::WardenService::server(
-                handle.clone(),
-                directory.clone(),
-                Duration::from_millis(config.request_timeout_ms),
-                config.election_timeout(),
-                factory.watch_hubs(),
-            )
+            let links = Arc::new(GroupLinks::new(directory.clone(), faults.clone()));
+            let timeout = Duration::from_millis(config.request_timeout_ms);
+            crate::service::WardenService::new(handle.clone(), directory.clone(), timeout, config.election_timeout(), factory.watch_hubs(), links)
         });
+        let remote_metrics = api.as_ref().map_or_else(Default::default, crate::service::WardenService::remote_metrics);
+        if let Some(api) = api.as_ref().filter(|_| config.remote_session_check_ms > 0) {
+            runtime.spawn(api.clone().run_session_checks(Duration::from_millis(config.remote_session_check_ms)));
+        }
+        let session_check = api.clone().map(crate::service::WardenService::session_check_server);
+        let api = api.map(crate::service::WardenService::server);
         let placement = config.serve_api.then(|| {
             crate::placement::service::PlacementService::server(handle.clone(), directory.clone(), Duration::from_millis(config.request_timeout_ms))
         });
@@ -334,6 +352,7 @@ impl Node {
                 .add_service(health)
                 .add_service(reflection)
                 .add_optional_service(api)
+                .add_optional_service(session_check)
                 .add_optional_service(placement)
                 .serve_with_incoming(incoming)
                 .await;
@@ -341,7 +360,12 @@ impl Node {
                 tracing::error!(node_id, %error, "transport server stopped");
             }
         });
-        Ok(Node { config, handle, stop, workers, store: Some(store), runtime: Some(runtime), listen_addr })
+        Ok(Node { config, handle, stop, workers, store: Some(store), runtime: Some(runtime), listen_addr, remote_metrics })
+    }
+
+    /// What this node's last round of remote-session checks found.
+    pub fn remote_session_metrics(&self) -> Arc<crate::service::RemoteSessionMetrics> {
+        self.remote_metrics.clone()
     }
 
     /// A handle to this node's groups.

@@ -176,6 +176,33 @@ impl Harness {
         }
     }
 
+    /// Records sessions of other groups as remote (`AddRemoteSessions`).
+    pub fn add_remote_sessions(&mut self, session_ids: &[u64]) -> Outcome<()> {
+        self.apply(CommandOp::AddRemoteSessions(warden_proto::namespace::AddRemoteSessions { session_ids: session_ids.to_vec() })).map(drop)
+    }
+
+    /// Ends remote sessions on their home group's verdict (`EndRemoteSessions`).
+    pub fn end_remote_sessions(&mut self, session_ids: &[u64]) -> Outcome<()> {
+        self.apply(CommandOp::EndRemoteSessions(warden_proto::namespace::EndRemoteSessions { session_ids: session_ids.to_vec() })).map(drop)
+    }
+
+    /// The remote sessions the leader lists.
+    pub fn remote_sessions(&mut self) -> Outcome<Vec<u64>> {
+        let page = LeaderRequestKind::RemoteSessions(warden_proto::namespace::RemoteSessionsPage { after: 0, limit: 4096 });
+        match self.leader_call(page, self.now_ms)? {
+            LeaderResponseKind::RemoteSessions(ids) => Ok(ids.session_ids),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Which of `session_ids` the group holds a record of.
+    pub fn sessions_known(&self, session_ids: &[u64]) -> Outcome<Vec<u64>> {
+        match self.query(QueryKind::Sessions(warden_proto::namespace::SessionIds { session_ids: session_ids.to_vec() }))?.result {
+            Some(QueryOutcome::Sessions(known)) => Ok(known.session_ids),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
     /// Adds a lock waiter (see `Txn::acquire_lock`) at the harness's `now_ms`.
     pub fn lock(&mut self, request: AcquireLock) -> Outcome<LockResponse> {
         match self.apply_result(CommandOp::AcquireLock(request))? {

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
-use warden_proto::namespace::{Command, CommandResult, ExpireTtl};
+use warden_proto::namespace::{Command, CommandResult, EndRemoteSessions, ExpireSessions, ExpireTtl, SessionIds};
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
 use warden_proto::namespace::{LeaderRequest, LeaderResponse};
@@ -107,6 +107,7 @@ impl StateMachineFactory for NamespaceFactory {
             ttl: BTreeMap::new(),
             ttl_recheck_at_ms: 0,
             sessions: BTreeMap::new(),
+            remote_sessions: std::collections::BTreeSet::new(),
             leases: LeaseTable::default(),
             blocked_locks: BTreeMap::new(),
             descriptor: None,
@@ -142,8 +143,12 @@ pub struct NamespaceStateMachine {
     /// No TTL node can expire before this time (wall ms), so the leader's per-tick scan is
     /// skipped until then. Changes only move expiries later; new nodes lower it.
     ttl_recheck_at_ms: u64,
-    /// Every live session and its granted TTL (replicated state, rebuilt from disk).
+    /// Every live session of this group and its granted TTL (replicated state, rebuilt
+    /// from disk).
     sessions: BTreeMap<u64, u64>,
+    /// Sessions homed in other groups that own ephemerals here (replicated state, rebuilt
+    /// from disk); the leader has their home groups checked (`remote_session::checker`).
+    remote_sessions: std::collections::BTreeSet<u64>,
     /// Lease deadlines: leader-only, not replicated.
     leases: LeaseTable,
     /// Locks in their lock-delay, and until when (replicated state, rebuilt from disk).
@@ -242,20 +247,21 @@ impl NamespaceStateMachine {
                 txn.expire_ttl(&path, mod_revision).map(|_| CommandOutcome::Txn(empty()))
             }
             Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms).map(CommandOutcome::CreateSession),
-            Some(CommandOp::CloseSession(close)) => match txn.end_session(close.session_id, false) {
+            Some(CommandOp::CloseSession(close)) => match txn.close_session(close.session_id) {
                 Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
                 Ok(None) => Err(Failure::Refused(error::session_expired(close.session_id, ""))),
                 Err(failure) => Err(failure),
             },
             Some(CommandOp::ExpireSessions(expire)) => {
-                let mut result = Ok(CommandOutcome::Txn(empty()));
-                for session in expire.session_ids.iter().take(self.limits.sessions_per_expiry_max) {
-                    if let Err(failure) = txn.end_session(*session, true) {
-                        result = Err(failure);
-                        break;
-                    }
-                }
-                result
+                let ids = &expire.session_ids[..expire.session_ids.len().min(self.limits.sessions_per_expiry_max)];
+                txn.expire_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
+            }
+            Some(CommandOp::AddRemoteSessions(add)) => {
+                txn.add_remote_sessions(self.group, &add.session_ids).map(|()| CommandOutcome::Txn(empty()))
+            }
+            Some(CommandOp::EndRemoteSessions(end)) => {
+                let ids = &end.session_ids[..end.session_ids.len().min(self.limits.sessions_per_expiry_max)];
+                txn.end_remote_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
             }
             Some(CommandOp::AcquireLock(acquire)) => txn.acquire_lock(&acquire).map(CommandOutcome::Lock),
             Some(CommandOp::ReleaseLock(release)) => {
@@ -321,8 +327,12 @@ impl NamespaceStateMachine {
                         self.sessions.insert(id, ttl_ms);
                         self.leases.add(id, ttl_ms);
                     }
+                    SessionChange::RemoteAdded(id) => {
+                        self.remote_sessions.insert(id);
+                    }
                     SessionChange::Removed(id) => {
                         self.sessions.remove(&id);
+                        self.remote_sessions.remove(&id);
                         self.leases.remove(id);
                     }
                 }
@@ -392,7 +402,9 @@ impl StateMachine for NamespaceStateMachine {
         }
         self.ttl = ttl;
         self.ttl_recheck_at_ms = 0;
-        self.sessions = store::read_sessions(reader)?.into_values().map(|record| (record.session_id, record.ttl_ms)).collect();
+        let (remote, own): (Vec<_>, Vec<_>) = store::read_sessions(reader)?.into_values().partition(|record| record.remote);
+        self.sessions = own.into_iter().map(|record| (record.session_id, record.ttl_ms)).collect();
+        self.remote_sessions = remote.into_iter().map(|record| record.session_id).collect();
         self.blocked_locks = store::read_lock_metas(reader)?
             .into_iter()
             .filter(|(_, meta)| meta.blocked_until_ms != 0)
@@ -408,14 +420,21 @@ impl StateMachine for NamespaceStateMachine {
         let command = Command::decode(command).map_err(|e| EngineError::Invalid(format!("namespace command: {e}")))?;
         match command.op {
             Some(CommandOp::Txn(request)) => txn::check_request(&request, &self.limits).map_err(|e| EngineError::Invalid(e.message)),
-            Some(CommandOp::ExpireSessions(expire)) if expire.session_ids.len() > self.limits.sessions_per_expiry_max => {
+            Some(CommandOp::ExpireSessions(ExpireSessions { session_ids }) | CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids }))
+                if session_ids.len() > self.limits.sessions_per_expiry_max =>
+            {
                 Err(EngineError::Invalid(format!("more than {} sessions in one expiry", self.limits.sessions_per_expiry_max)))
+            }
+            Some(CommandOp::AddRemoteSessions(add)) if add.session_ids.len() > self.limits.txn_ops_max => {
+                Err(EngineError::Invalid(format!("more than {} sessions added at once", self.limits.txn_ops_max)))
             }
             Some(
                 CommandOp::ExpireTtl(_)
                 | CommandOp::CreateSession(_)
                 | CommandOp::CloseSession(_)
                 | CommandOp::ExpireSessions(_)
+                | CommandOp::AddRemoteSessions(_)
+                | CommandOp::EndRemoteSessions(_)
                 | CommandOp::AcquireLock(_)
                 | CommandOp::ReleaseLock(_)
                 | CommandOp::LockDelayEnded(_)
@@ -451,6 +470,12 @@ impl StateMachine for NamespaceStateMachine {
                 let record = TxnView::new(reader, None).session(id).map_err(|e| EngineError::busy(e.to_string()))?;
                 let lease = lease(&mut self.leases, &self.sessions, id, false);
                 LeaderResponseKind::SessionInfo(SessionInfoResponse { header: None, lease: Some(lease), ephemerals: record.map_or(0, |r| r.ephemerals) })
+            }
+            Some(LeaderRequestKind::RemoteSessions(page)) => {
+                let limit = (page.limit as usize).clamp(1, sessions::REMOTE_SESSIONS_PAGE_MAX);
+                let after = (std::ops::Bound::Excluded(page.after), std::ops::Bound::Unbounded);
+                let session_ids = self.remote_sessions.range(after).take(limit).copied().collect();
+                LeaderResponseKind::RemoteSessions(SessionIds { session_ids })
             }
             None => LeaderResponseKind::Error(error::invalid("", "leader request without a kind")),
         };

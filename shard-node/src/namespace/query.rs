@@ -3,11 +3,11 @@
 use prost::Message as _;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
-use warden_proto::namespace::{Query, QueryResult};
+use warden_proto::namespace::{Query, QueryResult, SessionIds};
 use warden_proto::v1::{CheckSequencerResponse, ExistsResponse, GetChildrenResponse, GetResponse, GroupDescriptor, LockInfoResponse};
 
 use super::error::{invalid, invalid_path, no_node, too_large, Failure};
-use super::{descriptor, locks, path, store, Limits};
+use super::{descriptor, locks, path, sessions, store, Limits};
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::SmReader;
 
@@ -19,7 +19,7 @@ pub fn run(reader: &SmReader, limits: &Limits, revision: u64, descriptor: Option
         Some(QueryKind::Exists(exists)) => Some(exists.path.as_str()),
         Some(QueryKind::Children(children)) => Some(children.path.as_str()),
         Some(QueryKind::LockInfo(lock) | QueryKind::CheckSequencer(lock)) => Some(lock.path.as_str()),
-        Some(QueryKind::Revision(_)) | None => None,
+        Some(QueryKind::Revision(_) | QueryKind::Sessions(_)) | None => None,
     };
     if let Some(Err(error)) = path.map(|path| descriptor::check_served(descriptor, path)) {
         return Ok(QueryResult { revision, result: Some(QueryOutcome::Error(error)) });
@@ -96,6 +96,19 @@ fn answer(reader: &SmReader, limits: &Limits, query: Query) -> Result<QueryOutco
             let holding = locks::holders(&waiters, meta.as_ref(), query.now_ms);
             let holds = waiters[..holding].iter().any(|w| w.path == sequencer.waiter && w.token == sequencer.token);
             QueryOutcome::CheckSequencer(CheckSequencerResponse { header: None, holds })
+        }
+        Some(QueryKind::Sessions(SessionIds { session_ids })) => {
+            if session_ids.len() > sessions::SESSION_IDS_PER_CHECK_MAX {
+                return Err(too_large("", "sessions asked about at once", session_ids.len(), sessions::SESSION_IDS_PER_CHECK_MAX).into());
+            }
+            let view = store::TxnView::new(reader, None);
+            let mut present = Vec::new();
+            for id in session_ids {
+                if view.session(id)?.is_some() {
+                    present.push(id);
+                }
+            }
+            QueryOutcome::Sessions(SessionIds { session_ids: present })
         }
         None => return Err(invalid("", "query without a kind").into()),
     })

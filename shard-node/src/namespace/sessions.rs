@@ -7,19 +7,12 @@ use std::collections::{BTreeMap, HashMap};
 
 pub use crate::state_machine::LeaderClock;
 
-/// Bits of a session id that count sessions within its home group; the bits above name the
-/// home group.
-pub const SESSION_SEQUENCE_BITS: u32 = 40;
+pub use warden_placement::{home_group, session_id, SESSION_SEQUENCE_BITS};
 
-/// The id of the `sequence`-th session of `group`.
-pub fn session_id(group: u64, sequence: u64) -> u64 {
-    (group << SESSION_SEQUENCE_BITS) | (sequence & ((1 << SESSION_SEQUENCE_BITS) - 1))
-}
-
-/// The group a session id names as its home.
-pub fn home_group(session_id: u64) -> u64 {
-    session_id >> SESSION_SEQUENCE_BITS
-}
+/// Remote session ids the leader lists per call.
+pub const REMOTE_SESSIONS_PAGE_MAX: usize = 4096;
+/// Session ids one `Sessions` query or `CheckSessions` call may name.
+pub const SESSION_IDS_PER_CHECK_MAX: usize = 4096;
 
 /// Re-propose an expiry that has not applied after this long (it may have been dropped).
 const EXPIRY_RETRY_MS: u64 = 5_000;

@@ -37,6 +37,8 @@ pub enum TtlChange {
 pub enum SessionChange {
     /// A session was created with this TTL.
     Added(u64, u64),
+    /// A session homed in another group was recorded here.
+    RemoteAdded(u64),
     /// A session ended.
     Removed(u64),
 }
@@ -391,9 +393,56 @@ impl Txn<'_, '_> {
             return Err(error(Code::TooLarge, "", "session ids of this group are exhausted").into());
         }
         let session_id = sessions::session_id(group, sequence);
-        self.view.put_session(&SessionRecord { session_id, ttl_ms: granted, ephemerals: 0 });
+        self.view.put_session(&SessionRecord { session_id, ttl_ms: granted, ephemerals: 0, remote: false });
         self.session_changes.push(SessionChange::Added(session_id, granted));
         Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
+    }
+
+    /// Closes a session of this group (a client's CloseSession); `None` if it does not
+    /// exist. A remote session is refused: only its home group may end it (DESIGN.md rule 7).
+    pub fn close_session(&mut self, session: u64) -> Result<Option<u64>, Failure> {
+        if self.view.session(session)?.is_some_and(|record| record.remote) {
+            return Err(invalid("", format!("session {session} is homed in group {}: close it there", sessions::home_group(session))).into());
+        }
+        self.end_session(session, false)
+    }
+
+    /// Ends sessions of this group whose lease ran out (the leader's expiry): remote
+    /// records are skipped, since only their home groups' verdicts end them.
+    pub fn expire_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
+        for id in ids {
+            if self.view.session(*id)?.is_some_and(|record| !record.remote) {
+                self.end_session(*id, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records sessions of other groups that their home groups confirmed alive (already
+    /// recorded ones are left as they are).
+    pub fn add_remote_sessions(&mut self, group: u64, ids: &[u64]) -> Result<(), Failure> {
+        if let Some(own) = ids.iter().find(|id| sessions::home_group(**id) == group || sessions::home_group(**id) == 0) {
+            return Err(invalid("", format!("session {own} is not homed in another group")).into());
+        }
+        for id in ids {
+            if self.view.session(*id)?.is_none() {
+                self.view.put_session(&SessionRecord { session_id: *id, ttl_ms: 0, ephemerals: 0, remote: true });
+                self.session_changes.push(SessionChange::RemoteAdded(*id));
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends remote sessions whose home groups said they ended: their ephemerals are deleted
+    /// as an expiry's would be (locks they held enter their lock-delay). Ids that are not
+    /// remote records here are skipped.
+    pub fn end_remote_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
+        for id in ids {
+            if self.view.session(*id)?.is_some_and(|record| record.remote) {
+                self.end_session(*id, true)?;
+            }
+        }
+        Ok(())
     }
 
     /// Ends a session: its ephemeral nodes go first, in path order, then its record. When it

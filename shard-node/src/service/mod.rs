@@ -3,7 +3,10 @@
 //! ReadIndex (linearizable) or the local applied state (stale). Every error is a gRPC status
 //! with a `WardenError` detail (DESIGN.md rule 9). Watches are served in [`watch`].
 
+mod remote_sessions;
 mod watch;
+
+pub use remote_sessions::RemoteSessionMetrics;
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -24,6 +27,7 @@ use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::*;
 
 use crate::error::EngineError;
+use crate::group_links::GroupLinks;
 use crate::namespace::{sessions, txn, Limits};
 use crate::host::{NodeHandle, ReadConsistency};
 use crate::transport::PeerDirectory;
@@ -48,6 +52,10 @@ pub struct WardenService {
     limits: Limits,
     /// Where watches find the hubs of this node's replicas (`None`: no watches served).
     hubs: Option<WatchHubs>,
+    /// Calls to other groups (sessions homed elsewhere).
+    links: Arc<GroupLinks>,
+    /// What the remote-session checks of this node found.
+    remote_metrics: Arc<RemoteSessionMetrics>,
 }
 
 impl Clone for WardenService {
@@ -58,25 +66,36 @@ impl Clone for WardenService {
             timeout: self.timeout,
             limits: self.limits.clone(),
             hubs: self.hubs.clone(),
+            links: self.links.clone(),
+            remote_metrics: self.remote_metrics.clone(),
         }
     }
 }
 
 impl WardenService {
-    /// The service, wrapped for tonic with the request-size limit. Sessions are granted at
-    /// least 1.5 × `election_timeout` (DESIGN.md rule 6: a TTL must outlast an election).
-    pub fn server(
+    /// The service of `node`. Sessions are granted at least 1.5 × `election_timeout`
+    /// (DESIGN.md rule 6: a TTL must outlast an election).
+    pub fn new(
         node: NodeHandle,
         directory: Arc<PeerDirectory>,
         timeout: Duration,
         election_timeout: Duration,
         hubs: Option<WatchHubs>,
-    ) -> WardenServer<WardenService> {
+        links: Arc<GroupLinks>,
+    ) -> WardenService {
         let mut limits = Limits::default();
         limits.session_ttl_ms_min = limits.session_ttl_ms_min.max(election_timeout.as_millis() as u64 * 3 / 2);
-        WardenServer::new(WardenService { node, directory, timeout, limits, hubs })
-            .max_decoding_message_size(REQUEST_BYTES_MAX)
-            .max_encoding_message_size(REQUEST_BYTES_MAX * 8)
+        WardenService { node, directory, timeout, limits, hubs, links, remote_metrics: Arc::default() }
+    }
+
+    /// The public API over this service, wrapped for tonic with the request-size limit.
+    pub fn server(self) -> WardenServer<WardenService> {
+        WardenServer::new(self).max_decoding_message_size(REQUEST_BYTES_MAX).max_encoding_message_size(REQUEST_BYTES_MAX * 8)
+    }
+
+    /// What this node's remote-session checks found.
+    pub fn remote_metrics(&self) -> Arc<RemoteSessionMetrics> {
+        self.remote_metrics.clone()
     }
 
     fn header(&self, group: u64, revision: u64) -> ResponseHeader {
@@ -112,7 +131,14 @@ impl WardenService {
     async fn write(&self, routing: Option<&Routing>, request: TxnRequest, timeout: Duration) -> Result<TxnResponse, Status> {
         // Bad input is refused here, typed, before it costs a proposal.
         txn::check_request(&request, &self.limits).map_err(status)?;
-        match self.propose(group_of(routing), CommandOp::Txn(request), timeout).await? {
+        let group = group_of(routing);
+        // Ephemerals of sessions homed elsewhere need their sessions recorded here first.
+        let owners = request.then.iter().chain(&request.r#else).filter_map(|op| match &op.op {
+            Some(Op::Create(create)) => Some(create.session_id),
+            _ => None,
+        });
+        self.ensure_remote_sessions(group, owners.collect::<Vec<_>>(), timeout).await?;
+        match self.propose(group, CommandOp::Txn(request), timeout).await? {
             (CommandOutcome::Txn(response), header) => Ok(TxnResponse { header: Some(header), ..response }),
             _ => Err(internal("mismatched result".into())),
         }
@@ -431,6 +457,7 @@ impl Warden for WardenService {
             return Err(status(error(Code::InvalidArgument, &request.path, "timeout_ms is at most 300000")));
         }
         let group = group_of(request.routing.as_ref());
+        self.ensure_remote_sessions(group, [request.session_id], rpc_timeout).await?;
         let acquire = warden_proto::namespace::AcquireLock {
             path: request.path.clone(),
             session_id: request.session_id,

@@ -1,5 +1,6 @@
 //! Network fault injection for tests: partitions (symmetric and one-way), message drop rate
-//! and delay. Every node's transport consults the same `NetFaults` before sending.
+//! and delay. Every node's transport consults the same `NetFaults` before sending; calls
+//! between groups (`GroupLinks`) consult its cut group links.
 
 use std::collections::HashSet;
 use std::sync::RwLock;
@@ -19,6 +20,8 @@ struct FaultState {
     drop_rate: f64,
     /// Added to every batch before it is sent.
     delay: Duration,
+    /// Directed group links `(from group, to group)` whose calls fail as unreachable.
+    cut_group_links: HashSet<(u64, u64)>,
 }
 
 /// What the transport does with one message.
@@ -73,6 +76,17 @@ impl NetFaults {
     /// Delays every batch by `delay`.
     pub fn set_delay(&self, delay: Duration) {
         self.write().delay = delay;
+    }
+
+    /// Fails every call group `from` makes to group `to` (one way) as if `to` were
+    /// unreachable: the partition between groups of DESIGN.md rule 7.
+    pub fn cut_group_link(&self, from: u64, to: u64) {
+        self.write().cut_group_links.insert((from, to));
+    }
+
+    /// Whether calls from group `from` to group `to` are cut.
+    pub fn group_link_cut(&self, from: u64, to: u64) -> bool {
+        self.read().cut_group_links.contains(&(from, to))
     }
 
     /// Removes every fault.

@@ -1,0 +1,55 @@
+//! How a shard-node reaches other shard groups: the router's [`Upstreams`] (the routing
+//! table from placement, a leader cache, and the router's retry rules), built on first use
+//! from the addresses this node knows, plus the test fault hook that cuts calls between two
+//! groups ([`NetFaults::cut_group_link`]). Used today by sessions across groups: a group
+//! holding a remote session's ephemerals asks the session's home group about it.
+
+use std::sync::{Arc, OnceLock};
+
+use tokio::time::Instant;
+use tonic::Status;
+use warden_proto::namespace::session_check_client::SessionCheckClient;
+use warden_proto::namespace::CheckSessionsRequest;
+use warden_router::upstream::{Target, Upstreams};
+
+use crate::transport::{NetFaults, PeerDirectory};
+
+/// Calls from one node's groups to other groups.
+pub struct GroupLinks {
+    directory: Arc<PeerDirectory>,
+    faults: Arc<NetFaults>,
+    upstreams: OnceLock<Arc<Upstreams>>,
+}
+
+impl GroupLinks {
+    /// Links that find the cluster through the nodes in `directory`.
+    pub fn new(directory: Arc<PeerDirectory>, faults: Arc<NetFaults>) -> GroupLinks {
+        GroupLinks { directory, faults, upstreams: OnceLock::new() }
+    }
+
+    /// The cluster view, seeded with every node known when it is first needed (the routing
+    /// table it then fetches names the rest).
+    fn upstreams(&self) -> &Arc<Upstreams> {
+        self.upstreams.get_or_init(|| {
+            let seeds = self.directory.ids().into_iter().filter_map(|id| self.directory.get(id)).map(|addr| addr.to_string()).collect();
+            Arc::new(Upstreams::new(seeds))
+        })
+    }
+
+    /// Asks `home` (linearizably) which of `session_ids`, all homed there, are alive; on
+    /// behalf of group `from`. Fails UNAVAILABLE when `home` cannot be reached by `deadline`.
+    pub async fn check_sessions(&self, from: u64, home: u64, session_ids: &[u64], deadline: Instant) -> Result<Vec<u64>, Status> {
+        if self.faults.group_link_cut(from, home) {
+            return Err(Status::unavailable(format!("group {from} is cut off from group {home}")));
+        }
+        let request = CheckSessionsRequest { session_ids: session_ids.to_vec(), routing: None };
+        let response = self
+            .upstreams()
+            .call(Target::Group(home), true, deadline, |channel, routing| {
+                let request = CheckSessionsRequest { routing: Some(routing), ..request.clone() };
+                async move { SessionCheckClient::new(channel).check_sessions(request).await }
+            })
+            .await?;
+        Ok(response.alive)
+    }
+}

@@ -1,0 +1,230 @@
+//! Sessions across groups (DESIGN.md rule 7). A session lives in its home group (its id
+//! names it). Another group may hold its ephemeral nodes and lock waiters:
+//!
+//! - Before such a group creates the first one, the service here confirms with the home
+//!   group that the session is alive (`CheckSessions`, linearizable there) and proposes
+//!   `AddRemoteSessions`: the group now records the session as remote. Apply refuses an
+//!   ephemeral of a session the group has no record of (SESSION_EXPIRED).
+//! - The leader of every group checks its remote sessions every `remote_session_check_ms`
+//!   ([`WardenService::run_session_checks`]): one `CheckSessions` call per pair of groups
+//!   (batches of at most `SESSION_IDS_PER_CHECK_MAX`), and proposes `EndRemoteSessions` for
+//!   those the home group no longer has. Only that verdict ends them: a remote group never
+//!   expires a session on its own, so while a home group cannot be reached its sessions'
+//!   ephemerals stay (safe: no lock is released early), and [`RemoteSessionMetrics`] says so.
+//! - The home side answers `CheckSessions` here too ([`SessionCheck`]).
+//!
+//! A confirmation can race with the end of the session (confirmed, then expired at home,
+//! then recorded here): the next check finds it dead and deletes what it created, so such an
+//! ephemeral lives at most one check interval.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+use warden_placement::PLACEMENT_GROUP_ID;
+use warden_proto::namespace::command::Op as CommandOp;
+use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
+use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
+use warden_proto::namespace::query::Query as QueryKind;
+use warden_proto::namespace::query_result::Result as QueryOutcome;
+use warden_proto::namespace::session_check_server::{SessionCheck, SessionCheckServer};
+use warden_proto::namespace::{AddRemoteSessions, CheckSessionsRequest, CheckSessionsResponse, EndRemoteSessions, RemoteSessionsPage, SessionIds};
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::Consistency;
+
+use super::{error, internal, status, WardenService};
+use crate::namespace::sessions::{home_group, REMOTE_SESSIONS_PAGE_MAX, SESSION_IDS_PER_CHECK_MAX};
+
+/// Remote sessions one group's check looks at per round at most (the rest wait a round).
+const REMOTE_SESSIONS_PER_ROUND_MAX: usize = 64 * REMOTE_SESSIONS_PAGE_MAX;
+
+/// What this node's last round of remote-session checks found (summed over the groups it
+/// leads). Non-zero `unreachable_*` means ephemerals are being kept for sessions whose
+/// home group could not be asked.
+#[derive(Debug, Default)]
+pub struct RemoteSessionMetrics {
+    /// Remote sessions recorded by the groups this node leads.
+    pub remote_sessions: AtomicU64,
+    /// Pairs (led group, home group) whose check failed in the last round.
+    pub unreachable_homes: AtomicU64,
+    /// Remote sessions whose home group could not be asked in the last round.
+    pub unconfirmed_sessions: AtomicU64,
+    /// `CheckSessions` calls made, ever.
+    pub checks: AtomicU64,
+    /// Remote sessions ended on a home group's verdict, ever.
+    pub ended: AtomicU64,
+}
+
+/// One group's round: how many sessions it records and how many could not be confirmed.
+#[derive(Default)]
+struct RoundOutcome {
+    sessions: u64,
+    unreachable_homes: u64,
+    unconfirmed_sessions: u64,
+}
+
+/// Groups `session_ids` by home group.
+fn by_home(session_ids: &[u64]) -> BTreeMap<u64, Vec<u64>> {
+    let mut homes: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    for id in session_ids {
+        homes.entry(home_group(*id)).or_default().push(*id);
+    }
+    homes
+}
+
+impl WardenService {
+    /// Makes sure `group` records every session of `sessions` homed elsewhere, confirming
+    /// each new one with its home group first. SESSION_EXPIRED if a home group says one is
+    /// not alive; UNAVAILABLE if a home group cannot be asked.
+    pub(super) async fn ensure_remote_sessions(&self, group: u64, sessions: impl IntoIterator<Item = u64>, timeout: Duration) -> Result<(), Status> {
+        let mut remote: Vec<u64> = sessions.into_iter().filter(|id| *id != 0 && home_group(*id) != group).collect();
+        remote.sort_unstable();
+        remote.dedup();
+        if remote.is_empty() {
+            return Ok(());
+        }
+        // 1. Which this group already records: its applied state here is enough, since a
+        //    stale answer only costs a repeated confirmation.
+        let known = match self.read_group(group, Consistency::Stale as i32, QueryKind::Sessions(SessionIds { session_ids: remote.clone() }), timeout).await? {
+            (QueryOutcome::Sessions(known), _) => known.session_ids,
+            _ => return Err(internal("mismatched result".into())),
+        };
+        remote.retain(|id| !known.contains(id));
+        if remote.is_empty() {
+            return Ok(());
+        }
+        // 2. Each home group confirms its sessions are alive, before anything is recorded.
+        let deadline = Instant::now() + timeout;
+        for (home, ids) in by_home(&remote) {
+            self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
+            let alive = self.links.check_sessions(group, home, &ids, deadline).await?;
+            if let Some(dead) = ids.iter().find(|id| !alive.contains(id)) {
+                return Err(status(error(Code::SessionExpired, "", &format!("session {dead} has expired or was closed (home group {home})"))));
+            }
+        }
+        // 3. Recorded: ephemerals of these sessions may now be created here.
+        let op = CommandOp::AddRemoteSessions(AddRemoteSessions { session_ids: remote });
+        self.propose(group, op, timeout).await.map(|_| ())
+    }
+
+    /// Checks the remote sessions of every group this node leads, every `interval`, until
+    /// the runtime stops. Rounds never overlap.
+    pub(crate) async fn run_session_checks(self, interval: Duration) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            let mut total = RoundOutcome::default();
+            for group in self.node.led_groups().into_iter().filter(|g| *g != PLACEMENT_GROUP_ID) {
+                let outcome = self.check_group(group, interval).await;
+                total.sessions += outcome.sessions;
+                total.unreachable_homes += outcome.unreachable_homes;
+                total.unconfirmed_sessions += outcome.unconfirmed_sessions;
+            }
+            let metrics = &self.remote_metrics;
+            metrics.remote_sessions.store(total.sessions, Ordering::Relaxed);
+            metrics.unreachable_homes.store(total.unreachable_homes, Ordering::Relaxed);
+            metrics.unconfirmed_sessions.store(total.unconfirmed_sessions, Ordering::Relaxed);
+        }
+    }
+
+    /// One round for `group`: list its remote sessions, ask each home group about its own
+    /// (one call per home and batch, all homes at once), end those reported dead.
+    async fn check_group(&self, group: u64, timeout: Duration) -> RoundOutcome {
+        // 1. The leader's list (from its applied state).
+        let mut sessions = Vec::new();
+        let mut after = 0;
+        while sessions.len() < REMOTE_SESSIONS_PER_ROUND_MAX {
+            let page = LeaderRequestKind::RemoteSessions(RemoteSessionsPage { after, limit: REMOTE_SESSIONS_PAGE_MAX as u32 });
+            let ids = match self.leader_call(group, page, timeout).await {
+                Ok((LeaderResponseKind::RemoteSessions(ids), _)) => ids.session_ids,
+                // Not leader any more, or not a namespace group: nothing to do.
+                Ok(_) | Err(_) => return RoundOutcome::default(),
+            };
+            let full = ids.len() == REMOTE_SESSIONS_PAGE_MAX;
+            after = ids.last().copied().unwrap_or(after);
+            sessions.extend(ids);
+            if !full {
+                break;
+            }
+        }
+        let mut outcome = RoundOutcome { sessions: sessions.len() as u64, ..RoundOutcome::default() };
+        if sessions.is_empty() {
+            return outcome;
+        }
+        // 2. One call per home group and batch, all at once.
+        let deadline = Instant::now() + timeout;
+        let homes = by_home(&sessions);
+        let calls = homes.iter().flat_map(|(home, ids)| ids.chunks(SESSION_IDS_PER_CHECK_MAX).map(move |batch| (*home, batch))).map(|(home, batch)| async move {
+            self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
+            (home, batch, self.links.check_sessions(group, home, batch, deadline).await)
+        });
+        let mut dead = Vec::new();
+        let mut unreachable = std::collections::BTreeSet::new();
+        for (home, batch, answer) in futures::future::join_all(calls).await {
+            match answer {
+                Ok(alive) => dead.extend(batch.iter().filter(|id| !alive.contains(id))),
+                Err(error) => {
+                    // Kept: only the home group's verdict ends a session (rule 7).
+                    tracing::warn!(group, home, sessions = batch.len(), %error, "home group unreachable; keeping its sessions' ephemerals");
+                    unreachable.insert(home);
+                    outcome.unconfirmed_sessions += batch.len() as u64;
+                }
+            }
+        }
+        outcome.unreachable_homes = unreachable.len() as u64;
+        // 3. End the dead ones, in bounded entries.
+        for batch in dead.chunks(self.limits.sessions_per_expiry_max) {
+            let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: batch.to_vec() });
+            match self.propose(group, op, timeout).await {
+                Ok(_) => {
+                    self.remote_metrics.ended.fetch_add(batch.len() as u64, Ordering::Relaxed);
+                }
+                Err(error) => {
+                    tracing::debug!(group, %error, "ending remote sessions; retried next round");
+                    break;
+                }
+            }
+        }
+        outcome
+    }
+
+    /// The `SessionCheck` service (home side) over this service.
+    pub fn session_check_server(self) -> SessionCheckServer<WardenService> {
+        SessionCheckServer::new(self)
+    }
+}
+
+#[tonic::async_trait]
+impl SessionCheck for WardenService {
+    async fn check_sessions(&self, request: Request<CheckSessionsRequest>) -> Result<Response<CheckSessionsResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let request = request.into_inner();
+        let group = request.routing.as_ref().map_or(0, |r| r.group_id);
+        if request.session_ids.iter().any(|id| home_group(*id) != group) {
+            return Err(status(error(Code::InvalidArgument, "", "every session checked must be homed in the routed group")));
+        }
+        let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids });
+        match self.read_group(group, Consistency::Linearizable as i32, query, timeout).await? {
+            (QueryOutcome::Sessions(alive), header) => Ok(Response::new(CheckSessionsResponse { header: Some(header), alive: alive.session_ids })),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::sessions::session_id;
+
+    #[test]
+    fn sessions_are_grouped_by_their_home() {
+        let ids = [session_id(2, 1), session_id(3, 1), session_id(2, 9)];
+        let homes = by_home(&ids);
+        assert_eq!(homes.len(), 2, "one batch per home group, not per session");
+        assert_eq!(homes[&2], vec![session_id(2, 1), session_id(2, 9)]);
+        assert_eq!(homes[&3], vec![session_id(3, 1)]);
+    }
+}

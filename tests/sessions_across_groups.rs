@@ -1,0 +1,201 @@
+//! Sessions across groups (DESIGN.md rule 7), end to end through a router: a session homed
+//! in group A holds a lock (an ephemeral waiter) in group B. When its client dies, B
+//! releases the lock only after A has expired the session; while B cannot reach A, B keeps
+//! the lock (and says so in its metrics) and releases it once A's verdict arrives. Before
+//! the first ephemeral B confirms the session with A. Sessions without a hint spread over
+//! the groups.
+
+mod support;
+
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::transport::Channel;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::*;
+use warden_shard_node::cluster::Cluster;
+
+use support::routed::{client, cluster_with_groups, start_router, TIMEOUT};
+
+/// Shortest TTL granted (3 s): what these sessions ask for.
+const TTL_MS: u64 = 3_000;
+
+async fn group_serving(router: &mut WardenClient<Channel>, path: &str) -> u64 {
+    let exists = router.exists(ExistsRequest { path: path.into(), ..ExistsRequest::default() }).await.expect("exists").into_inner();
+    exists.header.expect("header").group_id
+}
+
+async fn session_homed_at(router: &mut WardenClient<Channel>, hint: &str) -> u64 {
+    let request = CreateSessionRequest { ttl_ms: TTL_MS, path_hint: hint.into(), ..CreateSessionRequest::default() };
+    router.create_session(request).await.expect("create session").into_inner().session_id
+}
+
+fn home_of(session: u64) -> u64 {
+    warden_placement::home_group(session)
+}
+
+async fn lock(router: &mut WardenClient<Channel>, path: &str, session: u64) -> Result<LockResponse, tonic::Status> {
+    let request = LockRequest { path: path.into(), session_id: session, wait: false, ..LockRequest::default() };
+    router.lock(request).await.map(tonic::Response::into_inner)
+}
+
+/// The sessions holding the lock at `path`.
+async fn holders(router: &mut WardenClient<Channel>, path: &str) -> Vec<u64> {
+    let info = router.lock_info(LockInfoRequest { path: path.into(), ..LockInfoRequest::default() }).await.expect("lock info").into_inner();
+    info.holders.iter().map(|h| h.session_id).collect()
+}
+
+/// Whether the home group still counts `session` as alive.
+async fn alive(router: &mut WardenClient<Channel>, session: u64) -> bool {
+    let info = router.session_info(SessionInfoRequest { session_id: session, ..SessionInfoRequest::default() }).await.expect("session info").into_inner();
+    info.lease.is_some_and(|lease| lease.alive)
+}
+
+/// Renews `session` every second until the returned task is aborted (the client "dies").
+fn keep_alive(mut router: WardenClient<Channel>, session: u64) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        loop {
+            let _ = router.keep_alive(KeepAliveRequest { session_ids: vec![session], ..KeepAliveRequest::default() }).await;
+            tokio::time::sleep(Duration::from_millis(1_000)).await;
+        }
+    })
+}
+
+/// The remote-session metrics of `group`'s leader.
+async fn leader_metrics(cluster: &Cluster, group: u64) -> std::sync::Arc<warden_shard_node::service::RemoteSessionMetrics> {
+    let leader = cluster.wait_leader(group, TIMEOUT).await.expect("leader");
+    cluster.remote_session_metrics(leader).expect("running")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lock_held_in_another_group_is_released_only_on_the_home_groups_verdict() {
+    let cluster = cluster_with_groups(&["/a", "/b"]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    let (group_a, group_b) = (group_serving(&mut router, "/a").await, group_serving(&mut router, "/b").await);
+    assert_ne!(group_a, group_b);
+
+    // A session homed in A (its hint) takes a lock in B.
+    let session = session_homed_at(&mut router, "/a/app").await;
+    assert_eq!(home_of(session), group_a, "the hint's group is the home");
+    let renewals = keep_alive(router.clone(), session);
+    let held = lock(&mut router, "/b/lock", session).await.expect("lock in B");
+    assert!(held.acquired);
+    assert_eq!(held.sequencer.as_ref().map(|s| s.group_id), Some(group_b));
+    // Renewed at home, it keeps the lock across several of B's checks.
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    assert_eq!(holders(&mut router, "/b/lock").await, vec![session], "a live remote session keeps its lock");
+    assert_eq!(leader_metrics(&cluster, group_b).await.remote_sessions.load(Ordering::Relaxed), 1, "B records the session as remote");
+
+    // The client dies. B must not release the lock while A still counts the session alive
+    // (read the lock first: a free lock followed by a live session would be an early release).
+    renewals.abort();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut expired_at = None;
+    loop {
+        let held_now = holders(&mut router, "/b/lock").await.contains(&session);
+        let alive_now = alive(&mut router, session).await;
+        assert!(held_now || !alive_now, "B released the lock while A still had the session");
+        if !alive_now && expired_at.is_none() {
+            expired_at = Some(Instant::now());
+        }
+        if !held_now {
+            break;
+        }
+        assert!(Instant::now() < deadline, "B never released the lock of an expired session");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let released_after = expired_at.expect("A expired the session first").elapsed();
+    assert!(released_after < Duration::from_secs(10), "released {released_after:?} after the expiry");
+    assert!(leader_metrics(&cluster, group_b).await.ended.load(Ordering::Relaxed) >= 1, "ended on A's verdict");
+
+    // Another session can take the lock now.
+    let next = session_homed_at(&mut router, "/b").await;
+    assert!(lock(&mut router, "/b/lock", next).await.expect("lock").acquired);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_cut_off_from_the_home_group_keeps_the_lock_until_the_verdict_arrives() {
+    let cluster = cluster_with_groups(&["/a", "/b"]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    let (group_a, group_b) = (group_serving(&mut router, "/a").await, group_serving(&mut router, "/b").await);
+
+    let session = session_homed_at(&mut router, "/a").await;
+    let renewals = keep_alive(router.clone(), session);
+    assert!(lock(&mut router, "/b/lock", session).await.expect("lock in B").acquired);
+
+    // B can no longer ask A; then the client dies and A expires the session.
+    cluster.faults().cut_group_link(group_b, group_a);
+    renewals.abort();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while alive(&mut router, session).await {
+        assert!(Instant::now() < deadline, "A never expired the session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Several of B's rounds pass without a verdict: the lock stays, and B says why.
+    tokio::time::sleep(Duration::from_millis(4_000)).await;
+    assert_eq!(holders(&mut router, "/b/lock").await, vec![session], "no early release without A's verdict");
+    let metrics = leader_metrics(&cluster, group_b).await;
+    assert!(metrics.unreachable_homes.load(Ordering::Relaxed) >= 1, "B reports its home group unreachable");
+    assert_eq!(metrics.unconfirmed_sessions.load(Ordering::Relaxed), 1);
+    // A new ephemeral of a session homed in A cannot be confirmed either: refused, unchanged.
+    let other = session_homed_at(&mut router, "/a/x").await;
+    let refused = lock(&mut router, "/b/other", other).await.expect_err("A cannot confirm");
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
+    assert!(holders(&mut router, "/b/other").await.is_empty());
+
+    // The link heals: A's verdict arrives and B releases the lock.
+    cluster.faults().heal();
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !holders(&mut router, "/b/lock").await.is_empty() {
+        assert!(Instant::now() < deadline, "B kept the lock after A's verdict could arrive");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(leader_metrics(&cluster, group_b).await.unreachable_homes.load(Ordering::Relaxed), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ephemerals_of_ended_sessions_are_refused_and_sessions_spread_over_groups() {
+    let cluster = cluster_with_groups(&["/a", "/b"]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+
+    // A closed session homed in A cannot create an ephemeral in B: B asks A first.
+    let closed = session_homed_at(&mut router, "/a").await;
+    router.close_session(CloseSessionRequest { session_id: closed, ..CloseSessionRequest::default() }).await.expect("close");
+    let create = CreateRequest { path: "/b/e".into(), session_id: closed, ..CreateRequest::default() };
+    let refused = router.create(create).await.expect_err("the session ended");
+    assert_eq!(warden_proto::error_of(&refused).map(|e| e.code), Some(warden_error::Code::SessionExpired as i32), "{refused}");
+    let exists = router.exists(ExistsRequest { path: "/b/e".into(), ..ExistsRequest::default() }).await.expect("exists").into_inner();
+    assert!(exists.stat.is_none(), "nothing was created");
+
+    // A live one can, and closing it at home removes the ephemeral in B.
+    let live = session_homed_at(&mut router, "/a").await;
+    let create = CreateRequest { path: "/b/e".into(), session_id: live, ..CreateRequest::default() };
+    router.create(create).await.expect("ephemeral in B");
+    // B refuses to close a session it only records as remote.
+    let group_b = group_serving(&mut router, "/b").await;
+    let wrong = CloseSessionRequest { session_id: live, routing: Some(Routing { group_id: group_b, ..Routing::default() }) };
+    let mut node_b = WardenClient::new(Channel::from_shared(format!("http://{}", cluster.addr(cluster.wait_leader(group_b, TIMEOUT).await.expect("leader")).expect("addr"))).expect("uri").connect_lazy());
+    assert!(node_b.close_session(wrong).await.is_err(), "only the home group ends a session");
+    router.close_session(CloseSessionRequest { session_id: live, ..CloseSessionRequest::default() }).await.expect("close at home");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let exists = router.exists(ExistsRequest { path: "/b/e".into(), ..ExistsRequest::default() }).await.expect("exists").into_inner();
+        if exists.stat.is_none() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the ephemeral outlived its closed session");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Without a hint, sessions spread over the groups.
+    let mut homes = std::collections::BTreeSet::new();
+    for _ in 0..48 {
+        let request = CreateSessionRequest { ttl_ms: TTL_MS, ..CreateSessionRequest::default() };
+        homes.insert(home_of(router.create_session(request).await.expect("create").into_inner().session_id));
+    }
+    assert_eq!(homes.len(), 3, "48 sessions spread over the 3 groups: {homes:?}");
+}

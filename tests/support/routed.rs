@@ -1,0 +1,83 @@
+//! An in-process cluster with a placement group and shard groups for prefixes, and routers
+//! on their own runtimes: what the router and cross-group tests start from.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::CreateGroupRequest;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::placement::ShardNodeFactory;
+
+/// How long any one step may take.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
+
+/// A cluster of 5 nodes with placement on nodes 1-3, the root group, and a group per prefix.
+pub async fn cluster_with_groups(prefixes: &[&str]) -> Arc<Cluster> {
+    let config = ClusterConfig { serve_api: true, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(ShardNodeFactory::default())).expect("cluster starts"));
+    cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
+    for prefix in prefixes {
+        create_group(&cluster, prefix).await;
+    }
+    cluster
+}
+
+/// Has placement create a shard group for `prefix` (retried until placement answers).
+pub async fn create_group(cluster: &Cluster, prefix: &str) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let leader = cluster.wait_leader(warden_placement::PLACEMENT_GROUP_ID, TIMEOUT).await.expect("placement leader");
+        let addr = cluster.addr(leader).expect("addr");
+        let mut client = PlacementClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy());
+        match client.create_group(CreateGroupRequest { prefix: prefix.into() }).await {
+            Ok(_) => return,
+            Err(status) => assert!(Instant::now() < deadline, "creating {prefix}: {status}"),
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A router on its own runtime (as a separate process would be): dropping it stops every
+/// task and connection it had.
+pub struct Router {
+    /// Where it listens.
+    pub addr: std::net::SocketAddr,
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+impl Drop for Router {
+    fn drop(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// A router on a fresh loopback port (or `port`), seeded with every node.
+pub fn start_router(cluster: &Cluster, port: u16) -> Router {
+    start_router_refreshing(cluster, port, Duration::from_secs(1))
+}
+
+/// The same, re-reading the routing table every `refresh` unless told to sooner.
+pub fn start_router_refreshing(cluster: &Cluster, port: u16, refresh: Duration) -> Router {
+    let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
+    listener.set_nonblocking(true).expect("nonblocking");
+    let addr = listener.local_addr().expect("addr");
+    let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
+    let config = warden_router::RouterConfig { request_timeout: Duration::from_secs(10), table_refresh_interval: refresh, ..warden_router::RouterConfig::new(seeds) };
+    runtime.spawn(async move {
+        let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+        let _ = warden_router::serve(listener, config).await;
+    });
+    Router { addr, runtime: Some(runtime) }
+}
+
+/// A `warden.v1.Warden` client of the router at `addr`.
+pub fn client(addr: std::net::SocketAddr) -> WardenClient<Channel> {
+    WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").timeout(TIMEOUT).connect_lazy())
+}
+
