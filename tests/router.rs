@@ -116,3 +116,74 @@ async fn a_router_restarted_mid_stream_loses_nothing() {
     }
     assert_eq!(seen, vec!["r0-0", "r0-1", "r0-2", "r1-0", "r1-1", "r1-2"], "every change once, in order");
 }
+
+/// Through a router, a recursive watch of `/t` spans the groups serving `/t/x` and `/t/y`
+/// (each response says its group; each group's revisions grow), and a recursive delete of
+/// `/t` clears all three groups, keeping the groups' roots, with a revision per group.
+/// Resuming from the per-group start revisions replays exactly the same events.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below() {
+    use support::watch::{persistent, WatchConn};
+    let cluster = cluster_with_groups(&["/t/x", "/t/y"]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    router.create(CreateRequest { path: "/t".into(), ..CreateRequest::default() }).await.expect("create /t");
+    let group_of = |path: &str| if path.starts_with("/t/x") { 2 } else if path.starts_with("/t/y") { 3 } else { 1 };
+
+    let mut watch = WatchConn::open(router_process.addr).await.expect("watch stream");
+    let created = watch.create(persistent("/t", true, 0)).await.expect("created").created.expect("not canceled");
+    assert_eq!(created.start_revisions.keys().copied().collect::<std::collections::BTreeSet<_>>(), [1, 2, 3].into(), "one part per group");
+
+    let paths = ["/t/a", "/t/x/a", "/t/y/a", "/t/y/a/b"];
+    for path in paths {
+        router.create(CreateRequest { path: path.into(), ..CreateRequest::default() }).await.expect("create");
+    }
+    let deleted = router.delete(DeleteRequest { path: "/t".into(), recursive: true, ..DeleteRequest::default() }).await.expect("delete").into_inner();
+    assert_eq!(deleted.deleted, 4);
+    assert_eq!(deleted.group_revisions.keys().copied().collect::<Vec<_>>().len(), 3, "a revision per group: {:?}", deleted.group_revisions);
+    let children = router.get_children(GetChildrenRequest { path: "/t".into(), ..GetChildrenRequest::default() }).await.expect("ls").into_inner();
+    assert_eq!(children.names, vec!["x".to_string(), "y".to_string()], "the groups' roots stay");
+    let conditional = DeleteRequest { path: "/t".into(), recursive: true, expected_version: Some(0), ..DeleteRequest::default() };
+    assert_eq!(router.delete(conditional).await.expect_err("spans groups").code(), tonic::Code::InvalidArgument);
+
+    // Every create and delete arrives once, from the group serving it, in its group's order.
+    let seen = collect_events(&mut watch, 2 * paths.len()).await;
+    for (group, _, path, _) in &seen {
+        assert_eq!(*group, group_of(path), "{path} reported by its group");
+    }
+    for group in 1..=3 {
+        let revisions: Vec<u64> = seen.iter().filter(|e| e.0 == group).map(|e| e.1).collect();
+        assert!(revisions.windows(2).all(|w| w[0] <= w[1]), "group {group} in order: {revisions:?}");
+    }
+    let mut created_paths: Vec<&str> = seen.iter().filter(|e| e.3 == watch_event::Type::Created as i32).map(|e| e.2.as_str()).collect();
+    created_paths.sort_unstable();
+    assert_eq!(created_paths, paths.to_vec());
+
+    // The same watch from the per-group start revisions replays the same events.
+    let mut again = WatchConn::open(router_process.addr).await.expect("watch stream");
+    let resume = WatchCreate {
+        start_revision: created.start_revisions[&1],
+        group_start_revisions: created.start_revisions.clone(),
+        ..persistent("/t", true, 0)
+    };
+    again.create(resume).await.expect("created");
+    let mut replayed = collect_events(&mut again, 2 * paths.len()).await;
+    let mut original = seen.clone();
+    replayed.sort();
+    original.sort();
+    assert_eq!(replayed, original);
+}
+
+/// The first `count` events of a watch stream as (group, revision, path, type).
+async fn collect_events(watch: &mut support::watch::WatchConn, count: usize) -> Vec<(u64, u64, String, i32)> {
+    let mut seen = Vec::new();
+    while seen.len() < count {
+        let response = watch.next(TIMEOUT).await.expect("stream").unwrap_or_else(|| panic!("events in time; so far {seen:?}"));
+        let group = response.header.as_ref().map_or(0, |h| h.group_id);
+        assert!(response.canceled.is_none(), "the watch ended: {response:?}");
+        for event in &response.events {
+            seen.push((group, event.revision, event.path.clone(), event.r#type));
+        }
+    }
+    seen
+}

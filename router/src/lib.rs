@@ -5,11 +5,14 @@
 //! - [`table`]: the routing table copy (longest prefix by segments).
 //! - [`upstream`]: table refresh, channels, leader cache, and the retrying call.
 //! - [`service`]: the `Warden` service: forwarding, `GetChildren` merging, keepalive streams.
-//! - [`watch`]: watch streams proxied over one upstream stream per group.
+//! - [`watch`]: watch streams proxied over one upstream stream per group; recursive watches
+//!   span the groups below their path.
+//! - [`fan_out`]: recursive deletes of subtrees several groups serve parts of.
 //!
 //! **Architecture invariant:** a router holds nothing that cannot be rebuilt from placement
 //! and the shard-nodes; killing one loses nothing (clients reconnect to any router).
 
+pub mod fan_out;
 pub mod service;
 pub mod table;
 pub mod upstream;

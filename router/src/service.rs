@@ -1,7 +1,8 @@
 //! `warden.v1.Warden` as the router serves it: each call goes to the group serving its path
 //! (or, for sessions and sequencers, the group their id names), with that group's id and
 //! epoch in its routing; see [`Upstreams::call`] for retries. `GetChildren` of a parent some
-//! of whose children are other groups' prefixes adds those children. Streams are proxied:
+//! of whose children are other groups' prefixes adds those children; a recursive `Delete`
+//! of a subtree with other groups below fans out ([`crate::fan_out`]). Streams are proxied:
 //! keepalives as unary calls to each session's home group, watches over one upstream stream
 //! per group (see [`crate::watch`]).
 
@@ -168,6 +169,14 @@ impl Warden for RouterService {
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteResponse>, Status> {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
+        if request.recursive {
+            // A subtree other groups serve parts of is cleared group by group.
+            let table = self.upstreams.table();
+            let below: Vec<(u64, String)> = table.groups_below(&request.path).iter().map(|g| (g.id(), g.descriptor.prefix.clone())).collect();
+            if let (Some(owner), false) = (table.route(&request.path), below.is_empty()) {
+                return crate::fan_out::delete_across_groups(&self.upstreams, &request, owner.id(), below, deadline).await.map(Response::new);
+            }
+        }
         forward!(self, Target::Path(&request.path), false, deadline, request, delete)
     }
 
@@ -235,10 +244,8 @@ impl Warden for RouterService {
         let hint = request.path_hint.clone();
         let target = match named {
             Some(group) => Target::Group(group),
-            None if !hint.is_empty() => {
-                warden_placement::validate_path(&hint).map_err(|e| refusal(Code::InvalidPath, &hint, e.to_string()))?;
-                Target::Path(&hint)
-            }
+            // (An invalid hint is refused INVALID_PATH by the call.)
+            None if !hint.is_empty() => Target::Path(&hint),
             None => Target::Group(self.spread_session().await?),
         };
         forward!(self, target, false, deadline, request, create_session)

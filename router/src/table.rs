@@ -71,6 +71,12 @@ impl Table {
         self.routes.values().nth((key % count) as usize)
     }
 
+    /// Ready groups whose prefix is strictly below `path` (a recursive watch or delete of
+    /// `path` spans them), in prefix order.
+    pub fn groups_below(&self, path: &str) -> Vec<&GroupRoute> {
+        self.routes.iter().filter(|(prefix, _)| warden_placement::is_strictly_below(prefix, path)).map(|(_, route)| route).collect()
+    }
+
     /// Ready groups whose prefix is a direct child of `parent` (their prefix nodes are
     /// children of `parent` that the parent's own group does not list).
     pub fn child_groups(&self, parent: &str) -> Vec<&GroupRoute> {
@@ -117,6 +123,9 @@ mod tests {
         assert_eq!(table.child_groups("/").iter().map(|g| g.id()).collect::<Vec<_>>(), vec![2]);
         assert_eq!(table.child_groups("/c").iter().map(|g| g.id()).collect::<Vec<_>>(), vec![4]);
         assert_eq!(table.addr(1), Some("a:1"));
+        assert_eq!(table.groups_below("/").iter().map(|g| g.id()).collect::<Vec<_>>(), vec![2, 4], "not / itself, not a group not ready");
+        assert_eq!(table.groups_below("/c").iter().map(|g| g.id()).collect::<Vec<_>>(), vec![4]);
+        assert!(table.groups_below("/a").is_empty());
         let spread: std::collections::BTreeSet<u64> = (0..6).filter_map(|key| table.spread(key)).map(GroupRoute::id).collect();
         assert_eq!(spread, [1, 2, 4].into(), "keys spread over every ready group and only those");
         assert!(Table::default().spread(7).is_none());

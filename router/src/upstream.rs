@@ -36,6 +36,20 @@ pub fn warden_client(channel: Channel) -> WardenClient<Channel> {
     WardenClient::new(channel).max_decoding_message_size(RESPONSE_BYTES_MAX)
 }
 
+/// The typed refusal of a request no group serves: INVALID_PATH for a path that is not
+/// one, else UNAVAILABLE (no ready group serves it yet).
+fn unroutable(target: Target<'_>) -> Status {
+    use warden_proto::v1::warden_error::Code;
+    let (code, path, message) = match target {
+        Target::Path(path) => match warden_placement::validate_path(path) {
+            Err(error) => (Code::InvalidPath, path, error.to_string()),
+            Ok(()) => (Code::Unavailable, path, format!("no ready group serves {path}")),
+        },
+        Target::Group(group) => (Code::Unavailable, "", format!("group {group} is not in the routing table")),
+    };
+    warden_proto::status(warden_proto::warden_error(code, path, message))
+}
+
 /// What a request goes to.
 #[derive(Clone, Copy, Debug)]
 pub enum Target<'a> {
@@ -154,7 +168,7 @@ impl Upstreams {
                 table = self.refresh().await?;
                 group = self.resolve(&table, target);
             }
-            let group = group.ok_or_else(|| Status::unavailable(format!("no group serves {target:?}")))?;
+            let group = group.ok_or_else(|| unroutable(target))?;
             let replicas = &group.descriptor.replicas;
             if replicas.is_empty() {
                 return Err(Status::unavailable(format!("group {} has no replicas", group.id())));

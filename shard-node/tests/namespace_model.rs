@@ -450,7 +450,7 @@ impl Work<'_> {
         }
         let deleted = doomed.len() as u64 + self.detach(path);
         self.changed = true;
-        Ok(DeleteResponse { header: None, deleted })
+        Ok(DeleteResponse { header: None, deleted, ..DeleteResponse::default() })
     }
 
     /// `path` was removed: update its parent; an emptied container parent (never the root)

@@ -292,7 +292,7 @@ impl Txn<'_, '_> {
         }
         let mut deleted = self.delete_subtree(&request.path)?;
         deleted += self.detach_from_parent(&request.path)?;
-        Ok(DeleteResponse { header: None, deleted })
+        Ok(DeleteResponse { header: None, deleted, ..DeleteResponse::default() })
     }
 
     /// Deletes `path` and everything under it; returns how many nodes went.

@@ -73,7 +73,7 @@ impl Sender {
             Outgoing::Canceled { watch_id, group, error, resume_revision } => WatchResponse {
                 watch_id,
                 header: header(group, 0),
-                canceled: Some(WatchCanceled { error, resume_revision }),
+                canceled: Some(WatchCanceled { error, resume_revision, ..WatchCanceled::default() }),
                 ..WatchResponse::default()
             },
         }
@@ -248,7 +248,7 @@ impl Driver {
             progress_notify: create.progress_notify,
             active: false,
         };
-        let created = Outgoing::Created { watch_id, group, revision, created: Box::new(WatchCreated { start_revision, read }) };
+        let created = Outgoing::Created { watch_id, group, revision, created: Box::new(WatchCreated { start_revision, read, ..WatchCreated::default() }) };
         Ok((watch, created))
     }
 
