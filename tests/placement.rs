@@ -154,3 +154,26 @@ async fn a_silent_node_is_marked_down_and_comes_back_up_when_it_heartbeats() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// `WatchRoutingTable` (what routers watch instead of polling): a placement node sends the
+/// current table, then each newer version as its replica applies it; a node without a
+/// placement replica refuses, so a watcher moves on to another node.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_routing_table_is_pushed_to_watchers_as_it_changes() {
+    let cluster = placement_cluster(10_000).await;
+    let mut tables = client(&cluster, 2).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect("watch").into_inner();
+    let first = tables.message().await.expect("stream").expect("the current table");
+    assert!(first.groups.iter().any(|g| g.descriptor.as_ref().is_some_and(|d| d.prefix == "/")));
+    at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/w".into() }).await }).await.expect("create group");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let table = tokio::time::timeout(remaining, tables.message()).await.expect("pushed in time").expect("stream").expect("open");
+        assert!(table.version > first.version, "only newer versions are sent");
+        if table.groups.iter().any(|g| g.ready && g.descriptor.as_ref().is_some_and(|d| d.prefix == "/w")) {
+            break;
+        }
+    }
+    let refused = client(&cluster, 5).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect_err("no placement replica on node 5");
+    assert_eq!(error_of(&refused).map(|e| e.code), Some(Code::WrongGroup as i32), "{refused}");
+}

@@ -5,7 +5,7 @@
 
 mod support;
 
-use support::routed::{client, cluster_with_groups, create_group, start_router, start_router_refreshing, TIMEOUT};
+use support::routed::{client, cluster_with_groups, create_group, start_router, start_stale_router, TIMEOUT};
 
 use std::time::{Duration, Instant};
 
@@ -59,7 +59,7 @@ async fn two_groups_through_a_router_and_a_leader_kill_in_one_leaves_the_other_a
 async fn a_stale_router_recovers_from_wrong_group_and_two_routers_agree() {
     let cluster = cluster_with_groups(&[]).await;
     // The first router re-reads its table only when a shard-node says it is stale.
-    let first_router = start_router_refreshing(&cluster, 0, Duration::from_secs(3600));
+    let first_router = start_stale_router(&cluster, 0);
     let second_router = start_router(&cluster, 0);
     let (mut first, mut second) = (client(first_router.addr), client(second_router.addr));
     // Both routers learn the table while only the root group exists.

@@ -31,14 +31,19 @@ pub struct RouterConfig {
     pub seeds: Vec<String>,
     /// Deadline of a request when the caller sets none (a shorter caller deadline wins).
     pub request_timeout: Duration,
-    /// How often the routing table is re-read even when no WRONG_GROUP asked for it.
+    /// How often the routing table is re-read while placement cannot be watched (and how
+    /// long to wait before watching again after a watch ends).
     pub table_refresh_interval: Duration,
+    /// Watch placement for new tables (`WatchRoutingTable`); off, the router learns of
+    /// changes only by polling and from WRONG_GROUP.
+    pub watch_placement: bool,
 }
 
 impl RouterConfig {
-    /// Defaults (5 s requests, table re-read every second) for `seeds`.
+    /// Defaults (5 s requests, placement watched, table re-read every second while it cannot
+    /// be) for `seeds`.
     pub fn new(seeds: Vec<String>) -> RouterConfig {
-        RouterConfig { seeds, request_timeout: Duration::from_secs(5), table_refresh_interval: Duration::from_secs(1) }
+        RouterConfig { seeds, request_timeout: Duration::from_secs(5), table_refresh_interval: Duration::from_secs(1), watch_placement: true }
     }
 }
 
@@ -52,8 +57,17 @@ pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> R
             let mut ticker = tokio::time::interval(config.table_refresh_interval);
             loop {
                 ticker.tick().await;
+                // 1. A poll: the table now (and the nodes to watch at).
                 if let Err(status) = upstreams.refresh().await {
                     tracing::debug!(%status, "routing table refresh");
+                    continue;
+                }
+                // 2. Then watch placement: every change arrives as it applies. When the
+                //    watch ends (its node went away), poll again after the interval.
+                if config.watch_placement {
+                    if let Err(status) = upstreams.watch_table().await {
+                        tracing::debug!(%status, "routing table watch");
+                    }
                 }
             }
         })

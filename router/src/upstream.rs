@@ -12,7 +12,7 @@ use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Response, Status};
 use warden_proto::placement::placement_client::PlacementClient;
-use warden_proto::placement::GetRoutingTableRequest;
+use warden_proto::placement::{GetRoutingTableRequest, WatchRoutingTableRequest};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::Routing;
@@ -110,6 +110,10 @@ impl Upstreams {
             .map_err(|e| Status::invalid_argument(format!("address {addr}: {e}")))?
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
+            // A node that vanished without closing the connection (a partition) ends the
+            // streams on it within seconds, not never.
+            .http2_keep_alive_interval(Duration::from_secs(5))
+            .keep_alive_timeout(Duration::from_secs(5))
             .connect_lazy();
         channels.insert(addr.to_string(), channel.clone());
         Ok(channel)
@@ -128,15 +132,47 @@ impl Upstreams {
         for addr in self.seeds.iter().cloned().chain(current.addrs()) {
             let mut client = PlacementClient::new(self.channel(&addr)?);
             match client.get_routing_table(GetRoutingTableRequest {}).await {
-                Ok(response) => {
-                    let table = Arc::new(Table::from_proto(response.into_inner()));
-                    let mut held = self.table.write().unwrap_or_else(|e| e.into_inner());
-                    if table.version >= held.version {
-                        *held = table;
-                    }
-                    return Ok(held.clone());
-                }
+                Ok(response) => return Ok(self.install(response.into_inner())),
                 Err(status) => last_error = status,
+            }
+        }
+        Err(last_error)
+    }
+
+    /// Installs `table` unless the one held is newer; returns the one held after.
+    fn install(&self, table: warden_proto::placement::RoutingTable) -> Arc<Table> {
+        let table = Arc::new(Table::from_proto(table));
+        let mut held = self.table.write().unwrap_or_else(|e| e.into_inner());
+        if table.version >= held.version {
+            *held = table;
+        }
+        held.clone()
+    }
+
+    /// Watches placement through the first node that serves `WatchRoutingTable` (seeds
+    /// first, then the nodes the table knows), installing every table it sends, until the
+    /// stream ends. Fails when no node serves the watch.
+    pub async fn watch_table(&self) -> Result<(), Status> {
+        let current = self.table();
+        let mut last_error = Status::unavailable("no node to watch the routing table at");
+        for addr in self.seeds.iter().cloned().chain(current.addrs()) {
+            let mut client = PlacementClient::new(self.channel(&addr)?);
+            let request = WatchRoutingTableRequest { after_version: self.table().version };
+            let mut tables = match client.watch_routing_table(request).await {
+                Ok(response) => response.into_inner(),
+                Err(status) => {
+                    last_error = status;
+                    continue;
+                }
+            };
+            loop {
+                match tables.message().await {
+                    Ok(Some(table)) => {
+                        self.install(table);
+                    }
+                    Ok(None) => return Ok(()),
+                    Err(status) => return Err(status),
+                }
             }
         }
         Err(last_error)

@@ -80,6 +80,12 @@ pub trait StateMachineFactory: Send + Sync {
     fn watch_hubs(&self) -> Option<crate::watch::WatchHubs> {
         None
     }
+
+    /// The routing version node `node_id`'s placement replica has applied, as it changes
+    /// (`None`: this factory makes no placement state machine).
+    fn routing_versions(&self, _node_id: u64) -> Option<tokio::sync::watch::Receiver<u64>> {
+        None
+    }
 }
 
 /// Writes of one group's state machine, confined to the group's range of the `sm` family.

@@ -58,17 +58,28 @@ impl Drop for Router {
 
 /// A router on a fresh loopback port (or `port`), seeded with every node.
 pub fn start_router(cluster: &Cluster, port: u16) -> Router {
-    start_router_refreshing(cluster, port, Duration::from_secs(1))
+    start_router_with(cluster, port, true)
 }
 
-/// The same, re-reading the routing table every `refresh` unless told to sooner.
-pub fn start_router_refreshing(cluster: &Cluster, port: u16, refresh: Duration) -> Router {
+/// A router that never re-reads its routing table unless a shard-node says it is stale
+/// (WRONG_GROUP): no placement watch, a poll every hour.
+pub fn start_stale_router(cluster: &Cluster, port: u16) -> Router {
+    start_router_with(cluster, port, false)
+}
+
+fn start_router_with(cluster: &Cluster, port: u16, watch_placement: bool) -> Router {
+    let refresh = if watch_placement { Duration::from_secs(1) } else { Duration::from_secs(3600) };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
     listener.set_nonblocking(true).expect("nonblocking");
     let addr = listener.local_addr().expect("addr");
     let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
-    let config = warden_router::RouterConfig { request_timeout: Duration::from_secs(10), table_refresh_interval: refresh, ..warden_router::RouterConfig::new(seeds) };
+    let config = warden_router::RouterConfig {
+        request_timeout: Duration::from_secs(10),
+        table_refresh_interval: refresh,
+        watch_placement,
+        ..warden_router::RouterConfig::new(seeds)
+    };
     runtime.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
         let _ = warden_router::serve(listener, config).await;

@@ -321,7 +321,12 @@ impl Node {
         let session_check = api.clone().map(crate::service::WardenService::session_check_server);
         let api = api.map(crate::service::WardenService::server);
         let placement = config.serve_api.then(|| {
-            crate::placement::service::PlacementService::server(handle.clone(), directory.clone(), Duration::from_millis(config.request_timeout_ms))
+            crate::placement::service::PlacementService::server(
+                handle.clone(),
+                directory.clone(),
+                Duration::from_millis(config.request_timeout_ms),
+                factory.routing_versions(node_id),
+            )
         });
         if config.serve_api && config.placement_heartbeat_ms > 0 {
             let interval = Duration::from_millis(config.placement_heartbeat_ms);

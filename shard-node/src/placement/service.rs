@@ -49,12 +49,48 @@ pub struct PlacementService {
     node: NodeHandle,
     directory: Arc<PeerDirectory>,
     timeout: Duration,
+    /// The routing version this node's placement replica applied (`None`: no placement
+    /// state machines on this node's factory).
+    routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
 }
+
+/// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
+const ROUTING_TABLES_QUEUED_MAX: usize = 2;
 
 impl PlacementService {
     /// The service, wrapped for tonic.
-    pub fn server(node: NodeHandle, directory: Arc<PeerDirectory>, timeout: Duration) -> PlacementServer<PlacementService> {
-        PlacementServer::new(PlacementService { node, directory, timeout })
+    pub fn server(
+        node: NodeHandle,
+        directory: Arc<PeerDirectory>,
+        timeout: Duration,
+        routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
+    ) -> PlacementServer<PlacementService> {
+        PlacementServer::new(PlacementService { node, directory, timeout, routing_versions })
+    }
+
+    /// Sends the table on `tables` whenever this replica applies a newer routing version,
+    /// until the watcher goes away or the table cannot be read.
+    async fn send_tables(&self, mut versions: tokio::sync::watch::Receiver<u64>, mut sent: u64, tables: tokio::sync::mpsc::Sender<Result<RoutingTable, Status>>) {
+        loop {
+            let version = *versions.borrow_and_update();
+            if version > sent {
+                let table = match self.state().await {
+                    Ok(state) => routing_table(&state),
+                    Err(status) => {
+                        let _ = tables.send(Err(status)).await;
+                        return;
+                    }
+                };
+                sent = table.version;
+                if tables.send(Ok(table)).await.is_err() {
+                    return;
+                }
+            }
+            tokio::select! {
+                changed = versions.changed() => if changed.is_err() { return },
+                () = tables.closed() => return,
+            }
+        }
     }
 
     /// Proposes `command` to the placement group (this node must lead it).
@@ -204,6 +240,20 @@ pub fn routing_table(state: &Placement) -> RoutingTable {
 impl PlacementApi for PlacementService {
     async fn get_routing_table(&self, _request: Request<GetRoutingTableRequest>) -> Result<Response<RoutingTable>, Status> {
         Ok(Response::new(routing_table(&self.state().await?)))
+    }
+
+    type WatchRoutingTableStream = tokio_stream::wrappers::ReceiverStream<Result<RoutingTable, Status>>;
+
+    async fn watch_routing_table(&self, request: Request<WatchRoutingTableRequest>) -> Result<Response<Self::WatchRoutingTableStream>, Status> {
+        let versions = self.routing_versions.clone().ok_or_else(|| Status::unimplemented("this node has no placement state machine"))?;
+        // Only a node hosting a placement replica sees the versions as they apply (elsewhere
+        // this read fails WRONG_GROUP and the watcher tries another node).
+        self.state().await?;
+        let (tables, stream) = tokio::sync::mpsc::channel(ROUTING_TABLES_QUEUED_MAX);
+        let service = self.clone();
+        let after_version = request.into_inner().after_version;
+        tokio::spawn(async move { service.send_tables(versions, after_version, tables).await });
+        Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(stream)))
     }
 
     async fn create_group(&self, request: Request<CreateGroupRequest>) -> Result<Response<CreateGroupResponse>, Status> {

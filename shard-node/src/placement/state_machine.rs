@@ -24,12 +24,19 @@ pub struct PlacementStateMachine {
     /// Leader-only: when nodes were last proposed down (wall ms), so the proposal is not
     /// repeated every tick while it commits.
     mark_down_proposed_ms: u64,
+    /// Where the applied routing version goes once it is in the store (`publish`).
+    routing_version: Option<tokio::sync::watch::Sender<u64>>,
 }
 
 impl PlacementStateMachine {
     /// An empty placement state with `config`.
     pub fn new(config: PlacementConfig) -> PlacementStateMachine {
-        PlacementStateMachine { placement: Placement::new(config.clone()), config, mark_down_proposed_ms: 0 }
+        PlacementStateMachine { placement: Placement::new(config.clone()), config, mark_down_proposed_ms: 0, routing_version: None }
+    }
+
+    /// The same, telling `sender` the routing version after each write (and load).
+    pub fn publishing_to(self, sender: tokio::sync::watch::Sender<u64>) -> PlacementStateMachine {
+        PlacementStateMachine { routing_version: Some(sender), ..self }
     }
 }
 
@@ -74,11 +81,20 @@ impl StateMachine for PlacementStateMachine {
             Some(bytes) => Placement::from_bytes(&bytes, self.config.clone()).map_err(|e| StorageError::Corrupt(format!("placement state: {e}")))?,
             None => Placement::new(self.config.clone()),
         };
+        // What was loaded is on disk: its version may be published at once.
+        self.publish();
         Ok(())
     }
 
     fn validate(&self, command: &[u8]) -> Result<(), EngineError> {
         decode_command(command).map(drop)
+    }
+
+    fn publish(&mut self) {
+        if let Some(sender) = &self.routing_version {
+            let version = self.placement.routing_version();
+            sender.send_if_modified(|published| std::mem::replace(published, version) != version);
+        }
     }
 
     fn leader_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
