@@ -1124,6 +1124,8 @@ fn unmodelled(op: &CommandOp) -> bool {
         CommandOp::CreateSession(_)
             | CommandOp::CloseSession(_)
             | CommandOp::ExpireSessions(_)
+            | CommandOp::AddRemoteSessions(_)
+            | CommandOp::EndRemoteSessions(_)
             | CommandOp::AcquireLock(_)
             | CommandOp::ReleaseLock(_)
             | CommandOp::LockDelayEnded(_)
