@@ -262,7 +262,7 @@ enum Step {
     /// Send these on, in order.
     Send(Vec<WatchResponse>),
     /// The watch ended: send this, and cancel the parts in the list upstream.
-    End(WatchResponse, Vec<u64>),
+    End(Box<WatchResponse>, Vec<u64>),
     /// Nothing to send now.
     Hold,
 }
@@ -278,7 +278,7 @@ fn step(group: u64, response: WatchResponse, watches: &mut HashMap<u64, Carried>
         let Some(watch) = watches.remove(&watch_id) else { return Step::Hold };
         let others = watch.parts.keys().copied().filter(|g| *g != group).collect();
         let header = response.header;
-        return Step::End(WatchResponse { header, ..watch.canceled(watch_id, ended.error) }, others);
+        return Step::End(Box::new(WatchResponse { header, ..watch.canceled(watch_id, ended.error) }), others);
     }
     if let Some(created) = &response.created {
         part.next_revision = created.start_revision;
@@ -303,7 +303,7 @@ fn step(group: u64, response: WatchResponse, watches: &mut HashMap<u64, Carried>
             // Nothing was delivered yet: the client starts again from the same revisions.
             let Some(watch) = watches.remove(&watch_id) else { return Step::Hold };
             let error = WardenError { code: Code::SlowWatcher as i32, message: "too many events before every group's watch was created".into(), ..WardenError::default() };
-            return Step::End(watch.canceled(watch_id, Some(error)), watch.parts.keys().copied().collect());
+            return Step::End(Box::new(watch.canceled(watch_id, Some(error))), watch.parts.keys().copied().collect());
         }
         watch.held.push((group, response));
         return Step::Hold;
@@ -325,7 +325,7 @@ async fn pass_on(group: u64, mut upstream: Streaming<WatchResponse>, shared: Arc
             Step::Send(out) => out,
             Step::End(response, others) => {
                 shared.cancel_parts(response.watch_id, others).await;
-                vec![response]
+                vec![*response]
             }
             Step::Hold => continue,
         };
