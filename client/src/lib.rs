@@ -11,6 +11,8 @@
 //!   without losing or repeating an event.
 //! - [`Txn`]: etcd-style transactions; [`Children`]: paginated listings.
 //! - [`FenceGuard`]: what a *resource* keeps to refuse writes carrying stale fencing tokens.
+//! - [`recipes`]: mutex, read-write lock, semaphore, leader election, group membership,
+//!   barriers, counter and node cache.
 //!
 //! ```no_run
 //! # async fn example() -> warden_client::Result<()> {
@@ -38,6 +40,7 @@ mod error;
 mod fence;
 mod lock;
 mod node;
+pub mod recipes;
 mod retry;
 mod session;
 mod txn;

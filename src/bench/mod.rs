@@ -1,5 +1,6 @@
 //! `warden bench …`: benchmarks of the hot paths, each printing JSON lines.
 
+mod election;
 mod engine;
 mod locks;
 mod namespace;
@@ -23,6 +24,9 @@ pub enum BenchCommand {
     /// Writes through a router: aggregate writes/s by shard-group count, and the latency
     /// the router adds.
     Router(router::RouterArgs),
+    /// The client's recipes through a router: leader-election failover after a crash, and
+    /// lock hand-off latency.
+    Election(election::ElectionArgs),
 }
 
 /// Runs a benchmark.
@@ -33,6 +37,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Locks(args) => locks::run(args).await,
         BenchCommand::Watch(args) => watch::run(args).await,
         BenchCommand::Router(args) => router::run(args).await,
+        BenchCommand::Election(args) => election::run(args).await,
     }
 }
 
