@@ -7,6 +7,12 @@ use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::*;
 
+use crate::cli::status::{group_json, group_text, route_json, route_text, routes};
+use crate::cli::Output;
+
+/// Default `--seeds`: the placement replicas of `warden dev`.
+const DEV_SEEDS: &str = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103";
+
 /// `warden admin` subcommands.
 #[derive(clap::Subcommand)]
 pub enum AdminCommand {
@@ -25,10 +31,25 @@ pub enum AdminCommand {
         /// The prefix (an absolute path).
         prefix: String,
         /// Node addresses to ask (any node with a placement replica answers).
-        #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103")]
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// List the shard groups of the routing table (id, prefix, replicas, readiness).
+    Groups {
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// List the routes: which group serves each prefix.
+    Routes {
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
         seeds: Vec<String>,
     },
 }
+
+/// How long the listings ask for the routing table before giving up.
+const LISTING_PATIENCE: Duration = Duration::from_secs(5);
 
 fn parse_node(text: &str) -> Result<(u64, String), String> {
     let (id, addr) = text.split_once('=').ok_or_else(|| format!("{text}: expected id=host:port"))?;
@@ -46,7 +67,22 @@ where
     F: Fn(PlacementClient<Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let deadline = Instant::now() + Duration::from_secs(30);
+    at_any_within(addrs, Duration::from_secs(30), call).await
+}
+
+/// The routing table, from any of `addrs`, trying for up to `patience`.
+pub(crate) async fn routing_table(addrs: &[String], patience: Duration) -> anyhow::Result<RoutingTable> {
+    at_any_within(addrs, patience, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await
+}
+
+/// [`at_any`] for up to `patience`.
+async fn at_any_within<T, F, Fut>(addrs: &[String], patience: Duration, call: F) -> anyhow::Result<T>
+where
+    F: Fn(PlacementClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    anyhow::ensure!(!addrs.is_empty(), "no node addresses given");
+    let deadline = Instant::now() + patience;
     let mut turn = 0;
     loop {
         let addr = &addrs[turn % addrs.len().max(1)];
@@ -60,8 +96,8 @@ where
     }
 }
 
-/// Runs an admin command.
-pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
+/// Runs an admin command (the listings print JSON lines with `--json`).
+pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
     match command {
         AdminCommand::Bootstrap { nodes, placement } => {
             let addr_of = |id: u64| nodes.iter().find(|(n, _)| *n == id).map(|(_, a)| a.clone());
@@ -86,6 +122,18 @@ pub async fn run(command: AdminCommand) -> anyhow::Result<()> {
             .await?;
             let descriptor = answer.group.and_then(|g| g.descriptor).unwrap_or_default();
             println!("group {} serves {} on nodes {:?}", descriptor.group_id, descriptor.prefix, descriptor.replicas);
+        }
+        AdminCommand::Groups { seeds } => {
+            let table = routing_table(&seeds, LISTING_PATIENCE).await?;
+            for group in &table.groups {
+                out.emit(group_json(group, None), || group_text(group, None))?;
+            }
+        }
+        AdminCommand::Routes { seeds } => {
+            let table = routing_table(&seeds, LISTING_PATIENCE).await?;
+            for group in routes(&table) {
+                out.emit(route_json(group), || route_text(group))?;
+            }
         }
     }
     Ok(())

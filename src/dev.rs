@@ -73,10 +73,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let router_addr = args.router;
     println!("placement group on nodes 1-3; shard groups for / and {}", EXAMPLE_PREFIXES.join(", "));
     println!("router (the whole warden.v1.Warden API, forwarded by path): {router_addr}. Try:");
-    println!("  grpcurl -plaintext -d '{{\"path\":\"/teams/payments/lock\",\"data\":\"aGVsbG8=\"}}' {router_addr} warden.v1.Warden/Create");
-    println!("  grpcurl -plaintext -d '{{\"path\":\"/teams/payments/lock\"}}' {router_addr} warden.v1.Warden/Get");
-    println!("  grpcurl -plaintext -d '{{\"path\":\"/teams\"}}' {router_addr} warden.v1.Warden/GetChildren");
-    println!("routing table: grpcurl -plaintext 127.0.0.1:{} warden.placement.Placement/GetRoutingTable", args.base_port);
+    // The CLI's default endpoint is the default router address.
+    let endpoints = if router_addr.to_string() == "127.0.0.1:7100" { String::new() } else { format!(" --endpoints {router_addr}") };
+    println!("  warden{endpoints} create /teams/payments/hello world");
+    println!("  warden{endpoints} ls -l /teams");
+    println!("  warden{endpoints} lock /teams/payments/lock -- sh -c 'echo holding with token $WARDEN_FENCING_TOKEN; sleep 5'");
+    let nodes = if args.base_port == 7101 { String::new() } else { format!(" --nodes 127.0.0.1:{}", args.base_port) };
+    println!("cluster status: warden status{nodes}");
     println!("data in {}; Ctrl-C stops", args.data_dir.display());
     tokio::signal::ctrl_c().await?;
     println!("stopping");

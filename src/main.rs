@@ -1,8 +1,11 @@
 //! The `warden` binary: `warden dev` runs a local cluster, `warden node` / `warden router` /
-//! `warden admin` a real deployment, `warden bench …` runs benchmarks.
+//! `warden admin` a real deployment, `warden bench …` runs benchmarks, and the command line
+//! (`warden get/set/create/rm/ls/stat/watch/txn/lock/elect/session/status`, in [`cli`]) uses
+//! a cluster.
 
 mod admin;
 mod bench;
+mod cli;
 mod dev;
 mod node;
 
@@ -10,10 +13,12 @@ use clap::{Parser, Subcommand};
 
 /// Warden: a sharded distributed lock and coordination service.
 #[derive(Parser)]
-#[command(name = "warden", version, about)]
+#[command(name = "warden", version, about, after_help = cli::EXIT_CODES_HELP)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    #[command(flatten)]
+    global: cli::GlobalArgs,
 }
 
 #[derive(Subcommand)]
@@ -31,6 +36,8 @@ enum Command {
     /// Run a benchmark and print one JSON object per line.
     #[command(subcommand)]
     Bench(bench::BenchCommand),
+    #[command(flatten)]
+    Cli(cli::CliCommand),
 }
 
 /// Flags of `warden router`.
@@ -61,20 +68,29 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn main() -> anyhow::Result<()> {
+fn main() {
     tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
         .with_writer(std::io::stderr)
         .init();
     let cli = Cli::parse();
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
-    runtime.block_on(async {
-        match cli.command {
-            Command::Dev(args) => dev::run(args).await,
-            Command::Router(args) => run_router(args).await,
-            Command::Node(args) => node::run(args).await,
-            Command::Admin(command) => admin::run(command).await,
-            Command::Bench(command) => bench::run(command).await,
+    let out = cli.global.output();
+    let ran = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|runtime| {
+        runtime.block_on(async {
+            match cli.command {
+                Command::Dev(args) => dev::run(args).await,
+                Command::Router(args) => run_router(args).await,
+                Command::Node(args) => node::run(args).await,
+                Command::Admin(command) => admin::run(command, out).await,
+                Command::Bench(command) => bench::run(command).await,
+                Command::Cli(command) => cli::run(command, cli.global).await,
+            }
+        })
+    });
+    if let Err(error) = ran {
+        if error.downcast_ref::<cli::ExitWith>().is_none() {
+            eprintln!("error: {}", cli::describe(&error));
         }
-    })
+        std::process::exit(cli::exit_code(&error));
+    }
 }

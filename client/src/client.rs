@@ -267,14 +267,14 @@ impl Client {
     }
 
     /// Renews a session's lease within `timeout`.
-    pub(crate) async fn keep_alive(&self, id: SessionId, timeout: Duration) -> Result<SessionLease> {
+    pub async fn keep_alive(&self, id: SessionId, timeout: Duration) -> Result<SessionLease> {
         let request = pb::KeepAliveRequest { session_ids: vec![id.0], routing: None };
         let response = self.unary(CallKind::Idempotent, timeout, request, |mut c, r| async move { c.keep_alive(r).await }).await?;
         convert::lease_of(id, response.leases)
     }
 
     /// Ends a session now; returns how many ephemerals went with it.
-    pub(crate) async fn close_session(&self, id: SessionId) -> Result<u64> {
+    pub async fn close_session(&self, id: SessionId) -> Result<u64> {
         let request = pb::CloseSessionRequest { session_id: id.0, routing: None };
         let response = self.unary(CallKind::Write, self.request_timeout(), request, |mut c, r| async move { c.close_session(r).await }).await?;
         Ok(response.deleted)

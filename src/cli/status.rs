@@ -1,0 +1,164 @@
+//! `warden status`: the cluster as placement's routing table describes it (nodes, shard
+//! groups, routes), with each group's leader and revision asked of the routers. The
+//! per-item formatting here is shared with `warden admin groups` / `warden admin routes`.
+
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use tonic::transport::Endpoint;
+use warden_proto::placement::{GroupEntry, NodeEntry, RoutingTable};
+use warden_proto::v1 as pb;
+use warden_proto::v1::warden_client::WardenClient;
+
+use super::output::{rfc3339, Output};
+use super::GlobalArgs;
+
+/// How long the routing table is asked for before giving up.
+const TABLE_PATIENCE: Duration = Duration::from_secs(5);
+/// How long a group's leader is asked for before it is reported unknown.
+const LEADER_PATIENCE: Duration = Duration::from_secs(2);
+
+/// Flags of `warden status`.
+#[derive(clap::Args)]
+pub struct StatusArgs {
+    /// Shard-node addresses to read the routing table from (any node with a placement replica).
+    #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103")]
+    nodes: Vec<String>,
+}
+
+/// What a router says about one group: its leader and revision.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GroupHealth {
+    /// The leader's node id (`None`: unknown).
+    pub leader: Option<u64>,
+    /// The group's revision.
+    pub revision: Option<u64>,
+}
+
+/// Prints the overview: one JSON object, or sections of text.
+pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::Result<()> {
+    let table = crate::admin::routing_table(&args.nodes, TABLE_PATIENCE).await?;
+    let health = group_health(&global.endpoints, &table.groups).await;
+    let routes = routes(&table);
+    let value = json!({
+        "routing_version": table.version,
+        "nodes": table.nodes.iter().map(node_json).collect::<Vec<_>>(),
+        "groups": table.groups.iter().zip(&health).map(|(g, h)| group_json(g, Some(*h))).collect::<Vec<_>>(),
+        "routes": routes.iter().copied().map(route_json).collect::<Vec<_>>(),
+    });
+    Ok(out.emit(value, || {
+        let mut lines = vec![format!("routing version {}", table.version), String::new(), format!("nodes ({}):", table.nodes.len())];
+        lines.extend(table.nodes.iter().map(|n| format!("  {}", node_text(n))));
+        lines.push(String::new());
+        lines.push(format!("groups ({}):", table.groups.len()));
+        lines.extend(table.groups.iter().zip(&health).map(|(g, h)| format!("  {}", group_text(g, Some(*h)))));
+        lines.push(String::new());
+        lines.push(format!("routes ({}):", routes.len()));
+        lines.extend(routes.iter().map(|g| format!("  {}", route_text(g))));
+        lines.join("\n")
+    })?)
+}
+
+/// Asks the routers at `endpoints` for each group's leader (unknown when no router answers).
+async fn group_health(endpoints: &[String], groups: &[GroupEntry]) -> Vec<GroupHealth> {
+    let Some(channel) = endpoints.first().and_then(|addr| Endpoint::from_shared(format!("http://{addr}")).ok()).map(|e| e.connect_lazy()) else {
+        return vec![GroupHealth::default(); groups.len()];
+    };
+    let asks = groups.iter().map(|group| {
+        let mut client = WardenClient::new(channel.clone());
+        let group_id = group.descriptor.as_ref().map_or(0, |d| d.group_id);
+        async move {
+            let routing = Some(pb::Routing { group_id, ..pb::Routing::default() });
+            match tokio::time::timeout(LEADER_PATIENCE, client.sync(pb::SyncRequest { routing })).await {
+                Ok(Ok(response)) => {
+                    let header = response.into_inner().header.unwrap_or_default();
+                    GroupHealth { leader: (header.leader_id != 0).then_some(header.leader_id), revision: Some(header.revision) }
+                }
+                _ => GroupHealth::default(),
+            }
+        }
+    });
+    futures::future::join_all(asks).await
+}
+
+/// The routed groups in prefix order.
+pub fn routes(table: &RoutingTable) -> Vec<&GroupEntry> {
+    let mut routed: Vec<&GroupEntry> = table.groups.iter().filter(|g| g.ready && g.descriptor.is_some()).collect();
+    routed.sort_by(|a, b| prefix(a).cmp(prefix(b)));
+    routed
+}
+
+fn prefix(group: &GroupEntry) -> &str {
+    group.descriptor.as_ref().map_or("", |d| d.prefix.as_str())
+}
+
+/// A node of the table as JSON.
+pub fn node_json(node: &NodeEntry) -> Value {
+    json!({ "id": node.id, "addr": node.addr, "zone": node.zone, "up": node.up, "last_heartbeat_ms": node.last_heartbeat_ms })
+}
+
+/// A node of the table as one line.
+pub fn node_text(node: &NodeEntry) -> String {
+    let zone = if node.zone.is_empty() { "-" } else { &node.zone };
+    let heartbeat = match node.last_heartbeat_ms {
+        0 => "never".to_string(),
+        ms => rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms)),
+    };
+    format!("node {:<3} {:<21} zone {:<6} {:<4} last heartbeat {heartbeat}", node.id, node.addr, zone, if node.up { "up" } else { "DOWN" })
+}
+
+/// A group of the table as JSON (with its leader and revision when asked for and known).
+pub fn group_json(group: &GroupEntry, health: Option<GroupHealth>) -> Value {
+    let descriptor = group.descriptor.clone().unwrap_or_default();
+    let mut value = json!({
+        "id": descriptor.group_id,
+        "prefix": descriptor.prefix,
+        "excluded": descriptor.excluded,
+        "replicas": descriptor.replicas,
+        "conf_ver": descriptor.conf_ver,
+        "version": descriptor.version,
+        "ready": group.ready,
+    });
+    if let (Some(health), Value::Object(object)) = (health, &mut value) {
+        object.insert("leader".into(), json!(health.leader));
+        object.insert("revision".into(), json!(health.revision));
+    }
+    value
+}
+
+/// A group of the table as one line (with its leader and revision when asked for).
+pub fn group_text(group: &GroupEntry, health: Option<GroupHealth>) -> String {
+    let descriptor = group.descriptor.clone().unwrap_or_default();
+    let replicas = descriptor.replicas.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let leader = health.map_or(String::new(), |h| {
+        let revision = h.revision.map_or(String::new(), |r| format!(" revision {r}"));
+        format!(" leader {}{revision}", h.leader.map_or("?".to_string(), |id| id.to_string()))
+    });
+    let ready = if group.ready { "" } else { " (not ready)" };
+    format!("group {:<3} {:<20} replicas [{replicas}]{leader}{ready}", descriptor.group_id, display_prefix(&descriptor.prefix))
+}
+
+/// A route (a ready group's prefix) as JSON.
+pub fn route_json(group: &GroupEntry) -> Value {
+    let descriptor = group.descriptor.clone().unwrap_or_default();
+    json!({ "prefix": descriptor.prefix, "group": descriptor.group_id, "excluded": descriptor.excluded })
+}
+
+/// A route as one line.
+pub fn route_text(group: &GroupEntry) -> String {
+    let descriptor = group.descriptor.clone().unwrap_or_default();
+    let excluded = match descriptor.excluded.is_empty() {
+        true => String::new(),
+        false => format!(" (except {})", descriptor.excluded.join(", ")),
+    };
+    format!("{:<20} -> group {}{excluded}", display_prefix(&descriptor.prefix), descriptor.group_id)
+}
+
+/// The placement group has no prefix: shown as `-`.
+fn display_prefix(prefix: &str) -> &str {
+    if prefix.is_empty() {
+        "-"
+    } else {
+        prefix
+    }
+}

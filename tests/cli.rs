@@ -1,0 +1,457 @@
+//! The `warden` command line, run as the real binary against a `warden dev` cluster started
+//! once for the whole file (a dev cluster takes seconds to start). One #[test] runs every
+//! step; each step runs even when an earlier one failed, and the test fails listing the
+//! steps that did. The cluster is killed when the test ends, panics included.
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+const BIN: &str = env!("CARGO_BIN_EXE_warden");
+/// Longest a one-shot command may take.
+const COMMAND_DEADLINE: Duration = Duration::from_secs(40);
+
+/// A child process killed (SIGKILL) when dropped.
+struct Process(Child);
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Process {
+    /// Sends SIGTERM (what Ctrl-C-like stops use) and waits for the exit code.
+    fn terminate(&mut self) -> Option<i32> {
+        // SAFETY: kill(2) on our own unreaped child.
+        unsafe { libc::kill(self.0.id() as libc::pid_t, libc::SIGTERM) };
+        wait_within(&mut self.0, COMMAND_DEADLINE).status.code()
+    }
+}
+
+/// Lines of a child's stdout, read by a thread so reads can time out.
+struct Lines(std::sync::mpsc::Receiver<String>);
+
+impl Lines {
+    fn of(stdout: ChildStdout) -> Lines {
+        let (send, receive) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if send.send(line).is_err() {
+                    return;
+                }
+            }
+        });
+        Lines(receive)
+    }
+
+    fn next_line(&mut self, timeout: Duration) -> Option<String> {
+        self.0.recv_timeout(timeout).ok()
+    }
+
+    /// The next line, which must come within `timeout`.
+    fn line(&mut self, timeout: Duration) -> String {
+        self.next_line(timeout).unwrap_or_else(|| panic!("no line within {timeout:?}"))
+    }
+}
+
+/// Waits for a child, killing it (and failing) past `deadline`.
+fn wait_within(child: &mut Child, deadline: Duration) -> Output {
+    let end = Instant::now() + deadline;
+    loop {
+        match child.try_wait().expect("try_wait") {
+            Some(_) => break,
+            None if Instant::now() > end => {
+                let _ = child.kill();
+                panic!("a warden command ran longer than {deadline:?}");
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    }
+    let status = child.wait().expect("wait");
+    let read = |pipe: Option<&mut dyn std::io::Read>| {
+        let mut bytes = Vec::new();
+        if let Some(pipe) = pipe {
+            let _ = pipe.read_to_end(&mut bytes);
+        }
+        bytes
+    };
+    let stdout = read(child.stdout.as_mut().map(|p| p as &mut dyn std::io::Read));
+    let stderr = read(child.stderr.as_mut().map(|p| p as &mut dyn std::io::Read));
+    Output { status, stdout, stderr }
+}
+
+/// Ports `base..base + 5` all free now (the dev cluster's nodes).
+fn free_port_range(count: u16) -> u16 {
+    for attempt in 0..200u32 {
+        let base = 20_000 + u16::try_from((std::process::id() * 7919 + attempt * 104_729) % 40_000).unwrap_or(0);
+        let free = (base..base + count).all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+        if free {
+            return base;
+        }
+    }
+    panic!("no free port range");
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// A `warden dev` cluster and how to run the CLI against it.
+struct Cluster {
+    dev: Process,
+    router: String,
+    nodes: String,
+    dir: tempfile::TempDir,
+}
+
+impl Cluster {
+    fn start() -> Cluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let base = free_port_range(5);
+        let router = format!("127.0.0.1:{}", free_port());
+        let log = std::fs::File::create(dir.path().join("dev.log")).expect("log");
+        let data = dir.path().join("data");
+        let mut command = Command::new(BIN);
+        command.args(["dev", "--fresh", "--data-dir", data.to_str().expect("utf8"), "--base-port", &base.to_string(), "--router", &router]);
+        command.stdout(log.try_clone().expect("log")).stderr(log);
+        // SAFETY: prctl in the forked child before exec: dies with this test process even if
+        // it is killed without unwinding.
+        unsafe {
+            command.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let dev = Process(command.spawn().expect("spawn warden dev"));
+        let nodes = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect::<Vec<_>>().join(",");
+        let cluster = Cluster { dev, router, nodes, dir };
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let out = cluster.run(&["ls", "/teams"], None);
+            if out.status.success() && text(&out.stdout).contains("payments") {
+                break;
+            }
+            assert!(Instant::now() < deadline, "the dev cluster did not come up: {}", std::fs::read_to_string(cluster.dir.path().join("dev.log")).unwrap_or_default());
+            std::thread::sleep(Duration::from_millis(500));
+        }
+        cluster
+    }
+
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(BIN);
+        command.args(args).env("WARDEN_ENDPOINTS", &self.router).env("RUST_LOG", "warn").current_dir(self.dir.path());
+        command
+    }
+
+    /// Runs `warden ARGS` to completion, with `stdin` piped in.
+    fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
+        let mut child =
+            self.command(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn warden");
+        let mut pipe = child.stdin.take().expect("stdin");
+        if let Some(input) = stdin {
+            pipe.write_all(input.as_bytes()).expect("write stdin");
+        }
+        drop(pipe);
+        wait_within(&mut child, COMMAND_DEADLINE)
+    }
+
+    /// Runs `warden ARGS`, which must succeed; returns its stdout.
+    fn ok(&self, args: &[&str]) -> String {
+        let out = self.run(args, None);
+        assert!(out.status.success(), "warden {args:?} failed ({:?}): {}", out.status, text(&out.stderr));
+        text(&out.stdout)
+    }
+
+    /// `warden --json ARGS`, which must succeed; its stdout's one JSON object.
+    fn json(&self, args: &[&str]) -> Value {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let stdout = self.ok(&all);
+        serde_json::from_str(stdout.trim()).unwrap_or_else(|e| panic!("warden {all:?} printed no JSON object ({e}): {stdout}"))
+    }
+
+    /// `warden --json ARGS`, which must succeed; each line of its stdout as JSON.
+    fn json_lines(&self, args: &[&str]) -> Vec<Value> {
+        let mut all = vec!["--json"];
+        all.extend_from_slice(args);
+        let stdout = self.ok(&all);
+        stdout.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("warden {all:?}: not JSON ({e}): {line}"))).collect()
+    }
+
+    /// Starts `warden ARGS` in the background, stdout piped.
+    fn spawn(&self, args: &[&str]) -> (Process, Lines) {
+        let mut child = self.command(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn warden");
+        let lines = Lines::of(child.stdout.take().expect("stdout"));
+        (Process(child), lines)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// Asserts a failure: exit code `code` and exactly one stderr line, `error: …` containing
+/// `needle`.
+fn assert_fails(out: &Output, code: i32, needle: &str) {
+    let stderr = text(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "stderr: {stderr}");
+    assert_eq!(stderr.lines().count(), 1, "one line on stderr: {stderr:?}");
+    assert!(stderr.starts_with("error: ") && stderr.contains(needle), "{stderr:?} should mention {needle:?}");
+}
+
+fn nodes_commands(c: &Cluster) {
+    assert_eq!(c.ok(&["create", "-p", "/cli/nodes/a", "hello"]).trim(), "/cli/nodes/a");
+    assert_eq!(c.ok(&["get", "/cli/nodes/a"]), "hello", "raw data, no newline when piped");
+    let with_stat = c.ok(&["get", "-w", "/cli/nodes/a"]);
+    assert!(with_stat.starts_with("hello\n") && with_stat.contains("version: 0"), "{with_stat}");
+    // Compare-and-swap: the right version passes, a stale one fails with one line.
+    assert_eq!(c.ok(&["set", "/cli/nodes/a", "v1", "--version", "0"]).trim(), "/cli/nodes/a version 1");
+    assert_fails(&c.run(&["set", "/cli/nodes/a", "v2", "--version", "0"], None), 1, "version mismatch");
+    assert_eq!(c.ok(&["get", "/cli/nodes/a"]), "v1");
+    c.ok(&["create", "/cli/nodes/b"]);
+    let sequential = c.ok(&["create", "-s", "/cli/nodes/seq-", "x"]);
+    assert!(sequential.trim().starts_with("/cli/nodes/seq-00"), "{sequential}");
+    assert_eq!(c.ok(&["ls", "/cli/nodes"]).lines().collect::<Vec<_>>(), ["a", "b", sequential.trim().trim_start_matches("/cli/nodes/")]);
+    let long = c.ok(&["ls", "-l", "/cli/nodes"]);
+    assert!(long.lines().next().is_some_and(|l| l.starts_with("persistent") && l.ends_with(" a")), "{long}");
+    let stat = c.ok(&["stat", "/cli/nodes"]);
+    assert!(stat.contains("path: /cli/nodes") && stat.contains("num_children: 3"), "{stat}");
+    assert_fails(&c.run(&["rm", "/cli/nodes"], None), 1, "has children");
+    assert_fails(&c.run(&["create", "/cli/nodes/a"], None), 1, "already exists");
+    assert!(c.ok(&["rm", "-r", "/cli/nodes"]).starts_with("deleted 4 nodes"));
+    assert_fails(&c.run(&["get", "/cli/nodes/a"], None), 1, "/cli/nodes/a: node does not exist");
+    // Data from stdin, TTL and container nodes.
+    let out = c.run(&["create", "-p", "/cli/kinds/stdin", "-"], Some("from stdin"));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(c.ok(&["get", "/cli/kinds/stdin"]), "from stdin");
+    c.ok(&["create", "--ttl", "60000", "/cli/kinds/ttl"]);
+    c.ok(&["create", "--container", "/cli/kinds/box"]);
+    assert_eq!(c.json(&["stat", "/cli/kinds/ttl"])["stat"]["kind"], "ttl");
+    assert_eq!(c.json(&["stat", "/cli/kinds/box"])["stat"]["kind"], "container");
+}
+
+fn nonexistent_node(c: &Cluster) {
+    assert_fails(&c.run(&["get", "/no/such/node"], None), 1, "error: /no/such/node: node does not exist");
+    assert_fails(&c.run(&["stat", "/no/such/node"], None), 1, "node does not exist");
+    assert_fails(&c.run(&["ls", "/no/such/node"], None), 1, "node does not exist");
+    assert_fails(&c.run(&["create", "/no/such/node"], None), 1, "does not exist");
+    let usage = c.run(&["set", "/only-a-path"], None);
+    assert_eq!(usage.status.code(), Some(2), "usage errors exit 2");
+}
+
+fn json_output(c: &Cluster) {
+    let created = c.json(&["create", "-p", "/cli/json/a", "data"]);
+    assert_eq!(created["path"], "/cli/json/a");
+    let got = c.json(&["get", "-w", "/cli/json/a"]);
+    assert_eq!(got["data"], "data");
+    assert_eq!(got["stat"]["version"], 0);
+    let set = c.json(&["set", "/cli/json/a", "more", "--version", "0"]);
+    assert_eq!(set["stat"]["version"], 1);
+    c.ok(&["create", "/cli/json/b"]);
+    let children = c.json_lines(&["ls", "-l", "/cli/json"]);
+    assert_eq!(children.len(), 2);
+    assert_eq!(children[0]["name"], "a");
+    assert_eq!(children[1]["path"], "/cli/json/b");
+    assert_eq!(children[0]["stat"]["data_length"], 4);
+    let stat = c.json(&["stat", "/cli/json"]);
+    assert_eq!(stat["stat"]["num_children"], 2);
+    assert_eq!(c.json(&["rm", "-r", "/cli/json"])["deleted"], 3);
+}
+
+fn txn_from_stdin(c: &Cluster) {
+    c.ok(&["create", "-p", "/cli/txn/a", "old"]);
+    let input = "# a documented example\ncompare version /cli/txn/a = 0\ncompare missing /cli/txn/c\nthen set /cli/txn/a new-data\nthen create /cli/txn/c \"two words\"\nelse get /cli/txn/a\n";
+    let out = c.run(&["txn"], Some(input));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let printed = text(&out.stdout);
+    assert!(printed.starts_with("SUCCEEDED"), "{printed}");
+    assert!(printed.contains("set: version 1") && printed.contains("created /cli/txn/c"), "{printed}");
+    assert_eq!(c.ok(&["get", "/cli/txn/c"]), "two words");
+    // Same again: the compares fail now and `else` runs.
+    let out = c.run(&["--json", "txn"], Some(input));
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let result: Value = serde_json::from_slice(&out.stdout).expect("JSON");
+    assert_eq!(result["succeeded"], false);
+    assert_eq!(result["results"][0]["op"], "get");
+    assert_eq!(result["results"][0]["node"]["data"], "new-data");
+    // A malformed input is a usage error, naming its line.
+    assert_fails(&c.run(&["txn"], Some("compare version /cli/txn/a = 1\nthen fly /x\n")), 2, "txn line 2");
+}
+
+fn watch_count(c: &Cluster) {
+    // History: replayed from the node's creation.
+    let created = c.json(&["create", "-p", "/cli/watch/w", "0"]);
+    c.ok(&["set", "/cli/watch/w", "1"]);
+    c.ok(&["set", "/cli/watch/w", "2"]);
+    let from = created["stat"]["create_revision"].as_u64().expect("create revision").to_string();
+    let events = c.json_lines(&["watch", "/cli/watch/w", "--rev", &from, "--count", "3"]);
+    let kinds: Vec<_> = events.iter().map(|e| (e["type"].as_str().unwrap_or("").to_string(), e["data"].as_str().unwrap_or("").to_string())).collect();
+    assert_eq!(kinds, [("created".to_string(), "0".to_string()), ("changed".into(), "1".into()), ("changed".into(), "2".into())]);
+    // Live, recursive, human-readable: from the revision after the two sets, so the events
+    // written next are reported even if they come before the watch is registered.
+    let next = (created["stat"]["create_revision"].as_u64().expect("revision") + 3).to_string();
+    let (mut watch, mut lines) = c.spawn(&["watch", "-r", "/cli/watch", "--rev", &next, "--count", "2"]);
+    c.ok(&["create", "/cli/watch/x", "hi"]);
+    c.ok(&["rm", "/cli/watch/x"]);
+    let first = lines.line(Duration::from_secs(20));
+    assert!(first.starts_with("CREATED /cli/watch/x rev ") && first.ends_with("\"hi\""), "{first}");
+    assert!(lines.line(Duration::from_secs(20)).starts_with("DELETED /cli/watch/x"));
+    assert_eq!(wait_within(&mut watch.0, COMMAND_DEADLINE).status.code(), Some(0), "exits after --count events");
+}
+
+fn lock_runs_the_command_with_its_token(c: &Cluster) {
+    let out = c.run(&["lock", "/cli/locks/one", "--", "sh", "-c", "echo token=$WARDEN_FENCING_TOKEN path=$WARDEN_LOCK_PATH; exit 3"], None);
+    let stdout = text(&out.stdout);
+    assert_eq!(out.status.code(), Some(3), "the command's exit status; stdout {stdout} stderr {}", text(&out.stderr));
+    let token = stdout.lines().find_map(|l| l.strip_prefix("token=")).expect("the command ran");
+    let (token, path) = token.split_once(" path=").expect("both variables");
+    let token: u64 = token.parse().unwrap_or_else(|_| panic!("a numeric token: {stdout}"));
+    assert!(token > 0);
+    assert_eq!(path, "/cli/locks/one");
+    assert!(stdout.contains(&format!("(fencing token {token})")), "{stdout}");
+    // Released: a second holder gets it at once, with a higher token.
+    let again = c.json_lines(&["lock", "/cli/locks/one", "--", "true"]);
+    assert_eq!(again.len(), 2, "acquired and released: {again:?}");
+    assert_eq!(again[1]["event"], "released");
+    let again = &again[0];
+    assert!(again["fencing_token"].as_u64().expect("token") > token, "{again}");
+    // A command that cannot run.
+    let missing = c.run(&["lock", "/cli/locks/one", "--", "/no/such/program"], None);
+    assert_eq!(missing.status.code(), Some(127), "{}", text(&missing.stderr));
+}
+
+fn lock_waits_for_the_holder(c: &Cluster) {
+    let stamp = |name: &str| format!("date +%s%N > {}", c.path(name).display());
+    let first_script = format!("{}; sleep 3; {}", stamp("first-start"), stamp("first-end"));
+    let (mut first, _first_lines) = c.spawn(&["lock", "/cli/locks/two", "--", "sh", "-c", &first_script]);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while !c.path("first-start").exists() {
+        assert!(Instant::now() < deadline, "the first holder never ran");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let second_script = stamp("second-start");
+    let (mut second, _second_lines) = c.spawn(&["lock", "/cli/locks/two", "--", "sh", "-c", &second_script]);
+    assert_eq!(wait_within(&mut first.0, COMMAND_DEADLINE).status.code(), Some(0));
+    assert_eq!(wait_within(&mut second.0, COMMAND_DEADLINE).status.code(), Some(0));
+    let read = |name: &str| -> u128 { std::fs::read_to_string(c.path(name)).expect(name).trim().parse().expect("a timestamp") };
+    let (first_end, second_start) = (read("first-end"), read("second-start"));
+    assert!(second_start >= first_end, "the second command ran at {second_start}, before the first ended at {first_end}");
+}
+
+fn lock_lost_or_stopped_ends_the_command(c: &Cluster) {
+    // The holding session is closed behind the command's back: the command is killed.
+    let (mut lost, mut lines) = c.spawn(&["--json", "lock", "--session-ttl", "3000", "/cli/locks/three", "--", "sleep", "60"]);
+    let acquired: Value = serde_json::from_str(&lines.line(Duration::from_secs(20))).expect("JSON");
+    let session = acquired["session_id"].as_str().expect("session id").to_string();
+    c.ok(&["session", "close", &session]);
+    let started = Instant::now();
+    assert_eq!(wait_within(&mut lost.0, Duration::from_secs(20)).status.code(), Some(1), "lock lost: exit 1");
+    assert!(started.elapsed() < Duration::from_secs(15), "killed within a keepalive or two");
+    // SIGTERM is passed on to the command (killed by signal 15: 128 + 15), and the lock released.
+    let (mut stopped, mut lines) = c.spawn(&["lock", "/cli/locks/three", "--", "sleep", "60"]);
+    assert!(lines.line(Duration::from_secs(20)).starts_with("acquired /cli/locks/three"));
+    assert_eq!(stopped.terminate(), Some(143));
+    let out = c.run(&["lock", "--wait", "5000", "/cli/locks/three", "--", "true"], None);
+    assert!(out.status.success(), "released after the stop: {}", text(&out.stderr));
+}
+
+fn sessions(c: &Cluster) {
+    // Homed in the group of its ephemeral, which is where `session info` counts ephemerals.
+    let (mut keeper, mut lines) = c.spawn(&["--json", "session", "create", "--ttl", "6000", "--path-hint", "/cli/sessions"]);
+    let created: Value = serde_json::from_str(&lines.line(Duration::from_secs(20))).expect("JSON");
+    let id = created["session_id"].as_str().expect("id").to_string();
+    assert!(id.starts_with("0x"), "{id}");
+    let info = c.json(&["session", "info", &id]);
+    assert_eq!(info["alive"], true);
+    assert_eq!(c.ok(&["create", "-p", "--session", &id, "/cli/sessions/eph"]).trim(), "/cli/sessions/eph");
+    assert_eq!(c.json(&["stat", "/cli/sessions/eph"])["stat"]["ephemeral_owner"], id.as_str());
+    assert_eq!(c.json(&["session", "info", &id])["ephemerals"], 1);
+    assert_eq!(c.json(&["session", "keepalive", &id])["alive"], true);
+    assert!(c.ok(&["session", "close", &id]).contains("1 ephemeral nodes deleted"));
+    assert_fails(&c.run(&["get", "/cli/sessions/eph"], None), 1, "node does not exist");
+    keeper.terminate();
+    // `create --ephemeral` holds its own session until stopped.
+    let (mut holder, mut lines) = c.spawn(&["create", "--ephemeral", "/cli/sessions/mine", "here"]);
+    assert_eq!(lines.line(Duration::from_secs(20)), "/cli/sessions/mine");
+    assert_eq!(c.json(&["stat", "/cli/sessions/mine"])["stat"]["kind"], "ephemeral");
+    assert_eq!(holder.terminate(), Some(0));
+    assert_fails(&c.run(&["get", "/cli/sessions/mine"], None), 1, "node does not exist");
+}
+
+fn status(c: &Cluster) {
+    let status = c.json(&["status", "--nodes", &c.nodes]);
+    assert_eq!(status["nodes"].as_array().map(Vec::len), Some(5), "{status}");
+    assert!(status["nodes"].as_array().is_some_and(|n| n.iter().all(|n| n["up"] == true)), "{status}");
+    let routes: Vec<&str> = status["routes"].as_array().expect("routes").iter().filter_map(|r| r["prefix"].as_str()).collect();
+    for prefix in ["/", "/config", "/teams/payments", "/teams/search"] {
+        assert!(routes.contains(&prefix), "{prefix} in {routes:?}");
+    }
+    let groups = status["groups"].as_array().expect("groups");
+    let root = groups.iter().find(|g| g["prefix"] == "/").expect("the root group");
+    assert_eq!(root["replicas"].as_array().map(Vec::len), Some(5));
+    assert!(root["leader"].as_u64().is_some(), "the root group's leader is known: {root}");
+    let human = c.ok(&["status", "--nodes", &c.nodes]);
+    assert!(human.contains("nodes (5):") && human.contains("routes (") && human.contains("/teams/payments"), "{human}");
+    let listed = c.ok(&["admin", "routes", "--seeds", &c.nodes]);
+    assert!(listed.lines().any(|l| l.starts_with("/teams/search")), "{listed}");
+    let groups = c.ok(&["--json", "admin", "groups", "--seeds", &c.nodes]);
+    assert!(groups.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()) && groups.lines().count() >= 4, "{groups}");
+}
+
+fn elect(c: &Cluster) {
+    let (mut alpha, mut alpha_lines) = c.spawn(&["elect", "/cli/elect/e", "alpha"]);
+    assert!(alpha_lines.line(Duration::from_secs(20)).starts_with("elected leader of /cli/elect/e"));
+    let observed = c.json(&["elect", "--observe", "--count", "1", "/cli/elect/e"]);
+    assert_eq!(observed["leader"]["value"], "alpha");
+    let (mut beta, mut beta_lines) = c.spawn(&["--json", "elect", "/cli/elect/e", "beta"]);
+    assert!(beta_lines.next_line(Duration::from_secs(2)).is_none(), "beta leads while alpha does");
+    assert_eq!(alpha.terminate(), Some(0));
+    let elected: Value = serde_json::from_str(&beta_lines.line(Duration::from_secs(20))).expect("JSON");
+    assert_eq!(elected["event"], "elected");
+    assert_eq!(c.json(&["elect", "--observe", "--count", "1", "/cli/elect/e"])["leader"]["value"], "beta");
+    assert_eq!(beta.terminate(), Some(0));
+}
+
+#[test]
+fn the_command_line_against_a_dev_cluster() {
+    let mut cluster = Cluster::start();
+    let steps: [(&str, fn(&Cluster)); 11] = [
+        ("nodes_commands", nodes_commands),
+        ("nonexistent_node", nonexistent_node),
+        ("json_output", json_output),
+        ("txn_from_stdin", txn_from_stdin),
+        ("watch_count", watch_count),
+        ("lock_runs_the_command_with_its_token", lock_runs_the_command_with_its_token),
+        ("lock_waits_for_the_holder", lock_waits_for_the_holder),
+        ("lock_lost_or_stopped_ends_the_command", lock_lost_or_stopped_ends_the_command),
+        ("sessions", sessions),
+        ("status", status),
+        ("elect", elect),
+    ];
+    let mut failed = Vec::new();
+    for (name, step) in steps {
+        let started = Instant::now();
+        let outcome = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| step(&cluster)));
+        eprintln!("step {name}: {} in {:?}", if outcome.is_ok() { "ok" } else { "FAILED" }, started.elapsed());
+        if outcome.is_err() {
+            failed.push(name);
+        }
+    }
+    if !failed.is_empty() {
+        let exited = cluster.dev.0.try_wait();
+        let log = std::fs::read_to_string(cluster.dir.path().join("dev.log")).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(40).collect();
+        eprintln!("warden dev: exited {exited:?}; the end of its log:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
+    }
+    assert!(failed.is_empty(), "failed steps: {failed:?}");
+}
