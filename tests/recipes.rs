@@ -469,6 +469,32 @@ async fn semaphore_never_exceeds_its_permits() {
     assert_eq!(tokens.len(), count, "every permit has its own fencing token");
     let zero = session(&client, PATH).await;
     assert!(matches!(Semaphore::new(&zero, "/sem/none", 0).acquire().await, Err(Error::InvalidArgument { .. })));
+
+    // A holder crashes mid-hold: its permit still counts until its session expires (no early
+    // release), so of two live acquirers one gets a permit at once and the other only then.
+    let (held, holding) = oneshot::channel();
+    let addr = router.addr;
+    let mut crashing = Process::start(async move {
+        let client = connect(addr).await;
+        let session = session(&client, PATH).await;
+        let permit = Semaphore::new(&session, PATH, PERMITS).acquire().await.expect("acquire");
+        let _ = held.send(permit.fencing_token());
+        std::future::pending::<()>().await;
+    });
+    tokio::time::timeout(TAKEOVER, holding).await.expect("the crashing holder got a permit").expect("sent");
+    crashing.crash();
+    let crashed_at = Instant::now();
+    let (first, second) = (session(&client, PATH).await, session(&client, PATH).await);
+    let _free = tokio::time::timeout(TAKEOVER, Semaphore::new(&first, PATH, PERMITS).acquire()).await.expect("one permit is free").expect("acquire");
+    let waiting = tokio::spawn(async move {
+        let permit = Semaphore::new(&second, PATH, PERMITS).acquire().await.expect("acquire");
+        (permit.fencing_token(), second)
+    });
+    // The crashed session's last keepalive was at most TTL / 3 before the crash.
+    tokio::time::sleep((TTL * 2 / 3).saturating_sub(crashed_at.elapsed() + Duration::from_millis(200))).await;
+    assert!(!waiting.is_finished(), "the crashed holder's permit is not given away while its session lives");
+    let (_token, _session) = tokio::time::timeout(TAKEOVER, waiting).await.expect("freed once the session expired").expect("task");
+    assert!(crashed_at.elapsed() >= TTL * 2 / 3, "freed after {:?}: before the session could expire", crashed_at.elapsed());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
