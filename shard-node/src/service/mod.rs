@@ -137,7 +137,7 @@ impl WardenService {
             Some(Op::Create(create)) => Some(create.session_id),
             _ => None,
         });
-        self.ensure_remote_sessions(group, owners.collect::<Vec<_>>(), timeout).await?;
+        self.ensure_remote_sessions(group, owners, timeout).await?;
         match self.propose(group, CommandOp::Txn(request), timeout).await? {
             (CommandOutcome::Txn(response), header) => Ok(TxnResponse { header: Some(header), ..response }),
             _ => Err(internal("mismatched result".into())),
