@@ -115,6 +115,15 @@ pub fn is_strictly_below(path: &str, prefix: &str) -> bool {
     path != prefix && is_at_or_below(path, prefix)
 }
 
+/// `parent` joined with its child `name`: `/a` + `b` → `/a/b`, `/` + `b` → `/b`.
+pub fn join(parent: &str, name: &str) -> String {
+    if parent == "/" {
+        format!("/{name}")
+    } else {
+        format!("{parent}/{name}")
+    }
+}
+
 /// The path one segment up: `/a/b` → `/a`, `/a` → `/`, `/` → none. Cuts at the last `/`,
 /// so walking parents from any string visits exactly the prefixes it is at or below.
 pub fn parent(path: &str) -> Option<&str> {

@@ -9,20 +9,11 @@
 
 use tokio::time::Instant;
 use tonic::Status;
-use warden_placement::is_at_or_below;
+use warden_placement::{is_at_or_below, join};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{DeleteRequest, DeleteResponse, GetChildrenRequest, ResponseHeader, Routing};
 
 use crate::upstream::{warden_client, Target, Upstreams};
-
-/// `name` under `parent`.
-fn child_path(parent: &str, name: &str) -> String {
-    if parent == "/" {
-        format!("/{name}")
-    } else {
-        format!("{parent}/{name}")
-    }
-}
 
 /// A recursive delete of `request.path` where `below` (other groups' prefixes under it) is
 /// not empty.
@@ -68,7 +59,7 @@ async fn clear(upstreams: &Upstreams, group: u64, root: &str, carve_outs: &[Stri
                 .await?;
             last_header = page.header.or(last_header);
             for name in &page.names {
-                let child = child_path(&parent, name);
+                let child = join(&parent, name);
                 if carve_outs.iter().any(|prefix| is_at_or_below(prefix, &child)) {
                     // On the way to another group (or its root): keep it, clear below it.
                     if !carve_outs.contains(&child) {
@@ -93,15 +84,4 @@ async fn clear(upstreams: &Upstreams, group: u64, root: &str, carve_outs: &[Stri
         }
     }
     Ok((deleted, last_header))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn children_join_their_parent() {
-        assert_eq!(child_path("/", "a"), "/a");
-        assert_eq!(child_path("/a/b", "c"), "/a/b/c");
-    }
 }

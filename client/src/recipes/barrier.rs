@@ -6,7 +6,7 @@ use crate::client::Client;
 use crate::error::Result;
 use crate::session::Session;
 
-use super::{await_existence, child_path, delete_if_present, deletions, ensure_node, queue, watch_ended, Owner};
+use super::{await_existence, join, delete_if_present, deletions, ensure_node, queue, watch_ended, Owner};
 
 /// A barrier that holds processes back while its node exists: [`Barrier::set`] raises it,
 /// [`Barrier::remove`] lowers it, [`Barrier::wait`] returns once it is down. The node is
@@ -67,7 +67,7 @@ impl DoubleBarrier {
     }
 
     fn ready(&self) -> String {
-        child_path(&self.path, "ready")
+        join(&self.path, "ready")
     }
 
     /// Enters, and waits until `participants` processes have entered (or the session ends:

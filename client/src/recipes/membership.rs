@@ -11,7 +11,7 @@ use crate::node::{CreateOptions, Node};
 use crate::session::Session;
 use crate::watch::{EventKind, WatchOptions, Watcher};
 
-use super::{child_path, delete_if_present, delete_in_background, ensure_node, parent_of, watch_ended, Owner};
+use super::{join, delete_if_present, delete_in_background, ensure_node, parent_of, watch_ended, Owner};
 
 /// One member of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -38,7 +38,7 @@ impl Membership {
     pub async fn join(session: &Session, path: impl Into<String>, member_id: &str, data: Vec<u8>) -> Result<Membership> {
         let owner = Owner::of(session);
         let group = path.into();
-        let node = child_path(&group, member_id);
+        let node = join(&group, member_id);
         owner.client.create(&node, data, &CreateOptions::ephemeral(owner.id).create_parents()).await?;
         Ok(Membership { owner, group, node, left: false })
     }
@@ -144,7 +144,7 @@ async fn read(client: &Client, path: &str) -> Result<(BTreeMap<String, Node>, u6
     };
     let mut members = BTreeMap::new();
     for name in names {
-        match client.get(&child_path(path, &name)).await {
+        match client.get(&join(path, &name)).await {
             Ok(node) => {
                 members.insert(name, node);
             }

@@ -44,6 +44,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::watch;
+use warden_placement::join;
 
 use crate::children::{Child, ChildrenOptions};
 use crate::client::Client;
@@ -89,11 +90,11 @@ impl Owner {
     async fn create_sequential(&self, dir: &str, prefix: &str, data: Vec<u8>) -> Result<Created> {
         let name = format!("{prefix}{:016x}-{}-", self.id.0, NONCE.fetch_add(1, Ordering::Relaxed));
         let options = CreateOptions::ephemeral(self.id).sequential().create_parents();
-        match self.client.create(&child_path(dir, &name), data, &options).await {
+        match self.client.create(&join(dir, &name), data, &options).await {
             Err(unknown @ Error::OutcomeUnknown { .. }) => {
                 let found = children(&self.client, dir).await?.into_iter().find(|child| child.name.starts_with(&name));
                 match found {
-                    Some(Child { name, stat: Some(stat) }) => Ok(Created { path: child_path(dir, &name), stat }),
+                    Some(Child { name, stat: Some(stat) }) => Ok(Created { path: join(dir, &name), stat }),
                     _ => Err(unknown),
                 }
             }
@@ -102,21 +103,9 @@ impl Owner {
     }
 }
 
-/// `dir/name` (`/name` under the root).
-fn child_path(dir: &str, name: &str) -> String {
-    if dir.ends_with('/') {
-        format!("{dir}{name}")
-    } else {
-        format!("{dir}/{name}")
-    }
-}
-
 /// The parent of `path` (`/` for top-level nodes).
 fn parent_of(path: &str) -> &str {
-    match path.rfind('/') {
-        Some(0) | None => "/",
-        Some(index) => &path[..index],
-    }
+    warden_placement::parent(path).unwrap_or("/")
 }
 
 /// The children of `dir` with their stats, in name order; none when `dir` does not exist.
@@ -134,7 +123,7 @@ async fn queue(client: &Client, dir: &str, prefix: &str) -> Result<Vec<(String, 
         .await?
         .into_iter()
         .filter(|child| child.name.starts_with(prefix))
-        .filter_map(|child| child.stat.map(|stat| (child_path(dir, &child.name), stat.create_revision)))
+        .filter_map(|child| child.stat.map(|stat| (join(dir, &child.name), stat.create_revision)))
         .collect();
     queue.sort_by_key(|(_, revision)| *revision);
     Ok(queue)

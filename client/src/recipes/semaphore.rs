@@ -22,7 +22,7 @@ use crate::node::CreateOptions;
 use crate::session::Session;
 use crate::txn::{Compare, Txn, TxnOp, TxnOpResult};
 
-use super::{children, child_path, delete_if_present, delete_in_background, deletions, ensure_node, watch_ended, Owner};
+use super::{children, join, delete_if_present, delete_in_background, deletions, ensure_node, watch_ended, Owner};
 
 /// Name prefix of lease nodes.
 const LEASE_PREFIX: &str = "lease-";
@@ -48,9 +48,9 @@ impl<'s> Semaphore<'s> {
             return Err(Error::InvalidArgument { message: format!("the semaphore {} has no permits", self.path) });
         }
         let owner = Owner::of(self.session);
-        let leases = child_path(&self.path, "leases");
+        let leases = join(&self.path, "leases");
         ensure_node(&owner.client, &leases).await?;
-        let turn = self.session.lock(&child_path(&self.path, "lock")).await?;
+        let turn = self.session.lock(&join(&self.path, "lock")).await?;
         let permit = owner.while_alive(self.take_lease(&owner, &leases, &turn)).await;
         if let Err(error) = turn.unlock().await {
             tracing::debug!(path = %self.path, %error, "releasing a semaphore's turn");
@@ -72,7 +72,7 @@ impl<'s> Semaphore<'s> {
         }
         let txn = Txn::new()
             .when(Compare::exists(turn.sequencer().waiter.clone(), true))
-            .then(TxnOp::create(child_path(leases, LEASE_PREFIX), Vec::new(), CreateOptions::ephemeral(owner.id).sequential()));
+            .then(TxnOp::create(join(leases, LEASE_PREFIX), Vec::new(), CreateOptions::ephemeral(owner.id).sequential()));
         let result = client.txn(&txn).await?;
         match result.results.into_iter().next() {
             Some(TxnOpResult::Created(lease)) if result.succeeded => {

@@ -33,14 +33,7 @@ pub fn name(path: &str) -> &str {
     path.rsplit('/').next().unwrap_or_default()
 }
 
-/// `parent` joined with child `name`.
-pub fn join(parent: &str, name: &str) -> String {
-    if parent == "/" {
-        format!("/{name}")
-    } else {
-        format!("{parent}/{name}")
-    }
-}
+pub use warden_placement::join;
 
 #[cfg(test)]
 mod tests {
