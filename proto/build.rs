@@ -6,8 +6,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
-    let descriptor_path =
-        std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("warden_descriptor.bin");
+    let descriptor_path = std::path::PathBuf::from(std::env::var("OUT_DIR")?).join("warden_descriptor.bin");
     tonic_prost_build::configure()
         .file_descriptor_set_path(&descriptor_path)
         // Watch events are shared by every watcher they go to: cloning `Bytes` is free.

@@ -101,7 +101,8 @@ pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
     match command {
         AdminCommand::Bootstrap { nodes, placement } => {
             let addr_of = |id: u64| nodes.iter().find(|(n, _)| *n == id).map(|(_, a)| a.clone());
-            let voters: Vec<String> = placement.iter().map(|id| addr_of(*id).ok_or_else(|| anyhow::anyhow!("node {id} is not in --nodes"))).collect::<Result<_, _>>()?;
+            let voters: Vec<String> =
+                placement.iter().map(|id| addr_of(*id).ok_or_else(|| anyhow::anyhow!("node {id} is not in --nodes"))).collect::<Result<_, _>>()?;
             for (position, addr) in voters.iter().enumerate() {
                 let request = CreateReplicaRequest { group_id: PLACEMENT_GROUP_ID, voters: placement.clone(), campaign: position == 0 };
                 at_any(std::slice::from_ref(addr), |mut c| {

@@ -137,7 +137,11 @@ impl Cluster {
             if out.status.success() && text(&out.stdout).contains("payments") {
                 break;
             }
-            assert!(Instant::now() < deadline, "the dev cluster did not come up: {}", std::fs::read_to_string(cluster.dir.path().join("dev.log")).unwrap_or_default());
+            assert!(
+                Instant::now() < deadline,
+                "the dev cluster did not come up: {}",
+                std::fs::read_to_string(cluster.dir.path().join("dev.log")).unwrap_or_default()
+            );
             std::thread::sleep(Duration::from_millis(500));
         }
         cluster
@@ -151,8 +155,7 @@ impl Cluster {
 
     /// Runs `warden ARGS` to completion, with `stdin` piped in.
     fn run(&self, args: &[&str], stdin: Option<&str>) -> Output {
-        let mut child =
-            self.command(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn warden");
+        let mut child = self.command(args).stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn warden");
         let mut pipe = child.stdin.take().expect("stdin");
         if let Some(input) = stdin {
             pipe.write_all(input.as_bytes()).expect("write stdin");

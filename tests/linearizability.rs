@@ -62,20 +62,22 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
                     0 => {
                         let value = format!("c{client}-{n}").into_bytes();
                         let set = SetRequest { path: path.clone(), data: value.clone(), ..SetRequest::default() };
-                        let result = api.call(CALL_TIMEOUT, false, |mut c| {
-                            let set = set.clone();
-                            async move { c.set(set).await }
-                        })
-                        .await;
+                        let result = api
+                            .call(CALL_TIMEOUT, false, |mut c| {
+                                let set = set.clone();
+                                async move { c.set(set).await }
+                            })
+                            .await;
                         (KvInput::Put { key: path.into_bytes(), value }, result.map(|_| KvOutput::Written))
                     }
                     1 => {
                         let get = GetRequest { path: path.clone(), ..GetRequest::default() };
-                        let result = api.call(CALL_TIMEOUT, true, |mut c| {
-                            let get = get.clone();
-                            async move { c.get(get).await }
-                        })
-                        .await;
+                        let result = api
+                            .call(CALL_TIMEOUT, true, |mut c| {
+                                let get = get.clone();
+                                async move { c.get(get).await }
+                            })
+                            .await;
                         if let Ok(response) = &result {
                             last_seen[k] = response.data.clone();
                         }
@@ -84,14 +86,21 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
                     _ => {
                         let expected = last_seen[k].clone();
                         let new = format!("cas{client}-{n}").into_bytes();
-                        let compare = Compare { path: path.clone(), target: Target::Value as i32, op: CmpOp::Equal as i32, value: expected.clone(), ..Compare::default() };
+                        let compare = Compare {
+                            path: path.clone(),
+                            target: Target::Value as i32,
+                            op: CmpOp::Equal as i32,
+                            value: expected.clone(),
+                            ..Compare::default()
+                        };
                         let set = TxnOp { op: Some(Op::Set(SetRequest { path: path.clone(), data: new.clone(), ..SetRequest::default() })) };
                         let txn = TxnRequest { compares: vec![compare], then: vec![set], r#else: Vec::new(), routing: None };
-                        let result = api.call(CALL_TIMEOUT, false, |mut c| {
-                            let txn = txn.clone();
-                            async move { c.txn(txn).await }
-                        })
-                        .await;
+                        let result = api
+                            .call(CALL_TIMEOUT, false, |mut c| {
+                                let txn = txn.clone();
+                                async move { c.txn(txn).await }
+                            })
+                            .await;
                         if result.as_ref().is_ok_and(|r| r.succeeded) {
                             last_seen[k] = new.clone();
                         }
@@ -168,7 +177,14 @@ fn explain(history: &History<KvInput, KvOutput>, counterexample: &warden_loadgen
     related.sort_by_key(|(_, op)| op.invoked_at());
     for (index, op) in related {
         let place = counterexample.prefix.iter().position(|i| *i == index).map_or("-".to_string(), |p| p.to_string());
-        lines.push(format!("#{index} prefix@{place} client {} [{} .. {:?}] {:?} -> {:?}", op.client(), op.invoked_at(), op.completed_at(), op.input(), op.output()));
+        lines.push(format!(
+            "#{index} prefix@{place} client {} [{} .. {:?}] {:?} -> {:?}",
+            op.client(),
+            op.invoked_at(),
+            op.completed_at(),
+            op.input(),
+            op.output()
+        ));
     }
     lines.join("\n")
 }

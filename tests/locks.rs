@@ -8,8 +8,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::api::{namespace_cluster, ApiClient};
 use ::warden_client::FenceGuard;
+use support::api::{namespace_cluster, ApiClient};
 use warden_proto::v1::*;
 use warden_shard_node::cluster::ClusterConfig;
 
@@ -121,7 +121,11 @@ async fn contention_with_crashing_clients_and_leaders_never_admits_two_holders()
                     stop.store(true, Ordering::Relaxed);
                     keeper.await.expect("keeper");
                     let _ = api
-                        .call(TIMEOUT, false, |mut c| async move { c.close_session(CloseSessionRequest { session_id: session, routing: None }).await })
+                        .call(
+                            TIMEOUT,
+                            false,
+                            |mut c| async move { c.close_session(CloseSessionRequest { session_id: session, routing: None }).await },
+                        )
                         .await;
                 }
             }
@@ -158,10 +162,8 @@ async fn waiting_calls_time_out_cleanly_and_sequencers_report_loss() {
     let started = Instant::now();
     assert!(lock(&api, "/l", waiter, 3, 700).await.is_none(), "the wait times out");
     assert!(started.elapsed() >= Duration::from_millis(700));
-    let info = api
-        .call(TIMEOUT, true, |mut c| async move { c.lock_info(LockInfoRequest { path: "/l".into(), routing: None }).await })
-        .await
-        .expect("info");
+    let info =
+        api.call(TIMEOUT, true, |mut c| async move { c.lock_info(LockInfoRequest { path: "/l".into(), routing: None }).await }).await.expect("info");
     assert_eq!((info.holders.len(), info.waiters.len()), (1, 0), "timed-out and non-waiting calls removed their waiters");
     // A waiting call is granted as soon as the holder unlocks.
     let waiting = tokio::spawn({

@@ -36,11 +36,12 @@ async fn concurrent_cas_increments_count_exactly() {
                 let value: u64 = String::from_utf8(current.data).expect("utf8").parse().expect("number");
                 let next = (value + 1).to_string().into_bytes();
                 let set = SetRequest { path: "/counter".into(), data: next, expected_version: Some(stat.version), routing: None };
-                match api.call(TIMEOUT, false, |mut c| {
-                    let set = set.clone();
-                    async move { c.set(set).await }
-                })
-                .await
+                match api
+                    .call(TIMEOUT, false, |mut c| {
+                        let set = set.clone();
+                        async move { c.set(set).await }
+                    })
+                    .await
                 {
                     Ok(_) => successes += 1,
                     Err(error) => assert_eq!(error.code(), Some(Code::BadVersion), "only lost races may fail: {error:?}"),
@@ -149,11 +150,8 @@ async fn health_and_reflection_serve_generic_clients() {
     let addr = cluster.addr(1).expect("addr");
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    let response = health
-        .check(tonic_health::pb::HealthCheckRequest { service: "warden.v1.Warden".into() })
-        .await
-        .expect("health check")
-        .into_inner();
+    let response =
+        health.check(tonic_health::pb::HealthCheckRequest { service: "warden.v1.Warden".into() }).await.expect("health check").into_inner();
     assert_eq!(response.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
     let unknown = health.check(tonic_health::pb::HealthCheckRequest { service: "no.such.Service".into() }).await;
     assert_eq!(unknown.expect_err("unknown service").code(), tonic::Code::NotFound);

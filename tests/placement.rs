@@ -21,7 +21,8 @@ use warden_shard_node::service::error_of;
 const TIMEOUT: Duration = Duration::from_secs(20);
 
 async fn placement_cluster(heartbeat_timeout_ms: u64) -> Arc<Cluster> {
-    let factory = ShardNodeFactory { placement: PlacementConfig { heartbeat_timeout_ms, ..PlacementConfig::default() }, ..ShardNodeFactory::default() };
+    let factory =
+        ShardNodeFactory { placement: PlacementConfig { heartbeat_timeout_ms, ..PlacementConfig::default() }, ..ShardNodeFactory::default() };
     let config = ClusterConfig { serve_api: true, ..ClusterConfig::default() };
     let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
     let root = cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
@@ -50,7 +51,8 @@ where
             Ok(response) => return Ok(response.into_inner()),
             Err(status) => status,
         };
-        let error = error_of(&status).unwrap_or(WardenError { code: Code::Unavailable as i32, message: status.to_string(), ..WardenError::default() });
+        let error =
+            error_of(&status).unwrap_or(WardenError { code: Code::Unavailable as i32, message: status.to_string(), ..WardenError::default() });
         let retry = error.code == Code::NotLeader as i32 || error.code == Code::Unavailable as i32;
         if !retry || Instant::now() > deadline {
             return Err(error);
@@ -174,6 +176,7 @@ async fn the_routing_table_is_pushed_to_watchers_as_it_changes() {
             break;
         }
     }
-    let refused = client(&cluster, 5).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect_err("no placement replica on node 5");
+    let refused =
+        client(&cluster, 5).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect_err("no placement replica on node 5");
     assert_eq!(error_of(&refused).map(|e| e.code), Some(Code::WrongGroup as i32), "{refused}");
 }

@@ -75,7 +75,8 @@ async fn node_processes_behind_a_router_lose_no_acknowledged_write_when_one_is_k
                 while !stop.load(std::sync::atomic::Ordering::Relaxed) {
                     n += 1;
                     let path = format!("{prefix}/k{n}");
-                    let create = CreateRequest { path: path.clone(), data: path.clone().into_bytes(), create_parents: true, ..CreateRequest::default() };
+                    let create =
+                        CreateRequest { path: path.clone(), data: path.clone().into_bytes(), create_parents: true, ..CreateRequest::default() };
                     if client.create(create).await.is_ok() {
                         acknowledged.lock().expect("lock").push((path, Instant::now()));
                     }

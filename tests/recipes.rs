@@ -254,7 +254,8 @@ async fn election_fails_over_to_one_new_leader_when_the_leader_crashes() {
     let router = start_router(&cluster, 0);
     let resource = Arc::new(Resource::default());
     let (leading, mut leaders) = mpsc::unbounded_channel();
-    let mut processes: Vec<Process> = (0..3).map(|writer| Process::start(candidate(router.addr, PATH, writer, resource.clone(), leading.clone()))).collect();
+    let mut processes: Vec<Process> =
+        (0..3).map(|writer| Process::start(candidate(router.addr, PATH, writer, resource.clone(), leading.clone()))).collect();
 
     let observer_client = connect(router.addr).await;
     let observer_session = session(&observer_client, PATH).await;
@@ -528,14 +529,30 @@ async fn barriers_counter_and_node_cache() {
         sessions.push(session(&client, "/sync").await);
     }
     let barriers: Vec<Arc<DoubleBarrier>> = sessions.iter().map(|s| Arc::new(DoubleBarrier::new(s, "/sync/double", PARTIES))).collect();
-    let early: Vec<_> = barriers[..PARTIES - 1].iter().map(|b| tokio::spawn({ let b = b.clone(); async move { b.enter().await } })).collect();
+    let early: Vec<_> = barriers[..PARTIES - 1]
+        .iter()
+        .map(|b| {
+            tokio::spawn({
+                let b = b.clone();
+                async move { b.enter().await }
+            })
+        })
+        .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(early.iter().all(|e| !e.is_finished()), "two of three wait to enter");
     barriers[PARTIES - 1].enter().await.expect("the last enters");
     for entering in early {
         tokio::time::timeout(TIMEOUT, entering).await.expect("entered").expect("task").expect("enter");
     }
-    let leaving: Vec<_> = barriers[..PARTIES - 1].iter().map(|b| tokio::spawn({ let b = b.clone(); async move { b.leave().await } })).collect();
+    let leaving: Vec<_> = barriers[..PARTIES - 1]
+        .iter()
+        .map(|b| {
+            tokio::spawn({
+                let b = b.clone();
+                async move { b.leave().await }
+            })
+        })
+        .collect();
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert!(leaving.iter().all(|l| !l.is_finished()), "two of three wait for the third to leave");
     barriers[PARTIES - 1].leave().await.expect("the last leaves");

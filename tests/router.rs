@@ -29,12 +29,19 @@ async fn two_groups_through_a_router_and_a_leader_kill_in_one_leaves_the_other_a
         assert_eq!(created.header.map(|h| h.group_id), Some(expected_group), "{path} is served by group {expected_group}");
     }
     // The root's children include the other group's prefix.
-    let children = router.get_children(GetChildrenRequest { path: "/".into(), with_stats: true, ..GetChildrenRequest::default() }).await.expect("ls").into_inner();
+    let children = router
+        .get_children(GetChildrenRequest { path: "/".into(), with_stats: true, ..GetChildrenRequest::default() })
+        .await
+        .expect("ls")
+        .into_inner();
     assert_eq!(children.names, vec!["a".to_string(), "b".to_string()]);
     assert_eq!(children.stats.len(), 2);
     // A transaction may not span groups.
     let spanning = TxnRequest {
-        then: ["/a/x", "/b/x"].iter().map(|p| TxnOp { op: Some(txn_op::Op::Get(GetRequest { path: p.to_string(), ..GetRequest::default() })) }).collect(),
+        then: ["/a/x", "/b/x"]
+            .iter()
+            .map(|p| TxnOp { op: Some(txn_op::Op::Get(GetRequest { path: p.to_string(), ..GetRequest::default() })) })
+            .collect(),
         ..TxnRequest::default()
     };
     assert_eq!(router.txn(spanning).await.expect_err("spans groups").code(), tonic::Code::InvalidArgument);
@@ -128,7 +135,15 @@ async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below() {
     let router_process = start_router(&cluster, 0);
     let mut router = client(router_process.addr);
     router.create(CreateRequest { path: "/t".into(), ..CreateRequest::default() }).await.expect("create /t");
-    let group_of = |path: &str| if path.starts_with("/t/x") { 2 } else if path.starts_with("/t/y") { 3 } else { 1 };
+    let group_of = |path: &str| {
+        if path.starts_with("/t/x") {
+            2
+        } else if path.starts_with("/t/y") {
+            3
+        } else {
+            1
+        }
+    };
 
     let mut watch = WatchConn::open(router_process.addr).await.expect("watch stream");
     let created = watch.create(persistent("/t", true, 0)).await.expect("created").created.expect("not canceled");

@@ -48,7 +48,8 @@ async fn holders(router: &mut WardenClient<Channel>, path: &str) -> Vec<u64> {
 
 /// Whether the home group still counts `session` as alive.
 async fn alive(router: &mut WardenClient<Channel>, session: u64) -> bool {
-    let info = router.session_info(SessionInfoRequest { session_id: session, ..SessionInfoRequest::default() }).await.expect("session info").into_inner();
+    let info =
+        router.session_info(SessionInfoRequest { session_id: session, ..SessionInfoRequest::default() }).await.expect("session info").into_inner();
     info.lease.is_some_and(|lease| lease.alive)
 }
 
@@ -178,7 +179,11 @@ async fn ephemerals_of_ended_sessions_are_refused_and_sessions_spread_over_group
     // B refuses to close a session it only records as remote.
     let group_b = group_serving(&mut router, "/b").await;
     let wrong = CloseSessionRequest { session_id: live, routing: Some(Routing { group_id: group_b, ..Routing::default() }) };
-    let mut node_b = WardenClient::new(Channel::from_shared(format!("http://{}", cluster.addr(cluster.wait_leader(group_b, TIMEOUT).await.expect("leader")).expect("addr"))).expect("uri").connect_lazy());
+    let mut node_b = WardenClient::new(
+        Channel::from_shared(format!("http://{}", cluster.addr(cluster.wait_leader(group_b, TIMEOUT).await.expect("leader")).expect("addr")))
+            .expect("uri")
+            .connect_lazy(),
+    );
     assert!(node_b.close_session(wrong).await.is_err(), "only the home group ends a session");
     router.close_session(CloseSessionRequest { session_id: live, ..CloseSessionRequest::default() }).await.expect("close at home");
     let deadline = Instant::now() + Duration::from_secs(10);

@@ -83,7 +83,12 @@ async fn writer(api: ApiClient, client: usize, stop: Arc<AtomicBool>, log: Arc<M
                 let child_data = format!("c{client}-n{n}-x").into_bytes();
                 vec![
                     (parent.clone(), EventKind::Created, data.clone(), Op::Create(CreateRequest { path: parent, data, ..CreateRequest::default() })),
-                    (child.clone(), EventKind::Created, child_data.clone(), Op::Create(CreateRequest { path: child, data: child_data, ..CreateRequest::default() })),
+                    (
+                        child.clone(),
+                        EventKind::Created,
+                        child_data.clone(),
+                        Op::Create(CreateRequest { path: child, data: child_data, ..CreateRequest::default() }),
+                    ),
                 ]
             }
         };

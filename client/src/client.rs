@@ -74,11 +74,7 @@ pub(crate) fn deadline_after(timeout: Duration) -> Instant {
 fn endpoint(address: &str, config: &ClientConfig) -> Result<Endpoint> {
     let uri = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
     let endpoint = Endpoint::from_shared(uri).map_err(|e| Error::InvalidArgument { message: format!("endpoint {address:?}: {e}") })?;
-    Ok(endpoint
-        .connect_timeout(config.connect_timeout)
-        .tcp_nodelay(true)
-        .http2_keep_alive_interval(PING_INTERVAL)
-        .keep_alive_timeout(PING_TIMEOUT))
+    Ok(endpoint.connect_timeout(config.connect_timeout).tcp_nodelay(true).http2_keep_alive_interval(PING_INTERVAL).keep_alive_timeout(PING_TIMEOUT))
 }
 
 impl Client {
@@ -210,7 +206,8 @@ impl Client {
     /// Deletes a node (or its subtree); returns how many nodes went (emptied containers
     /// included).
     pub async fn delete(&self, path: &str, options: &DeleteOptions) -> Result<u64> {
-        let request = pb::DeleteRequest { path: path.into(), expected_version: options.expected_version, recursive: options.recursive, routing: None };
+        let request =
+            pb::DeleteRequest { path: path.into(), expected_version: options.expected_version, recursive: options.recursive, routing: None };
         let response = self.unary(CallKind::Write, self.request_timeout(), request, |mut c, r| async move { c.delete(r).await }).await?;
         Ok(response.deleted)
     }
@@ -307,7 +304,8 @@ impl Client {
     /// Whether a sequencer still holds its lock (confirmed with the lock group's leader).
     pub async fn check_sequencer(&self, sequencer: &Sequencer) -> Result<bool> {
         let request = pb::CheckSequencerRequest { sequencer: Some(convert::sequencer_request(sequencer)), routing: None };
-        let response = self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.check_sequencer(r).await }).await?;
+        let response =
+            self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.check_sequencer(r).await }).await?;
         Ok(response.holds)
     }
 

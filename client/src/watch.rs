@@ -195,8 +195,7 @@ impl Watcher {
         let start_revision = self.next_revisions.get(&self.owner).copied().unwrap_or(self.options.start_revision);
         let others = self.next_revisions.iter().filter(|(group, _)| **group != self.owner).map(|(g, r)| (*g, *r)).collect();
         let create = convert::watch_create(&self.options, start_revision, others);
-        let (stream, started) =
-            self.client.retrying(CallKind::Idempotent, timeout, |client, _deadline| open_stream(client, create.clone())).await?;
+        let (stream, started) = self.client.retrying(CallKind::Idempotent, timeout, |client, _deadline| open_stream(client, create.clone())).await?;
         if started.owner != 0 {
             self.owner = started.owner;
         }

@@ -119,7 +119,11 @@ mod tests {
     async fn counts_only_the_measured_window_and_errors_apart() {
         let report = closed_loop(4, Duration::from_millis(50), Duration::from_millis(200), |client, _| async move {
             tokio::time::sleep(Duration::from_millis(5)).await;
-            if client == 0 { Err(()) } else { Ok(()) }
+            if client == 0 {
+                Err(())
+            } else {
+                Ok(())
+            }
         })
         .await;
         assert_eq!(report.clients, 4);

@@ -130,11 +130,7 @@ impl<I, O> History<I, O> {
     pub fn complete(&mut self, index: usize, output: O, at: u64) {
         let operation = &mut self.operations[index];
         assert!(operation.outcome.is_none(), "operation {index} completed twice");
-        assert!(
-            at >= operation.invoked_at,
-            "operation {index} completes at {at}, before its invocation at {}",
-            operation.invoked_at
-        );
+        assert!(at >= operation.invoked_at, "operation {index} completes at {at}, before its invocation at {}", operation.invoked_at);
         operation.outcome = Some((at, output));
     }
 
@@ -288,8 +284,7 @@ pub fn check_kv(history: &History<KvInput, KvOutput>, max_steps: u64) -> CheckRe
     let mut verdict = CheckResult::Linearizable;
     for indices in by_key.values() {
         let mut values = Interner::default();
-        let operations: Vec<_> =
-            indices.iter().map(|&index| values.register_operation(&history.operations()[index])).collect();
+        let operations: Vec<_> = indices.iter().map(|&index| values.register_operation(&history.operations()[index])).collect();
         match search(&Register, &operations, max_steps) {
             CheckResult::Linearizable => {}
             CheckResult::Unknown => verdict = CheckResult::Unknown,
@@ -357,16 +352,11 @@ impl<'a> Interner<'a> {
     }
 
     /// `operation` as an operation of the [`Register`] of its key.
-    fn register_operation(
-        &mut self,
-        operation: &'a Operation<KvInput, KvOutput>,
-    ) -> Operation<RegisterInput, RegisterOutput> {
+    fn register_operation(&mut self, operation: &'a Operation<KvInput, KvOutput>) -> Operation<RegisterInput, RegisterOutput> {
         let input = match &operation.input {
             KvInput::Put { value, .. } => RegisterInput::Put(self.id(value)),
             KvInput::Get { .. } => RegisterInput::Get,
-            KvInput::Cas { expected, new, .. } => {
-                RegisterInput::Cas { expected: expected.as_deref().map(|value| self.id(value)), new: self.id(new) }
-            }
+            KvInput::Cas { expected, new, .. } => RegisterInput::Cas { expected: expected.as_deref().map(|value| self.id(value)), new: self.id(new) },
         };
         let outcome = operation.outcome.as_ref().map(|(at, output)| {
             let output = match output {
@@ -642,14 +632,7 @@ mod tests {
     }
 
     /// Records an operation that ran from `invoked` to `completed` and returned `output`.
-    fn done(
-        history: &mut History<KvInput, KvOutput>,
-        client: usize,
-        input: KvInput,
-        output: KvOutput,
-        invoked: u64,
-        completed: u64,
-    ) -> usize {
+    fn done(history: &mut History<KvInput, KvOutput>, client: usize, input: KvInput, output: KvOutput, invoked: u64, completed: u64) -> usize {
         let op = history.invoke(client, input, invoked);
         history.complete(op, output, completed);
         op
@@ -741,14 +724,7 @@ mod tests {
             done(&mut history, 0, put("a", "0"), KvOutput::Written, 0, 10);
             for client in 1..=3 {
                 let swapped = client <= successes;
-                done(
-                    &mut history,
-                    client,
-                    cas("a", Some("0"), &client.to_string()),
-                    KvOutput::Swapped(swapped),
-                    20,
-                    30,
-                );
+                done(&mut history, client, cas("a", Some("0"), &client.to_string()), KvOutput::Swapped(swapped), 20, 30);
             }
             done(&mut history, 4, get("a"), value(Some(final_value)), 40, 50);
             history
@@ -885,20 +861,17 @@ mod tests {
         prop_oneof![
             (key_strategy(), value_strategy()).prop_map(|(key, value)| KvInput::Put { key, value }),
             key_strategy().prop_map(|key| KvInput::Get { key }),
-            (key_strategy(), prop::option::of(value_strategy()), value_strategy())
-                .prop_map(|(key, expected, new)| KvInput::Cas { key, expected, new }),
+            (key_strategy(), prop::option::of(value_strategy()), value_strategy()).prop_map(|(key, expected, new)| KvInput::Cas {
+                key,
+                expected,
+                new
+            }),
         ]
     }
 
     fn planned_strategy() -> impl Strategy<Value = Planned> {
-        let fate =
-            prop_oneof![8 => Just(Fate::Returned), 1 => Just(Fate::AppliedUnknown), 1 => Just(Fate::LostUnknown)];
-        (input_strategy(), fate, 0u64..60, 0u64..60).prop_map(|(input, fate, before, after)| Planned {
-            input,
-            fate,
-            before,
-            after,
-        })
+        let fate = prop_oneof![8 => Just(Fate::Returned), 1 => Just(Fate::AppliedUnknown), 1 => Just(Fate::LostUnknown)];
+        (input_strategy(), fate, 0u64..60, 0u64..60).prop_map(|(input, fate, before, after)| Planned { input, fate, before, after })
     }
 
     /// Runs `plan` sequentially against [`KvModel`], operation `i` taking effect at time
@@ -970,12 +943,7 @@ mod tests {
     /// `records`: its prefix is a longest valid partial linearization (as long as
     /// `longest`), `blocked` the first completion outside it and `candidates` the
     /// operations invoked by then.
-    fn validate(
-        records: &[Record],
-        ops: &[usize],
-        counterexample: &Counterexample,
-        longest: usize,
-    ) -> Result<(), String> {
+    fn validate(records: &[Record], ops: &[usize], counterexample: &Counterexample, longest: usize) -> Result<(), String> {
         let Counterexample { prefix, blocked, candidates } = counterexample;
         if prefix.len() != longest {
             return Err(format!("prefix of {} operations, the longest has {longest}", prefix.len()));
@@ -994,13 +962,11 @@ mod tests {
             remaining.retain(|&other| other != op);
         }
         let completion = |op: usize| records[op].outcome.as_ref().map(|(at, _)| *at);
-        let first_completion =
-            remaining.iter().filter_map(|&op| completion(op).map(|at| (at, op))).min().map(|(_, op)| op);
+        let first_completion = remaining.iter().filter_map(|&op| completion(op).map(|at| (at, op))).min().map(|(_, op)| op);
         if first_completion != Some(*blocked) {
             return Err(format!("blocked {blocked}, but {first_completion:?} completes first"));
         }
-        let mut expected: Vec<usize> =
-            remaining.into_iter().filter(|&op| Some(records[op].invoked) <= completion(*blocked)).collect();
+        let mut expected: Vec<usize> = remaining.into_iter().filter(|&op| Some(records[op].invoked) <= completion(*blocked)).collect();
         expected.sort_by_key(|&op| (records[op].invoked, op));
         if *candidates != expected {
             return Err(format!("candidates {candidates:?}, expected {expected:?}"));
@@ -1016,8 +982,7 @@ mod tests {
         let input = prop_oneof![
             (key.clone(), small_value.clone()).prop_map(|(key, value)| KvInput::Put { key, value }),
             key.clone().prop_map(|key| KvInput::Get { key }),
-            (key, prop::option::of(small_value.clone()), small_value.clone())
-                .prop_map(|(key, expected, new)| KvInput::Cas { key, expected, new }),
+            (key, prop::option::of(small_value.clone()), small_value.clone()).prop_map(|(key, expected, new)| KvInput::Cas { key, expected, new }),
         ];
         (input, prop::option::of(small_value), any::<bool>(), 0u64..20, 0u64..10, prop::bool::weighted(0.2)).prop_map(
             |(input, read, swapped, invoked, duration, unknown)| {

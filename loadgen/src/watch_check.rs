@@ -173,8 +173,7 @@ pub fn check_reliable(
     for event in flatten(delivery) {
         delivered.entry((event.revision, &event.path)).or_default().push(event);
     }
-    let expected =
-        acked.iter().filter(|write| (from_revision..=to_revision).contains(&write.revision) && in_scope(&write.path));
+    let expected = acked.iter().filter(|write| (from_revision..=to_revision).contains(&write.revision) && in_scope(&write.path));
     for write in expected {
         let candidates = delivered.get(&(write.revision, write.path.as_str())).map_or(&[][..], Vec::as_slice);
         if !candidates.iter().any(|event| matches_write(event, write)) {
@@ -201,9 +200,7 @@ pub fn check_contiguous(delivery: &Delivery, from_revision: u64, to_revision: u6
     }
     let revisions: HashSet<u64> = flatten(delivery).map(|event| event.revision).collect();
     match range.clone().find(|revision| !revisions.contains(revision)) {
-        Some(missing) => {
-            violation("contiguous", format!("revision {missing} missing from {from_revision}..={to_revision}"))
-        }
+        Some(missing) => violation("contiguous", format!("revision {missing} missing from {from_revision}..={to_revision}")),
         None => Ok(()),
     }
 }
@@ -245,11 +242,7 @@ fn compare_sequences(rule: &'static str, expected: &[&Event], found: &[&Event]) 
 /// compared). Used to compare a watch served by a follower with one served by the leader; the
 /// violation names the first position where they differ, `a` being the expected side.
 pub fn check_same_sequence(a: &Delivery, b: &Delivery, from_revision: u64, to_revision: u64) -> Result<(), Violation> {
-    compare_sequences(
-        "same_sequence",
-        &in_range(a, from_revision, to_revision),
-        &in_range(b, from_revision, to_revision),
-    )
+    compare_sequences("same_sequence", &in_range(a, from_revision, to_revision), &in_range(b, from_revision, to_revision))
 }
 
 /// Rule `resumed`: resuming a watch yields exactly the rest of the stream, with no gap and no
@@ -317,8 +310,7 @@ mod tests {
 
     #[test]
     fn ordered() {
-        let same_revision =
-            Delivery { responses: vec![vec![at(1)], vec![at(2), event(2, "/b", EventKind::Created)], vec![at(3)]] };
+        let same_revision = Delivery { responses: vec![vec![at(1)], vec![at(2), event(2, "/b", EventKind::Created)], vec![at(3)]] };
         assert_eq!(check_ordered(&same_revision), Ok(()));
         let backwards = check_ordered(&stream(&[1, 3, 2])).expect_err("3 then 2");
         assert_eq!(backwards.rule, "ordered");
@@ -328,10 +320,7 @@ mod tests {
 
     #[test]
     fn unique() {
-        assert_eq!(
-            check_unique(&Delivery { responses: vec![vec![at(1), event(1, "/b", EventKind::Deleted)]] }),
-            Ok(())
-        );
+        assert_eq!(check_unique(&Delivery { responses: vec![vec![at(1), event(1, "/b", EventKind::Deleted)]] }), Ok(()));
         assert_eq!(rule(check_unique(&stream(&[1, 2, 2]))), "unique");
     }
 
@@ -373,8 +362,7 @@ mod tests {
 
     #[test]
     fn no_phantoms() {
-        let attempted: HashSet<(String, Vec<u8>)> =
-            [at(1), at(2)].into_iter().map(|event| (event.path, event.data)).collect();
+        let attempted: HashSet<(String, Vec<u8>)> = [at(1), at(2)].into_iter().map(|event| (event.path, event.data)).collect();
         let delivery = Delivery { responses: vec![vec![at(1)], vec![event(7, "/gone", EventKind::Deleted)]] };
         assert_eq!(check_no_phantoms(&delivery, &attempted), Ok(()));
         let phantom = Event { data: b"never written".to_vec(), ..at(2) };

@@ -172,8 +172,7 @@ impl Placement {
 
     fn mark_down(&mut self, ids: &[u64], now_ms: u64) -> Result<Outcome, PlacementError> {
         self.check_known(ids)?;
-        let silent: BTreeSet<u64> =
-            ids.iter().copied().filter(|id| self.nodes.get(id).is_some_and(|node| self.is_stale(node, now_ms))).collect();
+        let silent: BTreeSet<u64> = ids.iter().copied().filter(|id| self.nodes.get(id).is_some_and(|node| self.is_stale(node, now_ms))).collect();
         for id in &silent {
             if let Some(node) = self.nodes.get_mut(id) {
                 node.up = false;
@@ -186,8 +185,7 @@ impl Placement {
     }
 
     fn create_group(&mut self, prefix: &str, now_ms: u64) -> Result<Outcome, PlacementError> {
-        validate_prefix(prefix)
-            .map_err(|reason| PlacementError::InvalidPrefix { prefix: prefix.to_string(), reason })?;
+        validate_prefix(prefix).map_err(|reason| PlacementError::InvalidPrefix { prefix: prefix.to_string(), reason })?;
         if let Some(owner) = self.groups.values().find(|group| group.prefix == prefix) {
             return Err(PlacementError::PrefixTaken { prefix: prefix.to_string(), group: owner.id });
         }

@@ -83,8 +83,7 @@ pub struct GroupDescriptor {
 /// Whether the group described by `descriptor` serves `path` (segment-wise: `/ab` is not
 /// below `/a`).
 pub fn serves(descriptor: &GroupDescriptor, path: &str) -> bool {
-    is_at_or_below(path, &descriptor.prefix)
-        && !descriptor.excluded.iter().any(|excluded| is_at_or_below(path, excluded))
+    is_at_or_below(path, &descriptor.prefix) && !descriptor.excluded.iter().any(|excluded| is_at_or_below(path, excluded))
 }
 
 #[cfg(test)]
@@ -105,13 +104,7 @@ mod tests {
 
     #[test]
     fn serves_respects_exclusions_and_segments() {
-        let descriptor = GroupDescriptor {
-            id: 2,
-            prefix: "/a".into(),
-            excluded: vec!["/a/b".into()],
-            replicas: vec![1],
-            epoch: Epoch::INITIAL,
-        };
+        let descriptor = GroupDescriptor { id: 2, prefix: "/a".into(), excluded: vec!["/a/b".into()], replicas: vec![1], epoch: Epoch::INITIAL };
         assert!(serves(&descriptor, "/a"));
         assert!(serves(&descriptor, "/a/c"));
         assert!(serves(&descriptor, "/a/bc"));

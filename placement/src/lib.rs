@@ -39,9 +39,13 @@ mod state;
 
 pub use command::{Command, Outcome};
 pub use error::PlacementError;
-pub use group::{home_group, serves, session_id, Epoch, GroupDescriptor, GroupInfo, PLACEMENT_GROUP_ID, ROOT_GROUP_ID, SESSION_SEQUENCE_BITS, SHARD_GROUP_ID_MAX};
+pub use group::{
+    home_group, serves, session_id, Epoch, GroupDescriptor, GroupInfo, PLACEMENT_GROUP_ID, ROOT_GROUP_ID, SESSION_SEQUENCE_BITS, SHARD_GROUP_ID_MAX,
+};
 pub use node::{NodeError, NodeInfo, ADDR_BYTES_MAX, ZONE_BYTES_MAX};
-pub use paths::{is_at_or_below, is_strictly_below, join, parent, validate_path, validate_prefix, PathError, PrefixError, PATH_BYTES_MAX, PATH_DEPTH_MAX};
+pub use paths::{
+    is_at_or_below, is_strictly_below, join, parent, validate_path, validate_prefix, PathError, PrefixError, PATH_BYTES_MAX, PATH_DEPTH_MAX,
+};
 pub use state::{Placement, PlacementConfig};
 
 #[cfg(test)]

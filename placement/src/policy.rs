@@ -19,11 +19,7 @@ impl Placement {
     }
 
     /// [`Placement::pick_replicas`] among the nodes `eligible` accepts.
-    pub(crate) fn pick_replicas_among(
-        &self,
-        count: usize,
-        eligible: impl Fn(&NodeInfo) -> bool,
-    ) -> Result<Vec<u64>, PlacementError> {
+    pub(crate) fn pick_replicas_among(&self, count: usize, eligible: impl Fn(&NodeInfo) -> bool) -> Result<Vec<u64>, PlacementError> {
         let mut load: BTreeMap<u64, usize> = BTreeMap::new();
         for replica in self.groups.values().flat_map(|group| &group.replicas) {
             *load.entry(*replica).or_default() += 1;

@@ -33,22 +33,13 @@ impl Placement {
             .filter(|(prefix, _)| self.nearest_owner_above(prefix, &group.prefix) == Some(group.prefix.as_str()))
             .map(|(prefix, _)| prefix.clone())
             .collect();
-        Some(GroupDescriptor {
-            id: group.id,
-            prefix: group.prefix.clone(),
-            excluded,
-            replicas: group.replicas.clone(),
-            epoch: group.epoch,
-        })
+        Some(GroupDescriptor { id: group.id, prefix: group.prefix.clone(), excluded, replicas: group.replicas.clone(), epoch: group.epoch })
     }
 
     /// The ready groups whose prefix is a direct child of `parent_path` (a `GetChildren` of
     /// `parent_path` must merge their names), in prefix order.
     pub fn children_groups(&self, parent_path: &str) -> Vec<&GroupInfo> {
-        self.routes_below(parent_path)
-            .filter(|(prefix, _)| parent(prefix) == Some(parent_path))
-            .filter_map(|(_, id)| self.groups.get(id))
-            .collect()
+        self.routes_below(parent_path).filter(|(prefix, _)| parent(prefix) == Some(parent_path)).filter_map(|(_, id)| self.groups.get(id)).collect()
     }
 
     /// The ready groups whose prefix is strictly below `path` (a recursive watch or delete of
@@ -173,8 +164,7 @@ mod tests {
         let placement = nested();
         let descriptors: Vec<_> = placement.groups().keys().map(|id| placement.descriptor(*id).unwrap()).collect();
         for path in ["/", "/x", "/ab", "/a", "/a/x", "/a/bc", "/a/b", "/a/b/c", "/c", "/cd", "/c/d"] {
-            let owners: Vec<u64> =
-                descriptors.iter().filter(|descriptor| serves(descriptor, path)).map(|descriptor| descriptor.id).collect();
+            let owners: Vec<u64> = descriptors.iter().filter(|descriptor| serves(descriptor, path)).map(|descriptor| descriptor.id).collect();
             assert_eq!(owners, vec![route_id(&placement, path).unwrap()], "path {path}");
         }
     }

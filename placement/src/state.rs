@@ -113,8 +113,7 @@ impl Placement {
     /// Restores a snapshot taken by [`Placement::to_bytes`], with this replica's `config`.
     /// Refuses bytes that do not decode or a state that breaks an invariant.
     pub fn from_bytes(bytes: &[u8], config: PlacementConfig) -> Result<Placement, PlacementError> {
-        let mut placement: Placement =
-            serde_json::from_slice(bytes).map_err(|error| PlacementError::BadSnapshot(error.to_string()))?;
+        let mut placement: Placement = serde_json::from_slice(bytes).map_err(|error| PlacementError::BadSnapshot(error.to_string()))?;
         placement.config = config;
         placement.check_invariants()?;
         Ok(placement)
@@ -224,18 +223,12 @@ mod tests {
 
     #[test]
     fn bad_snapshots_are_refused() {
-        assert!(matches!(
-            Placement::from_bytes(b"not json", PlacementConfig::default()),
-            Err(PlacementError::BadSnapshot(_))
-        ));
+        assert!(matches!(Placement::from_bytes(b"not json", PlacementConfig::default()), Err(PlacementError::BadSnapshot(_))));
         let mut placement = bootstrapped(3, 3);
         create_ready(&mut placement, "/a");
         let mut broken = placement.clone();
         broken.routes.insert("/b".into(), 2);
-        assert!(matches!(
-            Placement::from_bytes(&broken.to_bytes(), PlacementConfig::default()),
-            Err(PlacementError::Inconsistent(_))
-        ));
+        assert!(matches!(Placement::from_bytes(&broken.to_bytes(), PlacementConfig::default()), Err(PlacementError::Inconsistent(_))));
         let mut broken = placement.clone();
         broken.routes.remove("/a");
         assert!(matches!(broken.check_invariants(), Err(PlacementError::Inconsistent(_))));

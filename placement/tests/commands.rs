@@ -2,8 +2,7 @@
 //! must leave the state exactly as it was.
 
 use warden_placement::{
-    Command, Epoch, GroupInfo, NodeError, Outcome, PathError, Placement, PlacementConfig, PlacementError, PrefixError,
-    ROOT_GROUP_ID,
+    Command, Epoch, GroupInfo, NodeError, Outcome, PathError, Placement, PlacementConfig, PlacementError, PrefixError, ROOT_GROUP_ID,
 };
 
 const TIMEOUT_MS: u64 = 10_000;
@@ -260,11 +259,7 @@ fn create_group_skips_nodes_silent_at_its_time() {
     let group = create(&mut placement, "/a", 12_000);
     assert!(!group.replicas.contains(&4), "{group:?}");
     placement.apply(&Command::Heartbeat { ids: vec![1, 2], now_ms: 12_000 }).unwrap();
-    refused(
-        &mut placement,
-        Command::CreateGroup { prefix: "/b".into(), now_ms: 15_000 },
-        PlacementError::NotEnoughNodes { wanted: 3, up: 2 },
-    );
+    refused(&mut placement, Command::CreateGroup { prefix: "/b".into(), now_ms: 15_000 }, PlacementError::NotEnoughNodes { wanted: 3, up: 2 });
 }
 
 #[test]

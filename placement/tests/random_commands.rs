@@ -141,8 +141,7 @@ fn check_step(before: &Placement, after: &Placement, command: &Command, accepted
     if after.is_bootstrapped() {
         prop_assert_eq!(after.route("/").map(|group| group.id), Some(ROOT_GROUP_ID));
         // Exactly one ready group serves each path: the one `route` names.
-        let descriptors: Vec<_> =
-            after.groups().values().filter(|group| group.ready).filter_map(|group| after.descriptor(group.id)).collect();
+        let descriptors: Vec<_> = after.groups().values().filter(|group| group.ready).filter_map(|group| after.descriptor(group.id)).collect();
         // Descriptors list only the immediate carve-outs: ready prefixes, none below another.
         for descriptor in &descriptors {
             for excluded in &descriptor.excluded {

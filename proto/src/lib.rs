@@ -58,9 +58,7 @@ pub fn status(error: v1::WardenError) -> tonic::Status {
     use v1::warden_error::Code;
     let grpc = match Code::try_from(error.code).unwrap_or(Code::Unknown) {
         Code::NotLeader | Code::Unavailable => GrpcCode::Unavailable,
-        Code::WrongGroup | Code::BadVersion | Code::NotEmpty | Code::NoChildrenForEphemerals | Code::SessionExpired => {
-            GrpcCode::FailedPrecondition
-        }
+        Code::WrongGroup | Code::BadVersion | Code::NotEmpty | Code::NoChildrenForEphemerals | Code::SessionExpired => GrpcCode::FailedPrecondition,
         Code::NoNode => GrpcCode::NotFound,
         Code::NodeExists => GrpcCode::AlreadyExists,
         Code::InvalidPath | Code::InvalidArgument => GrpcCode::InvalidArgument,

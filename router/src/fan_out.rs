@@ -6,7 +6,6 @@
 //! which only placement removes) remain. Not atomic: a failure part-way leaves the rest
 //! (repeat the delete). The response carries each group's revision after its part.
 
-
 use tokio::time::Instant;
 use tonic::Status;
 use warden_placement::{is_at_or_below, join};
@@ -17,7 +16,13 @@ use crate::upstream::{warden_client, Target, Upstreams};
 
 /// A recursive delete of `request.path` where `below` (other groups' prefixes under it) is
 /// not empty.
-pub async fn delete_across_groups(upstreams: &Upstreams, request: &DeleteRequest, owner: u64, below: Vec<(u64, String)>, deadline: Instant) -> Result<DeleteResponse, Status> {
+pub async fn delete_across_groups(
+    upstreams: &Upstreams,
+    request: &DeleteRequest,
+    owner: u64,
+    below: Vec<(u64, String)>,
+    deadline: Instant,
+) -> Result<DeleteResponse, Status> {
     if request.expected_version.is_some() {
         let message = format!("{} has other groups' subtrees below it: a conditional delete cannot span groups", request.path);
         return Err(warden_proto::status(warden_proto::warden_error(Code::InvalidArgument, &request.path, message)));
@@ -43,7 +48,13 @@ pub async fn delete_across_groups(upstreams: &Upstreams, request: &DeleteRequest
 
 /// Deletes everything below `root` in `group` except the nodes leading to `carve_outs`.
 /// Returns the nodes deleted and the header of the group's last answer.
-async fn clear(upstreams: &Upstreams, group: u64, root: &str, carve_outs: &[String], deadline: Instant) -> Result<(u64, Option<ResponseHeader>), Status> {
+async fn clear(
+    upstreams: &Upstreams,
+    group: u64,
+    root: &str,
+    carve_outs: &[String],
+    deadline: Instant,
+) -> Result<(u64, Option<ResponseHeader>), Status> {
     let mut deleted = 0;
     let mut last_header = None;
     let mut pending = vec![root.to_string()];

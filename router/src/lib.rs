@@ -74,10 +74,8 @@ pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> R
     };
     let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
     // Reflection lets grpcurl and similar tools call the router without the .proto files.
-    let reflection = tonic_reflection::server::Builder::configure()
-        .register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET)
-        .build_v1()
-        .ok();
+    let reflection =
+        tonic_reflection::server::Builder::configure().register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET).build_v1().ok();
     let served = tonic::transport::Server::builder()
         .add_service(RouterService::server(upstreams, config.request_timeout))
         .add_optional_service(reflection)

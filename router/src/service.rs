@@ -14,8 +14,8 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status, Streaming};
 use warden_proto::v1::txn_op::Op;
-use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::*;
 
 use warden_placement::home_group;
@@ -74,7 +74,8 @@ fn op_path(op: &TxnOp) -> Option<&str> {
 
 /// The one group a transaction's paths route to (a transaction never spans groups).
 fn txn_target<'a>(upstreams: &Upstreams, request: &'a TxnRequest) -> Result<Target<'a>, Status> {
-    let paths: Vec<&str> = request.compares.iter().map(|c| c.path.as_str()).chain(request.then.iter().chain(&request.r#else).filter_map(op_path)).collect();
+    let paths: Vec<&str> =
+        request.compares.iter().map(|c| c.path.as_str()).chain(request.then.iter().chain(&request.r#else).filter_map(op_path)).collect();
     let table = upstreams.table();
     let mut groups: Vec<u64> = paths.iter().filter_map(|p| table.route(p).map(|g| g.id())).collect();
     groups.sort_unstable();
@@ -130,9 +131,22 @@ macro_rules! routed {
 }
 
 routed!(
-    CreateRequest, GetRequest, ExistsRequest, SetRequest, DeleteRequest, GetChildrenRequest, TxnRequest, SyncRequest,
-    CreateSessionRequest, KeepAliveRequest, CloseSessionRequest, SessionInfoRequest, LockRequest, UnlockRequest,
-    CheckSequencerRequest, LockInfoRequest
+    CreateRequest,
+    GetRequest,
+    ExistsRequest,
+    SetRequest,
+    DeleteRequest,
+    GetChildrenRequest,
+    TxnRequest,
+    SyncRequest,
+    CreateSessionRequest,
+    KeepAliveRequest,
+    CloseSessionRequest,
+    SessionInfoRequest,
+    LockRequest,
+    UnlockRequest,
+    CheckSequencerRequest,
+    LockInfoRequest
 );
 
 fn with_routing<R: Routed>(mut request: R, routing: Routing) -> R {

@@ -82,7 +82,9 @@ impl Table {
     pub fn child_groups(&self, parent: &str) -> Vec<&GroupRoute> {
         self.routes
             .iter()
-            .filter(|(prefix, _)| prefix.rsplit_once('/').map(|(head, _)| if head.is_empty() { "/" } else { head }) == Some(parent) && prefix.as_str() != "/")
+            .filter(|(prefix, _)| {
+                prefix.rsplit_once('/').map(|(head, _)| if head.is_empty() { "/" } else { head }) == Some(parent) && prefix.as_str() != "/"
+            })
             .map(|(_, route)| route)
             .collect()
     }
@@ -106,7 +108,10 @@ mod tests {
     use warden_proto::placement::{GroupEntry, NodeEntry};
 
     fn entry(id: u64, prefix: &str, ready: bool) -> GroupEntry {
-        GroupEntry { descriptor: Some(GroupDescriptor { group_id: id, prefix: prefix.into(), replicas: vec![1], ..GroupDescriptor::default() }), ready }
+        GroupEntry {
+            descriptor: Some(GroupDescriptor { group_id: id, prefix: prefix.into(), replicas: vec![1], ..GroupDescriptor::default() }),
+            ready,
+        }
     }
 
     #[test]

@@ -119,7 +119,11 @@ pub fn proxy(upstreams: Arc<Upstreams>, incoming: Streaming<WatchRequest>) -> Re
 
 fn canceled(watch_id: u64, code: Code, message: String, resume_revision: u64) -> WatchResponse {
     let error = WardenError { code: code as i32, message, ..WardenError::default() };
-    WatchResponse { watch_id, canceled: Some(WatchCanceled { error: Some(error), resume_revision, ..WatchCanceled::default() }), ..WatchResponse::default() }
+    WatchResponse {
+        watch_id,
+        canceled: Some(WatchCanceled { error: Some(error), resume_revision, ..WatchCanceled::default() }),
+        ..WatchResponse::default()
+    }
 }
 
 /// The groups a watch of `create.path` spans: the serving group first, then (for a
@@ -225,7 +229,8 @@ async fn start(
     let parts = groups
         .iter()
         .map(|route| {
-            let next_revision = if route.id() == owner { create.start_revision } else { create.group_start_revisions.get(&route.id()).copied().unwrap_or(0) };
+            let next_revision =
+                if route.id() == owner { create.start_revision } else { create.group_start_revisions.get(&route.id()).copied().unwrap_or(0) };
             (route.id(), Part { next_revision, created: None })
         })
         .collect();
@@ -238,7 +243,12 @@ async fn start(
 }
 
 /// Opens the upstream stream of one group and a task passing its responses on.
-async fn open(upstreams: &Upstreams, route: &GroupRoute, shared: Arc<Shared>, responses: mpsc::Sender<Result<WatchResponse, Status>>) -> Result<mpsc::Sender<WatchRequest>, Status> {
+async fn open(
+    upstreams: &Upstreams,
+    route: &GroupRoute,
+    shared: Arc<Shared>,
+    responses: mpsc::Sender<Result<WatchResponse, Status>>,
+) -> Result<mpsc::Sender<WatchRequest>, Status> {
     let group = route.id();
     let table = upstreams.table();
     let mut last_error = Status::unavailable(format!("group {group} has no reachable replica"));
@@ -302,7 +312,11 @@ fn step(group: u64, response: WatchResponse, watches: &mut HashMap<u64, Carried>
         if watch.held.len() >= HELD_RESPONSES_MAX {
             // Nothing was delivered yet: the client starts again from the same revisions.
             let Some(watch) = watches.remove(&watch_id) else { return Step::Hold };
-            let error = WardenError { code: Code::SlowWatcher as i32, message: "too many events before every group's watch was created".into(), ..WardenError::default() };
+            let error = WardenError {
+                code: Code::SlowWatcher as i32,
+                message: "too many events before every group's watch was created".into(),
+                ..WardenError::default()
+            };
             return Step::End(Box::new(watch.canceled(watch_id, Some(error))), watch.parts.keys().copied().collect());
         }
         watch.held.push((group, response));

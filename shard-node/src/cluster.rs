@@ -41,7 +41,16 @@ pub struct ClusterConfig {
 
 impl Default for ClusterConfig {
     fn default() -> Self {
-        ClusterConfig { nodes: 5, tick_ms: 50, election_tick: 10, heartbeat_tick: 2, workers: 1, log_compact_entries: 10_000, base_port: None, serve_api: false }
+        ClusterConfig {
+            nodes: 5,
+            tick_ms: 50,
+            election_tick: 10,
+            heartbeat_tick: 2,
+            workers: 1,
+            log_compact_entries: 10_000,
+            base_port: None,
+            serve_api: false,
+        }
     }
 }
 
@@ -73,7 +82,12 @@ impl Cluster {
         Cluster::start_in(config, factory, root, None)
     }
 
-    fn start_in(config: ClusterConfig, factory: Arc<dyn StateMachineFactory>, root: &Path, temp: Option<tempfile::TempDir>) -> Result<Cluster, NodeError> {
+    fn start_in(
+        config: ClusterConfig,
+        factory: Arc<dyn StateMachineFactory>,
+        root: &Path,
+        temp: Option<tempfile::TempDir>,
+    ) -> Result<Cluster, NodeError> {
         let mut cluster = Cluster {
             config,
             _temp: temp,
@@ -199,9 +213,8 @@ impl Cluster {
         loop {
             let leader = self.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
             let addr = self.addr(leader).ok_or(EngineError::Stopped)?;
-            let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
-                .map_err(|e| EngineError::Invalid(e.to_string()))?
-                .connect_lazy();
+            let channel =
+                tonic::transport::Channel::from_shared(format!("http://{addr}")).map_err(|e| EngineError::Invalid(e.to_string()))?.connect_lazy();
             let status = match PlacementClient::new(channel).bootstrap(BootstrapRequest {}).await {
                 Ok(response) => {
                     let root = response.into_inner().root.and_then(|entry| entry.descriptor);

@@ -62,11 +62,6 @@ impl EngineError {
     /// True when retrying the same request elsewhere or later may succeed and cannot apply
     /// it twice (it was definitely not applied).
     pub fn is_retryable(&self) -> bool {
-        matches!(
-            self,
-            EngineError::NotLeader { .. }
-                | EngineError::Dropped(_)
-                | EngineError::Unavailable { outcome_unknown: false, .. }
-        )
+        matches!(self, EngineError::NotLeader { .. } | EngineError::Dropped(_) | EngineError::Unavailable { outcome_unknown: false, .. })
     }
 }

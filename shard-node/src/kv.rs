@@ -97,8 +97,7 @@ impl StateMachine for KvStateMachine {
 
 /// Encodes a put command.
 pub fn put(key: &[u8], value: &[u8]) -> Vec<u8> {
-    KvCommand { op: Some(kv_command::Op::Put(warden_proto::kv::Put { key: key.to_vec(), value: value.to_vec() })) }
-        .encode_to_vec()
+    KvCommand { op: Some(kv_command::Op::Put(warden_proto::kv::Put { key: key.to_vec(), value: value.to_vec() })) }.encode_to_vec()
 }
 
 /// Encodes a compare-and-swap command.

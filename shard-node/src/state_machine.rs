@@ -181,11 +181,7 @@ impl SmReader {
             None => keys::group_end(self.group),
         });
         let start = keys::sm_key(self.group, from);
-        let iter = self.db.raw().iterator_cf_opt(
-            self.db.cf(Cf::Sm)?,
-            read_options,
-            rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward),
-        );
+        let iter = self.db.raw().iterator_cf_opt(self.db.cf(Cf::Sm)?, read_options, rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward));
         for item in iter {
             let (key, value) = item?;
             if !visit(&key[keys::GROUP_PREFIX_LEN..], &value) {

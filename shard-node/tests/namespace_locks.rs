@@ -4,13 +4,10 @@
 
 mod support;
 
-
+use support::{code, leading_harness};
 use warden_proto::namespace::AcquireLock;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
-use support::{code, leading_harness};
-
-
 
 fn acquire(path: &str, session_id: u64, mode: LockMode) -> AcquireLock {
     AcquireLock { path: path.into(), session_id, mode: mode as i32, lock_delay_ms: 0, request_id: 0 }

@@ -38,9 +38,8 @@ use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{
-    Compare, CreateRequest, CreateResponse, DeleteRequest, DeleteResponse, GetChildrenRequest, GetChildrenResponse,
-    GetRequest, GetResponse, NodeKind, ResponseHeader, SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest,
-    TxnResponse,
+    Compare, CreateRequest, CreateResponse, DeleteRequest, DeleteResponse, GetChildrenRequest, GetChildrenResponse, GetRequest, GetResponse,
+    NodeKind, ResponseHeader, SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse,
 };
 use warden_shard_node::namespace::harness::{Harness, Outcome};
 use warden_shard_node::namespace::Limits;
@@ -48,7 +47,6 @@ use warden_shard_node::namespace::Limits;
 const SEQUENCE_MAX: u64 = 9_999_999_999;
 const PATH_BYTES_MAX: usize = 1024;
 const PATH_DEPTH_MAX: usize = 64;
-
 
 // ---------------------------------------------------------------------------------------------
 // The model
@@ -122,8 +120,7 @@ fn join(parent: &str, name: &str) -> String {
 
 /// Sorted child names of `path`.
 fn children_of(nodes: &BTreeMap<String, ModelNode>, path: &str) -> Vec<String> {
-    let mut names: Vec<String> =
-        nodes.keys().filter(|k| k.as_str() != "/" && parent_of(k) == Some(path)).map(|k| name_of(k).to_string()).collect();
+    let mut names: Vec<String> = nodes.keys().filter(|k| k.as_str() != "/" && parent_of(k) == Some(path)).map(|k| name_of(k).to_string()).collect();
     names.sort();
     names
 }
@@ -341,8 +338,7 @@ impl Model {
             n if n > self.limits.children_page_max => return Err(fail(Code::TooLarge, path)),
             n => n,
         };
-        let after: Vec<String> =
-            children_of(&self.nodes, path).into_iter().filter(|n| n.as_bytes() > request.start_after.as_bytes()).collect();
+        let after: Vec<String> = children_of(&self.nodes, path).into_iter().filter(|n| n.as_bytes() > request.start_after.as_bytes()).collect();
         let more = after.len() > limit;
         let names: Vec<String> = after.into_iter().take(limit).collect();
         let stats = if request.with_stats { names.iter().map(|n| self.nodes[&join(path, n)].stat.clone()).collect() } else { Vec::new() };
@@ -662,8 +658,7 @@ struct DeleteSpec {
 }
 
 fn delete_spec(mix: Mix) -> impl Strategy<Value = DeleteSpec> {
-    (path_spec(mix), version_spec(), prop::bool::weighted(0.4))
-        .prop_map(|(path, version, recursive)| DeleteSpec { path, version, recursive })
+    (path_spec(mix), version_spec(), prop::bool::weighted(0.4)).prop_map(|(path, version, recursive)| DeleteSpec { path, version, recursive })
 }
 
 #[derive(Clone, Debug)]
@@ -731,8 +726,14 @@ fn compare_spec() -> impl Strategy<Value = CompareSpec> {
         3 => (0..=2u64).prop_map(NumberSpec::Literal),
     ];
     let value = prop_oneof![2 => Just(None), 1 => data(0).prop_map(Some)];
-    (path_spec(TXN_ADDRESS), target, op, number, value, any::<bool>())
-        .prop_map(|(path, target, op, number, value, exists)| CompareSpec { path, target, op, number, value, exists })
+    (path_spec(TXN_ADDRESS), target, op, number, value, any::<bool>()).prop_map(|(path, target, op, number, value, exists)| CompareSpec {
+        path,
+        target,
+        op,
+        number,
+        value,
+        exists,
+    })
 }
 
 #[derive(Clone, Debug)]
@@ -745,8 +746,7 @@ struct TxnSpec {
 fn txn_spec() -> impl Strategy<Value = TxnSpec> {
     // Up to 6 operations in all (the small limit) and now and then more.
     let otherwise = prop_oneof![12 => vec(txn_op_spec(), 0..=2), 1 => vec(txn_op_spec(), 3..=4)];
-    (vec(compare_spec(), 0..=3), vec(txn_op_spec(), 0..=4), otherwise)
-        .prop_map(|(compares, then, otherwise)| TxnSpec { compares, then, otherwise })
+    (vec(compare_spec(), 0..=3), vec(txn_op_spec(), 0..=4), otherwise).prop_map(|(compares, then, otherwise)| TxnSpec { compares, then, otherwise })
 }
 
 /// Builds part of a subtree and tears it down in one transaction: creates under `base`
@@ -756,13 +756,7 @@ fn txn_spec() -> impl Strategy<Value = TxnSpec> {
 fn subtree_txn() -> impl Strategy<Value = TxnSpec> {
     let name = || prop_oneof![Just("a"), Just("b"), Just("c")];
     let child_kind = prop_oneof![Just(NodeKind::Persistent as i32), Just(NodeKind::Container as i32)];
-    (
-        vec(name(), 1..=2),
-        vec((name(), child_kind, any::<bool>()), 1..=3),
-        prop::option::of(name()),
-        any::<bool>(),
-        prop::option::of(compare_spec()),
-    )
+    (vec(name(), 1..=2), vec((name(), child_kind, any::<bool>()), 1..=3), prop::option::of(name()), any::<bool>(), prop::option::of(compare_spec()))
         .prop_map(|(base, children, drop_one, from_parent, compare)| {
             let base = format!("/{}", base.join("/"));
             let mut then: Vec<TxnOpSpec> = children
@@ -1080,8 +1074,7 @@ impl Run {
             match page.names.last() {
                 Some(last) if page.more => request.start_after = last.clone(),
                 _ => {
-                    let expected: Vec<String> =
-                        children_of(&self.m.nodes, path).into_iter().filter(|n| n.as_str() > start_after).collect();
+                    let expected: Vec<String> = children_of(&self.m.nodes, path).into_iter().filter(|n| n.as_str() > start_after).collect();
                     prop_assert_eq!(listed, expected, "pages of {} after {:?}", path, start_after);
                     return Ok(());
                 }

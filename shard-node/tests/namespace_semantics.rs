@@ -3,15 +3,12 @@
 
 mod support;
 
-
+use support::{code, harness};
 use warden_proto::v1::compare::{Op as CmpOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
-use support::{code, harness};
-
-
 
 fn create(path: &str) -> CreateRequest {
     CreateRequest { path: path.into(), ..CreateRequest::default() }
@@ -183,9 +180,11 @@ fn get_children_sorted_paginated_with_stats() {
     assert!(page.more);
     assert_eq!(page.stats.len(), 2);
     assert_eq!(page.stat.expect("parent stat").num_children, 5);
-    let page = ns.children(GetChildrenRequest { path: "/p".into(), limit: 2, start_after: "b".into(), ..GetChildrenRequest::default() }).expect("page");
+    let page =
+        ns.children(GetChildrenRequest { path: "/p".into(), limit: 2, start_after: "b".into(), ..GetChildrenRequest::default() }).expect("page");
     assert_eq!(page.names, vec!["c", "d"]);
-    let last = ns.children(GetChildrenRequest { path: "/p".into(), limit: 2, start_after: "d".into(), ..GetChildrenRequest::default() }).expect("page");
+    let last =
+        ns.children(GetChildrenRequest { path: "/p".into(), limit: 2, start_after: "d".into(), ..GetChildrenRequest::default() }).expect("page");
     assert_eq!((last.names, last.more), (vec!["e".to_string()], false));
     assert_eq!(code(ns.children(GetChildrenRequest { path: "/p".into(), limit: 10_001, ..GetChildrenRequest::default() })), Code::TooLarge);
     assert_eq!(code(ns.children(GetChildrenRequest { path: "/nope".into(), ..GetChildrenRequest::default() })), Code::NoNode);

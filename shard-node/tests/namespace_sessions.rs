@@ -4,15 +4,12 @@
 
 mod support;
 
-
+use support::{code, leading_harness};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
-use support::{code, leading_harness};
 use warden_shard_node::namespace::harness::Harness;
 use warden_shard_node::namespace::sessions::home_group;
 use warden_shard_node::namespace::Limits;
-
-
 
 fn ephemeral(path: &str, session_id: u64) -> CreateRequest {
     CreateRequest { path: path.into(), session_id, ..CreateRequest::default() }

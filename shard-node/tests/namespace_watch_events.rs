@@ -18,13 +18,13 @@ use std::sync::Arc;
 use proptest::collection::vec;
 use proptest::prelude::*;
 use proptest::test_runner::TestCaseError;
+use support::{code, harness, leading_harness};
 use warden_proto::namespace::AcquireLock;
 use warden_proto::v1::compare::{Op as CmpOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::watch_create::Kind;
 use warden_proto::v1::*;
-use support::{code, harness, leading_harness};
 use warden_shard_node::namespace::harness::Harness;
 use warden_shard_node::watch::hub::CatchUp;
 use warden_shard_node::watch::stream::{Outgoing, Phase, StreamWatch};
@@ -127,7 +127,10 @@ fn a_transaction_produces_one_revision_of_events_in_path_order() {
     let revision = revision_of(response.header);
     let batches = batches_since(&hub(&ns), from);
     assert_eq!(batches.len(), 1, "one transaction, one batch");
-    assert_eq!(summary(&batches), vec![(revision, Created, "/a"), (revision, Created, "/a/b"), (revision, Created, "/p/q"), (revision, Changed, "/z")]);
+    assert_eq!(
+        summary(&batches),
+        vec![(revision, Created, "/a"), (revision, Created, "/a/b"), (revision, Created, "/p/q"), (revision, Changed, "/z")]
+    );
     assert_eq!(hub(&ns).revision(), revision);
 }
 
@@ -226,7 +229,10 @@ fn session_close_and_expiry_delete_ephemerals_as_events() {
     assert_eq!(ns.leader_scan(3_000).expect("scan"), 1, "one expiry entry");
     let expiry_revision = ns.revision().expect("revision");
     let batches = batches_since(&hub(&ns), from);
-    assert_eq!(summary(&batches), vec![(close_revision, Deleted, "/m/c1"), (close_revision, Deleted, "/m/c2"), (expiry_revision, Deleted, "/m/lapsed")]);
+    assert_eq!(
+        summary(&batches),
+        vec![(close_revision, Deleted, "/m/c1"), (close_revision, Deleted, "/m/c2"), (expiry_revision, Deleted, "/m/lapsed")]
+    );
     let owners: Vec<u64> = batches.iter().flat_map(|(_, events)| events.iter().map(|e| e.node.stat.ephemeral_owner)).collect();
     assert_eq!(owners, vec![closed, closed, lapsed], "deletions show the owner the node had");
 }
@@ -254,7 +260,8 @@ fn lock_waiters_appear_and_disappear() {
     let first = ns.create_session(10_000).expect("session").session_id;
     let second = ns.create_session(10_000).expect("session").session_id;
     ns.create_simple("/locks", b"").expect("the locks' parent");
-    let acquire = |session_id| AcquireLock { path: "/locks/job".into(), session_id, mode: LockMode::Exclusive as i32, lock_delay_ms: 0, request_id: 0 };
+    let acquire =
+        |session_id| AcquireLock { path: "/locks/job".into(), session_id, mode: LockMode::Exclusive as i32, lock_delay_ms: 0, request_id: 0 };
     let from = ns.revision().expect("revision") + 1;
     let held = ns.lock(acquire(first)).expect("lock");
     let queued = ns.lock(acquire(second)).expect("lock");
@@ -278,7 +285,8 @@ fn lock_waiters_appear_and_disappear() {
         ],
         "the grant to the second waiter is not a node change"
     );
-    let owners: Vec<u64> = batches.iter().flat_map(|(_, events)| events.iter()).filter(|e| e.path != "/locks/job").map(|e| e.node.stat.ephemeral_owner).collect();
+    let owners: Vec<u64> =
+        batches.iter().flat_map(|(_, events)| events.iter()).filter(|e| e.path != "/locks/job").map(|e| e.node.stat.ephemeral_owner).collect();
     assert_eq!(owners, vec![first, second, first, second], "waiters are owned by their sessions");
 }
 

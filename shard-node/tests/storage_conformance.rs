@@ -123,11 +123,7 @@ fn disk_log_indexes(db: &Db, group: u64) -> Vec<u64> {
     let mut read_options = rocksdb::ReadOptions::default();
     read_options.set_iterate_upper_bound(keys::group_end(group));
     let prefix = keys::group_prefix(group);
-    let iter = db.raw().iterator_cf_opt(
-        db.cf(Cf::RaftLog).unwrap(),
-        read_options,
-        rocksdb::IteratorMode::From(&prefix, rocksdb::Direction::Forward),
-    );
+    let iter = db.raw().iterator_cf_opt(db.cf(Cf::RaftLog).unwrap(), read_options, rocksdb::IteratorMode::From(&prefix, rocksdb::Direction::Forward));
     iter.map(|item| {
         let (key, _) = item.unwrap();
         let (g, index) = keys::decode_log_key(&key).expect("log key");
@@ -901,10 +897,18 @@ mod model {
     enum Op {
         /// Append `count` entries at a position in `(truncated, last + 1]` picked by `at`
         /// (biased towards `last + 1`); `bump` (and any overwrite) raises the term.
-        Append { at: u16, count: u8, bump: bool },
+        Append {
+            at: u16,
+            count: u8,
+            bump: bool,
+        },
         /// Compact to a point picked by `to` in `[truncated - 1, durable]`.
-        Compact { to: u16 },
-        SetHardState { vote: u8 },
+        Compact {
+            to: u16,
+        },
+        SetHardState {
+            vote: u8,
+        },
         /// The store writer writes every pending op.
         Flush,
         /// The store writer reports the last flush durable.
@@ -979,18 +983,7 @@ mod model {
             let start = if initialized { INIT_INDEX } else { 0 };
             let hard_state = if initialized { hard_state(INIT_INDEX, 0, INIT_INDEX) } else { HardState::default() };
             let mem = Model { truncated: (start, start), entries: Vec::new(), hard_state };
-            Harness {
-                _dir: dir,
-                db,
-                limits,
-                s,
-                disk: mem.clone(),
-                mem,
-                pending: Vec::new(),
-                flushed: None,
-                durable: start,
-                next_tag: 0,
-            }
+            Harness { _dir: dir, db, limits, s, disk: mem.clone(), mem, pending: Vec::new(), flushed: None, durable: start, next_tag: 0 }
         }
 
         fn apply(&mut self, op: &Op) {

@@ -70,7 +70,10 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
             }
         })
         .await;
-        println!("{}", json!({"bench": "locks", "run": "uncontended", "clients": args.clients, "cycles_per_sec": report.ops_per_sec, "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors}));
+        println!(
+            "{}",
+            json!({"bench": "locks", "run": "uncontended", "clients": args.clients, "cycles_per_sec": report.ops_per_sec, "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors})
+        );
 
         // Contended: waiters take turns on one lock; hand-off = last unlock sent → next grant.
         let mut sessions = Vec::new();

@@ -93,7 +93,8 @@ async fn one_op(leader: &mut WardenClient<Channel>, op: &str, client: usize, seq
         "get" => leader.get(GetRequest { path: key, consistency: Consistency::Linearizable as i32, routing }).await.map(drop),
         _ => {
             // A CAS-shaped transaction: if the value is what we wrote, write it again and read it.
-            let compare = Compare { path: key.clone(), target: Target::Value as i32, op: CmpOp::Equal as i32, value: value.clone(), ..Compare::default() };
+            let compare =
+                Compare { path: key.clone(), target: Target::Value as i32, op: CmpOp::Equal as i32, value: value.clone(), ..Compare::default() };
             let set = TxnOp { op: Some(Op::Set(SetRequest { path: key.clone(), data: value, ..SetRequest::default() })) };
             let get = TxnOp { op: Some(Op::Get(GetRequest { path: key, ..GetRequest::default() })) };
             leader.txn(TxnRequest { compares: vec![compare], then: vec![set, get], r#else: Vec::new(), routing }).await.map(drop)

@@ -89,7 +89,13 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
         let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?;
         PlacementClient::new(connect(addr).await?).get_routing_table(GetRoutingTableRequest {}).await?.into_inner()
     };
-    let group = table.groups.iter().filter_map(|g| g.descriptor.as_ref()).find(|d| d.prefix == "/g0").map(|d| d.group_id).ok_or_else(|| anyhow::anyhow!("no /g0"))?;
+    let group = table
+        .groups
+        .iter()
+        .filter_map(|g| g.descriptor.as_ref())
+        .find(|d| d.prefix == "/g0")
+        .map(|d| d.group_id)
+        .ok_or_else(|| anyhow::anyhow!("no /g0"))?;
     let leader = cluster.wait_leader(group, Duration::from_secs(30)).await?;
     let direct = WardenClient::new(connect(cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?).await?);
     let mut runs = Vec::new();

@@ -227,7 +227,8 @@ mod tests {
 
     #[test]
     fn parses_the_documented_example() {
-        let txn = parse("# move\ncompare version /a = 3\ncompare exists /b\n\nthen set /a new-data\nthen create /c \"two words\" -p\nelse get /a\n").unwrap();
+        let txn = parse("# move\ncompare version /a = 3\ncompare exists /b\n\nthen set /a new-data\nthen create /c \"two words\" -p\nelse get /a\n")
+            .unwrap();
         let expected = Txn::new()
             .when(Compare::version("/a", CompareOp::Equal, 3))
             .when(Compare::exists("/b", true))
@@ -242,6 +243,9 @@ mod tests {
         assert!(parse("compare version /a ~ 3").unwrap_err().0.starts_with("txn line 1:"));
         assert!(parse("then get /a\nthen fly /a").unwrap_err().0.starts_with("txn line 2:"));
         assert!(parse("then set /a 'open").is_err());
-        assert_eq!(parse("then rm /a -r --version 2").unwrap().then, vec![TxnOp::delete("/a", DeleteOptions { expected_version: Some(2), recursive: true })]);
+        assert_eq!(
+            parse("then rm /a -r --version 2").unwrap().then,
+            vec![TxnOp::delete("/a", DeleteOptions { expected_version: Some(2), recursive: true })]
+        );
     }
 }

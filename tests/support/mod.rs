@@ -2,6 +2,6 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod proxy;
 pub mod routed;
 pub mod watch;
-pub mod proxy;

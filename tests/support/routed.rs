@@ -91,4 +91,3 @@ fn start_router_with(cluster: &Cluster, port: u16, watch_placement: bool) -> Rou
 pub fn client(addr: std::net::SocketAddr) -> WardenClient<Channel> {
     WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").timeout(TIMEOUT).connect_lazy())
 }
-

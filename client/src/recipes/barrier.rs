@@ -6,7 +6,7 @@ use crate::client::Client;
 use crate::error::Result;
 use crate::session::Session;
 
-use super::{await_existence, join, delete_if_present, deletions, ensure_node, queue, watch_ended, Owner};
+use super::{await_existence, delete_if_present, deletions, ensure_node, join, queue, watch_ended, Owner};
 
 /// A barrier that holds processes back while its node exists: [`Barrier::set`] raises it,
 /// [`Barrier::remove`] lowers it, [`Barrier::wait`] returns once it is down. The node is

@@ -11,7 +11,7 @@ use crate::node::{CreateOptions, Node};
 use crate::session::Session;
 use crate::watch::{EventKind, WatchOptions, Watcher};
 
-use super::{join, delete_if_present, delete_in_background, ensure_node, parent_of, watch_ended, Owner};
+use super::{delete_if_present, delete_in_background, ensure_node, join, parent_of, watch_ended, Owner};
 
 /// One member of a group.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -22,7 +22,7 @@ use crate::node::CreateOptions;
 use crate::session::Session;
 use crate::txn::{Compare, Txn, TxnOp, TxnOpResult};
 
-use super::{children, join, delete_if_present, delete_in_background, deletions, ensure_node, watch_ended, Owner};
+use super::{children, delete_if_present, delete_in_background, deletions, ensure_node, join, watch_ended, Owner};
 
 /// Name prefix of lease nodes.
 const LEASE_PREFIX: &str = "lease-";
@@ -70,9 +70,11 @@ impl<'s> Semaphore<'s> {
             }
             released.next().await?.ok_or_else(|| watch_ended(leases))?;
         }
-        let txn = Txn::new()
-            .when(Compare::exists(turn.sequencer().waiter.clone(), true))
-            .then(TxnOp::create(join(leases, LEASE_PREFIX), Vec::new(), CreateOptions::ephemeral(owner.id).sequential()));
+        let txn = Txn::new().when(Compare::exists(turn.sequencer().waiter.clone(), true)).then(TxnOp::create(
+            join(leases, LEASE_PREFIX),
+            Vec::new(),
+            CreateOptions::ephemeral(owner.id).sequential(),
+        ));
         let result = client.txn(&txn).await?;
         match result.results.into_iter().next() {
             Some(TxnOpResult::Created(lease)) if result.succeeded => {

@@ -26,11 +26,11 @@ pub use replica::{Replica, ReplicaError};
 
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
+use crate::group_links::GroupLinks;
 use crate::state_machine::{ApplyOutput, StateMachineFactory};
 use crate::storage::{Db, PeerStorage};
 use crate::store_writer::{StoreMetricsSnapshot, StoreWriter};
 use crate::transport::server::RaftTransportService;
-use crate::group_links::GroupLinks;
 use crate::transport::{NetFaults, PeerDirectory, Transport, TransportLimits};
 
 /// Where the host loop sends raft messages. `Err` hands back a message that could not be
@@ -131,14 +131,21 @@ impl NodeHandle {
         let _ = self.worker(group).try_send(WorkerMsg::Unreachable { group, to, snapshot });
     }
 
-    async fn ask<T>(&self, group: u64, timeout: Duration, make: impl FnOnce(oneshot::Sender<Result<T, EngineError>>) -> WorkerMsg) -> Result<T, EngineError> {
+    async fn ask<T>(
+        &self,
+        group: u64,
+        timeout: Duration,
+        make: impl FnOnce(oneshot::Sender<Result<T, EngineError>>) -> WorkerMsg,
+    ) -> Result<T, EngineError> {
         let (reply, answer) = oneshot::channel();
         self.try_send(group, make(reply))?;
         match tokio::time::timeout(timeout + self.deadline_slack, answer).await {
             Ok(Ok(result)) => result,
             // The worker went away with the request (the node stopped): a proposal may
             // already be on a quorum, so the outcome is unknown.
-            Ok(Err(_)) => Err(EngineError::Unavailable { reason: format!("group {group}: the node stopped before answering"), outcome_unknown: true }),
+            Ok(Err(_)) => {
+                Err(EngineError::Unavailable { reason: format!("group {group}: the node stopped before answering"), outcome_unknown: true })
+            }
             Err(_) => Err(EngineError::Unavailable { reason: format!("group {group}: no answer in {timeout:?}"), outcome_unknown: true }),
         }
     }
@@ -248,11 +255,7 @@ impl Node {
         let listen_addr = listener.local_addr()?;
         directory.insert(node_id, listen_addr);
         let db = Db::open(&config.data_dir)?;
-        let runtime = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name(format!("node-{node_id}-io"))
-            .enable_all()
-            .build()?;
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name(format!("node-{node_id}-io")).enable_all().build()?;
 
         // 1. Channels first: the handle, transport and workers all refer to them.
         let store = StoreWriter::start(db.clone(), config.workers * config.write_tasks_in_flight_max, node_id)?;
@@ -264,12 +267,8 @@ impl Node {
             inboxes.push(inbox);
         }
         let leaders = Arc::new(LeaderTable::default());
-        let handle = NodeHandle {
-            node_id,
-            leaders: leaders.clone(),
-            workers: senders.into(),
-            deadline_slack: Duration::from_millis(config.tick_ms * 2),
-        };
+        let handle =
+            NodeHandle { node_id, leaders: leaders.clone(), workers: senders.into(), deadline_slack: Duration::from_millis(config.tick_ms * 2) };
         let limits = TransportLimits::default();
         let transport: Arc<dyn RaftSender> =
             Arc::new(Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits));
@@ -277,8 +276,7 @@ impl Node {
         // 2. Replicas from disk, each on the worker its id maps to.
         let mut replicas: Vec<HashMap<u64, Replica>> = (0..config.workers).map(|_| HashMap::new()).collect();
         for group in PeerStorage::list_groups(&db)? {
-            let replica = Replica::load(&config, db.clone(), group, factory.as_ref())
-                .map_err(|source| NodeError::Replica { group, source })?;
+            let replica = Replica::load(&config, db.clone(), group, factory.as_ref()).map_err(|source| NodeError::Replica { group, source })?;
             replicas[(group % config.workers as u64) as usize].insert(group, replica);
         }
 

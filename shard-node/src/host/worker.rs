@@ -151,9 +151,8 @@ impl Worker {
                 let _ = reply.send(result);
             }
             WorkerMsg::Campaign { group, reply } => {
-                let result = self.replica(group).and_then(|replica| {
-                    replica.raw.campaign().map_err(|e| EngineError::Invalid(format!("campaign: {e}")))
-                });
+                let result =
+                    self.replica(group).and_then(|replica| replica.raw.campaign().map_err(|e| EngineError::Invalid(format!("campaign: {e}"))));
                 let _ = reply.send(result);
             }
             WorkerMsg::Unreachable { group, to, snapshot } => {
@@ -260,8 +259,7 @@ impl Worker {
     }
 
     fn destroy_removed(&mut self) -> Result<(), StorageError> {
-        let removable: Vec<u64> =
-            self.replicas.iter().filter(|(_, r)| r.removed && r.unpersisted.is_empty()).map(|(group, _)| *group).collect();
+        let removable: Vec<u64> = self.replicas.iter().filter(|(_, r)| r.removed && r.unpersisted.is_empty()).map(|(group, _)| *group).collect();
         for group in removable {
             if let Some(mut replica) = self.replicas.remove(&group) {
                 replica.fail_all(&EngineError::GroupNotFound(group));

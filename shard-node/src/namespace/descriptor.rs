@@ -44,7 +44,12 @@ mod tests {
     use super::*;
 
     fn descriptor(prefix: &str, excluded: &[&str]) -> GroupDescriptor {
-        GroupDescriptor { group_id: 1, prefix: prefix.into(), excluded: excluded.iter().map(|e| e.to_string()).collect(), ..GroupDescriptor::default() }
+        GroupDescriptor {
+            group_id: 1,
+            prefix: prefix.into(),
+            excluded: excluded.iter().map(|e| e.to_string()).collect(),
+            ..GroupDescriptor::default()
+        }
     }
 
     #[test]

@@ -21,12 +21,12 @@ use std::sync::Arc;
 use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
-use warden_proto::namespace::{Command, CommandResult, EndRemoteSessions, ExpireSessions, ExpireTtl, SessionIds};
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
+use warden_proto::namespace::{Command, CommandResult, EndRemoteSessions, ExpireSessions, ExpireTtl, SessionIds};
 use warden_proto::namespace::{LeaderRequest, LeaderResponse};
 use warden_proto::v1::{
-    GroupDescriptor, CloseSessionResponse, CreateSessionResponse, KeepAliveResponse, LockResponse, NodeKind, SessionInfoResponse, SessionLease,
+    CloseSessionResponse, CreateSessionResponse, GroupDescriptor, KeepAliveResponse, LockResponse, NodeKind, SessionInfoResponse, SessionLease,
     TxnResponse,
 };
 
@@ -34,10 +34,10 @@ use crate::error::{EngineError, StorageError};
 use crate::state_machine::{ApplyOutput, SmReader, SmWrites, StateMachine, StateMachineFactory};
 use crate::watch::event::node_state;
 use crate::watch::{Event, EventBatch, WatchHub, WatchHubs};
+use error::Failure;
 pub use sessions::LeaderClock;
 use sessions::LeaseTable;
 use store::TxnView;
-use error::Failure;
 use txn::{SessionChange, TtlChange, Txn};
 
 /// Limits of the namespace (DESIGN.md rule 8).
@@ -243,9 +243,7 @@ impl NamespaceStateMachine {
         let empty = || TxnResponse { header: None, succeeded: true, results: Vec::new() };
         let outcome = match command.op {
             Some(CommandOp::Txn(request)) => txn.run(&request).map(CommandOutcome::Txn),
-            Some(CommandOp::ExpireTtl(ExpireTtl { path, mod_revision })) => {
-                txn.expire_ttl(&path, mod_revision).map(|_| CommandOutcome::Txn(empty()))
-            }
+            Some(CommandOp::ExpireTtl(ExpireTtl { path, mod_revision })) => txn.expire_ttl(&path, mod_revision).map(|_| CommandOutcome::Txn(empty())),
             Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms).map(CommandOutcome::CreateSession),
             Some(CommandOp::CloseSession(close)) => match txn.close_session(close.session_id) {
                 Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
@@ -256,17 +254,13 @@ impl NamespaceStateMachine {
                 let ids = &expire.session_ids[..expire.session_ids.len().min(self.limits.sessions_per_expiry_max)];
                 txn.expire_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
             }
-            Some(CommandOp::AddRemoteSessions(add)) => {
-                txn.add_remote_sessions(self.group, &add.session_ids).map(|()| CommandOutcome::Txn(empty()))
-            }
+            Some(CommandOp::AddRemoteSessions(add)) => txn.add_remote_sessions(self.group, &add.session_ids).map(|()| CommandOutcome::Txn(empty())),
             Some(CommandOp::EndRemoteSessions(end)) => {
                 let ids = &end.session_ids[..end.session_ids.len().min(self.limits.sessions_per_expiry_max)];
                 txn.end_remote_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
             }
             Some(CommandOp::AcquireLock(acquire)) => txn.acquire_lock(&acquire).map(CommandOutcome::Lock),
-            Some(CommandOp::ReleaseLock(release)) => {
-                txn.release_lock(&release.sequencer.unwrap_or_default()).map(|()| CommandOutcome::Txn(empty()))
-            }
+            Some(CommandOp::ReleaseLock(release)) => txn.release_lock(&release.sequencer.unwrap_or_default()).map(|()| CommandOutcome::Txn(empty())),
             Some(CommandOp::LockDelayEnded(ended)) => txn.end_lock_delay(&ended.path).map(|()| CommandOutcome::Txn(empty())),
             Some(CommandOp::SetDescriptor(set)) => txn.set_descriptor(self.group, self.descriptor.as_ref(), set.descriptor).map(|descriptor| {
                 new_descriptor = Some(descriptor);
@@ -469,7 +463,11 @@ impl StateMachine for NamespaceStateMachine {
                 let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
                 let record = TxnView::new(reader, None).session(id).map_err(|e| EngineError::busy(e.to_string()))?;
                 let lease = lease(&mut self.leases, &self.sessions, id, false);
-                LeaderResponseKind::SessionInfo(SessionInfoResponse { header: None, lease: Some(lease), ephemerals: record.map_or(0, |r| r.ephemerals) })
+                LeaderResponseKind::SessionInfo(SessionInfoResponse {
+                    header: None,
+                    lease: Some(lease),
+                    ephemerals: record.map_or(0, |r| r.ephemerals),
+                })
             }
             Some(LeaderRequestKind::RemoteSessions(page)) => {
                 let limit = (page.limit as usize).clamp(1, sessions::REMOTE_SESSIONS_PAGE_MAX);
@@ -575,7 +573,8 @@ mod tests {
             other => panic!("unexpected {other:?}"),
         }
         db.write_ops(&batch.into_ops(), false).expect("write");
-        let query = Query { query: Some(warden_proto::namespace::query::Query::Children(GetChildrenRequest { path: "/".into(), ..Default::default() })) };
+        let query =
+            Query { query: Some(warden_proto::namespace::query::Query::Children(GetChildrenRequest { path: "/".into(), ..Default::default() })) };
         let result = QueryResult::decode(sm.query(&query.encode_to_vec()).expect("query").as_slice()).expect("decode");
         match result.result {
             Some(warden_proto::namespace::query_result::Result::Children(children)) => assert!(children.names.is_empty()),

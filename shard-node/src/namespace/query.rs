@@ -12,7 +12,13 @@ use crate::error::{EngineError, StorageError};
 use crate::state_machine::SmReader;
 
 /// Runs an encoded [`Query`] at `revision`, for a group serving `descriptor`.
-pub fn run(reader: &SmReader, limits: &Limits, revision: u64, descriptor: Option<&GroupDescriptor>, query: &[u8]) -> Result<QueryResult, EngineError> {
+pub fn run(
+    reader: &SmReader,
+    limits: &Limits,
+    revision: u64,
+    descriptor: Option<&GroupDescriptor>,
+    query: &[u8],
+) -> Result<QueryResult, EngineError> {
     let query = Query::decode(query).map_err(|e| EngineError::Invalid(format!("namespace query: {e}")))?;
     let path = match &query.query {
         Some(QueryKind::Get(get)) => Some(get.path.as_str()),
@@ -72,8 +78,8 @@ fn answer(reader: &SmReader, limits: &Limits, query: Query) -> Result<QueryOutco
             if request.with_stats {
                 for name in &names {
                     let child = path::join(&request.path, name);
-                    let record = store::read_node(reader, &child)?
-                        .ok_or_else(|| StorageError::Corrupt(format!("child {child} indexed but missing")))?;
+                    let record =
+                        store::read_node(reader, &child)?.ok_or_else(|| StorageError::Corrupt(format!("child {child} indexed but missing")))?;
                     stats.push(record.stat.unwrap_or_default());
                 }
             }

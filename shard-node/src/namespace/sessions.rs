@@ -101,19 +101,15 @@ impl LeaseTable {
         if !self.leading || now_ms < self.recheck_at_ms {
             return Vec::new();
         }
-        let mut due: Vec<u64> =
-            self.deadlines.iter().filter(|(id, deadline)| self.due_at(**id, **deadline) <= now_ms).map(|(id, _)| *id).collect();
+        let mut due: Vec<u64> = self.deadlines.iter().filter(|(id, deadline)| self.due_at(**id, **deadline) <= now_ms).map(|(id, _)| *id).collect();
         let truncated = due.len() > max;
         due.sort_unstable();
         due.truncate(max);
         for id in &due {
             self.expiring.insert(*id, now_ms);
         }
-        self.recheck_at_ms = if truncated {
-            now_ms
-        } else {
-            self.deadlines.iter().map(|(id, deadline)| self.due_at(*id, *deadline)).min().unwrap_or(u64::MAX)
-        };
+        self.recheck_at_ms =
+            if truncated { now_ms } else { self.deadlines.iter().map(|(id, deadline)| self.due_at(*id, *deadline)).min().unwrap_or(u64::MAX) };
         due
     }
 

@@ -125,7 +125,10 @@ pub fn read_revision(reader: &SmReader) -> Result<u64, StorageError> {
 
 /// The group's descriptor on disk (`None`: never set; the group serves every path).
 pub fn read_descriptor(reader: &SmReader) -> Result<Option<GroupDescriptor>, StorageError> {
-    reader.get(DESCRIPTOR_KEY)?.map(|bytes| GroupDescriptor::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("descriptor: {e}")))).transpose()
+    reader
+        .get(DESCRIPTOR_KEY)?
+        .map(|bytes| GroupDescriptor::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("descriptor: {e}"))))
+        .transpose()
 }
 
 /// Every session record on disk, by id.

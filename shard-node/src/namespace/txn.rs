@@ -8,14 +8,14 @@ use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{
-    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, GroupDescriptor, LockMode, LockResponse, Sequencer, DeleteResponse, GetRequest, GetResponse, NodeKind,
-    SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
+    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, GroupDescriptor, LockMode,
+    LockResponse, NodeKind, Sequencer, SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
 };
 
 use super::error::{error, invalid, invalid_path, no_node, too_large};
-use super::path;
 use super::error::{session_expired, Failure};
 use super::locks;
+use super::path;
 use super::sessions;
 use super::store::TxnView;
 use super::Limits;
@@ -99,7 +99,6 @@ fn check_op(op: &TxnOp, limits: &Limits) -> Result<(), WardenError> {
             if create.session_id != 0 && kind != NodeKind::Persistent {
                 return Err(invalid(&create.path, "ephemeral nodes are neither containers nor TTL nodes"));
             }
-
         }
         Some(Op::Set(set)) => {
             path::validate(&set.path, false).map_err(|e| invalid_path(&set.path, &e))?;
@@ -368,7 +367,9 @@ impl Txn<'_, '_> {
     fn attach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
         let mut record = self.view.session(session)?.ok_or_else(|| session_expired(session, path))?;
         if record.ephemerals >= self.limits.ephemerals_per_session_max as u64 {
-            return Err(too_large(path, "ephemeral nodes of one session", record.ephemerals as usize + 1, self.limits.ephemerals_per_session_max).into());
+            return Err(
+                too_large(path, "ephemeral nodes of one session", record.ephemerals as usize + 1, self.limits.ephemerals_per_session_max).into()
+            );
         }
         record.ephemerals += 1;
         self.view.put_session(&record);
@@ -497,7 +498,12 @@ impl Txn<'_, '_> {
     /// Makes the group serve `new` (see `namespace.proto`, `SetDescriptor`): refused when it
     /// is older than `current`, changes the prefix, or gives away a path where this group
     /// holds a node. A prefix node missing here is created: it is the group's root.
-    pub fn set_descriptor(&mut self, group: u64, current: Option<&GroupDescriptor>, new: Option<GroupDescriptor>) -> Result<GroupDescriptor, Failure> {
+    pub fn set_descriptor(
+        &mut self,
+        group: u64,
+        current: Option<&GroupDescriptor>,
+        new: Option<GroupDescriptor>,
+    ) -> Result<GroupDescriptor, Failure> {
         let new = new.ok_or_else(|| invalid("", "set_descriptor without a descriptor"))?;
         if new.group_id != group {
             return Err(invalid(&new.prefix, format!("a descriptor of group {} sent to group {group}", new.group_id)).into());
@@ -517,7 +523,9 @@ impl Txn<'_, '_> {
                 return Err(invalid(excluded, "an excluded prefix must be below the group's prefix").into());
             }
             if self.node(excluded)?.is_some() {
-                return Err(error(Code::NotEmpty, excluded, "this group holds nodes there (moving a subtree to another group is not supported)").into());
+                return Err(
+                    error(Code::NotEmpty, excluded, "this group holds nodes there (moving a subtree to another group is not supported)").into()
+                );
             }
         }
         if self.node(&new.prefix)?.is_none() {
@@ -556,7 +564,8 @@ impl Txn<'_, '_> {
             }
             Some(_) => {}
             None => {
-                let container = CreateRequest { path: lock_path.into(), kind: NodeKind::Container as i32, create_parents: true, ..CreateRequest::default() };
+                let container =
+                    CreateRequest { path: lock_path.into(), kind: NodeKind::Container as i32, create_parents: true, ..CreateRequest::default() };
                 self.create(&container)?;
             }
         }
@@ -569,7 +578,8 @@ impl Txn<'_, '_> {
             }
         };
         let mut waiters = locks::waiters(self.view, lock_path)?;
-        let retried = waiters.iter().position(|w| request.request_id != 0 && w.session_id == request.session_id && w.request_id == request.request_id);
+        let retried =
+            waiters.iter().position(|w| request.request_id != 0 && w.session_id == request.session_id && w.request_id == request.request_id);
         let index = match retried {
             Some(index) => index,
             None => {

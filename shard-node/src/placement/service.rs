@@ -18,16 +18,16 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use prost::Message as _;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 use warden_placement::{Command, GroupDescriptor, Outcome, Placement, PlacementConfig, PlacementError, PLACEMENT_GROUP_ID};
-use warden_proto::placement::placement_client::PlacementClient;
-use warden_proto::placement::placement_server::{Placement as PlacementApi, PlacementServer};
-use warden_proto::placement::*;
-use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::{Command as NamespaceCommand, CommandResult, SetDescriptor};
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::placement_server::{Placement as PlacementApi, PlacementServer};
+use warden_proto::placement::*;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{Routing, SyncRequest, WardenError};
@@ -70,7 +70,12 @@ impl PlacementService {
 
     /// Sends the table on `tables` whenever this replica applies a newer routing version,
     /// until the watcher goes away or the table cannot be read.
-    async fn send_tables(&self, mut versions: tokio::sync::watch::Receiver<u64>, mut sent: u64, tables: tokio::sync::mpsc::Sender<Result<RoutingTable, Status>>) {
+    async fn send_tables(
+        &self,
+        mut versions: tokio::sync::watch::Receiver<u64>,
+        mut sent: u64,
+        tables: tokio::sync::mpsc::Sender<Result<RoutingTable, Status>>,
+    ) {
         loop {
             let version = *versions.borrow_and_update();
             if version > sent {
@@ -293,7 +298,8 @@ impl PlacementApi for PlacementService {
     }
 
     async fn bootstrap(&self, _request: Request<BootstrapRequest>) -> Result<Response<BootstrapResponse>, Status> {
-        let nodes = self.directory.ids().into_iter().filter_map(|id| self.directory.get(id).map(|addr| (id, addr.to_string(), String::new()))).collect();
+        let nodes =
+            self.directory.ids().into_iter().filter_map(|id| self.directory.get(id).map(|addr| (id, addr.to_string(), String::new()))).collect();
         let root = match self.propose(&Command::Bootstrap { nodes, now_ms: now_ms() }).await? {
             Outcome::Bootstrapped(root) => root,
             other => return Err(internal(format!("unexpected outcome {other:?}"))),
@@ -306,9 +312,10 @@ impl PlacementApi for PlacementService {
     }
 
     async fn set_descriptor(&self, request: Request<SetDescriptorRequest>) -> Result<Response<SetDescriptorResponse>, Status> {
-        let descriptor = request.into_inner().descriptor.ok_or_else(|| {
-            status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() })
-        })?;
+        let descriptor = request
+            .into_inner()
+            .descriptor
+            .ok_or_else(|| status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() }))?;
         let group = descriptor.group_id;
         let command = NamespaceCommand { now_ms: now_ms(), op: Some(CommandOp::SetDescriptor(SetDescriptor { descriptor: Some(descriptor) })) };
         let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
@@ -321,7 +328,11 @@ impl PlacementApi for PlacementService {
     async fn create_replica(&self, request: Request<CreateReplicaRequest>) -> Result<Response<CreateReplicaResponse>, Status> {
         let request = request.into_inner();
         if request.voters.is_empty() {
-            return Err(status(WardenError { code: Code::InvalidArgument as i32, message: "a new group needs voters".into(), ..WardenError::default() }));
+            return Err(status(WardenError {
+                code: Code::InvalidArgument as i32,
+                message: "a new group needs voters".into(),
+                ..WardenError::default()
+            }));
         }
         match self.node.create_group(request.group_id, request.voters).await {
             // Idempotent: a retried creation finds its replica.

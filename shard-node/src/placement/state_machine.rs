@@ -2,7 +2,7 @@
 //! JSON (the placement crate's serde forms; the state is small: nodes, groups, routes).
 //! The whole state is rewritten under one key with every change, so apply stays one write.
 
-use warden_placement::{Command, Placement, PlacementConfig, PlacementError, Outcome};
+use warden_placement::{Command, Outcome, Placement, PlacementConfig, PlacementError};
 
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::{ApplyOutput, LeaderClock, SmReader, SmWrites, StateMachine};

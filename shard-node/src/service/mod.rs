@@ -15,10 +15,10 @@ use prost::Message as _;
 use tonic::{Request, Response, Status};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
-use warden_proto::namespace::query::Query as QueryKind;
-use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
+use warden_proto::namespace::query::Query as QueryKind;
+use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::{Command, CommandResult, LeaderRequest, LeaderResponse, LockQuery, Query, QueryResult};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
@@ -28,8 +28,8 @@ use warden_proto::v1::*;
 
 use crate::error::EngineError;
 use crate::group_links::GroupLinks;
-use crate::namespace::{sessions, txn, Limits};
 use crate::host::{NodeHandle, ReadConsistency};
+use crate::namespace::{sessions, txn, Limits};
 use crate::transport::PeerDirectory;
 use crate::watch::WatchHubs;
 
@@ -214,7 +214,13 @@ impl WardenService {
         Ok((result, header))
     }
 
-    async fn read(&self, routing: Option<&Routing>, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), Status> {
+    async fn read(
+        &self,
+        routing: Option<&Routing>,
+        consistency: i32,
+        query: QueryKind,
+        timeout: Duration,
+    ) -> Result<(QueryOutcome, ResponseHeader), Status> {
         self.read_group(group_of(routing), consistency, query, timeout).await
     }
 

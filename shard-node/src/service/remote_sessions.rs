@@ -87,7 +87,10 @@ impl WardenService {
         }
         // 1. Which this group already records: its applied state here is enough, since a
         //    stale answer only costs a repeated confirmation.
-        let known = match self.read_group(group, Consistency::Stale as i32, QueryKind::Sessions(SessionIds { session_ids: remote.clone() }), timeout).await? {
+        let known = match self
+            .read_group(group, Consistency::Stale as i32, QueryKind::Sessions(SessionIds { session_ids: remote.clone() }), timeout)
+            .await?
+        {
             (QueryOutcome::Sessions(known), _) => known.session_ids,
             _ => return Err(internal("mismatched result".into())),
         };
@@ -157,10 +160,12 @@ impl WardenService {
         // 2. One call per home group and batch, all at once.
         let deadline = Instant::now() + timeout;
         let homes = by_home(&sessions);
-        let calls = homes.iter().flat_map(|(home, ids)| ids.chunks(SESSION_IDS_PER_CHECK_MAX).map(move |batch| (*home, batch))).map(|(home, batch)| async move {
-            self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
-            (home, batch, self.links.check_sessions(group, home, batch, deadline).await)
-        });
+        let calls = homes.iter().flat_map(|(home, ids)| ids.chunks(SESSION_IDS_PER_CHECK_MAX).map(move |batch| (*home, batch))).map(
+            |(home, batch)| async move {
+                self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
+                (home, batch, self.links.check_sessions(group, home, batch, deadline).await)
+            },
+        );
         let mut dead = Vec::new();
         let mut unreachable = std::collections::BTreeSet::new();
         for (home, batch, answer) in futures::future::join_all(calls).await {

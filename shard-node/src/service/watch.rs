@@ -212,16 +212,20 @@ impl Driver {
         if create.read && create.start_revision != 0 {
             return Err(invalid("a watch with a read starts at the read: start_revision must be 0"));
         }
-        let hub = self
-            .hubs
-            .get(self.node_id, group)
-            .ok_or_else(|| error(Code::WrongGroup, "", format!("group {group} is not hosted on this node")))?;
+        let hub =
+            self.hubs.get(self.node_id, group).ok_or_else(|| error(Code::WrongGroup, "", format!("group {group} is not hosted on this node")))?;
         let timeout = self.service.timeout;
         let (revision, read) = if create.read {
             let query = match kind {
                 WatchKind::Data => QueryKind::Get(GetRequest { path: create.path.clone(), consistency: create.consistency, routing: None }),
-                WatchKind::Children => QueryKind::Children(GetChildrenRequest { path: create.path.clone(), consistency: create.consistency, ..GetChildrenRequest::default() }),
-                WatchKind::Exists | WatchKind::Persistent => QueryKind::Exists(ExistsRequest { path: create.path.clone(), consistency: create.consistency, routing: None }),
+                WatchKind::Children => QueryKind::Children(GetChildrenRequest {
+                    path: create.path.clone(),
+                    consistency: create.consistency,
+                    ..GetChildrenRequest::default()
+                }),
+                WatchKind::Exists | WatchKind::Persistent => {
+                    QueryKind::Exists(ExistsRequest { path: create.path.clone(), consistency: create.consistency, routing: None })
+                }
             };
             let (outcome, header) = self.read(group, create.consistency, query, timeout).await?;
             let read = match outcome {
@@ -248,13 +252,15 @@ impl Driver {
             progress_notify: create.progress_notify,
             active: false,
         };
-        let created = Outgoing::Created { watch_id, group, revision, created: Box::new(WatchCreated { start_revision, read, ..WatchCreated::default() }) };
+        let created =
+            Outgoing::Created { watch_id, group, revision, created: Box::new(WatchCreated { start_revision, read, ..WatchCreated::default() }) };
         Ok((watch, created))
     }
 
     async fn read(&self, group: u64, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), WardenError> {
-        self.service.read_group(group, consistency, query, timeout).await.map_err(|status| {
-            error_of(&status).unwrap_or_else(|| error(Code::Unavailable, "", status.message()))
-        })
+        self.service
+            .read_group(group, consistency, query, timeout)
+            .await
+            .map_err(|status| error_of(&status).unwrap_or_else(|| error(Code::Unavailable, "", status.message())))
     }
 }

@@ -96,9 +96,7 @@ impl Db {
 
     /// Handle of column family `cf`.
     pub fn cf(&self, cf: Cf) -> Result<&ColumnFamily, StorageError> {
-        self.inner
-            .cf_handle(cf.name())
-            .ok_or(StorageError::MissingColumnFamily(cf.name()))
+        self.inner.cf_handle(cf.name()).ok_or(StorageError::MissingColumnFamily(cf.name()))
     }
 
     /// Reads `key` from `cf`.

@@ -90,11 +90,7 @@ impl PeerStorage {
     pub fn destroy_ops(group: u64) -> Vec<WriteOp> {
         [Cf::RaftLog, Cf::RaftState, Cf::Sm]
             .into_iter()
-            .map(|cf| WriteOp::DeleteRange {
-                cf,
-                from: keys::group_prefix(group).to_vec(),
-                to: keys::group_end(group),
-            })
+            .map(|cf| WriteOp::DeleteRange { cf, from: keys::group_prefix(group).to_vec(), to: keys::group_end(group) })
             .collect()
     }
 
@@ -217,11 +213,7 @@ impl PeerStorage {
         let data = SnapshotData::decode(&snap.data)?;
         let (index, term) = (meta.index, meta.term);
         assert!(index >= self.truncated_index, "snapshot at {index} is older than the log start {}", self.truncated_index);
-        ops.push(WriteOp::DeleteRange {
-            cf: Cf::RaftLog,
-            from: keys::group_prefix(self.group).to_vec(),
-            to: keys::group_end(self.group),
-        });
+        ops.push(WriteOp::DeleteRange { cf: Cf::RaftLog, from: keys::group_prefix(self.group).to_vec(), to: keys::group_end(self.group) });
         ops.extend(snapshot::restore_ops(self.group, &data));
         let conf_state = meta.get_conf_state();
         ops.push(state_put(self.group, StateKey::ConfState, encode(conf_state)));
@@ -267,9 +259,7 @@ impl PeerStorage {
     /// cached entries up to there may be evicted.
     pub fn on_durable(&mut self, index: u64) {
         self.durable_index = self.durable_index.max(index.min(self.last_index));
-        while self.cache_bytes > self.limits.cache_bytes_max
-            && self.cache.front().is_some_and(|entry| entry.index <= self.durable_index)
-        {
+        while self.cache_bytes > self.limits.cache_bytes_max && self.cache.front().is_some_and(|entry| entry.index <= self.durable_index) {
             if let Some(entry) = self.cache.pop_front() {
                 self.cache_bytes -= entry_bytes(&entry);
             }
@@ -291,11 +281,8 @@ impl PeerStorage {
         let mut read_options = rocksdb::ReadOptions::default();
         read_options.set_iterate_upper_bound(keys::log_key(self.group, high).to_vec());
         let from = keys::log_key(self.group, low);
-        let iter = self.db.raw().iterator_cf_opt(
-            self.db.cf(Cf::RaftLog)?,
-            read_options,
-            rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward),
-        );
+        let iter =
+            self.db.raw().iterator_cf_opt(self.db.cf(Cf::RaftLog)?, read_options, rocksdb::IteratorMode::From(&from, rocksdb::Direction::Forward));
         for item in iter {
             let (key, value) = item?;
             let expected = low + entries.len() as u64;
@@ -406,9 +393,7 @@ pub fn state_put(group: u64, tag: StateKey, value: Vec<u8>) -> WriteOp {
 pub fn read_message<M: protobuf::Message>(db: &Db, group: u64, tag: StateKey) -> Result<Option<M>, StorageError> {
     match db.get(Cf::RaftState, &keys::state_key(group, tag))? {
         None => Ok(None),
-        Some(bytes) => M::parse_from_bytes(&bytes)
-            .map(Some)
-            .map_err(|e| StorageError::Corrupt(format!("group {group} {tag:?}: {e}"))),
+        Some(bytes) => M::parse_from_bytes(&bytes).map(Some).map_err(|e| StorageError::Corrupt(format!("group {group} {tag:?}: {e}"))),
     }
 }
 
@@ -416,9 +401,9 @@ pub fn read_message<M: protobuf::Message>(db: &Db, group: u64, tag: StateKey) ->
 pub fn read_index_term(db: &Db, group: u64, tag: StateKey) -> Result<Option<(u64, u64)>, StorageError> {
     match db.get(Cf::RaftState, &keys::state_key(group, tag))? {
         None => Ok(None),
-        Some(bytes) => keys::decode_index_term(&bytes)
-            .map(Some)
-            .ok_or_else(|| StorageError::Corrupt(format!("group {group} {tag:?}: {} bytes", bytes.len()))),
+        Some(bytes) => {
+            keys::decode_index_term(&bytes).map(Some).ok_or_else(|| StorageError::Corrupt(format!("group {group} {tag:?}: {} bytes", bytes.len())))
+        }
     }
 }
 

@@ -95,9 +95,8 @@ pub fn build(db: &Db, group: u64, bytes_max: usize) -> Result<Option<Snapshot>, 
     let apply = view.get_cf(db.cf(Cf::RaftState)?, keys::state_key(group, StateKey::Apply))?;
     let Some(apply) = apply else { return Ok(None) };
     let (index, term) = keys::decode_index_term(&apply).ok_or_else(|| corrupt("apply state".into()))?;
-    let conf_bytes = view
-        .get_cf(db.cf(Cf::RaftState)?, keys::state_key(group, StateKey::ConfState))?
-        .ok_or_else(|| corrupt("no conf state".into()))?;
+    let conf_bytes =
+        view.get_cf(db.cf(Cf::RaftState)?, keys::state_key(group, StateKey::ConfState))?.ok_or_else(|| corrupt("no conf state".into()))?;
     let conf_state = <ConfState as protobuf::Message>::parse_from_bytes(&conf_bytes).map_err(|e| corrupt(e.to_string()))?;
     let mut data = SnapshotData::default();
     let mut size = 0usize;

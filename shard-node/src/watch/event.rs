@@ -145,7 +145,11 @@ impl WatchSpec {
     /// A spec of `kind`; `recursive` only means something for `Persistent`.
     pub fn new(kind: WatchKind, recursive: bool, no_create: bool, no_delete: bool, no_change: bool, prev_data: bool) -> WatchSpec {
         let flag = |on: bool, bit: u8| if on { bit } else { 0 };
-        let flags = flag(recursive, RECURSIVE) | flag(no_create, NO_CREATE) | flag(no_delete, NO_DELETE) | flag(no_change, NO_CHANGE) | flag(prev_data, PREV_DATA);
+        let flags = flag(recursive, RECURSIVE)
+            | flag(no_create, NO_CREATE)
+            | flag(no_delete, NO_DELETE)
+            | flag(no_change, NO_CHANGE)
+            | flag(prev_data, PREV_DATA);
         WatchSpec { kind, flags }
     }
 
@@ -274,7 +278,12 @@ mod tests {
         let event = |path: &str, kind| Event { kind, path: path.into(), node: node_state(None, Vec::new()), prev: None };
         let batch = EventBatch {
             revision: 5,
-            events: vec![event("/a", EventKind::Changed), event("/a/b", EventKind::Created), event("/a/b/c", EventKind::Created), event("/z", EventKind::Created)],
+            events: vec![
+                event("/a", EventKind::Changed),
+                event("/a/b", EventKind::Created),
+                event("/a/b/c", EventKind::Created),
+                event("/z", EventKind::Created),
+            ],
         };
         let recursive = WatchSpec::new(WatchKind::Persistent, true, false, false, false, false);
         assert_eq!(recursive.select("/a", &batch), vec![0, 1, 2]);

@@ -315,7 +315,8 @@ mod tests {
     use warden_proto::v1::watch_create::Kind as WatchKind;
 
     fn batch(revision: u64, paths: &[&str]) -> EventBatch {
-        let events = paths.iter().map(|p| Event { kind: EventKind::Created, path: p.to_string(), node: node_state(None, vec![1; 10]), prev: None }).collect();
+        let events =
+            paths.iter().map(|p| Event { kind: EventKind::Created, path: p.to_string(), node: node_state(None, vec![1; 10]), prev: None }).collect();
         EventBatch { revision, events }
     }
 

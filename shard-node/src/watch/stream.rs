@@ -102,7 +102,8 @@ impl Outgoing {
     fn size_bytes(&self) -> usize {
         match self {
             Outgoing::Events { batches, .. } => {
-                CONTROL_BYTES + batches.iter().flat_map(|(batch, selected)| selected.iter().map(|i| batch.events[*i as usize].size_bytes())).sum::<usize>()
+                CONTROL_BYTES
+                    + batches.iter().flat_map(|(batch, selected)| selected.iter().map(|i| batch.events[*i as usize].size_bytes())).sum::<usize>()
             }
             _ => CONTROL_BYTES,
         }
