@@ -6,7 +6,7 @@
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
-use std::process::{Child, ChildStdout, Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
@@ -34,14 +34,14 @@ impl Process {
     }
 }
 
-/// Lines of a child's stdout, read by a thread so reads can time out.
+/// Lines of a child's stdout or stderr, read by a thread so reads can time out.
 struct Lines(std::sync::mpsc::Receiver<String>);
 
 impl Lines {
-    fn of(stdout: ChildStdout) -> Lines {
+    fn of(pipe: impl std::io::Read + Send + 'static) -> Lines {
         let (send, receive) = std::sync::mpsc::channel();
         std::thread::spawn(move || {
-            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            for line in BufReader::new(pipe).lines().map_while(Result::ok) {
                 if send.send(line).is_err() {
                     return;
                 }
@@ -119,7 +119,8 @@ impl Cluster {
         let data = dir.path().join("data");
         let mut command = Command::new(BIN);
         command.args(["dev", "--fresh", "--data-dir", data.to_str().expect("utf8"), "--base-port", &base.to_string(), "--router", &router]);
-        command.stdout(log.try_clone().expect("log")).stderr(log);
+        // Logging at its defaults (item 20 reads this log).
+        command.stdout(log.try_clone().expect("log")).stderr(log).env_remove("RUST_LOG");
         // SAFETY: prctl in the forked child before exec: dies with this test process even if
         // it is killed without unwinding.
         unsafe {
@@ -187,10 +188,17 @@ impl Cluster {
         stdout.lines().map(|line| serde_json::from_str(line).unwrap_or_else(|e| panic!("warden {all:?}: not JSON ({e}): {line}"))).collect()
     }
 
-    /// Starts `warden ARGS` in the background, stdout piped.
+    /// Starts `warden ARGS` in the background; its stdout lines.
     fn spawn(&self, args: &[&str]) -> (Process, Lines) {
         let mut child = self.command(args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("spawn warden");
         let lines = Lines::of(child.stdout.take().expect("stdout"));
+        (Process(child), lines)
+    }
+
+    /// Starts `warden ARGS` in the background; its stderr lines (where `warden lock` reports).
+    fn spawn_reading_stderr(&self, args: &[&str]) -> (Process, Lines) {
+        let mut child = self.command(args).stdin(Stdio::null()).stdout(Stdio::inherit()).stderr(Stdio::piped()).spawn().expect("spawn warden");
+        let lines = Lines::of(child.stderr.take().expect("stderr"));
         (Process(child), lines)
     }
 
@@ -321,9 +329,11 @@ fn lock_runs_the_command_with_its_token(c: &Cluster) {
     let token: u64 = token.parse().unwrap_or_else(|_| panic!("a numeric token: {stdout}"));
     assert!(token > 0);
     assert_eq!(path, "/cli/locks/one");
-    assert!(stdout.contains(&format!("(fencing token {token})")), "{stdout}");
+    assert!(text(&out.stderr).contains(&format!("(fencing token {token})")), "{}", text(&out.stderr));
     // Released: a second holder gets it at once, with a higher token.
-    let again = c.json_lines(&["lock", "/cli/locks/one", "--", "true"]);
+    let again = c.run(&["--json", "lock", "/cli/locks/one", "--", "true"], None);
+    assert!(again.status.success(), "{}", text(&again.stderr));
+    let again = json_events(&again.stderr);
     assert_eq!(again.len(), 2, "acquired and released: {again:?}");
     assert_eq!(again[1]["event"], "released");
     let again = &again[0];
@@ -331,6 +341,27 @@ fn lock_runs_the_command_with_its_token(c: &Cluster) {
     // A command that cannot run.
     let missing = c.run(&["lock", "/cli/locks/one", "--", "/no/such/program"], None);
     assert_eq!(missing.status.code(), Some(127), "{}", text(&missing.stderr));
+}
+
+/// The `{"event": …}` JSON objects among the lines of `stderr` (log lines are skipped).
+fn json_events(stderr: &[u8]) -> Vec<Value> {
+    text(stderr).lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()).filter(|value| value.get("event").is_some()).collect()
+}
+
+/// Item 21 of issue 12: `warden lock /x -- cmd | consumer` hands the consumer exactly the
+/// command's output; warden's own "acquired"/"released" lines (text or `--json`) go to
+/// stderr, as `flock` and `consul lock` do.
+fn item_21_lock_leaves_the_commands_stdout_its_own(c: &Cluster) {
+    let out = c.run(&["lock", "/cli/locks/stdout", "--", "printf", "exact bytes"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "exact bytes", "nothing but the command's own output on stdout");
+    let stderr = text(&out.stderr);
+    assert!(stderr.contains("acquired /cli/locks/stdout (fencing token ") && stderr.contains("released /cli/locks/stdout"), "{stderr}");
+    let out = c.run(&["--json", "lock", "/cli/locks/stdout", "--", "printf", "exact bytes"], None);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "exact bytes", "nothing but the command's own output on stdout with --json");
+    let events: Vec<Value> = json_events(&out.stderr).into_iter().map(|e| e["event"].clone()).collect();
+    assert_eq!(events, ["acquired", "released"], "{}", text(&out.stderr));
 }
 
 fn lock_waits_for_the_holder(c: &Cluster) {
@@ -353,7 +384,7 @@ fn lock_waits_for_the_holder(c: &Cluster) {
 
 fn lock_lost_or_stopped_ends_the_command(c: &Cluster) {
     // The holding session is closed behind the command's back: the command is killed.
-    let (mut lost, mut lines) = c.spawn(&["--json", "lock", "--session-ttl", "3000", "/cli/locks/three", "--", "sleep", "60"]);
+    let (mut lost, mut lines) = c.spawn_reading_stderr(&["--json", "lock", "--session-ttl", "3000", "/cli/locks/three", "--", "sleep", "60"]);
     let acquired: Value = serde_json::from_str(&lines.line(Duration::from_secs(20))).expect("JSON");
     let session = acquired["session_id"].as_str().expect("session id").to_string();
     c.ok(&["session", "close", &session]);
@@ -361,11 +392,19 @@ fn lock_lost_or_stopped_ends_the_command(c: &Cluster) {
     assert_eq!(wait_within(&mut lost.0, Duration::from_secs(20)).status.code(), Some(1), "lock lost: exit 1");
     assert!(started.elapsed() < Duration::from_secs(15), "killed within a keepalive or two");
     // SIGTERM is passed on to the command (killed by signal 15: 128 + 15), and the lock released.
-    let (mut stopped, mut lines) = c.spawn(&["lock", "/cli/locks/three", "--", "sleep", "60"]);
+    let (mut stopped, mut lines) = c.spawn_reading_stderr(&["lock", "/cli/locks/three", "--", "sleep", "60"]);
     assert!(lines.line(Duration::from_secs(20)).starts_with("acquired /cli/locks/three"));
     assert_eq!(stopped.terminate(), Some(143));
     let out = c.run(&["lock", "--wait", "5000", "/cli/locks/three", "--", "true"], None);
     assert!(out.status.success(), "released after the stop: {}", text(&out.stderr));
+}
+
+/// Item 20 of issue 12: with no `RUST_LOG`, servers log at `info` the events an operator
+/// needs; the dev cluster's log names each leader its groups elected (it was silent before).
+fn item_20_servers_log_leader_changes_by_default(c: &Cluster) {
+    let log = std::fs::read_to_string(c.path("dev.log")).expect("dev.log");
+    let leaders = log.lines().filter(|line| line.contains(" INFO ") && line.contains("became leader")).count();
+    assert!(leaders >= 4, "a leader line per group (placement, /, /config, /teams/…): {leaders} in\n{log}");
 }
 
 fn sessions(c: &Cluster) {
@@ -428,15 +467,17 @@ fn elect(c: &Cluster) {
 #[test]
 fn the_command_line_against_a_dev_cluster() {
     let mut cluster = Cluster::start();
-    let steps: [(&str, fn(&Cluster)); 11] = [
+    let steps: [(&str, fn(&Cluster)); 13] = [
         ("nodes_commands", nodes_commands),
         ("nonexistent_node", nonexistent_node),
         ("json_output", json_output),
         ("txn_from_stdin", txn_from_stdin),
         ("watch_count", watch_count),
         ("lock_runs_the_command_with_its_token", lock_runs_the_command_with_its_token),
+        ("item_21_lock_leaves_the_commands_stdout_its_own", item_21_lock_leaves_the_commands_stdout_its_own),
         ("lock_waits_for_the_holder", lock_waits_for_the_holder),
         ("lock_lost_or_stopped_ends_the_command", lock_lost_or_stopped_ends_the_command),
+        ("item_20_servers_log_leader_changes_by_default", item_20_servers_log_leader_changes_by_default),
         ("sessions", sessions),
         ("status", status),
         ("elect", elect),

@@ -5,7 +5,8 @@
 //! be relied on (the session is in jeopardy or has ended) the command is killed (SIGTERM, then
 //! SIGKILL after `--kill-grace`). When the command exits the lock is released and `warden`
 //! exits with the command's status (128 + N when killed by signal N). SIGTERM and Ctrl-C are
-//! passed on to the command.
+//! passed on to the command. Warden's own "acquired"/"released" lines go to stderr: the
+//! command's stdout is exactly its own.
 
 use std::process::ExitStatus;
 use std::time::Duration;
@@ -88,7 +89,7 @@ pub async fn run(args: LockArgs, client: &Client, out: Output) -> anyhow::Result
     };
     let token = guard.fencing_token();
     let value = json!({ "event": "acquired", "path": args.path, "fencing_token": token, "session_id": session.id().to_string() });
-    out.emit(value, || format!("acquired {} (fencing token {token})", args.path))?;
+    out.status(value, || format!("acquired {} (fencing token {token})", args.path))?;
 
     let spawned = Command::new(&args.command[0])
         .args(&args.command[1..])
@@ -122,7 +123,7 @@ pub async fn run(args: LockArgs, client: &Client, out: Output) -> anyhow::Result
             guard.unlock().await?;
             session.close().await?;
             let code = exit_status_code(status);
-            out.emit(json!({ "event": "released", "path": args.path, "exit_code": code }), || format!("released {}", args.path))?;
+            out.status(json!({ "event": "released", "path": args.path, "exit_code": code }), || format!("released {}", args.path))?;
             match code {
                 0 => Ok(()),
                 code => Err(ExitWith(code).into()),

@@ -19,15 +19,26 @@ impl Output {
         Output { json }
     }
 
-    /// Prints one result: `value` as one JSON line in JSON mode, else the lines of `text`.
+    /// Prints one result on stdout: `value` as one JSON line in JSON mode, else the lines of
+    /// `text`.
     pub fn emit(&self, value: Value, text: impl FnOnce() -> String) -> std::io::Result<()> {
-        let mut stdout = std::io::stdout().lock();
+        self.write_to(&mut std::io::stdout().lock(), value, text)
+    }
+
+    /// Prints one status line on stderr, in the same form as [`Output::emit`]. For commands
+    /// that wrap another program (`warden lock -- CMD`): its stdout must stay exactly its own,
+    /// so a pipe consumer never sees warden's lines (as with `flock` and `consul lock`).
+    pub fn status(&self, value: Value, text: impl FnOnce() -> String) -> std::io::Result<()> {
+        self.write_to(&mut std::io::stderr().lock(), value, text)
+    }
+
+    fn write_to(&self, sink: &mut impl Write, value: Value, text: impl FnOnce() -> String) -> std::io::Result<()> {
         if self.json {
-            writeln!(stdout, "{value}")?;
+            writeln!(sink, "{value}")?;
         } else {
-            writeln!(stdout, "{}", text())?;
+            writeln!(sink, "{}", text())?;
         }
-        stdout.flush()
+        sink.flush()
     }
 }
 
