@@ -69,11 +69,19 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
 }
 
 fn main() {
-    tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
-        .with_writer(std::io::stderr)
-        .init();
     let cli = Cli::parse();
+    // Servers log what an operator needs (leader changes, snapshots, nodes down/up, storage
+    // errors, slow fsyncs) at `info`; client commands keep stderr for their own errors.
+    // `RUST_LOG` overrides both.
+    let default_level = match cli.command {
+        Command::Dev(_) | Command::Router(_) | Command::Node(_) => "info",
+        Command::Admin(_) | Command::Bench(_) | Command::Cli(_) => "warn",
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| default_level.into()))
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
     let out = cli.global.output();
     let ran = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|runtime| {
         runtime.block_on(async {

@@ -8,6 +8,7 @@
 //!   tree), and [`kv`], the engine's test state machine.
 //! - [`group_links`]: calls from one group to another (sessions homed elsewhere).
 //! - [`cluster`]: an in-process cluster with fault injection, for tests and benchmarks.
+//! - [`log_limit`]: rate limits for operator log lines.
 
 pub mod cluster;
 pub mod config;
@@ -15,6 +16,7 @@ pub mod error;
 pub mod group_links;
 pub mod host;
 pub mod kv;
+pub mod log_limit;
 pub mod namespace;
 pub mod placement;
 pub mod service;

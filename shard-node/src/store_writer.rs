@@ -136,6 +136,9 @@ impl StoreWriter {
     }
 }
 
+/// A synced write slower than this is logged: the disk is holding back every group's commits.
+const SLOW_FSYNC: std::time::Duration = std::time::Duration::from_millis(100);
+
 fn run(db: &Db, receiver: &Receiver<WriteTask>, stop: &AtomicBool, metrics: &StoreMetrics) {
     // Stops when every sender is gone (workers exited) or `stop` is set.
     while let Ok(first) = receiver.recv() {
@@ -166,7 +169,16 @@ fn run(db: &Db, receiver: &Receiver<WriteTask>, stop: &AtomicBool, metrics: &Sto
             return;
         }
         if result.is_ok() {
+            let started = std::time::Instant::now();
             result = db.write(batch, true).map_err(|error| error.to_string());
+            let elapsed = started.elapsed();
+            if elapsed >= SLOW_FSYNC {
+                static SLOW_FSYNCS: crate::log_limit::LogLimit = crate::log_limit::LogLimit::new(1);
+                if let Some(suppressed) = SLOW_FSYNCS.admit() {
+                    let elapsed_ms = u64::try_from(elapsed.as_millis()).unwrap_or(u64::MAX);
+                    tracing::warn!(elapsed_ms, bytes, entries, suppressed, "slow fsync");
+                }
+            }
         }
         if let Err(error) = &result {
             tracing::error!(%error, "store write failed; the node stops");

@@ -126,6 +126,12 @@ impl Replica {
         let leading = self.is_leader();
         if leading != self.told_leading {
             self.told_leading = leading;
+            static LEADER_CHANGES: crate::log_limit::LogLimit = crate::log_limit::LogLimit::new(20);
+            if let Some(suppressed) = LEADER_CHANGES.admit() {
+                let (group, node, term) = (self.group, self.raw.raft.id, self.raw.raft.term);
+                let event = if leading { "became leader" } else { "stepped down as leader" };
+                tracing::info!(group, node, term, suppressed, "{event}");
+            }
             self.sm.on_leadership(leading, crate::state_machine::LeaderClock::now());
         }
     }

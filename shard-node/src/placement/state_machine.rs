@@ -64,6 +64,13 @@ impl StateMachine for PlacementStateMachine {
     fn apply(&mut self, _index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
         let command = decode_command(command)?;
         let result = self.placement.apply(&command);
+        // Liveness changes are what an operator looks for first (logged by every placement
+        // replica as it applies them; apply's state is untouched by this).
+        match &result {
+            Ok(Outcome::NodesDown(ids)) if !ids.is_empty() => tracing::info!(?ids, "placement marked nodes down"),
+            Ok(Outcome::NodesUp(ids)) if !ids.is_empty() => tracing::info!(?ids, "placement marked nodes up again"),
+            _ => {}
+        }
         // A refused command changed nothing (the crate checks before it changes).
         if result.is_ok() {
             writes.put(STATE_KEY, &self.placement.to_bytes());
