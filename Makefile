@@ -6,7 +6,7 @@
 CARGO_TARGET_DIR ?= $(HOME)/.cache/warden-target
 export CARGO_TARGET_DIR
 
-.PHONY: setup dev test bench build
+.PHONY: setup dev test lint bench build
 
 setup:
 	@bash scripts/setup.sh
@@ -17,9 +17,17 @@ build: setup
 dev: build
 	$(CARGO_TARGET_DIR)/release/warden dev $(ARGS)
 
+# Lints first (cheap, and a red lint fails CI anyway). Clippy runs in the release profile so
+# it reuses the release build's RocksDB (build scripts are shared per profile).
+lint: setup
+	cargo fmt --all --check
+	cargo clippy --release --workspace --all-targets -- -D warnings
+
 # Cluster tests start many nodes; one test at a time keeps a 2-core machine from thrashing.
-test: setup
+# `--all-targets` skips doctests, so they run in a second step.
+test: lint
 	cargo test --release --workspace --all-targets -- --test-threads=1
+	cargo test --release --workspace --doc
 
 bench: build
 	$(CARGO_TARGET_DIR)/release/warden bench engine $(ARGS)
