@@ -94,6 +94,26 @@ fn is_snapshot_unavailable<T: std::fmt::Debug>(r: raft::Result<T>) -> bool {
     matches!(r, Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable)))
 }
 
+/// Asks for a snapshot as raft-rs does: the first ask starts a build off the calling thread
+/// and is answered "temporarily unavailable", a later one gets the result.
+fn snapshot(s: &PeerStorage, request: u64, to: u64) -> raft::Result<Snapshot> {
+    let wait_for_build = || {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while s.building_snapshot() {
+            assert!(std::time::Instant::now() < deadline, "snapshot build never ended");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    };
+    let first = raft::Storage::snapshot(s, request, to);
+    if !s.building_snapshot() {
+        return first;
+    }
+    wait_for_build();
+    let second = raft::Storage::snapshot(s, request, to);
+    wait_for_build();
+    second
+}
+
 /// Asserts the whole visible log: bounds, the term kept at the truncation point, every term,
 /// every single-entry read and the full range read, plus the errors just outside.
 fn assert_log(s: &PeerStorage, truncated: (u64, u64), expected: &[Entry]) {
@@ -228,7 +248,7 @@ fn uninitialized_replica_is_empty() {
     assert!(is_unavailable(s.term(1)));
     assert!(get(&s, 1, 1).is_empty());
     // Nothing to send a new member until it is initialized.
-    assert!(is_snapshot_unavailable(s.snapshot(0, 2)));
+    assert!(is_snapshot_unavailable(snapshot(&s, 0, 2)));
     assert_eq!(PeerStorage::list_groups(&db).unwrap(), vec![GROUP]);
 }
 
@@ -669,7 +689,7 @@ fn apply_snapshot_replaces_log_conf_state_and_state_machine() {
     assert_log(&s, (30, 9), &more);
     assert_log(&load(&db, GROUP, StorageLimits::default()), (30, 9), &more);
     // And a snapshot built now is the installed one.
-    let built = s.snapshot(30, 2).unwrap();
+    let built = snapshot(&s, 30, 2).unwrap();
     assert_eq!((built.get_metadata().index, built.get_metadata().term), (30, 9));
     assert_eq!(built.get_metadata().get_conf_state(), &conf(&[4, 5, 6]));
     assert_eq!(SnapshotData::decode(&built.data).unwrap().pairs, snap_data);
@@ -752,16 +772,16 @@ fn snapshot_is_built_at_the_applied_index_with_only_this_groups_data() {
     }
 
     for request in [0, INIT_INDEX, 10] {
-        let snap = s.snapshot(request, 2).unwrap();
+        let snap = snapshot(&s, request, 2).unwrap();
         let meta = snap.get_metadata();
         assert_eq!((meta.index, meta.term), (10, 6), "request {request}");
         assert_eq!(meta.get_conf_state(), &conf(&[1, 2, 3]));
         assert_eq!(SnapshotData::decode(&snap.data).unwrap().pairs, data);
     }
-    assert!(is_snapshot_unavailable(s.snapshot(11, 2)));
+    assert!(is_snapshot_unavailable(snapshot(&s, 11, 2)));
 
     // Round trip: the built snapshot initializes a fresh replica of the same data.
-    let snap = s.snapshot(10, 3).unwrap();
+    let snap = snapshot(&s, 10, 3).unwrap();
     let mut fresh = create(&db, 7, &[], StorageLimits::default());
     let mut ops = Vec::new();
     fresh.apply_snapshot(&snap, &mut ops).unwrap();
@@ -777,9 +797,9 @@ fn snapshot_over_the_size_limit_is_temporarily_unavailable() {
     let small = StorageLimits { snapshot_bytes_max: 64, ..StorageLimits::default() };
     let s = create(&db, GROUP, &[1, 2, 3], small);
     write_applied(&db, GROUP, INIT_INDEX, INIT_INDEX, &[(b"big".to_vec(), vec![7; 200])]);
-    assert!(is_snapshot_unavailable(s.snapshot(0, 2)));
+    assert!(is_snapshot_unavailable(snapshot(&s, 0, 2)));
     let roomy = load(&db, GROUP, StorageLimits::default());
-    assert_eq!(roomy.snapshot(0, 2).unwrap().get_metadata().index, INIT_INDEX);
+    assert_eq!(snapshot(&roomy, 0, 2).unwrap().get_metadata().index, INIT_INDEX);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -839,7 +859,7 @@ fn destroy_removes_one_group_entirely() {
         assert_log(&s, (INIT_INDEX, INIT_INDEX), &run(6, 10, 6, &format!("g{group}")));
         assert_eq!(s.initial_state().unwrap().conf_state.voters, vec![1, 2, 3]);
         assert_eq!(sm_pairs(&db, group), pairs(&[("k", &format!("v{group}"))]));
-        assert_eq!(s.snapshot(8, 9).unwrap().get_metadata().index, 8);
+        assert_eq!(snapshot(&s, 8, 9).unwrap().get_metadata().index, 8);
     }
     // The group can be created again from scratch.
     let s = create(&db, 2, &[], StorageLimits::default());
@@ -863,7 +883,7 @@ fn highest_group_id_owns_every_key_with_its_prefix() {
     let s = load(&db, top, StorageLimits::default());
     assert_log(&s, (INIT_INDEX, INIT_INDEX), &run(6, 8, 6, "a"));
     assert_eq!(sm_pairs(&db, top), data, "SmReader::scan sees every key of the group");
-    let snap = s.snapshot(0, 2).unwrap();
+    let snap = snapshot(&s, 0, 2).unwrap();
     assert_eq!(SnapshotData::decode(&snap.data).unwrap().pairs, data, "the snapshot holds every key");
     write(&db, &PeerStorage::destroy_ops(top));
     for cf in [Cf::RaftLog, Cf::RaftState, Cf::Sm] {

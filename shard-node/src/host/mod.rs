@@ -120,15 +120,31 @@ impl NodeHandle {
         })
     }
 
-    /// Hands a raft message from the network to its group (dropped when the worker is
-    /// overloaded: raft retransmits).
-    pub fn deliver(&self, group: u64, message: Message) {
-        let _ = self.worker(group).try_send(WorkerMsg::Raft { group, message: Box::new(message) });
+    /// Hands a raft message from the network to its group; refused (`Busy`) when the
+    /// worker's inbox is full.
+    pub fn deliver(&self, group: u64, message: Message) -> Result<(), EngineError> {
+        self.try_send(group, WorkerMsg::Raft { group, message: Box::new(message) })
+    }
+
+    /// Tells `group` how sending a snapshot to `to` ended. Unlike other notices this one is
+    /// never dropped, since raft-rs sends that follower nothing more until it hears: on a
+    /// full inbox it waits and tries again, until the worker takes it or is gone.
+    pub async fn report_snapshot(&self, group: u64, to: u64, status: raft::SnapshotStatus) {
+        let mut message = WorkerMsg::SnapshotStatus { group, to, status };
+        loop {
+            match self.worker(group).try_send(message) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => return,
+                Err(TrySendError::Full(back)) => {
+                    message = back;
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+            }
+        }
     }
 
     /// Tells a group that a message to `to` was lost.
-    pub fn report_unreachable(&self, group: u64, to: u64, snapshot: bool) {
-        let _ = self.worker(group).try_send(WorkerMsg::Unreachable { group, to, snapshot });
+    pub fn report_unreachable(&self, group: u64, to: u64) {
+        let _ = self.worker(group).try_send(WorkerMsg::Unreachable { group, to });
     }
 
     async fn ask<T>(
@@ -207,6 +223,14 @@ impl NodeHandle {
     }
 }
 
+#[cfg(test)]
+impl NodeHandle {
+    /// A handle whose groups all live behind `inbox`, for tests of what reaches a worker.
+    pub(crate) fn with_inbox(node_id: u64, inbox: Sender<WorkerMsg>) -> NodeHandle {
+        NodeHandle { node_id, leaders: Arc::default(), workers: vec![inbox].into(), deadline_slack: Duration::ZERO }
+    }
+}
+
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -231,6 +255,8 @@ pub struct Node {
     stop: Arc<AtomicBool>,
     workers: Vec<JoinHandle<()>>,
     store: Option<StoreWriter>,
+    /// The node's store, so that stopping can wait for snapshot builds still reading it.
+    db: Arc<Db>,
     runtime: Option<tokio::runtime::Runtime>,
     listen_addr: SocketAddr,
     /// What this node's remote-session checks found (all zero when it serves no API).
@@ -363,7 +389,7 @@ impl Node {
                 tracing::error!(node_id, %error, "transport server stopped");
             }
         });
-        Ok(Node { config, handle, stop, workers, store: Some(store), runtime: Some(runtime), listen_addr, remote_metrics })
+        Ok(Node { config, handle, stop, workers, store: Some(store), db, runtime: Some(runtime), listen_addr, remote_metrics })
     }
 
     /// What this node's last round of remote-session checks found.
@@ -407,6 +433,12 @@ impl Drop for Node {
         }
         if let Some(store) = self.store.take() {
             store.stop();
+        }
+        // A snapshot build holds the store open on its own thread, and a restart must be able
+        // to reopen it: let running builds end (each reads one group once).
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.db.snapshot_builds() > 0 && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(5));
         }
         if let Some(runtime) = self.runtime.take() {
             let _ = std::thread::spawn(move || runtime.shutdown_timeout(Duration::from_secs(2))).join();

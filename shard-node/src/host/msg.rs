@@ -37,8 +37,12 @@ pub enum WorkerMsg {
     /// Create a replica; `voters` empty creates an uninitialized replica that waits for a
     /// snapshot.
     CreateGroup { group: u64, voters: Vec<u64>, reply: Reply<()> },
-    /// The transport could not deliver a message of `group` to `to`.
-    Unreachable { group: u64, to: u64, snapshot: bool },
+    /// The transport could not deliver a message of `group` to `to` (snapshots report
+    /// their outcome with `SnapshotStatus`).
+    Unreachable { group: u64, to: u64 },
+    /// How sending a snapshot of `group` to `to` ended (raft-rs sends that follower nothing
+    /// more until it hears).
+    SnapshotStatus { group: u64, to: u64, status: raft::SnapshotStatus },
     /// Report the group's raft status.
     Status { group: u64, reply: Reply<GroupStatus> },
     /// Wake `reply` when apply notifies `key` (see `SmWrites::notify`), or fail it at

@@ -134,6 +134,7 @@ impl Replica {
         let keys: Vec<Vec<u8>> = self.awaiting.keys().cloned().collect();
         self.wake(keys);
         self.installing_snapshot = false;
+        tracing::info!(node = self.raw.raft.id, group = self.group, index, "snapshot installed");
         self.raw.advance_apply_to(index);
         self.serve_confirmed_reads();
         Ok(())

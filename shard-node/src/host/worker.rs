@@ -155,9 +155,14 @@ impl Worker {
                     self.replica(group).and_then(|replica| replica.raw.campaign().map_err(|e| EngineError::Invalid(format!("campaign: {e}"))));
                 let _ = reply.send(result);
             }
-            WorkerMsg::Unreachable { group, to, snapshot } => {
+            WorkerMsg::Unreachable { group, to } => {
                 if let Some(replica) = self.replicas.get_mut(&group) {
-                    replica.report_unreachable(to, snapshot);
+                    replica.report_unreachable(to, false);
+                }
+            }
+            WorkerMsg::SnapshotStatus { group, to, status } => {
+                if let Some(replica) = self.replicas.get_mut(&group) {
+                    replica.raw.report_snapshot(to, status);
                 }
             }
             WorkerMsg::Await { group, key, deadline, reply } => match self.replicas.get_mut(&group) {
@@ -192,9 +197,10 @@ impl Worker {
             return;
         }
         // Snapshot data is decoded only once the message is in the log; check it now, while a
-        // bad one can still be dropped.
+        // bad one can still be dropped (the snapshot flow checked it already, but a peer may
+        // still send one inside a batch).
         if message.get_msg_type() == MessageType::MsgSnapshot {
-            if let Err(error) = SnapshotData::decode(&message.get_snapshot().data) {
+            if let Err(error) = SnapshotData::validate(&message.get_snapshot().data) {
                 tracing::warn!(group, from = message.from, %error, "dropping malformed snapshot");
                 return;
             }

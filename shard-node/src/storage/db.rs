@@ -2,6 +2,7 @@
 //! host loop hands to the store writer.
 
 use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use rocksdb::{ColumnFamily, ColumnFamilyDescriptor, Options, WriteBatch, DB};
@@ -65,6 +66,26 @@ impl WriteOp {
 /// The node's RocksDB with its column families.
 pub struct Db {
     inner: DB,
+    /// Snapshots being built from this store right now (see [`Db::snapshot_build_permit`]).
+    snapshot_builds: AtomicUsize,
+}
+
+/// Leave to build one snapshot from the store; the build counts as running until it drops.
+pub struct SnapshotBuildPermit {
+    db: Arc<Db>,
+}
+
+impl SnapshotBuildPermit {
+    /// The store the snapshot is read from.
+    pub fn db(&self) -> &Arc<Db> {
+        &self.db
+    }
+}
+
+impl Drop for SnapshotBuildPermit {
+    fn drop(&mut self) {
+        self.db.snapshot_builds.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl Db {
@@ -86,7 +107,21 @@ impl Db {
             ColumnFamilyDescriptor::new(name, cf_options)
         });
         let inner = DB::open_cf_descriptors(&options, path, families)?;
-        Ok(Arc::new(Db { inner }))
+        Ok(Arc::new(Db { inner, snapshot_builds: AtomicUsize::new(0) }))
+    }
+
+    /// Leave to build a snapshot, if fewer than `builds_max` are being built from this store:
+    /// each holds a whole group's data in memory, so the node bounds how many exist at once.
+    pub fn snapshot_build_permit(self: &Arc<Self>, builds_max: usize) -> Option<SnapshotBuildPermit> {
+        self.snapshot_builds
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |running| (running < builds_max).then_some(running + 1))
+            .ok()
+            .map(|_| SnapshotBuildPermit { db: self.clone() })
+    }
+
+    /// Snapshots being built from this store right now.
+    pub fn snapshot_builds(&self) -> usize {
+        self.snapshot_builds.load(Ordering::Acquire)
     }
 
     /// The raw RocksDB handle.

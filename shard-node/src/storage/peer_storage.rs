@@ -30,11 +30,14 @@ pub struct StorageLimits {
     pub cache_bytes_max: usize,
     /// A snapshot larger than this is refused (raft retries later).
     pub snapshot_bytes_max: usize,
+    /// Snapshots the node builds at once (each holds its group's data in memory); an ask
+    /// beyond that is answered "temporarily unavailable" and raft asks again later.
+    pub snapshot_builds_max: usize,
 }
 
 impl Default for StorageLimits {
     fn default() -> Self {
-        StorageLimits { cache_bytes_max: 4 << 20, snapshot_bytes_max: 512 << 20 }
+        StorageLimits { cache_bytes_max: 4 << 20, snapshot_bytes_max: 512 << 20, snapshot_builds_max: 2 }
     }
 }
 
@@ -53,6 +56,8 @@ pub struct PeerStorage {
     cache_bytes: usize,
     /// Every entry up to here is on disk; only these may be evicted from the cache.
     durable_index: u64,
+    /// The snapshot raft asked for, built off the host loop.
+    snapshot_builder: snapshot::Builder,
 }
 
 /// The apply position recorded atomically with state-machine writes.
@@ -136,6 +141,7 @@ impl PeerStorage {
             cache: VecDeque::new(),
             cache_bytes: 0,
             durable_index: last_index,
+            snapshot_builder: snapshot::Builder::default(),
         })
     }
 
@@ -266,6 +272,11 @@ impl PeerStorage {
         }
     }
 
+    /// Whether a snapshot asked for by raft is being built (see [`snapshot::Builder`]).
+    pub fn building_snapshot(&self) -> bool {
+        self.snapshot_builder.building()
+    }
+
     /// Number of entries currently in the tail cache.
     pub fn cache_len(&self) -> usize {
         self.cache.len()
@@ -361,12 +372,15 @@ impl raft::Storage for PeerStorage {
         Ok(self.last_index)
     }
 
+    /// A snapshot built off the host loop (see [`snapshot::Builder`]): "temporarily
+    /// unavailable" until it is built, and again if it is older than the log's start (the
+    /// follower would need another one at once) or than `request_index`.
     fn snapshot(&self, request_index: u64, _to: u64) -> raft::Result<Snapshot> {
-        let snap = snapshot::build(&self.db, self.group, self.limits.snapshot_bytes_max)?;
-        match snap {
-            Some(snap) if snap.get_metadata().index >= request_index => Ok(snap),
-            _ => Err(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable)),
-        }
+        let index_min = request_index.max(self.truncated_index);
+        let limits = &self.limits;
+        self.snapshot_builder
+            .take_or_start(&self.db, self.group, index_min, limits.snapshot_bytes_max, limits.snapshot_builds_max)
+            .ok_or(raft::Error::Store(raft::StorageError::SnapshotTemporarilyUnavailable))
     }
 }
 

@@ -4,9 +4,12 @@
 //! The engine snapshots the `sm` range generically, so a state machine needs no snapshot code
 //! of its own beyond reloading its in-memory index after a restore.
 
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Instant;
+
 use raft::eraftpb::{ConfState, Snapshot};
 
-use super::db::{Cf, Db, WriteOp};
+use super::db::{Cf, Db, SnapshotBuildPermit, WriteOp};
 use super::keys::{self, StateKey};
 use crate::error::StorageError;
 
@@ -37,6 +40,19 @@ impl SnapshotData {
 
     /// Decodes bytes that came from the network; any malformation is an error, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<SnapshotData, StorageError> {
+        let mut pairs = Vec::new();
+        Self::walk(bytes, |key, value| pairs.push((key.to_vec(), value.to_vec())))?;
+        Ok(SnapshotData { pairs })
+    }
+
+    /// Checks that bytes from the network decode, without copying them (a snapshot can be
+    /// hundreds of MiB): what [`Self::decode`] accepts, this accepts.
+    pub fn validate(bytes: &[u8]) -> Result<(), StorageError> {
+        Self::walk(bytes, |_, _| {})
+    }
+
+    /// Hands every `(key, value)` of encoded data to `each`, in order.
+    fn walk<'a>(bytes: &'a [u8], mut each: impl FnMut(&'a [u8], &'a [u8])) -> Result<(), StorageError> {
         let corrupt = |what: &str| StorageError::Corrupt(format!("snapshot data: {what}"));
         let mut reader = Reader { bytes };
         if reader.take(4).ok_or_else(|| corrupt("short header"))? != MAGIC {
@@ -44,22 +60,21 @@ impl SnapshotData {
         }
         let count = reader.u64().ok_or_else(|| corrupt("short header"))?;
         // Each pair takes at least 8 bytes, so a count beyond that is a lie: refuse it before
-        // allocating.
+        // reading on.
         if count > (reader.bytes.len() / 8) as u64 {
             return Err(corrupt("pair count exceeds data"));
         }
-        let mut pairs = Vec::with_capacity(count as usize);
         for _ in 0..count {
             let key_len = reader.u32().ok_or_else(|| corrupt("truncated key length"))?;
-            let key = reader.take(key_len as usize).ok_or_else(|| corrupt("truncated key"))?.to_vec();
+            let key = reader.take(key_len as usize).ok_or_else(|| corrupt("truncated key"))?;
             let value_len = reader.u32().ok_or_else(|| corrupt("truncated value length"))?;
-            let value = reader.take(value_len as usize).ok_or_else(|| corrupt("truncated value"))?.to_vec();
-            pairs.push((key, value));
+            let value = reader.take(value_len as usize).ok_or_else(|| corrupt("truncated value"))?;
+            each(key, value);
         }
         if !reader.bytes.is_empty() {
             return Err(corrupt("trailing bytes"));
         }
-        Ok(SnapshotData { pairs })
+        Ok(())
     }
 }
 
@@ -123,6 +138,81 @@ pub fn build(db: &Db, group: u64, bytes_max: usize) -> Result<Option<Snapshot>, 
     Ok(Some(snap))
 }
 
+/// One group's snapshot, built off the host loop.
+///
+/// raft-rs asks for a snapshot on the worker thread (`Storage::snapshot`), and reading and
+/// encoding a large group there would stall every group of that worker past its heartbeats.
+/// So the first ask starts a build on a thread of its own and answers "temporarily
+/// unavailable"; raft-rs asks again at the follower's next heartbeat response and gets the
+/// built snapshot (TiKV's region worker does the same).
+#[derive(Clone, Default)]
+pub struct Builder {
+    state: Arc<Mutex<BuildState>>,
+}
+
+#[derive(Default)]
+enum BuildState {
+    #[default]
+    Idle,
+    Running,
+    /// Built and not yet taken. A snapshot that nobody takes stays until the next ask, which
+    /// takes it or, if it has become too old, replaces it.
+    Built(Snapshot),
+}
+
+impl Builder {
+    fn state(&self) -> MutexGuard<'_, BuildState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// A built snapshot of `group` at `index_min` or later, taken; otherwise `None`, after
+    /// starting a build unless one runs or the node already builds `builds_max` snapshots.
+    pub fn take_or_start(&self, db: &Arc<Db>, group: u64, index_min: u64, bytes_max: usize, builds_max: usize) -> Option<Snapshot> {
+        let mut state = self.state();
+        match std::mem::take(&mut *state) {
+            BuildState::Built(snap) if snap.get_metadata().index >= index_min => return Some(snap),
+            BuildState::Running => {
+                *state = BuildState::Running;
+                return None;
+            }
+            // Nothing built, or built before the log moved past it: build anew.
+            BuildState::Idle | BuildState::Built(_) => {}
+        }
+        let permit = db.snapshot_build_permit(builds_max)?;
+        let builder = self.clone();
+        let spawned = std::thread::Builder::new().name(format!("snapshot-{group}")).spawn(move || builder.run(&permit, group, bytes_max));
+        match spawned {
+            // The build's own thread waits for this lock before recording its result.
+            Ok(_) => *state = BuildState::Running,
+            Err(error) => tracing::warn!(group, %error, "cannot start a snapshot build"),
+        }
+        None
+    }
+
+    /// Whether a build is running.
+    pub fn building(&self) -> bool {
+        matches!(*self.state(), BuildState::Running)
+    }
+
+    fn run(&self, permit: &SnapshotBuildPermit, group: u64, bytes_max: usize) {
+        let started = Instant::now();
+        let built = build(permit.db(), group, bytes_max);
+        let mut state = self.state();
+        *state = match built {
+            Ok(Some(snap)) => {
+                let meta = snap.get_metadata();
+                tracing::info!(group, index = meta.index, bytes = snap.data.len(), elapsed = ?started.elapsed(), "snapshot built");
+                BuildState::Built(snap)
+            }
+            Ok(None) => BuildState::Idle,
+            Err(error) => {
+                tracing::warn!(group, %error, "snapshot build failed");
+                BuildState::Idle
+            }
+        };
+    }
+}
+
 /// Write ops that replace the group's state-machine range by `data`.
 pub fn restore_ops(group: u64, data: &SnapshotData) -> Vec<WriteOp> {
     let mut ops = Vec::with_capacity(data.pairs.len() + 1);
@@ -160,6 +250,8 @@ mod tests {
             let mut framed = b"WSN1".to_vec();
             framed.extend_from_slice(&bytes);
             let _ = SnapshotData::decode(&framed);
+            prop_assert_eq!(SnapshotData::validate(&bytes).is_ok(), SnapshotData::decode(&bytes).is_ok());
+            prop_assert_eq!(SnapshotData::validate(&framed).is_ok(), SnapshotData::decode(&framed).is_ok());
         }
     }
 }

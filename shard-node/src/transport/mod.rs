@@ -3,11 +3,13 @@
 //!
 //! Sending never blocks the host loop: each peer has a bounded queue drained by its own
 //! task; a full queue or a broken stream loses messages and reports the peer unreachable
-//! to raft, which retransmits. Streams reconnect with backoff.
+//! to raft, which retransmits. Streams reconnect with backoff. Snapshots travel apart, each
+//! on a call of its own (`snapshot.rs`).
 
 pub mod chunk;
 pub mod faults;
 pub mod server;
+pub mod snapshot;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
@@ -33,12 +35,30 @@ pub struct TransportLimits {
     pub queue_msgs_max: usize,
     /// Bytes of one batch on the wire (a single larger message still goes alone).
     pub batch_bytes_max: usize,
-    /// Messages larger than this are sent in chunks of this size.
+    /// Messages larger than this are sent in chunks of this size; snapshot data travels in
+    /// chunks of this size too, one per gRPC message.
     pub chunk_bytes: usize,
     /// Largest gRPC message accepted or sent.
     pub grpc_message_bytes_max: usize,
     /// Bytes of partial chunked messages one stream may hold.
     pub assembly_bytes_max: usize,
+    /// Snapshots a node sends to one peer at once, and receives from one peer at once.
+    pub snapshots_per_peer_max: usize,
+    /// Bytes of the snapshots a node sends at once, and separately of those it receives at
+    /// once (so also the largest snapshot it takes).
+    pub snapshot_bytes_in_flight_max: usize,
+    /// A snapshot transfer fails after this long plus its size at
+    /// `snapshot_rate_min_bytes_per_sec`.
+    pub snapshot_timeout_min: Duration,
+    /// The slowest transfer rate a snapshot is given time for.
+    pub snapshot_rate_min_bytes_per_sec: usize,
+}
+
+impl TransportLimits {
+    /// How long a snapshot of `bytes` may take to send (and to receive) before it fails.
+    pub fn snapshot_timeout(&self, bytes: usize) -> Duration {
+        self.snapshot_timeout_min + Duration::from_secs_f64(bytes as f64 / self.snapshot_rate_min_bytes_per_sec.max(1) as f64)
+    }
 }
 
 impl Default for TransportLimits {
@@ -49,6 +69,10 @@ impl Default for TransportLimits {
             chunk_bytes: 1 << 20,
             grpc_message_bytes_max: 8 << 20,
             assembly_bytes_max: 640 << 20,
+            snapshots_per_peer_max: 2,
+            snapshot_bytes_in_flight_max: 1 << 30,
+            snapshot_timeout_min: Duration::from_secs(10),
+            snapshot_rate_min_bytes_per_sec: 1 << 20,
         }
     }
 }
@@ -98,6 +122,8 @@ pub struct Transport {
     limits: TransportLimits,
     peers: Mutex<HashMap<u64, mpsc::Sender<Outgoing>>>,
     next_message_id: Arc<AtomicU64>,
+    /// Snapshots being sent.
+    snapshots: Arc<snapshot::Transfers>,
 }
 
 impl Transport {
@@ -118,7 +144,23 @@ impl Transport {
             limits,
             peers: Mutex::new(HashMap::new()),
             next_message_id: Arc::new(AtomicU64::new(1)),
+            snapshots: snapshot::Transfers::new(limits.snapshots_per_peer_max, limits.snapshot_bytes_in_flight_max),
         }
+    }
+
+    /// Sends a snapshot on a call of its own (see `snapshot.rs`).
+    fn spawn_snapshot(&self, group: u64, message: Message, transfer: snapshot::Transfer) {
+        let outgoing = snapshot::Outgoing {
+            from: self.node_id,
+            group,
+            message,
+            directory: self.directory.clone(),
+            faults: self.faults.clone(),
+            node: self.node.clone(),
+            limits: self.limits,
+            transfer,
+        };
+        self.runtime.spawn(outgoing.run());
     }
 
     fn peer_queue(&self, peer: u64) -> mpsc::Sender<Outgoing> {
@@ -145,11 +187,41 @@ impl Transport {
 
 impl RaftSender for Transport {
     fn send(&self, group: u64, message: Message) -> Result<(), Message> {
+        if message.get_msg_type() == MessageType::MsgSnapshot {
+            // Handed back when too many are in flight: the host reports the failure to raft,
+            // which tries again later.
+            let (to, bytes) = (message.to, message.get_snapshot().data.len());
+            return match self.snapshots.start(to, bytes) {
+                Ok(transfer) => {
+                    self.spawn_snapshot(group, message, transfer);
+                    Ok(())
+                }
+                Err(refused) => {
+                    tracing::warn!(from = self.node_id, to, group, bytes, %refused, "snapshot not sent");
+                    Err(message)
+                }
+            };
+        }
         let queue = self.peer_queue(message.to);
         queue.try_send(Outgoing { group, message }).map_err(|error| match error {
             mpsc::error::TrySendError::Full(outgoing) | mpsc::error::TrySendError::Closed(outgoing) => outgoing.message,
         })
     }
+}
+
+/// A new connection to node `to`'s transport.
+async fn connect(directory: &PeerDirectory, to: u64, limits: &TransportLimits) -> Result<RaftTransportClient<tonic::transport::Channel>, String> {
+    let addr = directory.get(to).ok_or_else(|| format!("no address for node {to}"))?;
+    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .map_err(|e| e.to_string())?
+        .connect_timeout(Duration::from_millis(500))
+        .tcp_nodelay(true)
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(16 << 20));
+    let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+    Ok(RaftTransportClient::new(channel)
+        .max_encoding_message_size(limits.grpc_message_bytes_max)
+        .max_decoding_message_size(limits.grpc_message_bytes_max))
 }
 
 /// The task that owns the stream to one peer.
@@ -204,17 +276,7 @@ impl PeerTask {
     }
 
     async fn connect(&self) -> Result<RaftTransportClient<tonic::transport::Channel>, String> {
-        let addr = self.directory.get(self.to).ok_or_else(|| format!("no address for node {}", self.to))?;
-        let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-            .map_err(|e| e.to_string())?
-            .connect_timeout(Duration::from_millis(500))
-            .tcp_nodelay(true)
-            .initial_stream_window_size(Some(8 << 20))
-            .initial_connection_window_size(Some(16 << 20));
-        let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
-        Ok(RaftTransportClient::new(channel)
-            .max_encoding_message_size(self.limits.grpc_message_bytes_max)
-            .max_decoding_message_size(self.limits.grpc_message_bytes_max))
+        connect(&self.directory, self.to, &self.limits).await
     }
 
     /// The next batch: everything queued (up to the batch limit) after the first message;
@@ -260,8 +322,8 @@ impl PeerTask {
         size
     }
 
+    /// Snapshots never come this way (see [`Transport::send`]).
     fn undeliverable(&self, outgoing: &Outgoing) {
-        let snapshot = outgoing.message.get_msg_type() == MessageType::MsgSnapshot;
-        self.node.report_unreachable(outgoing.group, self.to, snapshot);
+        self.node.report_unreachable(outgoing.group, self.to);
     }
 }

@@ -6,9 +6,10 @@ use raft::eraftpb::Message;
 use tonic::{Request, Response, Status, Streaming};
 use warden_proto::transport::raft_envelope::Body;
 use warden_proto::transport::raft_transport_server::{RaftTransport, RaftTransportServer};
-use warden_proto::transport::{RaftBatch, StreamDone};
+use warden_proto::transport::{RaftBatch, SnapshotChunk, SnapshotDone, StreamDone};
 
 use super::chunk::Assembler;
+use super::snapshot::{self, Transfers};
 use super::TransportLimits;
 use crate::host::NodeHandle;
 
@@ -16,12 +17,15 @@ use crate::host::NodeHandle;
 pub struct RaftTransportService {
     node: NodeHandle,
     limits: TransportLimits,
+    /// Snapshots being received.
+    snapshots: std::sync::Arc<Transfers>,
 }
 
 impl RaftTransportService {
     /// The service, wrapped for tonic with the transport's message-size limits.
     pub fn server(node: NodeHandle, limits: TransportLimits) -> RaftTransportServer<RaftTransportService> {
-        RaftTransportServer::new(RaftTransportService { node, limits })
+        let snapshots = Transfers::new(limits.snapshots_per_peer_max, limits.snapshot_bytes_in_flight_max);
+        RaftTransportServer::new(RaftTransportService { node, limits, snapshots })
             .max_decoding_message_size(limits.grpc_message_bytes_max)
             .max_encoding_message_size(limits.grpc_message_bytes_max)
     }
@@ -41,7 +45,8 @@ impl RaftTransportService {
                 None => continue,
             };
             match Message::parse_from_bytes(&bytes) {
-                Ok(message) => self.node.deliver(envelope.group_id, message),
+                // A full inbox loses the message: raft retransmits.
+                Ok(message) => drop(self.node.deliver(envelope.group_id, message)),
                 Err(error) => tracing::warn!(from = batch.from_node, %error, "dropping undecodable raft message"),
             }
         }
@@ -57,5 +62,13 @@ impl RaftTransport for RaftTransportService {
             self.deliver(batch, &mut assembler);
         }
         Ok(Response::new(StreamDone {}))
+    }
+
+    async fn snapshot(&self, request: Request<Streaming<SnapshotChunk>>) -> Result<Response<SnapshotDone>, Status> {
+        let received = snapshot::receive(&self.node, &self.snapshots, &self.limits, request.into_inner()).await;
+        if let Err(status) = &received {
+            tracing::warn!(node = self.node.node_id(), %status, "snapshot refused");
+        }
+        received.map(Response::new)
     }
 }
