@@ -500,3 +500,31 @@ impl FencedResource {
         violations
     }
 }
+
+/// The hold checker is not vacuous: a write the fence refuses, holds that overlap and a
+/// token that does not grow are each reported; holds one after another are not.
+#[test]
+fn the_fenced_resource_reports_stale_writes_overlaps_and_repeated_tokens() {
+    let resource = FencedResource::default();
+    let (first, second) = (resource.next_hold(), resource.next_hold());
+    assert!(resource.write("/l", first, 5, || true));
+    assert!(resource.write("/l", first, 5, || true));
+    assert!(resource.write("/l", second, 7, || true));
+    assert_eq!(resource.violations(), Vec::<String>::new(), "one hold after the other");
+    assert!(!resource.write("/l", first, 5, || false), "an invalid holder does not write");
+    assert_eq!(resource.violations(), Vec::<String>::new());
+    // The first holder writes again after the second began: stale, and the holds overlap.
+    assert!(resource.write("/l", first, 5, || true));
+    let violations = resource.violations();
+    assert_eq!(violations.len(), 2, "{violations:?}");
+    assert!(violations[0].contains("stale write") && violations[1].contains("overlap"), "{violations:?}");
+
+    let resource = FencedResource::default();
+    let (first, second) = (resource.next_hold(), resource.next_hold());
+    assert!(resource.write("/l", first, 9, || true));
+    assert!(resource.write("/l", second, 9, || true));
+    let violations = resource.violations();
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(violations[0].contains("token 9 held after token 9"), "{violations:?}");
+    assert_eq!(resource.holds(), 2);
+}
