@@ -4,7 +4,8 @@
 //!
 //! - `sigkill_and_restart_cycles_lose_nothing_and_stay_linearizable`: repeated cycles of
 //!   SIGKILL of a node (sometimes two at once, sometimes the placement leader, sometimes a
-//!   shard group's leader) and a restart on the same data directory with the same flags;
+//!   shard group's leader) and a restart on the same data directory with the same flags
+//!   (sometimes killed again while it recovers);
 //! - `a_paused_leader_lets_no_stale_holder_act`: SIGSTOP of a shard group's leader for longer
 //!   than the election timeout (a GC pause, a VM stall), then SIGCONT.
 //!
@@ -98,6 +99,18 @@ async fn sigkill_and_restart_cycles_lose_nothing_and_stay_linearizable() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(100..1500))).await;
         for &victim in &victims {
             cluster.restart(victim);
+        }
+        // Sometimes a crash during recovery: killed again while replaying its log or
+        // catching up, then started once more.
+        if rng.random_ratio(1, 4) {
+            tokio::time::sleep(Duration::from_millis(rng.random_range(0..300))).await;
+            for &victim in &victims {
+                cluster.kill(victim);
+            }
+            workload.log(format!("cycle {cycle} at {} ns: SIGKILL {victims:?} again while recovering", workload.now()));
+            for &victim in &victims {
+                cluster.restart(victim);
+            }
         }
         for &victim in &victims {
             cluster.wait_caught_up(victim, &groups).await;
