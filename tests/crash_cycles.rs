@@ -6,8 +6,9 @@
 //!   SIGKILL of a node (sometimes two at once, sometimes the placement leader, sometimes a
 //!   shard group's leader) and a restart on the same data directory with the same flags
 //!   (sometimes killed again while it recovers);
-//! - `a_paused_leader_lets_no_stale_holder_act`: SIGSTOP of a shard group's leader for longer
-//!   than the election timeout (a GC pause, a VM stall), then SIGCONT.
+//! - `a_paused_leader_lets_no_stale_holder_act`: SIGSTOP of a lock group's leader (every
+//!   third round the placement leader) for longer than the election timeout and the
+//!   sessions' TTL (a GC pause, a VM stall), then SIGCONT.
 //!
 //! Afterwards every acknowledged create is read back, every fenced lock hold was exclusive
 //! (tokens strictly increasing in hold order, holds not overlapping, no write refused by
@@ -77,7 +78,7 @@ async fn sigkill_and_restart_cycles_lose_nothing_and_stay_linearizable() {
         tokio::time::sleep(Duration::from_millis(rng.random_range(200..800))).await;
         let mut victims = match cycle % 4 {
             // The placement leader (placement runs on nodes 1-3).
-            1 => cluster.placement_leader().await.into_iter().collect(),
+            1 => cluster.placement_leader(None).await.into_iter().collect(),
             // Two nodes at once: the groups keep a quorum of three.
             2 => {
                 let first = rng.random_range(1..=NODES);
@@ -121,8 +122,9 @@ async fn sigkill_and_restart_cycles_lose_nothing_and_stay_linearizable() {
     workload.finish_and_check(&format!("seed {seed}, {cycles} cycles")).await;
 }
 
-/// Pauses a lock group's leader (SIGSTOP) until another node leads the group and for at
-/// least twice the election timeout, then lets it run again (SIGCONT).
+/// Pauses a lock group's leader, or (every third round) the placement leader, with SIGSTOP
+/// until another node leads that group and past the sessions' TTL, then lets it run again
+/// (SIGCONT).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_paused_leader_lets_no_stale_holder_act() {
     let rounds = knob("WARDEN_PAUSE_ROUNDS", 3);
@@ -133,13 +135,25 @@ async fn a_paused_leader_lets_no_stale_holder_act() {
 
     for round in 0..rounds {
         tokio::time::sleep(Duration::from_millis(500)).await;
+        // (the group's name for the log, its leader other than `except`)
+        let placement = round % 3 == 2;
         let group = lock_groups[round as usize % lock_groups.len()];
-        let leader = wait_for("a leader of the lock group", STEP_TIMEOUT, || cluster.group_leader(group, None)).await;
+        let leader_of = |except: Option<u64>| {
+            let cluster = &cluster;
+            async move {
+                match placement {
+                    true => cluster.placement_leader(except).await,
+                    false => cluster.group_leader(group, except).await,
+                }
+            }
+        };
+        let name = if placement { "the placement group".to_string() } else { format!("group {group}") };
+        let leader = wait_for(&format!("a leader of {name}"), STEP_TIMEOUT, || leader_of(None)).await;
         let paused_at = Instant::now();
         cluster.pause(leader);
-        workload.log(format!("round {round} at {} ns: SIGSTOP node {leader} (leader of group {group})", workload.now()));
-        let successor = wait_for("a new leader while the old one is paused", STEP_TIMEOUT, || cluster.group_leader(group, Some(leader))).await;
-        workload.log(format!("round {round} at {} ns: node {successor} leads group {group}", workload.now()));
+        workload.log(format!("round {round} at {} ns: SIGSTOP node {leader} (leader of {name})", workload.now()));
+        let successor = wait_for("a new leader while the old one is paused", STEP_TIMEOUT, || leader_of(Some(leader))).await;
+        workload.log(format!("round {round} at {} ns: node {successor} leads {name}", workload.now()));
         // Stay paused past the sessions' TTL too, so leases the old leader granted have
         // lapsed by the time it runs again (pacing, not synchronisation).
         tokio::time::sleep((SESSION_TTL + Duration::from_millis(500)).saturating_sub(paused_at.elapsed())).await;

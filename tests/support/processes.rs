@@ -209,13 +209,17 @@ impl ProcessCluster {
     }
 
     /// Stops node `id` (SIGSTOP): it keeps its sockets and state but runs no code.
-    pub fn pause(&mut self, id: u64) {
-        self.process(id).as_ref().unwrap_or_else(|| panic!("node {id} is not running")).signal(libc::SIGSTOP);
+    pub fn pause(&self, id: u64) {
+        self.running(id).signal(libc::SIGSTOP);
     }
 
     /// Lets a paused node `id` run again (SIGCONT).
-    pub fn resume(&mut self, id: u64) {
-        self.process(id).as_ref().unwrap_or_else(|| panic!("node {id} is not running")).signal(libc::SIGCONT);
+    pub fn resume(&self, id: u64) {
+        self.running(id).signal(libc::SIGCONT);
+    }
+
+    fn running(&self, id: u64) -> &Process {
+        self.nodes[self.index(id)].as_ref().unwrap_or_else(|| panic!("node {id} is not running"))
     }
 
     /// A client of node `id` directly (not through the router); calls give up after
@@ -310,12 +314,13 @@ impl ProcessCluster {
         None
     }
 
-    /// The placement group's leader, if a running placement node knows it. Asked with the
-    /// heartbeat a placement node sends every second anyway (the node's own id and address):
-    /// a follower answers NOT_LEADER naming the leader, the leader answers it.
-    pub async fn placement_leader(&self) -> Option<u64> {
+    /// The placement group's leader as the running placement nodes other than `except` see
+    /// it (`None`: none of them knows one now). Asked with the heartbeat a placement node
+    /// sends every second anyway (the node's own id and address): a follower answers
+    /// NOT_LEADER naming the leader, the leader answers it.
+    pub async fn placement_leader(&self, except: Option<u64>) -> Option<u64> {
         for id in PLACEMENT_NODES {
-            if !self.is_up(id) {
+            if !self.is_up(id) || Some(id) == except {
                 continue;
             }
             let spec = self.spec(id);
@@ -325,7 +330,7 @@ impl ProcessCluster {
                 Ok(_) => return Some(id),
                 Err(status) => {
                     let hint = warden_shard_node::service::error_of(&status).map_or(0, |e| e.leader_id);
-                    if hint != 0 && PLACEMENT_NODES.contains(&hint) {
+                    if PLACEMENT_NODES.contains(&hint) && Some(hint) != except {
                         return Some(hint);
                     }
                 }
