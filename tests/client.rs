@@ -10,7 +10,7 @@ use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use support::proxy::Proxy;
-use support::routed::{cluster_with_groups, start_router, TIMEOUT};
+use support::routed::{cluster_with_groups, restart_router, start_router, wait_refused, TIMEOUT};
 use warden_client::*;
 
 /// Session TTL of these tests: the server's minimum (1.5 × the 1 s election timeout, floored
@@ -155,8 +155,9 @@ async fn calls_and_keepalives_fail_over_to_the_next_router() {
     let states = session.states();
 
     // The first router goes away: its connection is closed, new ones are refused.
+    let first_addr = first.addr;
     drop(first);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    wait_refused(first_addr).await;
     for i in 1..=5u8 {
         // Writes too: a refused connection proves the write was never sent.
         let stat = client.set("/f", vec![i], None).await.expect("set after the first router went away");
@@ -205,7 +206,8 @@ async fn a_session_in_jeopardy_is_safe_again_when_it_survived() {
 
     let seen = tokio::time::timeout(GRACE, states).await.expect("a state after jeopardy within the grace period").expect("recorder");
     assert_eq!(seen, vec![SessionState::Connected, SessionState::Jeopardy, SessionState::Safe]);
-    assert!(paused_at.elapsed() < GRACE);
+    // (Safe, not Expired, is what says it came back within the grace period; the time since
+    // the pause is not asserted, since the grace period counts from the local lease's end.)
     assert!(guard.is_valid(), "valid again once safe");
     assert!(outside.session_info(session.id()).await.expect("session info").lease.alive, "the session survived");
     assert!(outside.check_sequencer(guard.sequencer()).await.expect("check"), "and so did its lock");
@@ -311,15 +313,18 @@ async fn a_watch_survives_router_restarts_without_losing_or_repeating_events() {
         }
         match round {
             // Kill the router the watcher is on: it resumes on the second.
-            0 => first = None,
+            0 => {
+                first = None;
+                wait_refused(addrs[0]).await;
+            }
             // Bring the first back on its address and kill the second: back to the first.
             1 => {
-                first = Some(start_router(&cluster, addrs[0].port()));
+                first = Some(restart_router(&cluster, addrs[0]).await);
                 second = None;
+                wait_refused(addrs[1]).await;
             }
             _ => {}
         }
-        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     client.create("/w/n", b"".to_vec(), &CreateOptions::persistent()).await.expect("create");
     client.delete("/w/n", &DeleteOptions::default()).await.expect("delete");

@@ -10,7 +10,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::api::{namespace_cluster, ApiClient, CallError};
-use warden_loadgen::linearizability::{check_kv, CheckResult, History, KvInput, KvOutput};
+use support::history::{check_records, Record};
+use warden_loadgen::linearizability::{KvInput, KvOutput};
 use warden_proto::v1::compare::{Op as CmpOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::*;
@@ -20,9 +21,6 @@ const KEYS: usize = 3;
 const CLIENTS: usize = 5;
 const RUN: Duration = Duration::from_secs(10);
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);
-
-/// One recorded operation: invoked at, completed at (None: unknown outcome), input, output.
-type Record = (usize, u64, Option<u64>, KvInput, Option<KvOutput>);
 
 fn key(k: usize) -> String {
     format!("/lin{k}")
@@ -140,51 +138,10 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
     }
     assert!(round >= 4, "the nemesis must have acted ({round} rounds)");
 
-    let mut records = records.lock().expect("lock").clone();
-    records.sort_by_key(|record| record.1);
+    let records = records.lock().expect("lock").clone();
     let completed = records.iter().filter(|r| r.2.is_some()).count();
     assert!(completed > 100, "too few operations completed ({completed}) for the check to mean anything");
-    let mut history = History::new();
-    for (client, invoked, completed, input, output) in records {
-        let index = history.invoke(client, input, invoked);
-        if let (Some(at), Some(output)) = (completed, output) {
-            history.complete(index, output, at);
-        }
+    if let Err(failure) = check_records(records) {
+        panic!("{failure}");
     }
-    match check_kv(&history, 50_000_000) {
-        CheckResult::Linearizable => {}
-        CheckResult::NotLinearizable(counterexample) => {
-            panic!("history of {completed} completed operations is not linearizable:\n{}", explain(&history, &counterexample))
-        }
-        other => panic!("history of {completed} completed operations: {other:?}"),
-    }
-}
-
-/// The blocked operation and every operation on its key that overlaps the second before it,
-/// in invocation order, marked with their place in the linearized prefix: what a reader
-/// needs to see why no order works.
-fn explain(history: &History<KvInput, KvOutput>, counterexample: &warden_loadgen::linearizability::Counterexample) -> String {
-    let operations = history.operations();
-    let blocked = &operations[counterexample.blocked];
-    let window_start = blocked.invoked_at().saturating_sub(1_000_000_000);
-    let mut lines = vec![format!("blocked: #{} {:?}", counterexample.blocked, blocked)];
-    let mut related: Vec<(usize, _)> = operations
-        .iter()
-        .enumerate()
-        .filter(|(_, op)| op.input().key() == blocked.input().key())
-        .filter(|(_, op)| op.completed_at().is_none_or(|at| at >= window_start) && op.invoked_at() <= blocked.completed_at().unwrap_or(u64::MAX))
-        .collect();
-    related.sort_by_key(|(_, op)| op.invoked_at());
-    for (index, op) in related {
-        let place = counterexample.prefix.iter().position(|i| *i == index).map_or("-".to_string(), |p| p.to_string());
-        lines.push(format!(
-            "#{index} prefix@{place} client {} [{} .. {:?}] {:?} -> {:?}",
-            op.client(),
-            op.invoked_at(),
-            op.completed_at(),
-            op.input(),
-            op.output()
-        ));
-    }
-    lines.join("\n")
 }

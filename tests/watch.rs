@@ -399,6 +399,14 @@ async fn a_start_older_than_the_history_is_compacted_and_a_newer_one_is_served()
     assert_eq!(revisions, (error.compact_revision + 1..=last).collect::<Vec<_>>());
 }
 
+/// Reads events from `conn` into `seen` (type, path, ephemeral owner) until it holds `count`.
+async fn owned_events_until(conn: &mut WatchConn, seen: &mut Vec<(i32, String, u64)>, count: usize) {
+    while seen.len() < count {
+        let response = conn.next(TIMEOUT).await.expect("stream").expect("events");
+        seen.extend(response.events.into_iter().map(|e| (e.r#type, e.path, e.stat.map_or(0, |s| s.ephemeral_owner))));
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lock_waiters_and_session_ephemerals_are_node_events() {
     let cluster = namespace_cluster(ClusterConfig::default()).await;
@@ -421,17 +429,15 @@ async fn lock_waiters_and_session_ephemerals_are_node_events() {
         let api = api.clone();
         tokio::spawn(async move { api.call(TIMEOUT, false, |mut c| async move { c.lock(lock(second, true)).await }).await })
     };
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // The second waiter is queued (its creation seen) before the first session closes.
+    let mut seen = Vec::new();
+    owned_events_until(&mut conn, &mut seen, 2).await;
     api.call(TIMEOUT, false, |mut c| async move { c.close_session(CloseSessionRequest { session_id: first, routing: None }).await })
         .await
         .expect("close");
     let granted = waiting.await.expect("task").expect("lock");
     assert!(granted.acquired);
-    let mut seen = Vec::new();
-    while seen.len() < 3 {
-        let response = conn.next(TIMEOUT).await.expect("stream").expect("events");
-        seen.extend(response.events.into_iter().map(|e| (e.r#type, e.path, e.stat.map_or(0, |s| s.ephemeral_owner))));
-    }
+    owned_events_until(&mut conn, &mut seen, 3).await;
     let first_waiter = held.sequencer.expect("sequencer").waiter;
     let second_waiter = granted.sequencer.expect("sequencer").waiter;
     assert_eq!(

@@ -2,6 +2,8 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod history;
+pub mod processes;
 pub mod proxy;
 pub mod routed;
 pub mod watch;

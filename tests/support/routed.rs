@@ -67,10 +67,37 @@ pub fn start_stale_router(cluster: &Cluster, port: u16) -> Router {
     start_router_with(cluster, port, false)
 }
 
+/// A router on `addr` again, once the router dropped there has let the port go (its runtime
+/// shuts down in the background, so the port is free a moment after the drop, not at once).
+pub async fn restart_router(cluster: &Cluster, addr: std::net::SocketAddr) -> Router {
+    let deadline = Instant::now() + TIMEOUT;
+    let listener = loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => break listener,
+            Err(error) => assert!(Instant::now() < deadline, "{addr} is still taken after {TIMEOUT:?}: {error}"),
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    serve_router(cluster, listener, true)
+}
+
+/// Waits until nothing accepts connections at `addr`: a dropped router's runtime shuts down
+/// in the background, so its listener and connections close a moment after the drop.
+pub async fn wait_refused(addr: std::net::SocketAddr) {
+    let deadline = Instant::now() + TIMEOUT;
+    while tokio::net::TcpStream::connect(addr).await.is_ok() {
+        assert!(Instant::now() < deadline, "{addr} still accepts connections after {TIMEOUT:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 fn start_router_with(cluster: &Cluster, port: u16, watch_placement: bool) -> Router {
+    serve_router(cluster, std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind"), watch_placement)
+}
+
+fn serve_router(cluster: &Cluster, listener: std::net::TcpListener, watch_placement: bool) -> Router {
     let refresh = if watch_placement { Duration::from_secs(1) } else { Duration::from_secs(3600) };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
-    let listener = std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind");
     listener.set_nonblocking(true).expect("nonblocking");
     let addr = listener.local_addr().expect("addr");
     let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();

@@ -1,0 +1,360 @@
+//! Real `warden` processes on loopback: five `warden node`s bootstrapped with `warden admin`
+//! (placement on nodes 1-3, the root group and a group per prefix) behind a `warden router`,
+//! with the faults only real processes have: SIGKILL (no destructor, no flush), a restart on
+//! the same data directory with the same flags, and SIGSTOP/SIGCONT (a paused process, as a
+//! GC pause or a VM stall would leave it).
+//!
+//! Every wait here is on a condition with a deadline; nothing sleeps to synchronise.
+
+use std::fs::OpenOptions;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::{GetRoutingTableRequest, HeartbeatRequest};
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::{Routing, SyncRequest};
+
+/// The `warden` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_warden");
+
+/// How many node processes a cluster has.
+pub const NODES: u64 = 5;
+
+/// The nodes holding placement replicas.
+pub const PLACEMENT_NODES: [u64; 3] = [1, 2, 3];
+
+/// How long one step (start, catch-up, a write after a restart) may take on a loaded machine.
+pub const STEP_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Pause between two probes of a condition.
+const POLL: Duration = Duration::from_millis(50);
+
+/// A child process killed (SIGKILL) when dropped.
+pub struct Process(Child);
+
+impl Process {
+    /// Sends `signal` to the process.
+    pub fn signal(&self, signal: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.0.id()).expect("a pid fits pid_t");
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours.
+        let sent = unsafe { libc::kill(pid, signal) };
+        assert_eq!(sent, 0, "kill({pid}, {signal}): {}", std::io::Error::last_os_error());
+    }
+
+    /// Whether the process has exited (and been reaped).
+    pub fn has_exited(&mut self) -> bool {
+        matches!(self.0.try_wait(), Ok(Some(_)))
+    }
+}
+
+impl Drop for Process {
+    fn drop(&mut self) {
+        // SIGKILL ends a stopped process too; `wait` reaps it, so its ports are free after.
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// A loopback port nobody listens on now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+}
+
+/// Starts `warden ARGS`, its stderr appended to `log` (so a restarted process adds to the
+/// same file).
+pub fn spawn(args: &[&str], log: &Path) -> Process {
+    let log = OpenOptions::new().create(true).append(true).open(log).expect("log file");
+    Process(Command::new(BIN).args(args).stdout(Stdio::null()).stderr(log).spawn().expect("spawn warden"))
+}
+
+/// Runs `warden admin ARGS` to completion; panics with its stderr if it failed.
+pub fn admin(args: &[&str]) {
+    let output = Command::new(BIN).arg("admin").args(args).output().expect("run warden admin");
+    assert!(output.status.success(), "warden admin {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+}
+
+/// Polls `probe` until it answers `Some`, panicking with `what` after `timeout`.
+pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Some(value) = probe().await {
+            return value;
+        }
+        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
+        tokio::time::sleep(POLL).await;
+    }
+}
+
+/// A lazily connected channel to `addr` whose calls give up after `timeout` (a paused
+/// process never answers).
+pub fn channel(addr: &str, timeout: Duration) -> Channel {
+    Channel::from_shared(format!("http://{addr}")).expect("uri").connect_timeout(timeout).timeout(timeout).connect_lazy()
+}
+
+/// How one node process is started (the same every time, so a restart finds its data).
+struct NodeSpec {
+    id: u64,
+    listen: String,
+    data_dir: PathBuf,
+    log: PathBuf,
+}
+
+/// Five node processes and a router, bootstrapped, each node restartable on its data.
+pub struct ProcessCluster {
+    peers: String,
+    seeds: String,
+    specs: Vec<NodeSpec>,
+    nodes: Vec<Option<Process>>,
+    _router: Process,
+    router_addr: String,
+    /// Last, so it goes after every process (see `Drop`).
+    dir: Option<tempfile::TempDir>,
+}
+
+impl ProcessCluster {
+    /// Starts the nodes, bootstraps placement on nodes 1-3 and the root group, creates a
+    /// group for each of `prefixes`, starts a router and waits until it answers.
+    pub async fn start(prefixes: &[&str]) -> ProcessCluster {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
+        let specs: Vec<NodeSpec> = ports
+            .iter()
+            .zip(1..)
+            .map(|(port, id)| NodeSpec {
+                id,
+                listen: format!("127.0.0.1:{port}"),
+                data_dir: dir.path().join(format!("node-{id}")),
+                log: dir.path().join(format!("node-{id}.log")),
+            })
+            .collect();
+        let peers = specs.iter().map(|s| format!("{}={}", s.id, s.listen)).collect::<Vec<_>>().join(",");
+        let seeds = specs.iter().map(|s| s.listen.clone()).collect::<Vec<_>>().join(",");
+        let nodes = specs.iter().map(|spec| Some(spawn_node(spec, &peers))).collect();
+        let placement = PLACEMENT_NODES.map(|id| id.to_string()).join(",");
+        admin(&["bootstrap", "--nodes", &peers, "--placement", &placement]);
+        for prefix in prefixes {
+            admin(&["create-group", prefix, "--seeds", &seeds]);
+        }
+        let router_addr = format!("127.0.0.1:{}", free_port());
+        let router = spawn(&["router", "--listen", &router_addr, "--seeds", &seeds], &dir.path().join("router.log"));
+        let cluster = ProcessCluster { peers, seeds, specs, nodes, _router: router, router_addr, dir: Some(dir) };
+        let router = cluster.router();
+        wait_for("the router answers", STEP_TIMEOUT, || {
+            let mut router = router.clone();
+            async move { router.sync(SyncRequest::default()).await.ok() }
+        })
+        .await;
+        cluster
+    }
+
+    /// The router's address (`host:port`).
+    pub fn router_addr(&self) -> &str {
+        &self.router_addr
+    }
+
+    /// A raw client of the router.
+    pub fn router(&self) -> WardenClient<Channel> {
+        WardenClient::new(channel(&self.router_addr, Duration::from_secs(10)))
+    }
+
+    /// The node ids, 1 to 5.
+    pub fn node_ids(&self) -> Vec<u64> {
+        self.specs.iter().map(|s| s.id).collect()
+    }
+
+    /// Shard-node addresses, comma-separated (what `warden admin` and routers take).
+    pub fn seeds(&self) -> &str {
+        &self.seeds
+    }
+
+    fn spec(&self, id: u64) -> &NodeSpec {
+        self.specs.iter().find(|s| s.id == id).unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn index(&self, id: u64) -> usize {
+        self.specs.iter().position(|s| s.id == id).unwrap_or_else(|| panic!("no node {id}"))
+    }
+
+    fn process(&mut self, id: u64) -> &mut Option<Process> {
+        let index = self.index(id);
+        &mut self.nodes[index]
+    }
+
+    /// Whether node `id` was started and not killed since (it may be paused).
+    pub fn is_up(&self, id: u64) -> bool {
+        self.nodes[self.index(id)].is_some()
+    }
+
+    /// SIGKILLs node `id` and reaps it: it gets no chance to flush or say goodbye.
+    pub fn kill(&mut self, id: u64) {
+        let process = self.process(id).take().unwrap_or_else(|| panic!("node {id} is not running"));
+        process.signal(libc::SIGKILL);
+        drop(process);
+    }
+
+    /// Starts node `id` again with the same flags (same `--id`, `--listen`, `--data-dir`,
+    /// `--peers`), once it is down.
+    pub fn restart(&mut self, id: u64) {
+        assert!(self.process(id).is_none(), "node {id} is still running");
+        let process = spawn_node(self.spec(id), &self.peers);
+        *self.process(id) = Some(process);
+    }
+
+    /// Stops node `id` (SIGSTOP): it keeps its sockets and state but runs no code.
+    pub fn pause(&self, id: u64) {
+        self.running(id).signal(libc::SIGSTOP);
+    }
+
+    /// Lets a paused node `id` run again (SIGCONT).
+    pub fn resume(&self, id: u64) {
+        self.running(id).signal(libc::SIGCONT);
+    }
+
+    fn running(&self, id: u64) -> &Process {
+        self.nodes[self.index(id)].as_ref().unwrap_or_else(|| panic!("node {id} is not running"))
+    }
+
+    /// A client of node `id` directly (not through the router); calls give up after
+    /// `timeout`.
+    pub fn node(&self, id: u64, timeout: Duration) -> WardenClient<Channel> {
+        WardenClient::new(channel(&self.spec(id).listen, timeout))
+    }
+
+    /// The shard groups (ids) of the routing table, read from any placement node.
+    pub async fn shard_groups(&self) -> Vec<u64> {
+        let addrs: Vec<String> = PLACEMENT_NODES.iter().map(|id| self.spec(*id).listen.clone()).collect();
+        wait_for("the routing table", STEP_TIMEOUT, || {
+            let addrs = addrs.clone();
+            async move {
+                for addr in addrs {
+                    let mut placement = PlacementClient::new(channel(&addr, Duration::from_secs(2)));
+                    if let Ok(table) = placement.get_routing_table(GetRoutingTableRequest {}).await {
+                        let groups =
+                            table.into_inner().groups.iter().filter(|g| g.ready).filter_map(|g| g.descriptor.as_ref()).map(|d| d.group_id).collect();
+                        return Some(groups);
+                    }
+                }
+                None
+            }
+        })
+        .await
+    }
+
+    /// Waits until node `id`, after a restart or a pause, serves linearizable reads of every
+    /// group in `groups` and (for a placement node) of the routing table: its replicas know
+    /// the leader and have applied up to the leader's commit index.
+    pub async fn wait_caught_up(&mut self, id: u64, groups: &[u64]) {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        for &group in groups {
+            loop {
+                self.assert_running(id);
+                let mut node = self.node(id, Duration::from_secs(2));
+                let routing = Some(Routing { group_id: group, ..Routing::default() });
+                if node.sync(SyncRequest { routing }).await.is_ok() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "node {id} did not catch up on group {group} within {STEP_TIMEOUT:?}");
+                tokio::time::sleep(POLL).await;
+            }
+        }
+        if PLACEMENT_NODES.contains(&id) {
+            loop {
+                self.assert_running(id);
+                let mut placement = PlacementClient::new(channel(&self.spec(id).listen, Duration::from_secs(2)));
+                if placement.get_routing_table(GetRoutingTableRequest {}).await.is_ok() {
+                    break;
+                }
+                assert!(Instant::now() < deadline, "node {id} did not catch up on the placement group within {STEP_TIMEOUT:?}");
+                tokio::time::sleep(POLL).await;
+            }
+        }
+    }
+
+    /// Panics (with the log's tail) if node `id` exited on its own, unless it could not bind
+    /// its port: after a kill, an outgoing connection of another process may briefly hold
+    /// that port as its local end, so such a node is started again.
+    fn assert_running(&mut self, id: u64) {
+        let exited = self.process(id).as_mut().is_some_and(Process::has_exited);
+        if exited {
+            let log = std::fs::read_to_string(&self.spec(id).log).unwrap_or_default();
+            let tail = log.lines().rev().take(20).collect::<Vec<_>>().into_iter().rev().collect::<Vec<_>>().join("\n");
+            let last = log.lines().rev().find(|line| !line.trim().is_empty()).unwrap_or_default();
+            assert!(last.contains("os error 98"), "node {id} exited on its own; its log ends:\n{tail}");
+            eprintln!("node {id} could not bind its port yet; starting it again");
+            *self.process(id) = None;
+            self.restart(id);
+        }
+    }
+
+    /// The leader of shard group `group` as the nodes other than `except` see it (`None`:
+    /// none of them knows one now). Asks the nodes directly, so a paused node cannot hold
+    /// the question up.
+    pub async fn group_leader(&self, group: u64, except: Option<u64>) -> Option<u64> {
+        for id in self.node_ids().into_iter().filter(|id| Some(*id) != except) {
+            if !self.is_up(id) {
+                continue;
+            }
+            let mut node = self.node(id, Duration::from_secs(1));
+            let routing = Some(Routing { group_id: group, ..Routing::default() });
+            if let Ok(response) = node.sync(SyncRequest { routing }).await {
+                let leader = response.into_inner().header.map_or(0, |h| h.leader_id);
+                if leader != 0 && Some(leader) != except {
+                    return Some(leader);
+                }
+            }
+        }
+        None
+    }
+
+    /// The placement group's leader as the running placement nodes other than `except` see
+    /// it (`None`: none of them knows one now). Asked with the heartbeat a placement node
+    /// sends every second anyway (the node's own id and address): a follower answers
+    /// NOT_LEADER naming the leader, the leader answers it.
+    pub async fn placement_leader(&self, except: Option<u64>) -> Option<u64> {
+        for id in PLACEMENT_NODES {
+            if !self.is_up(id) || Some(id) == except {
+                continue;
+            }
+            let spec = self.spec(id);
+            let mut placement = PlacementClient::new(channel(&spec.listen, Duration::from_secs(1)));
+            let heartbeat = HeartbeatRequest { node_id: id, addr: spec.listen.clone(), zone: String::new() };
+            match placement.heartbeat(heartbeat).await {
+                Ok(_) => return Some(id),
+                Err(status) => {
+                    let hint = warden_shard_node::service::error_of(&status).map_or(0, |e| e.leader_id);
+                    if PLACEMENT_NODES.contains(&hint) && Some(hint) != except {
+                        return Some(hint);
+                    }
+                }
+            }
+        }
+        None
+    }
+}
+
+impl Drop for ProcessCluster {
+    fn drop(&mut self) {
+        // Stop every process before the directory goes; keep the directory (logs, data) of a
+        // failed test for a post-mortem.
+        self.nodes.clear();
+        if std::thread::panicking() {
+            if let Some(dir) = self.dir.take() {
+                eprintln!("cluster logs and data kept in {}", dir.keep().display());
+            }
+        }
+    }
+}
+
+fn spawn_node(spec: &NodeSpec, peers: &str) -> Process {
+    let id = spec.id.to_string();
+    let data = spec.data_dir.to_str().expect("utf8 data dir");
+    spawn(&["node", "--id", &id, "--listen", &spec.listen, "--data-dir", data, "--peers", peers], &spec.log)
+}
