@@ -464,10 +464,13 @@ fn elect(c: &Cluster) {
     assert_eq!(beta.terminate(), Some(0));
 }
 
+/// One named step of the command-line test.
+type Step = (&'static str, fn(&Cluster));
+
 #[test]
 fn the_command_line_against_a_dev_cluster() {
     let mut cluster = Cluster::start();
-    let steps: [(&str, fn(&Cluster)); 13] = [
+    let steps: [Step; 13] = [
         ("nodes_commands", nodes_commands),
         ("nonexistent_node", nonexistent_node),
         ("json_output", json_output),

@@ -214,7 +214,7 @@ impl Model {
     fn compare(&self, compare: &Compare) -> bool {
         let node = self.nodes.get(&compare.path);
         // A missing node compares as version 0, revisions 0 and an empty value.
-        let stat = node.map(|n| n.stat.clone()).unwrap_or_default();
+        let stat = node.map(|n| n.stat).unwrap_or_default();
         let ordering = match Target::try_from(compare.target).unwrap_or(Target::Version) {
             Target::Exists => return node.is_some() == compare.exists,
             Target::Version => stat.version.cmp(&compare.number),
@@ -317,14 +317,14 @@ impl Model {
             return Err(fail(Code::InvalidPath, path));
         }
         let node = self.nodes.get(path).ok_or_else(|| fail(Code::NoNode, path))?;
-        Ok(GetResponse { header: None, data: node.data.clone(), stat: Some(node.stat.clone()) })
+        Ok(GetResponse { header: None, data: node.data.clone(), stat: Some(node.stat) })
     }
 
     fn exists(&self, path: &str) -> Want<Option<Stat>> {
         if !path_ok(path, true) {
             return Err(fail(Code::InvalidPath, path));
         }
-        Ok(self.nodes.get(path).map(|n| n.stat.clone()))
+        Ok(self.nodes.get(path).map(|n| n.stat))
     }
 
     fn children(&self, request: &GetChildrenRequest) -> Want<GetChildrenResponse> {
@@ -341,8 +341,8 @@ impl Model {
         let after: Vec<String> = children_of(&self.nodes, path).into_iter().filter(|n| n.as_bytes() > request.start_after.as_bytes()).collect();
         let more = after.len() > limit;
         let names: Vec<String> = after.into_iter().take(limit).collect();
-        let stats = if request.with_stats { names.iter().map(|n| self.nodes[&join(path, n)].stat.clone()).collect() } else { Vec::new() };
-        Ok(GetChildrenResponse { header: None, names, stats, more, stat: Some(parent.stat.clone()) })
+        let stats = if request.with_stats { names.iter().map(|n| self.nodes[&join(path, n)].stat).collect() } else { Vec::new() };
+        Ok(GetChildrenResponse { header: None, names, stats, more, stat: Some(parent.stat) })
     }
 }
 
@@ -408,7 +408,7 @@ impl Work<'_> {
             ttl_ms: request.ttl_ms,
             ..Stat::default()
         };
-        self.nodes.insert(path.clone(), ModelNode { data: request.data.clone(), stat: stat.clone(), next_sequence: 0 });
+        self.nodes.insert(path.clone(), ModelNode { data: request.data.clone(), stat, next_sequence: 0 });
         self.changed = true;
         Ok(CreateResponse { header: None, path, stat: Some(stat) })
     }
@@ -424,7 +424,7 @@ impl Work<'_> {
         node.stat.data_length = request.data.len() as u64;
         node.data = request.data.clone();
         self.changed = true;
-        Ok(SetResponse { header: None, stat: Some(node.stat.clone()) })
+        Ok(SetResponse { header: None, stat: Some(node.stat) })
     }
 
     fn delete(&mut self, request: &DeleteRequest) -> Want<DeleteResponse> {
@@ -466,7 +466,7 @@ impl Work<'_> {
     /// A get inside a transaction: a missing node reads as an empty response.
     fn get(&self, request: &GetRequest) -> GetResponse {
         match self.nodes.get(&request.path) {
-            Some(node) => GetResponse { header: None, data: node.data.clone(), stat: Some(node.stat.clone()) },
+            Some(node) => GetResponse { header: None, data: node.data.clone(), stat: Some(node.stat) },
             None => GetResponse::default(),
         }
     }
@@ -922,7 +922,7 @@ impl Run {
     fn compare(&self, spec: &CompareSpec) -> Compare {
         let path = spec.path.resolve(&self.m);
         let node = self.m.nodes.get(&path);
-        let stat = node.map(|n| n.stat.clone()).unwrap_or_default();
+        let stat = node.map(|n| n.stat).unwrap_or_default();
         let actual = match Target::try_from(spec.target).unwrap_or(Target::Version) {
             Target::CreateRevision => stat.create_revision,
             Target::ModRevision => stat.mod_revision,
@@ -1087,7 +1087,7 @@ impl Run {
     fn check_all(&self) -> Result<(), TestCaseError> {
         prop_assert_eq!(self.h.revision().expect("revision"), self.m.revision);
         for (path, node) in &self.m.nodes {
-            let want = GetResponse { header: None, data: node.data.clone(), stat: Some(node.stat.clone()) };
+            let want = GetResponse { header: None, data: node.data.clone(), stat: Some(node.stat) };
             same(&format!("state of {path}"), self.h.get(path), Ok(want))?;
             prop_assert_eq!(node.stat.num_children as usize, children_of(&self.m.nodes, path).len(), "model num_children of {}", path);
             self.check_pages(path, 0, "", false)?;
