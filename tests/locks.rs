@@ -300,13 +300,7 @@ async fn item_6_a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
     let within = Instant::now() + TIMEOUT;
     loop {
         let request = SessionInfoRequest { session_id: doomed, routing: None };
-        let info = api
-            .call(TIMEOUT, true, |mut c| {
-                let request = request.clone();
-                async move { c.session_info(request).await }
-            })
-            .await
-            .expect("session info");
+        let info = api.call(TIMEOUT, true, |mut c| async move { c.session_info(request).await }).await.expect("session info");
         if info.lease.is_none_or(|lease| lease.remaining_ms <= 1_500) {
             break;
         }

@@ -641,7 +641,7 @@ impl Txn<'_, '_> {
                 waiter.record.attempt += 1;
                 waiter.record.lock_delay_ms = request.lock_delay_ms;
                 let mut node = self.view.node(&waiter.path)?.ok_or_else(|| StorageError::Corrupt(format!("waiter {} vanished", waiter.path)))?;
-                node.lock_waiter = Some(waiter.record.clone());
+                node.lock_waiter = Some(waiter.record);
                 self.view.put_node(&waiter.path, &node);
                 (index, waiter.record.attempt)
             }
@@ -655,7 +655,7 @@ impl Txn<'_, '_> {
                     session_id: request.session_id,
                     token: self.revision,
                     request_id: request.request_id,
-                    record: record.clone(),
+                    record,
                 });
                 if request.if_free && locks::holders(&waiters, meta.as_ref()) < waiters.len() {
                     return Ok((LockResponse { header: None, acquired: false, sequencer: None }, 0));
