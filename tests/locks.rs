@@ -45,9 +45,8 @@ async fn lock(api: &ApiClient, path: &str, session_id: u64, request_id: u64, wai
         mode: LockMode::Exclusive as i32,
         wait: wait_ms > 0,
         timeout_ms: wait_ms,
-        lock_delay_ms: 0,
         request_id,
-        routing: None,
+        ..LockRequest::default()
     };
     // Retrying with the same request id is safe: the server returns the same waiter.
     let response = api
@@ -194,4 +193,187 @@ async fn waiting_calls_time_out_cleanly_and_sequencers_report_loss() {
     for keeper in keepers {
         keeper.await.expect("keeper");
     }
+}
+
+async fn check(api: &ApiClient, sequencer: Sequencer) -> bool {
+    let request = CheckSequencerRequest { sequencer: Some(sequencer), routing: None };
+    api.call(TIMEOUT, true, |mut c| {
+        let request = request.clone();
+        async move { c.check_sequencer(request).await }
+    })
+    .await
+    .expect("check")
+    .holds
+}
+
+async fn revision(api: &ApiClient) -> u64 {
+    let response = api.call(TIMEOUT, true, |mut c| async move { c.sync(SyncRequest { routing: None }).await }).await.expect("sync");
+    response.header.expect("header").revision
+}
+
+/// Item 2: a waiting `Lock` call that is dropped (its client hung up) and retried at once with
+/// the same request id, over and over while the lock passes between clients. The dropped
+/// call's release must never take a hold the retry was told it has: a fenced resource sees
+/// no two holders at once, and every hold is still valid when its holder unlocks.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_2_dropped_and_retried_waiting_calls_never_make_two_holders() {
+    let cluster = namespace_cluster(ClusterConfig::default()).await;
+    let api = ApiClient::new(&cluster);
+    let fence = Arc::new(FenceGuard::new());
+    let inside = Arc::new(AtomicU64::new(0));
+    let holds = Arc::new(AtomicU64::new(0));
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let mut clients = Vec::new();
+    for client in 0..6u64 {
+        let (api, fence, inside, holds) = (api.clone(), fence.clone(), inside.clone(), holds.clone());
+        clients.push(tokio::spawn(async move {
+            let session = open_session(&api).await;
+            let stop = Arc::new(AtomicBool::new(false));
+            let keeper = keep_alive(api.clone(), session, stop.clone());
+            let mut round = 0u64;
+            while Instant::now() < deadline {
+                round += 1;
+                let request_id = client * 1_000_000 + round;
+                let first = tokio::spawn({
+                    let api = api.clone();
+                    async move { lock(&api, "/locks/retried", session, request_id, 5_000).await }
+                });
+                // Drop the waiting call at varying moments (so some drops race with grants),
+                // and retry it at once.
+                tokio::time::sleep(Duration::from_millis((round * 7 + client * 3) % 40)).await;
+                first.abort();
+                let Some(sequencer) = lock(&api, "/locks/retried", session, request_id, 5_000).await else { continue };
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two holders at once");
+                fence.admit(sequencer.token).expect("a live holder's token is never stale");
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                assert!(check(&api, sequencer.clone()).await, "a hold the retry was told it has was taken away");
+                inside.fetch_sub(1, Ordering::SeqCst);
+                holds.fetch_add(1, Ordering::Relaxed);
+                unlock(&api, sequencer).await;
+            }
+            stop.store(true, Ordering::Relaxed);
+            keeper.await.expect("keeper");
+        }));
+    }
+    for client in clients {
+        client.await.expect("client");
+    }
+    assert!(holds.load(Ordering::Relaxed) >= 10, "too few holds ({}) to mean anything", holds.load(Ordering::Relaxed));
+}
+
+/// Item 6: a try-lock (`wait = false`) of a lock someone holds is refused without changing
+/// anything: no waiter is added and removed again, the revision stays.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_6_a_refused_try_lock_changes_nothing() {
+    let cluster = namespace_cluster(ClusterConfig::default()).await;
+    let api = ApiClient::new(&cluster);
+    let holder = open_session(&api).await;
+    let other = open_session(&api).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let keepers = [keep_alive(api.clone(), holder, stop.clone()), keep_alive(api.clone(), other, stop.clone())];
+    lock(&api, "/try", holder, 1, 0).await.expect("a free lock is taken");
+    let before = revision(&api).await;
+    for request_id in 2..5 {
+        assert!(lock(&api, "/try", other, request_id, 0).await.is_none(), "a held lock is not taken");
+    }
+    assert_eq!(revision(&api).await, before, "refused try-locks took no revision");
+    stop.store(true, Ordering::Relaxed);
+    for keeper in keepers {
+        keeper.await.expect("keeper");
+    }
+}
+
+/// Item 6: a waiter whose session expires while its `Lock` call waits is answered
+/// SESSION_EXPIRED when the session ends, not "not acquired" when the wait runs out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_6_a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
+    let cluster = namespace_cluster(ClusterConfig::default()).await;
+    let api = ApiClient::new(&cluster);
+    let holder = open_session(&api).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let keeper = keep_alive(api.clone(), holder, stop.clone());
+    lock(&api, "/doomed", holder, 1, 0).await.expect("a free lock is taken");
+    // A session without keepalives: it expires after its TTL.
+    let doomed = open_session(&api).await;
+    // Start waiting late in its lease (but before it runs out), so the session dies during the
+    // wait rather than before it.
+    let within = Instant::now() + TIMEOUT;
+    loop {
+        let request = SessionInfoRequest { session_id: doomed, routing: None };
+        let info = api.call(TIMEOUT, true, |mut c| async move { c.session_info(request).await }).await.expect("session info");
+        if info.lease.is_none_or(|lease| lease.remaining_ms <= 1_500) {
+            break;
+        }
+        assert!(Instant::now() < within, "the lease never ran down");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A client of the leader without the test client's cap on how long a call may take.
+    let leader = cluster.leader(1).await.expect("leader");
+    let addr = cluster.addr(leader).expect("addr");
+    let mut client = warden_proto::v1::warden_client::WardenClient::new(
+        tonic::transport::Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy(),
+    );
+    let mut request = tonic::Request::new(LockRequest {
+        path: "/doomed".into(),
+        session_id: doomed,
+        mode: LockMode::Exclusive as i32,
+        wait: true,
+        timeout_ms: 60_000,
+        lock_delay_ms: 0,
+        request_id: 1,
+        ..Default::default()
+    });
+    request.set_timeout(Duration::from_secs(65));
+    let status = client.lock(request).await.expect_err("the waiter's session ended during the wait");
+    let error = warden_shard_node::service::error_of(&status).expect("typed error");
+    assert_eq!(error.code, warden_error::Code::SessionExpired as i32, "{status}");
+    stop.store(true, Ordering::Relaxed);
+    keeper.await.expect("keeper");
+}
+
+/// Item 6: waiters keep their place in the queue while they wait, across the server's limit on
+/// one call's wait (the client library re-attaches to its waiter with the same request id), and
+/// are granted in the order they queued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_6_waiters_keep_their_place_across_calls_and_are_granted_fifo() {
+    use ::warden_client::{Client, ClientConfig, LockOptions, SessionConfig};
+    let cluster = support::routed::cluster_with_groups(&[]).await;
+    let router = support::routed::start_router(&cluster, 0);
+    let client = Client::connect(ClientConfig::new([router.addr.to_string()])).await.expect("connect");
+    let config = || SessionConfig { ttl: Duration::from_secs(10), grace_period: Duration::from_secs(10), path_hint: Some("/fifo".into()) };
+    let holder = client.session(config()).await.expect("session");
+    let held = holder.try_lock("/fifo").await.expect("try").expect("a free lock is taken");
+    let granted = Arc::new(Mutex::new(Vec::new()));
+    let mut waiters = Vec::new();
+    for index in 1..=3usize {
+        let session = client.session(config()).await.expect("session");
+        let granted = granted.clone();
+        waiters.push(tokio::spawn(async move {
+            let options = LockOptions { wait: Duration::from_secs(120), ..LockOptions::default() };
+            let guard = session.lock_with("/fifo", &options).await.expect("lock").expect("acquired within the wait");
+            granted.lock().expect("lock").push((index, guard.fencing_token()));
+            guard.unlock().await.expect("unlock");
+            session.close().await.expect("close");
+        }));
+        let within = Instant::now() + TIMEOUT;
+        while client.lock_info("/fifo").await.expect("info").waiters.len() < index {
+            assert!(Instant::now() < within, "waiter {index} never queued");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+    let queued: Vec<u64> = client.lock_info("/fifo").await.expect("info").waiters.iter().map(|w| w.token).collect();
+    // Hold the lock across more than two of the server's per-call waits (its request timeout,
+    // 5 s): the queue must stay as it is the whole time.
+    let hold_until = Instant::now() + Duration::from_secs(12);
+    while Instant::now() < hold_until {
+        let now: Vec<u64> = client.lock_info("/fifo").await.expect("info").waiters.iter().map(|w| w.token).collect();
+        assert_eq!(now, queued, "waiters kept their place while waiting");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    held.unlock().await.expect("unlock");
+    for waiter in waiters {
+        waiter.await.expect("waiter");
+    }
+    let granted = granted.lock().expect("lock").clone();
+    assert_eq!(granted, queued.iter().enumerate().map(|(i, token)| (i + 1, *token)).collect::<Vec<_>>(), "granted in queue order");
 }

@@ -237,7 +237,8 @@ fn lock_mode(mode: i32) -> Result<LockMode> {
     }
 }
 
-/// A `Lock` call waiting up to `wait` (not at all when zero).
+/// A `Lock` call waiting up to `wait` (not at all when zero), leaving its waiter queued when
+/// the wait ends.
 pub(crate) fn lock_request(session: SessionId, path: &str, options: &LockOptions, wait: Duration, request_id: u64) -> pb::LockRequest {
     pb::LockRequest {
         path: path.into(),
@@ -247,6 +248,8 @@ pub(crate) fn lock_request(session: SessionId, path: &str, options: &LockOptions
         timeout_ms: millis(wait),
         lock_delay_ms: millis(options.lock_delay),
         request_id,
+        // A longer wait is a series of calls re-attaching to one waiter (see `lock::acquire`).
+        keep_queued: !wait.is_zero(),
         routing: None,
     }
 }

@@ -2,12 +2,16 @@
 //!
 //! A lock is a node whose children are its waiters (ephemeral-sequential nodes of the
 //! waiting sessions), granted in order. `Lock` creates the session's waiter and, when asked,
-//! waits server-side until it holds or the wait times out — a wait that times out, or whose
-//! caller hangs up, removes its waiter. Each call carries a request id, so resending it
-//! finds the same waiter instead of queueing a second one.
+//! waits server-side until it holds or the wait times out. Each call carries a request id, so
+//! resending it finds the same waiter instead of queueing a second one.
 //!
 //! The server caps one call's wait (at its request timeout, 5 s by default, and at most
-//! 300 s), so a longer wait is a series of calls; each new call queues at the back.
+//! 300 s), so a longer wait is a series of calls with one request id: each call asks the
+//! server to keep the waiter queued when its wait ends, and the next one re-attaches to it, so
+//! the waiter keeps its place in the FIFO queue for as long as the session lives and the
+//! client keeps waiting. A wait that ends without the lock removes the waiter (a last try-lock
+//! with the same id, which takes the lock if the waiter holds by then); so does dropping the
+//! waiting future (in the background).
 
 use std::time::{Duration, SystemTime};
 
@@ -21,7 +25,7 @@ use crate::retry::is_transient;
 use crate::session::{Session, SessionId, SessionState};
 
 /// Longest wait of one `Lock` call (the server refuses longer ones).
-pub(crate) const LOCK_WAIT_PER_CALL_MAX: Duration = Duration::from_secs(300);
+const LOCK_WAIT_PER_CALL_MAX: Duration = Duration::from_secs(300);
 
 /// Who may hold a lock together.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
@@ -55,8 +59,8 @@ pub struct Sequencer {
 pub struct LockOptions {
     /// Exclusive or shared.
     pub mode: LockMode,
-    /// Chubby's lock-delay: if a holder's session expires (rather than unlocking), nobody else
-    /// gets the lock for this long (at most 60 s; set by the lock's first waiter).
+    /// Chubby's lock-delay: if this hold's session expires (rather than unlocking), nobody new
+    /// gets the lock for this long (at most 60 s; holders sharing the lock keep their holds).
     pub lock_delay: Duration,
     /// How long to wait for the lock (zero: only if it is free now).
     pub wait: Duration,
@@ -139,16 +143,31 @@ impl Drop for LockGuard {
 pub(crate) async fn acquire(session: &Session, path: &str, options: &LockOptions) -> Result<Option<LockGuard>> {
     let client = session.client();
     let deadline = Instant::now().checked_add(options.wait);
+    // One request id for the whole wait: every call re-attaches to the same waiter.
+    let request_id = session.next_request_id();
+    let request = |wait: Duration| convert::lock_request(session.id(), path, options, wait, request_id);
+    // From the first call on, a waiter may be queued: if this future is dropped before it
+    // ends, the waiter is abandoned in the background.
+    let mut queued = AbandonOnDrop { client: Some(client.clone()), request: request(Duration::ZERO) };
     loop {
+        // Zero once the wait is over (or for a try-lock): a try-lock with the same request id
+        // takes the lock if the waiter holds by now, and otherwise removes it.
         let wait = deadline.map_or(LOCK_WAIT_PER_CALL_MAX, |d| d.saturating_duration_since(Instant::now())).min(LOCK_WAIT_PER_CALL_MAX);
-        let request = convert::lock_request(session.id(), path, options, wait, session.next_request_id());
-        match client.lock(request.clone()).await {
-            Ok(Some(sequencer)) => return Ok(Some(LockGuard { client: client.clone(), sequencer, session: session.states(), released: false })),
-            Ok(None) if wait.is_zero() || deadline.is_some_and(|d| Instant::now() >= d) => return Ok(None),
+        match client.lock(request(wait)).await {
+            Ok(Some(sequencer)) => {
+                queued.disarm();
+                return Ok(Some(LockGuard { client: client.clone(), sequencer, session: session.states(), released: false }));
+            }
+            Ok(None) if wait.is_zero() => {
+                queued.disarm();
+                return Ok(None);
+            }
+            // This call's wait ended with the waiter still queued: wait on in its place.
             Ok(None) => {}
             Err(error) => {
-                if is_transient(&error) {
-                    abandon(client.clone(), request);
+                if !is_transient(&error) {
+                    // Refused (the session ended, bad input): no waiter is left behind.
+                    queued.disarm();
                 }
                 return Err(error);
             }
@@ -156,12 +175,36 @@ pub(crate) async fn acquire(session: &Session, path: &str, options: &LockOptions
     }
 }
 
-/// After a `Lock` call whose outcome is unknown, makes sure its waiter does not stay behind:
-/// the same request without waiting finds the waiter if it exists, and the server removes it
-/// unless it holds, in which case it is unlocked. In the background, best effort.
+/// Abandons the waiter of an unfinished `acquire` (see [`abandon`]) when dropped armed.
+struct AbandonOnDrop {
+    client: Option<Client>,
+    request: warden_proto::v1::LockRequest,
+}
+
+impl AbandonOnDrop {
+    fn disarm(&mut self) {
+        self.client = None;
+    }
+}
+
+impl Drop for AbandonOnDrop {
+    fn drop(&mut self) {
+        if let Some(client) = self.client.take() {
+            if tokio::runtime::Handle::try_current().is_ok() {
+                abandon(client, self.request.clone());
+            }
+        }
+    }
+}
+
+/// After a `Lock` call whose outcome is unknown or whose caller gave up, makes sure its waiter
+/// does not stay behind: the same request without waiting finds the waiter if it exists, and
+/// the server removes it unless it holds, in which case it is unlocked. In the background,
+/// best effort.
 fn abandon(client: Client, mut request: warden_proto::v1::LockRequest) {
     request.wait = false;
     request.timeout_ms = 0;
+    request.keep_queued = false;
     tokio::spawn(async move {
         match client.lock(request).await {
             Ok(Some(sequencer)) => {

@@ -142,14 +142,12 @@ impl Session {
     }
 
     /// Acquires an exclusive lock on `path`, waiting as long as it takes (for as long as the
-    /// session lives).
+    /// session lives), in its place in the queue.
     pub async fn lock(&self, path: &str) -> Result<LockGuard> {
-        let options = LockOptions { wait: lock::LOCK_WAIT_PER_CALL_MAX, ..LockOptions::default() };
-        loop {
-            if let Some(guard) = self.lock_with(path, &options).await? {
-                return Ok(guard);
-            }
-        }
+        let options = LockOptions { wait: Duration::MAX, ..LockOptions::default() };
+        self.lock_with(path, &options)
+            .await?
+            .ok_or_else(|| Error::Protocol { message: format!("a wait without deadline for {path} returned without the lock") })
     }
 
     /// Acquires an exclusive lock on `path` if it is free now.

@@ -260,8 +260,7 @@ fn lock_waiters_appear_and_disappear() {
     let first = ns.create_session(10_000).expect("session").session_id;
     let second = ns.create_session(10_000).expect("session").session_id;
     ns.create_simple("/locks", b"").expect("the locks' parent");
-    let acquire =
-        |session_id| AcquireLock { path: "/locks/job".into(), session_id, mode: LockMode::Exclusive as i32, lock_delay_ms: 0, request_id: 0 };
+    let acquire = |session_id| AcquireLock { path: "/locks/job".into(), session_id, mode: LockMode::Exclusive as i32, ..AcquireLock::default() };
     let from = ns.revision().expect("revision") + 1;
     let held = ns.lock(acquire(first)).expect("lock");
     let queued = ns.lock(acquire(second)).expect("lock");

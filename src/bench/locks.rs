@@ -41,7 +41,7 @@ async fn session(client: &mut WardenClient<Channel>, group: u64) -> anyhow::Resu
 }
 
 fn lock_request(path: String, session_id: u64, wait: bool) -> LockRequest {
-    LockRequest { path, session_id, mode: LockMode::Exclusive as i32, wait, timeout_ms: 30_000, lock_delay_ms: 0, request_id: 0, routing: None }
+    LockRequest { path, session_id, mode: LockMode::Exclusive as i32, wait, timeout_ms: 30_000, ..LockRequest::default() }
 }
 
 /// Runs the three measurements, one JSON line each (keepalives: one per group count).

@@ -23,8 +23,6 @@ const EXIT_CANNOT_RUN: i32 = 126;
 /// Exit status when the command is not found (as in POSIX shells).
 const EXIT_NOT_FOUND: i32 = 127;
 
-/// The wait of one lock call when waiting as long as it takes (the server's maximum).
-const WAIT_PER_CALL: Duration = Duration::from_secs(300);
 /// How long a lost lock's release is tried before giving up.
 const RELEASE_PATIENCE: Duration = Duration::from_secs(2);
 
@@ -67,18 +65,9 @@ pub async fn run(args: LockArgs, client: &Client, out: Output) -> anyhow::Result
     let config = SessionConfig { path_hint: Some(args.path.clone()), ..SessionConfig::new(args.session_ttl) };
     let session = client.session(config).await?;
     let mode = if args.shared { LockMode::Shared } else { LockMode::Exclusive };
-    let acquiring = async {
-        match args.wait {
-            Some(wait) => session.lock_with(&args.path, &LockOptions { mode, wait, ..LockOptions::default() }).await,
-            // As long as it takes, a server-capped wait at a time.
-            None => loop {
-                let options = LockOptions { mode, wait: WAIT_PER_CALL, ..LockOptions::default() };
-                if let Some(guard) = session.lock_with(&args.path, &options).await? {
-                    break Ok(Some(guard));
-                }
-            },
-        }
-    };
+    // Without `--wait`, as long as it takes, keeping its place in the queue.
+    let options = LockOptions { mode, wait: args.wait.unwrap_or(Duration::MAX), ..LockOptions::default() };
+    let acquiring = session.lock_with(&args.path, &options);
     let guard = tokio::select! {
         acquired = acquiring => acquired?,
         () = stop_requested() => None,

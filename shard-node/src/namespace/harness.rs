@@ -72,12 +72,17 @@ impl Harness {
     }
 
     fn apply_result(&mut self, op: CommandOp) -> Outcome<CommandOutcome> {
+        self.apply_full(op).map(|(outcome, _)| outcome)
+    }
+
+    /// Applies `op`; its outcome and the lock attempt it reported.
+    fn apply_full(&mut self, op: CommandOp) -> Outcome<(CommandOutcome, u64)> {
         let command = Command { now_ms: self.now_ms, op: Some(op) };
         let output = self.apply_bytes(&command.encode_to_vec()).map_err(engine)?;
         let result = CommandResult::decode(output.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
         match result.result {
             Some(CommandOutcome::Error(error)) => Err(error),
-            Some(outcome) => Ok(outcome),
+            Some(outcome) => Ok((outcome, result.lock_attempt)),
             None => Err(engine(EngineError::Invalid("empty result".into()))),
         }
     }
@@ -205,28 +210,39 @@ impl Harness {
 
     /// Adds a lock waiter (see `Txn::acquire_lock`) at the harness's `now_ms`.
     pub fn lock(&mut self, request: AcquireLock) -> Outcome<LockResponse> {
-        match self.apply_result(CommandOp::AcquireLock(request))? {
-            CommandOutcome::Lock(response) => Ok(response),
+        self.lock_attempt(request).map(|(response, _)| response)
+    }
+
+    /// The same, with the call's attempt on its waiter (what a release of the call names).
+    pub fn lock_attempt(&mut self, request: AcquireLock) -> Outcome<(LockResponse, u64)> {
+        match self.apply_full(CommandOp::AcquireLock(request))? {
+            (CommandOutcome::Lock(response), attempt) => Ok((response, attempt)),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }
 
-    /// Removes a sequencer's waiter.
+    /// Removes a sequencer's waiter (Unlock).
     pub fn unlock(&mut self, sequencer: Sequencer) -> Outcome<()> {
-        self.apply_result(CommandOp::ReleaseLock(ReleaseLock { sequencer: Some(sequencer) })).map(drop)
+        self.release(sequencer, 0)
     }
 
-    /// Holders and waiters of a lock as of time `now_ms`.
-    pub fn lock_info(&self, path: &str, now_ms: u64) -> Outcome<LockInfoResponse> {
-        match self.query(QueryKind::LockInfo(LockQuery { path: path.into(), sequencer: None, now_ms }))?.result {
+    /// Removes a sequencer's waiter if `attempt` (nonzero) is still its call's: the release of
+    /// an abandoned `Lock` call.
+    pub fn release(&mut self, sequencer: Sequencer, attempt: u64) -> Outcome<()> {
+        self.apply_result(CommandOp::ReleaseLock(ReleaseLock { sequencer: Some(sequencer), attempt })).map(drop)
+    }
+
+    /// Holders and waiters of a lock.
+    pub fn lock_info(&self, path: &str) -> Outcome<LockInfoResponse> {
+        match self.query(QueryKind::LockInfo(LockQuery { path: path.into(), ..LockQuery::default() }))?.result {
             Some(QueryOutcome::LockInfo(response)) => Ok(response),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }
 
-    /// Whether a sequencer holds at time `now_ms`.
-    pub fn check_sequencer(&self, sequencer: &Sequencer, now_ms: u64) -> Outcome<bool> {
-        let query = LockQuery { path: sequencer.path.clone(), sequencer: Some(sequencer.clone()), now_ms };
+    /// Whether a sequencer holds.
+    pub fn check_sequencer(&self, sequencer: &Sequencer) -> Outcome<bool> {
+        let query = LockQuery { path: sequencer.path.clone(), sequencer: Some(sequencer.clone()), ..LockQuery::default() };
         match self.query(QueryKind::CheckSequencer(query))?.result {
             Some(QueryOutcome::CheckSequencer(response)) => Ok(response.holds),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),

@@ -1,13 +1,19 @@
-//! Locks are nodes too (DESIGN.md "Data model"). A lock at `path` is a container node whose
+//! Locks are nodes too (DESIGN.md "Data model"). A lock at `path` is a node (a container when
+//! the lock made it) with lock metadata beside it (`LockMeta`: a lock-delay in force), whose
 //! children `lock-%010d` are ephemeral-sequential waiters (data: mode byte, then the request
 //! id), granted in FIFO order: the first waiter holds an exclusive lock; the leading run of
 //! shared waiters holds a shared lock. A sequencer's token is its waiter's create_revision,
-//! so for a lock path tokens only grow. Metadata (lock-delay) lives beside the node.
+//! so for a lock path tokens only grow.
+//!
+//! A waiter is recognised by its stored record (`NodeRecord.lock_waiter`: its lock-delay and
+//! attempt), which only the lock operations write; plain writes refuse to create a child of
+//! a lock, or to change or delete a waiter, so waiters cannot be forged or altered.
 //!
 //! Whenever a lock's waiters change, apply notifies the waiters that hold it now (keys are
-//! waiter paths): a waiting `Lock` call wakes only when it holds — no herd.
+//! waiter paths): a waiting `Lock` call wakes only when it holds — no herd — or when its
+//! waiter is gone (released, or its session ended).
 
-use warden_proto::namespace::LockMeta;
+use warden_proto::namespace::{LockMeta, LockWaiterRecord};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{LockMode, LockWaiter};
 
@@ -32,6 +38,8 @@ pub struct Waiter {
     /// Its create_revision: the fencing token.
     pub token: u64,
     pub request_id: u64,
+    /// What only a waiter's record has (lock-delay, attempt).
+    pub record: LockWaiterRecord,
 }
 
 impl Waiter {
@@ -54,8 +62,10 @@ fn decode_waiter_data(data: &[u8]) -> Option<(LockMode, u64)> {
     Some((mode, u64::from_be_bytes(rest.try_into().ok()?)))
 }
 
-fn is_waiter_name(name: &str) -> bool {
-    name.strip_prefix(WAITER_PREFIX).is_some_and(|digits| digits.len() == 10 && digits.bytes().all(|b| b.is_ascii_digit()))
+/// The refusal of a plain write that would create, change or delete a lock waiter.
+pub fn waiters_only_by_lock_operations(path: &str) -> Failure {
+    let message = "lock waiters are created, changed and deleted only by Lock, Unlock and their session's end";
+    error(Code::InvalidArgument, path, format!("{path}: {message}")).into()
 }
 
 /// The waiters of the lock at `path`, in grant order. A child that is not a waiter makes
@@ -70,24 +80,27 @@ pub fn waiters(view: &TxnView, lock_path: &str) -> Result<Vec<Waiter>, Failure> 
         let waiter_path = path::join(lock_path, &name);
         let node = view.node(&waiter_path)?.ok_or_else(|| crate::error::StorageError::Corrupt(format!("{waiter_path} indexed but missing")))?;
         let stat = node.stat.unwrap_or_default();
-        let parsed = decode_waiter_data(&node.data).filter(|_| is_waiter_name(&name) && stat.ephemeral_owner != 0);
-        let Some((mode, request_id)) = parsed else {
+        let parsed = node.lock_waiter.and_then(|record| decode_waiter_data(&node.data).map(|(mode, request_id)| (mode, request_id, record)));
+        let Some((mode, request_id, record)) = parsed else {
             return Err(error(Code::InvalidArgument, lock_path, format!("{lock_path} has a child {name} that is not a lock waiter")).into());
         };
-        waiters.push(Waiter { path: waiter_path, mode, session_id: stat.ephemeral_owner, token: stat.create_revision, request_id });
+        waiters.push(Waiter { path: waiter_path, mode, session_id: stat.ephemeral_owner, token: stat.create_revision, request_id, record });
     }
     Ok(waiters)
 }
 
-/// How many leading waiters hold the lock at time `now_ms` (none during a lock-delay).
-pub fn holders(waiters: &[Waiter], meta: Option<&LockMeta>, now_ms: u64) -> usize {
-    if meta.is_some_and(|meta| meta.blocked_until_ms > now_ms) {
-        return 0;
-    }
-    match waiters.first() {
+/// How many leading waiters hold the lock. During a lock-delay (`blocked_until_ms != 0`, until
+/// the leader's `LockDelayEnded` applies: a query never judges time), only waiters that held
+/// when it began keep holding; nobody is granted anew.
+pub fn holders(waiters: &[Waiter], meta: Option<&LockMeta>) -> usize {
+    let run = match waiters.first() {
         None => 0,
         Some(first) if first.mode == LockMode::Exclusive => 1,
         Some(_) => waiters.iter().take_while(|w| w.mode == LockMode::Shared).count(),
+    };
+    match meta {
+        Some(meta) if meta.blocked_until_ms != 0 => waiters[..run].iter().take_while(|w| w.token <= meta.held_through_token).count(),
+        _ => run,
     }
 }
 
@@ -102,8 +115,8 @@ pub fn notify_key(waiter_path: &str) -> Vec<u8> {
 mod tests {
     use super::*;
 
-    fn waiter(mode: LockMode) -> Waiter {
-        Waiter { path: String::new(), mode, session_id: 1, token: 1, request_id: 0 }
+    fn waiter(mode: LockMode, token: u64) -> Waiter {
+        Waiter { path: String::new(), mode, session_id: 1, token, request_id: 0, record: LockWaiterRecord::default() }
     }
 
     #[test]
@@ -111,19 +124,18 @@ mod tests {
         use LockMode::{Exclusive as X, Shared as S};
         let cases: &[(&[LockMode], usize)] = &[(&[], 0), (&[X, X], 1), (&[S, S, X, S], 2), (&[X, S, S], 1), (&[S], 1)];
         for (modes, expected) in cases {
-            let waiters: Vec<Waiter> = modes.iter().map(|m| waiter(*m)).collect();
-            assert_eq!(holders(&waiters, None, 0), *expected, "{modes:?}");
+            let waiters: Vec<Waiter> = modes.iter().zip(1..).map(|(m, token)| waiter(*m, token)).collect();
+            assert_eq!(holders(&waiters, None), *expected, "{modes:?}");
         }
-        let blocked = LockMeta { lock_delay_ms: 10, blocked_until_ms: 100 };
-        assert_eq!(holders(&[waiter(X)], Some(&blocked), 99), 0, "lock-delay in force");
-        assert_eq!(holders(&[waiter(X)], Some(&blocked), 100), 1, "lock-delay over");
+        let blocked = LockMeta { blocked_until_ms: 100, held_through_token: 2 };
+        assert_eq!(holders(&[waiter(X, 3)], Some(&blocked)), 0, "lock-delay in force: no new grant");
+        let shared = [waiter(S, 2), waiter(S, 3)];
+        assert_eq!(holders(&shared, Some(&blocked)), 1, "a surviving shared holder keeps its hold");
+        assert_eq!(holders(&shared, Some(&LockMeta::default())), 2, "lock-delay over");
     }
 
     #[test]
-    fn waiter_names_and_data() {
-        assert!(is_waiter_name("lock-0000000042"));
-        assert!(!is_waiter_name("lock-42"));
-        assert!(!is_waiter_name("other"));
+    fn waiter_data_round_trips() {
         assert_eq!(decode_waiter_data(&waiter_data(LockMode::Shared, 7)), Some((LockMode::Shared, 7)));
         assert_eq!(decode_waiter_data(&[9, 0]), None);
     }

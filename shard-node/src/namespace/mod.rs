@@ -162,15 +162,16 @@ impl NamespaceStateMachine {
         self.reader.as_ref().ok_or_else(|| StorageError::Corrupt(format!("group {}: namespace used before load", self.group)))
     }
 
-    /// Wakes the waiters that hold each touched lock now (only those: no herd).
-    fn notify_lock_holders(
+    /// Wakes the waiters that hold each touched lock now (only those: no herd), and the
+    /// calls waiting on waiters that are gone.
+    fn notify_lock_waiters(
         &self,
         reader: &SmReader,
         writes: &mut SmWrites,
         touched: &std::collections::BTreeSet<String>,
-        now_ms: u64,
+        gone_waiters: &[String],
     ) -> Result<(), StorageError> {
-        let mut keys = Vec::new();
+        let mut keys: Vec<Vec<u8>> = gone_waiters.iter().map(|waiter| locks::notify_key(waiter)).collect();
         {
             let view = TxnView::new(reader, Some(writes));
             for lock_path in touched {
@@ -181,7 +182,7 @@ impl NamespaceStateMachine {
                     // A lock with foreign children serves nobody.
                     Err(Failure::Refused(_)) => continue,
                 };
-                let holding = locks::holders(&waiters, Some(&meta), now_ms);
+                let holding = locks::holders(&waiters, Some(&meta));
                 keys.extend(waiters[..holding].iter().map(|w| locks::notify_key(&w.path)));
             }
         }
@@ -223,11 +224,12 @@ impl NamespaceStateMachine {
 
     fn apply_command(&mut self, command: Command, writes: &mut SmWrites) -> Result<CommandResult, StorageError> {
         if let Err(error) = self.check_paths(command.op.as_ref()) {
-            return Ok(CommandResult { result: Some(CommandOutcome::Error(error)) });
+            return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() });
         }
         let reader = self.reader()?.clone();
         let root = descriptor::root(self.descriptor.as_ref()).to_string();
         let mut new_descriptor = None;
+        let mut lock_attempt = 0;
         let mut view = TxnView::new(&reader, Some(writes));
         let mut txn = Txn {
             root: &root,
@@ -239,6 +241,7 @@ impl NamespaceStateMachine {
             session_changes: Vec::new(),
             touched: std::collections::BTreeSet::new(),
             lock_changes: Vec::new(),
+            gone_waiters: Vec::new(),
         };
         let empty = || TxnResponse { header: None, succeeded: true, results: Vec::new() };
         let outcome = match command.op {
@@ -259,8 +262,13 @@ impl NamespaceStateMachine {
                 let ids = &end.session_ids[..end.session_ids.len().min(self.limits.sessions_per_expiry_max)];
                 txn.end_remote_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
             }
-            Some(CommandOp::AcquireLock(acquire)) => txn.acquire_lock(&acquire).map(CommandOutcome::Lock),
-            Some(CommandOp::ReleaseLock(release)) => txn.release_lock(&release.sequencer.unwrap_or_default()).map(|()| CommandOutcome::Txn(empty())),
+            Some(CommandOp::AcquireLock(acquire)) => txn.acquire_lock(&acquire).map(|(response, attempt)| {
+                lock_attempt = attempt;
+                CommandOutcome::Lock(response)
+            }),
+            Some(CommandOp::ReleaseLock(release)) => {
+                txn.release_lock(&release.sequencer.unwrap_or_default(), release.attempt).map(|()| CommandOutcome::Txn(empty()))
+            }
             Some(CommandOp::LockDelayEnded(ended)) => txn.end_lock_delay(&ended.path).map(|()| CommandOutcome::Txn(empty())),
             Some(CommandOp::SetDescriptor(set)) => txn.set_descriptor(self.group, self.descriptor.as_ref(), set.descriptor).map(|descriptor| {
                 new_descriptor = Some(descriptor);
@@ -272,9 +280,10 @@ impl NamespaceStateMachine {
         let session_changes = std::mem::take(&mut txn.session_changes);
         let touched = std::mem::take(&mut txn.touched);
         let lock_changes = std::mem::take(&mut txn.lock_changes);
+        let gone_waiters = std::mem::take(&mut txn.gone_waiters);
         let response = match outcome {
             Ok(response) => response,
-            Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)) }),
+            Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
             Err(Failure::Storage(error)) => return Err(error),
         };
         // Only a transaction that changed something takes a revision.
@@ -314,7 +323,7 @@ impl NamespaceStateMachine {
                     self.blocked_locks.insert(path, blocked_until_ms);
                 }
             }
-            self.notify_lock_holders(&reader, writes, &touched, command.now_ms)?;
+            self.notify_lock_waiters(&reader, writes, &touched, &gone_waiters)?;
             for change in session_changes {
                 match change {
                     SessionChange::Added(id, ttl_ms) => {
@@ -340,7 +349,7 @@ impl NamespaceStateMachine {
             CommandOutcome::Lock(lock) => CommandOutcome::Lock(LockResponse { header, ..lock }),
             error @ CommandOutcome::Error(_) => error,
         };
-        Ok(CommandResult { result: Some(response) })
+        Ok(CommandResult { result: Some(response), lock_attempt })
     }
 }
 
@@ -507,13 +516,15 @@ impl StateMachine for NamespaceStateMachine {
                 recheck_at_ms = recheck_at_ms.min(expires_at);
                 continue;
             }
-            // A TTL node with children does not expire (as in ZooKeeper): skip it rather than
-            // proposing a no-op every scan (it is looked at again every tick while due).
-            let childless = self
-                .reader()
-                .ok()
-                .and_then(|reader| store::read_node(reader, path).ok().flatten())
-                .is_some_and(|node| node.stat.unwrap_or_default().num_children == 0);
+            // A TTL node with children does not expire (as in ZooKeeper), nor a lock in its
+            // lock-delay: skip it rather than proposing a no-op every scan (it is looked at
+            // again every tick while due).
+            let childless = !self.blocked_locks.contains_key(path)
+                && self
+                    .reader()
+                    .ok()
+                    .and_then(|reader| store::read_node(reader, path).ok().flatten())
+                    .is_some_and(|node| node.stat.unwrap_or_default().num_children == 0);
             recheck_at_ms = now_ms;
             if childless {
                 let op = CommandOp::ExpireTtl(ExpireTtl { path: path.clone(), mod_revision: entry.mod_revision });

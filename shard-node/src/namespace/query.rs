@@ -3,7 +3,7 @@
 use prost::Message as _;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
-use warden_proto::namespace::{Query, QueryResult, SessionIds};
+use warden_proto::namespace::{Query, QueryResult, SessionIds, WaiterState};
 use warden_proto::v1::{CheckSequencerResponse, ExistsResponse, GetChildrenResponse, GetResponse, GroupDescriptor, LockInfoResponse};
 
 use super::error::{invalid, invalid_path, no_node, too_large, Failure};
@@ -24,7 +24,7 @@ pub fn run(
         Some(QueryKind::Get(get)) => Some(get.path.as_str()),
         Some(QueryKind::Exists(exists)) => Some(exists.path.as_str()),
         Some(QueryKind::Children(children)) => Some(children.path.as_str()),
-        Some(QueryKind::LockInfo(lock) | QueryKind::CheckSequencer(lock)) => Some(lock.path.as_str()),
+        Some(QueryKind::LockInfo(lock) | QueryKind::CheckSequencer(lock) | QueryKind::Waiter(lock)) => Some(lock.path.as_str()),
         Some(QueryKind::Revision(_) | QueryKind::Sessions(_)) | None => None,
     };
     if let Some(Err(error)) = path.map(|path| descriptor::check_served(descriptor, path)) {
@@ -88,7 +88,7 @@ fn answer(reader: &SmReader, limits: &Limits, query: Query) -> Result<QueryOutco
         Some(QueryKind::Revision(_)) => QueryOutcome::Exists(ExistsResponse::default()),
         Some(QueryKind::LockInfo(query)) => {
             let (waiters, meta) = lock_state(reader, &query.path)?;
-            let holding = locks::holders(&waiters, meta.as_ref(), query.now_ms);
+            let holding = locks::holders(&waiters, meta.as_ref());
             QueryOutcome::LockInfo(LockInfoResponse {
                 header: None,
                 holders: waiters[..holding].iter().map(locks::Waiter::to_proto).collect(),
@@ -99,9 +99,17 @@ fn answer(reader: &SmReader, limits: &Limits, query: Query) -> Result<QueryOutco
         Some(QueryKind::CheckSequencer(query)) => {
             let sequencer = query.sequencer.unwrap_or_default();
             let (waiters, meta) = lock_state(reader, &sequencer.path)?;
-            let holding = locks::holders(&waiters, meta.as_ref(), query.now_ms);
+            let holding = locks::holders(&waiters, meta.as_ref());
             let holds = waiters[..holding].iter().any(|w| w.path == sequencer.waiter && w.token == sequencer.token);
             QueryOutcome::CheckSequencer(CheckSequencerResponse { header: None, holds })
+        }
+        Some(QueryKind::Waiter(query)) => {
+            let sequencer = query.sequencer.unwrap_or_default();
+            let (waiters, meta) = lock_state(reader, &sequencer.path)?;
+            let holding = locks::holders(&waiters, meta.as_ref());
+            let position = waiters.iter().position(|w| w.path == sequencer.waiter && w.token == sequencer.token);
+            let session_alive = store::TxnView::new(reader, None).session(query.session_id)?.is_some();
+            QueryOutcome::Waiter(WaiterState { queued: position.is_some(), holds: position.is_some_and(|i| i < holding), session_alive })
         }
         Some(QueryKind::Sessions(SessionIds { session_ids })) => {
             if session_ids.len() > sessions::SESSION_IDS_PER_CHECK_MAX {

@@ -3,7 +3,8 @@
 //!
 //! Keys: `n<path>` → `NodeRecord`; `c<parent>\0<name>` → empty (the sorted children index;
 //! paths never contain NUL); `s<session id>` → `SessionRecord`; `e<session id><path>` → empty
-//! (each session's ephemeral nodes, in path order); `mrevision` → the group revision and
+//! (each session's ephemeral nodes, in path order); `l<path>` → `LockMeta` (a lock's
+//! metadata, removed with its node); `mrevision` → the group revision and
 //! `mnext_session` → the next session sequence (8 bytes, big-endian each); `mdescriptor` →
 //! the group's descriptor (what it serves).
 

@@ -2,7 +2,7 @@
 //! `else` operations, all-or-nothing, at one new revision. Deterministic: the only time is
 //! the leader's `now_ms` carried in the command.
 
-use warden_proto::namespace::{AcquireLock, LockMeta, NodeRecord, SessionRecord};
+use warden_proto::namespace::{AcquireLock, LockMeta, LockWaiterRecord, NodeRecord, SessionRecord};
 use warden_proto::v1::compare::{Op as CompareOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
@@ -43,6 +43,14 @@ pub enum SessionChange {
     Removed(u64),
 }
 
+/// Who deletes nodes: a plain write may not delete a lock waiter or a lock in its lock-delay
+/// (only the lock operations and a session's end change a lock's state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Deleter {
+    Plain,
+    Locks,
+}
+
 /// One transaction in progress.
 pub struct Txn<'v, 'a> {
     pub view: &'v mut TxnView<'a>,
@@ -58,6 +66,8 @@ pub struct Txn<'v, 'a> {
     pub touched: std::collections::BTreeSet<String>,
     /// Locks whose lock-delay changed: `(path, blocked until; 0 = none or gone)`.
     pub lock_changes: Vec<(String, u64)>,
+    /// Lock waiters deleted (their waiting calls are woken to learn why).
+    pub gone_waiters: Vec<String>,
 }
 
 /// Checks the shape of a request before anything runs (also used before proposing).
@@ -180,7 +190,14 @@ impl Txn<'_, '_> {
         }
     }
 
+    /// A plain create: a lock's children are its waiters, which only the lock operations
+    /// create.
     fn create(&mut self, request: &CreateRequest) -> Result<CreateResponse, Failure> {
+        self.create_node(request, None)
+    }
+
+    /// Creates a node; `lock_waiter` makes it a waiter of its parent lock (lock operations only).
+    fn create_node(&mut self, request: &CreateRequest, lock_waiter: Option<LockWaiterRecord>) -> Result<CreateResponse, Failure> {
         let requested = request.path.as_str();
         let parent_path = path::parent(requested).ok_or_else(|| error(Code::NodeExists, "/", "the root always exists"))?;
         let mut parent = match self.node(parent_path)? {
@@ -191,6 +208,9 @@ impl Txn<'_, '_> {
         let mut parent_stat = parent.stat.unwrap_or_default();
         if parent_stat.ephemeral_owner != 0 {
             return Err(error(Code::NoChildrenForEphemerals, parent_path, "ephemeral nodes cannot have children").into());
+        }
+        if lock_waiter.is_none() && self.view.lock_meta(parent_path)?.is_some() {
+            return Err(locks::waiters_only_by_lock_operations(requested));
         }
         let path = if request.sequential {
             let sequence = parent.next_sequence;
@@ -223,7 +243,7 @@ impl Txn<'_, '_> {
             ttl_ms: request.ttl_ms,
             ..Stat::default()
         };
-        self.view.put_node(&path, &NodeRecord { data: request.data.clone(), stat: Some(stat), next_sequence: 0 });
+        self.view.put_node(&path, &NodeRecord { data: request.data.clone(), stat: Some(stat), next_sequence: 0, lock_waiter });
         self.view.add_child(parent_path, path::name(&path));
         self.touched.insert(parent_path.to_string());
         parent_stat.num_children += 1;
@@ -256,6 +276,9 @@ impl Txn<'_, '_> {
 
     fn set(&mut self, request: &SetRequest) -> Result<SetResponse, Failure> {
         let mut node = self.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
+        if node.lock_waiter.is_some() {
+            return Err(locks::waiters_only_by_lock_operations(&request.path));
+        }
         let mut stat = node.stat.unwrap_or_default();
         if let Some(expected) = request.expected_version {
             if expected != stat.version {
@@ -289,13 +312,15 @@ impl Txn<'_, '_> {
         if stat.num_children > 0 && !request.recursive {
             return Err(error(Code::NotEmpty, &request.path, format!("{} has {} children", request.path, stat.num_children)).into());
         }
-        let mut deleted = self.delete_subtree(&request.path)?;
+        let mut deleted = self.delete_subtree(&request.path, Deleter::Plain)?;
         deleted += self.detach_from_parent(&request.path)?;
         Ok(DeleteResponse { header: None, deleted, ..DeleteResponse::default() })
     }
 
-    /// Deletes `path` and everything under it; returns how many nodes went.
-    fn delete_subtree(&mut self, path: &str) -> Result<u64, Failure> {
+    /// Deletes `path` and everything under it; returns how many nodes went. A plain delete
+    /// that would remove a lock waiter or a lock in its lock-delay (even below `path`) is
+    /// refused as a whole.
+    fn delete_subtree(&mut self, path: &str, deleter: Deleter) -> Result<u64, Failure> {
         let mut doomed = vec![path.to_string()];
         let mut next = 0;
         while next < doomed.len() {
@@ -318,14 +343,21 @@ impl Txn<'_, '_> {
             }
         }
         for doomed_path in &doomed {
-            let owner = self.view.node(doomed_path)?.and_then(|node| node.stat).map_or(0, |stat| stat.ephemeral_owner);
+            let node = self.view.node(doomed_path)?;
+            if node.as_ref().is_some_and(|node| node.lock_waiter.is_some()) {
+                if deleter == Deleter::Plain {
+                    return Err(locks::waiters_only_by_lock_operations(doomed_path));
+                }
+                self.gone_waiters.push(doomed_path.clone());
+            }
+            if deleter == Deleter::Plain && self.in_lock_delay(doomed_path)? {
+                return Err(invalid(doomed_path, format!("{doomed_path} is a lock in its lock-delay: it can be deleted once that ends")).into());
+            }
+            let owner = node.and_then(|node| node.stat).map_or(0, |stat| stat.ephemeral_owner);
             if owner != 0 {
                 self.detach_ephemeral(owner, doomed_path)?;
             }
-            if self.view.lock_meta(doomed_path)?.is_some() {
-                self.view.delete_lock_meta(doomed_path);
-                self.lock_changes.push((doomed_path.clone(), 0));
-            }
+            self.forget_lock(doomed_path)?;
             self.view.delete_node(doomed_path);
             self.ttl_changes.push(TtlChange::Remove(doomed_path.clone()));
             if let Some(parent) = path::parent(doomed_path) {
@@ -347,13 +379,29 @@ impl Txn<'_, '_> {
         let mut stat = parent.stat.unwrap_or_default();
         stat.num_children = stat.num_children.saturating_sub(1);
         stat.cversion += 1;
-        if stat.num_children == 0 && stat.kind == NodeKind::Container as i32 && parent_path != self.root {
+        // A lock in its lock-delay stays (with its metadata) until the delay ends, even empty.
+        if stat.num_children == 0 && stat.kind == NodeKind::Container as i32 && parent_path != self.root && !self.in_lock_delay(parent_path)? {
+            self.forget_lock(parent_path)?;
             self.view.delete_node(parent_path);
             return Ok(1 + self.detach_from_parent(parent_path)?);
         }
         parent.stat = Some(stat);
         self.view.put_node(parent_path, &parent);
         Ok(0)
+    }
+
+    /// Whether `path` is a lock in its lock-delay.
+    fn in_lock_delay(&self, path: &str) -> Result<bool, StorageError> {
+        Ok(self.view.lock_meta(path)?.is_some_and(|meta| meta.blocked_until_ms != 0))
+    }
+
+    /// Removes the lock metadata of a node that is being deleted (if it is a lock).
+    fn forget_lock(&mut self, path: &str) -> Result<(), Failure> {
+        if self.view.lock_meta(path)?.is_some() {
+            self.view.delete_lock_meta(path);
+            self.lock_changes.push((path.to_string(), 0));
+        }
+        Ok(())
     }
 
     fn get(&self, request: &GetRequest) -> Result<GetResponse, Failure> {
@@ -468,7 +516,7 @@ impl Txn<'_, '_> {
                 if expired {
                     self.start_lock_delay_if_holding(&path)?;
                 }
-                deleted += self.delete_subtree(&path)?;
+                deleted += self.delete_subtree(&path, Deleter::Locks)?;
                 deleted += self.detach_from_parent(&path)?;
             }
         }
@@ -477,21 +525,25 @@ impl Txn<'_, '_> {
         Ok(Some(deleted))
     }
 
-    /// If `waiter` holds its parent's lock and that lock has a lock-delay, the lock is not
-    /// granted to anyone until the delay has passed (Chubby's lock-delay).
+    /// If `waiter` holds its parent's lock and asked for a lock-delay, the lock is granted to
+    /// nobody new until the delay has passed (Chubby's lock-delay); the other holders (sharing
+    /// it) keep their holds.
     fn start_lock_delay_if_holding(&mut self, waiter: &str) -> Result<(), Failure> {
         let Some(lock_path) = path::parent(waiter) else { return Ok(()) };
         let Some(mut meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
-        if meta.lock_delay_ms == 0 {
+        let waiters = locks::waiters(self.view, lock_path)?;
+        let holding = &waiters[..locks::holders(&waiters, Some(&meta))];
+        let Some(expired) = holding.iter().find(|w| w.path == waiter) else { return Ok(()) };
+        if expired.record.lock_delay_ms == 0 {
             return Ok(());
         }
-        let waiters = locks::waiters(self.view, lock_path)?;
-        let holding = locks::holders(&waiters, Some(&meta), self.now_ms);
-        if waiters[..holding].iter().any(|w| w.path == waiter) {
-            meta.blocked_until_ms = meta.blocked_until_ms.max(self.now_ms + meta.lock_delay_ms);
-            self.view.put_lock_meta(lock_path, &meta);
-            self.lock_changes.push((lock_path.to_string(), meta.blocked_until_ms));
+        if meta.blocked_until_ms == 0 {
+            // Holders are a leading run in token order: the last one's token bounds them all.
+            meta.held_through_token = holding.last().map_or(0, |w| w.token);
         }
+        meta.blocked_until_ms = meta.blocked_until_ms.max(self.now_ms.saturating_add(expired.record.lock_delay_ms));
+        self.view.put_lock_meta(lock_path, &meta);
+        self.lock_changes.push((lock_path.to_string(), meta.blocked_until_ms));
         Ok(())
     }
 
@@ -544,8 +596,11 @@ impl Txn<'_, '_> {
     }
 
     /// Adds a waiter for `request.session_id` to the lock at `request.path` (creating the
-    /// lock as a container node), or finds the one an earlier try of the same request made.
-    pub fn acquire_lock(&mut self, request: &AcquireLock) -> Result<LockResponse, Failure> {
+    /// lock as a container node), or re-attaches to the one an earlier call of the same request
+    /// made (its attempt goes up, so a release naming an earlier call leaves it). Returns the
+    /// answer and the call's attempt on its waiter (0: none). A try-lock (`if_free`) that would
+    /// not hold changes nothing.
+    pub fn acquire_lock(&mut self, request: &AcquireLock) -> Result<(LockResponse, u64), Failure> {
         let lock_path = request.path.as_str();
         path::validate(lock_path, false).map_err(|e| invalid_path(lock_path, &e))?;
         if lock_path == self.root {
@@ -558,31 +613,61 @@ impl Txn<'_, '_> {
         if self.view.session(request.session_id)?.is_none() {
             return Err(session_expired(request.session_id, lock_path).into());
         }
-        match self.node(lock_path)? {
-            Some(node) if node.stat.as_ref().is_some_and(|s| s.ephemeral_owner != 0) => {
-                return Err(invalid(lock_path, "an ephemeral node cannot be a lock").into());
-            }
-            Some(_) => {}
-            None => {
-                let container =
-                    CreateRequest { path: lock_path.into(), kind: NodeKind::Container as i32, create_parents: true, ..CreateRequest::default() };
-                self.create(&container)?;
-            }
+        let node = self.node(lock_path)?;
+        let stat = node.as_ref().and_then(|node| node.stat).unwrap_or_default();
+        if stat.ephemeral_owner != 0 {
+            return Err(invalid(lock_path, "an ephemeral node cannot be a lock").into());
         }
-        let meta = match self.view.lock_meta(lock_path)? {
-            Some(meta) => meta,
-            None => {
-                let meta = LockMeta { lock_delay_ms: request.lock_delay_ms, blocked_until_ms: 0 };
-                self.view.put_lock_meta(lock_path, &meta);
-                meta
+        let meta = self.view.lock_meta(lock_path)?;
+        let mut waiters = match meta {
+            Some(_) => locks::waiters(self.view, lock_path)?,
+            // A node becomes a lock only while childless: a lock's children are its waiters.
+            None if stat.num_children > 0 => {
+                return Err(invalid(lock_path, format!("{lock_path} has children that are not lock waiters")).into());
             }
+            None => Vec::new(),
         };
-        let mut waiters = locks::waiters(self.view, lock_path)?;
         let retried =
             waiters.iter().position(|w| request.request_id != 0 && w.session_id == request.session_id && w.request_id == request.request_id);
-        let index = match retried {
-            Some(index) => index,
+        let (index, attempt) = match retried {
+            Some(index) if request.if_free && index >= locks::holders(&waiters, meta.as_ref()) => {
+                // A try-lock with the id of a waiting call that does not hold: it gives up.
+                let waiter = waiters[index].path.clone();
+                self.delete_waiter(&waiter)?;
+                return Ok((LockResponse { header: None, acquired: false, sequencer: None }, 0));
+            }
+            Some(index) => {
+                let waiter = &mut waiters[index];
+                waiter.record.attempt += 1;
+                waiter.record.lock_delay_ms = request.lock_delay_ms;
+                let mut node = self.view.node(&waiter.path)?.ok_or_else(|| StorageError::Corrupt(format!("waiter {} vanished", waiter.path)))?;
+                node.lock_waiter = Some(waiter.record);
+                self.view.put_node(&waiter.path, &node);
+                (index, waiter.record.attempt)
+            }
             None => {
+                let record = LockWaiterRecord { lock_delay_ms: request.lock_delay_ms, attempt: 1 };
+                // The waiter it would be (its token is this revision): checked before anything
+                // is written, so a refused try-lock changes nothing.
+                waiters.push(locks::Waiter {
+                    path: String::new(),
+                    mode,
+                    session_id: request.session_id,
+                    token: self.revision,
+                    request_id: request.request_id,
+                    record,
+                });
+                if request.if_free && locks::holders(&waiters, meta.as_ref()) < waiters.len() {
+                    return Ok((LockResponse { header: None, acquired: false, sequencer: None }, 0));
+                }
+                if node.is_none() {
+                    let container =
+                        CreateRequest { path: lock_path.into(), kind: NodeKind::Container as i32, create_parents: true, ..CreateRequest::default() };
+                    self.create(&container)?;
+                }
+                if meta.is_none() {
+                    self.view.put_lock_meta(lock_path, &LockMeta::default());
+                }
                 let waiter = CreateRequest {
                     path: path::join(lock_path, locks::WAITER_PREFIX),
                     data: locks::waiter_data(mode, request.request_id),
@@ -590,21 +675,22 @@ impl Txn<'_, '_> {
                     session_id: request.session_id,
                     ..CreateRequest::default()
                 };
-                let created = self.create(&waiter)?;
-                let token = created.stat.map_or(self.revision, |s| s.create_revision);
-                waiters.push(locks::Waiter { path: created.path, mode, session_id: request.session_id, token, request_id: request.request_id });
-                waiters.len() - 1
+                let created = self.create_node(&waiter, Some(record))?;
+                let index = waiters.len() - 1;
+                waiters[index].path = created.path;
+                (index, 1)
             }
         };
-        let holding = locks::holders(&waiters, Some(&meta), self.now_ms);
+        let holding = locks::holders(&waiters, meta.as_ref());
         let waiter = &waiters[index];
         let sequencer = Sequencer { path: lock_path.into(), mode: waiter.mode as i32, token: waiter.token, group_id: 0, waiter: waiter.path.clone() };
-        Ok(LockResponse { header: None, acquired: index < holding, sequencer: Some(sequencer) })
+        Ok((LockResponse { header: None, acquired: index < holding, sequencer: Some(sequencer) }, attempt))
     }
 
-    /// Removes a sequencer's waiter (unlock, or giving up waiting). Releasing a waiter that is
-    /// already gone is not an error; a sequencer naming another hold is.
-    pub fn release_lock(&mut self, sequencer: &Sequencer) -> Result<(), Failure> {
+    /// Removes a sequencer's waiter (unlock, or giving up waiting); with a nonzero `attempt`,
+    /// only if no later call re-attached to it. Releasing a waiter that is already gone is
+    /// not an error; a sequencer naming another hold, or a node that is no waiter, is.
+    pub fn release_lock(&mut self, sequencer: &Sequencer, attempt: u64) -> Result<(), Failure> {
         let waiter = sequencer.waiter.as_str();
         path::validate(waiter, false).map_err(|e| invalid_path(waiter, &e))?;
         if path::parent(waiter) != Some(sequencer.path.as_str()) {
@@ -614,20 +700,36 @@ impl Txn<'_, '_> {
         if node.stat.unwrap_or_default().create_revision != sequencer.token {
             return Err(invalid(waiter, "the sequencer's token does not match its waiter").into());
         }
-        self.delete(&DeleteRequest { path: waiter.into(), ..DeleteRequest::default() })?;
+        let Some(record) = node.lock_waiter else { return Err(invalid(waiter, format!("{waiter} is not a lock waiter")).into()) };
+        if attempt != 0 && record.attempt != attempt {
+            // A later call took over this waiter: the release of an abandoned call leaves it.
+            return Ok(());
+        }
+        self.delete_waiter(waiter)
+    }
+
+    /// Deletes a waiter (and the lock's container if it was the last one).
+    fn delete_waiter(&mut self, waiter: &str) -> Result<(), Failure> {
+        self.delete_subtree(waiter, Deleter::Locks)?;
+        self.detach_from_parent(waiter)?;
         Ok(())
     }
 
-    /// A lock's lock-delay has passed (judged by the leader): grant it again.
+    /// A lock's lock-delay has passed (judged by the leader): grant it again. A container lock
+    /// that lost its last waiter during the delay goes now.
     pub fn end_lock_delay(&mut self, lock_path: &str) -> Result<(), Failure> {
-        let Some(mut meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
+        let Some(meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
         if meta.blocked_until_ms == 0 || meta.blocked_until_ms > self.now_ms {
             return Ok(());
         }
-        meta.blocked_until_ms = 0;
-        self.view.put_lock_meta(lock_path, &meta);
+        self.view.put_lock_meta(lock_path, &LockMeta::default());
         self.lock_changes.push((lock_path.to_string(), 0));
         self.touched.insert(lock_path.to_string());
+        let stat = self.node(lock_path)?.and_then(|node| node.stat).unwrap_or_default();
+        if stat.kind == NodeKind::Container as i32 && stat.num_children == 0 && lock_path != self.root {
+            self.delete_subtree(lock_path, Deleter::Locks)?;
+            self.detach_from_parent(lock_path)?;
+        }
         Ok(())
     }
 
@@ -635,10 +737,10 @@ impl Txn<'_, '_> {
     pub fn expire_ttl(&mut self, path: &str, mod_revision: u64) -> Result<u64, Failure> {
         let Some(node) = self.view.node(path)? else { return Ok(0) };
         let stat = node.stat.unwrap_or_default();
-        if stat.kind != NodeKind::Ttl as i32 || stat.mod_revision != mod_revision || stat.num_children > 0 {
+        if stat.kind != NodeKind::Ttl as i32 || stat.mod_revision != mod_revision || stat.num_children > 0 || self.in_lock_delay(path)? {
             return Ok(0);
         }
-        let deleted = self.delete_subtree(path)?;
+        let deleted = self.delete_subtree(path, Deleter::Plain)?;
         Ok(deleted + self.detach_from_parent(path)?)
     }
 }

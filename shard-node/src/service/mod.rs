@@ -19,7 +19,9 @@ use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
-use warden_proto::namespace::{Command, CommandResult, LeaderRequest, LeaderResponse, LockQuery, Query, QueryResult};
+use warden_proto::namespace::{
+    AcquireLock, Command, CommandResult, LeaderRequest, LeaderResponse, LockQuery, Query, QueryResult, ReleaseLock, WaiterState,
+};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
@@ -106,6 +108,12 @@ impl WardenService {
     /// Proposes a command to `group`; returns its outcome and the header (at the revision
     /// the command left).
     async fn propose(&self, group: u64, op: CommandOp, timeout: Duration) -> Result<(CommandOutcome, ResponseHeader), Status> {
+        self.propose_command(group, op, timeout).await.map(|(outcome, header, _)| (outcome, header))
+    }
+
+    /// As [`propose`](Self::propose), with the lock attempt the command reported
+    /// (`CommandResult.lock_attempt`).
+    async fn propose_command(&self, group: u64, op: CommandOp, timeout: Duration) -> Result<(CommandOutcome, ResponseHeader, u64), Status> {
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
         let command = Command { now_ms, op: Some(op) };
         let output = self.node.propose(group, command.encode_to_vec(), timeout).await.map_err(|e| self.engine_status(group, e))?;
@@ -121,7 +129,7 @@ impl WardenService {
                     CommandOutcome::Lock(r) => revision(&r.header),
                     CommandOutcome::Error(_) => 0,
                 };
-                Ok((outcome, self.header(group, at)))
+                Ok((outcome, self.header(group, at), result.lock_attempt))
             }
             None => Err(internal("empty command result".into())),
         }
@@ -169,27 +177,46 @@ impl WardenService {
         Ok(first)
     }
 
-    /// Proposes a lock command and returns the lock response (for `Lock`) with its header.
-    async fn lock_command(&self, group: u64, op: CommandOp, timeout: Duration) -> Result<(Option<LockResponse>, ResponseHeader), Status> {
-        match self.propose(group, op, timeout).await? {
-            (CommandOutcome::Lock(response), header) => Ok((Some(response), header)),
-            (CommandOutcome::Txn(_), header) => Ok((None, header)),
+    /// Proposes an `AcquireLock`; returns the answer, the call's attempt on its waiter, and
+    /// the header.
+    async fn acquire(&self, group: u64, acquire: AcquireLock, timeout: Duration) -> Result<(LockResponse, u64, ResponseHeader), Status> {
+        match self.propose_command(group, CommandOp::AcquireLock(acquire), timeout).await? {
+            (CommandOutcome::Lock(response), header, attempt) => Ok((response, attempt, header)),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
-    async fn release(&self, group: u64, sequencer: Sequencer, timeout: Duration) -> Result<ResponseHeader, Status> {
-        let op = CommandOp::ReleaseLock(warden_proto::namespace::ReleaseLock { sequencer: Some(sequencer) });
-        Ok(self.lock_command(group, op, timeout).await?.1)
+    /// Removes `sequencer`'s waiter: whatever its attempt (`attempt` 0, Unlock), or only if
+    /// `attempt` is still its call's (an abandoned `Lock` call).
+    async fn release(&self, group: u64, sequencer: Sequencer, attempt: u64, timeout: Duration) -> Result<ResponseHeader, Status> {
+        let op = CommandOp::ReleaseLock(ReleaseLock { sequencer: Some(sequencer), attempt });
+        match self.propose(group, op, timeout).await? {
+            (CommandOutcome::Txn(_), header) => Ok(header),
+            _ => Err(internal("mismatched result".into())),
+        }
     }
 
-    /// Whether `sequencer` holds, from this node's applied state (`Stale`) or confirmed
-    /// with the leader.
-    async fn holds(&self, group: u64, sequencer: Sequencer, consistency: Consistency, timeout: Duration) -> Result<(bool, ResponseHeader), Status> {
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let query = QueryKind::CheckSequencer(LockQuery { path: sequencer.path.clone(), sequencer: Some(sequencer), now_ms });
-        match self.read_group(group, consistency as i32, query, timeout).await? {
+    /// Whether `sequencer` holds, confirmed with the leader.
+    async fn holds(&self, group: u64, sequencer: Sequencer, timeout: Duration) -> Result<(bool, ResponseHeader), Status> {
+        let query = QueryKind::CheckSequencer(LockQuery { path: sequencer.path.clone(), sequencer: Some(sequencer), ..LockQuery::default() });
+        match self.read_group(group, Consistency::Linearizable as i32, query, timeout).await? {
             (QueryOutcome::CheckSequencer(response), header) => Ok((response.holds, header)),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
+    /// Where the waiter of `sequencer` stands, from this node's applied state (a waiting
+    /// `Lock` call looks after each notification of its waiter).
+    async fn waiter_state(
+        &self,
+        group: u64,
+        sequencer: &Sequencer,
+        session_id: u64,
+        timeout: Duration,
+    ) -> Result<(WaiterState, ResponseHeader), Status> {
+        let query = QueryKind::Waiter(LockQuery { path: sequencer.path.clone(), sequencer: Some(sequencer.clone()), session_id });
+        match self.read_group(group, Consistency::Stale as i32, query, timeout).await? {
+            (QueryOutcome::Waiter(state), header) => Ok((state, header)),
             _ => Err(internal("mismatched result".into())),
         }
     }
@@ -276,11 +303,14 @@ pub(crate) fn engine_status(directory: &PeerDirectory, group: u64, error: Engine
 }
 
 /// Removes a waiting `Lock` call's waiter if the call goes away (the client hung up) before
-/// it was answered.
+/// it was answered. The release names the call's attempt, so if a retry of the call has
+/// re-attached to the waiter in the meantime (and may have been told it holds), the waiter
+/// stays.
 struct ReleaseOnDrop {
     service: Option<WardenService>,
     group: u64,
     sequencer: Sequencer,
+    attempt: u64,
 }
 
 impl ReleaseOnDrop {
@@ -292,9 +322,9 @@ impl ReleaseOnDrop {
 impl Drop for ReleaseOnDrop {
     fn drop(&mut self) {
         if let Some(service) = self.service.take() {
-            let (group, sequencer) = (self.group, self.sequencer.clone());
+            let (group, sequencer, attempt) = (self.group, self.sequencer.clone(), self.attempt);
             tokio::spawn(async move {
-                if let Err(error) = service.release(group, sequencer, service.timeout).await {
+                if let Err(error) = service.release(group, sequencer, attempt, service.timeout).await {
                     tracing::warn!(%error, "could not remove the waiter of an abandoned Lock call");
                 }
             });
@@ -464,55 +494,67 @@ impl Warden for WardenService {
         }
         let group = group_of(request.routing.as_ref());
         self.ensure_remote_sessions(group, [request.session_id], rpc_timeout).await?;
-        let acquire = warden_proto::namespace::AcquireLock {
+        let acquire = AcquireLock {
             path: request.path.clone(),
             session_id: request.session_id,
             mode: request.mode,
             lock_delay_ms: request.lock_delay_ms,
             request_id: request.request_id,
+            // A try-lock that would not hold changes nothing: one proposal, no revision.
+            if_free: !request.wait,
         };
-        let (response, header) = self.lock_command(group, CommandOp::AcquireLock(acquire), rpc_timeout).await?;
-        let mut response = response.ok_or_else(|| internal("no lock response".into()))?;
-        let mut sequencer = response.sequencer.take().ok_or_else(|| internal("no sequencer".into()))?;
-        sequencer.group_id = group;
+        let (response, attempt, header) = self.acquire(group, acquire, rpc_timeout).await?;
+        let sequencer = response.sequencer.map(|sequencer| Sequencer { group_id: group, ..sequencer });
         let answer = |acquired: bool, sequencer: Option<Sequencer>, header: ResponseHeader| {
             Ok(Response::new(LockResponse { header: Some(header), acquired, sequencer }))
         };
         if response.acquired {
-            return answer(true, Some(sequencer), header);
+            return answer(true, sequencer, header);
         }
-        if !request.wait {
-            let header = self.release(group, sequencer, rpc_timeout).await?;
-            return answer(false, None, header);
-        }
-        // Wait: register for the grant notification, then look; the notification wakes only
-        // this waiter, and only once it holds.
+        let Some(sequencer) = sequencer.filter(|_| request.wait) else { return answer(false, None, header) };
+        // Wait: register for the waiter's notification, then look; the notification wakes only
+        // this waiter, once it holds or once it is gone (released, or its session ended).
         let wait = match request.timeout_ms {
             0 => rpc_timeout,
             ms => Duration::from_millis(ms).min(rpc_timeout),
         };
         let deadline = std::time::Instant::now() + wait;
-        let guard = ReleaseOnDrop { service: Some(self.clone()), group, sequencer: sequencer.clone() };
+        let guard = ReleaseOnDrop { service: Some(self.clone()), group, sequencer: sequencer.clone(), attempt };
         let key = crate::namespace::locks::notify_key(&sequencer.waiter);
+        let mut header = header;
         loop {
             let remaining = deadline.saturating_duration_since(std::time::Instant::now());
             if remaining.is_zero() {
                 break;
             }
             let notified = self.node.register_await(group, key.clone(), remaining).map_err(|e| self.engine_status(group, e))?;
-            let (holds, header) = self.holds(group, sequencer.clone(), Consistency::Stale, remaining).await?;
-            if holds {
+            let (state, at) = self.waiter_state(group, &sequencer, request.session_id, remaining).await?;
+            header = at;
+            if state.holds {
                 guard.disarm();
                 return answer(true, Some(sequencer), header);
+            }
+            if !state.queued {
+                guard.disarm();
+                if !state.session_alive {
+                    let message = format!("session {:#x} ended while waiting for the lock", request.session_id);
+                    return Err(status(error(Code::SessionExpired, &request.path, &message)));
+                }
+                // Removed by an Unlock of its sequencer: the wait is over, without the lock.
+                return answer(false, None, header);
             }
             if tokio::time::timeout(remaining, notified).await.is_err() {
                 break;
             }
         }
-        // Timed out: the waiter goes (the guard would do it too, but an answer should come
-        // after the cleanup).
         guard.disarm();
-        let header = self.release(group, sequencer, self.timeout).await?;
+        if request.keep_queued {
+            // The caller comes back with the same request id to go on waiting in its place.
+            return answer(false, Some(sequencer), header);
+        }
+        // The wait is over: the waiter goes (the guard would do it too, but an answer should
+        // come after the cleanup).
+        let header = self.release(group, sequencer, attempt, self.timeout).await?;
         answer(false, None, header)
     }
 
@@ -521,7 +563,7 @@ impl Warden for WardenService {
         let request = request.into_inner();
         let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "unlock needs a sequencer")))?;
         let group = if sequencer.group_id != 0 { sequencer.group_id } else { group_of(request.routing.as_ref()) };
-        let header = self.release(group, sequencer, timeout).await?;
+        let header = self.release(group, sequencer, 0, timeout).await?;
         Ok(Response::new(UnlockResponse { header: Some(header) }))
     }
 
@@ -530,15 +572,14 @@ impl Warden for WardenService {
         let request = request.into_inner();
         let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "no sequencer")))?;
         let group = if sequencer.group_id != 0 { sequencer.group_id } else { group_of(request.routing.as_ref()) };
-        let (holds, header) = self.holds(group, sequencer, Consistency::Linearizable, timeout).await?;
+        let (holds, header) = self.holds(group, sequencer, timeout).await?;
         Ok(Response::new(CheckSequencerResponse { header: Some(header), holds }))
     }
 
     async fn lock_info(&self, request: Request<LockInfoRequest>) -> Result<Response<LockInfoResponse>, Status> {
         let timeout = self.timeout(&request);
         let request = request.into_inner();
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let query = QueryKind::LockInfo(LockQuery { path: request.path.clone(), sequencer: None, now_ms });
+        let query = QueryKind::LockInfo(LockQuery { path: request.path.clone(), ..LockQuery::default() });
         match self.read(request.routing.as_ref(), Consistency::Linearizable as i32, query, timeout).await? {
             (QueryOutcome::LockInfo(response), header) => Ok(Response::new(LockInfoResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
