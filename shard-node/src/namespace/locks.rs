@@ -70,7 +70,7 @@ pub fn waiters_only_by_lock_operations(path: &str) -> Failure {
 
 /// The waiters of the lock at `path`, in grant order. A child that is not a waiter makes
 /// the path unusable as a lock.
-pub fn waiters(view: &TxnView, lock_path: &str) -> Result<Vec<Waiter>, Failure> {
+pub fn waiters(view: &TxnView<'_>, lock_path: &str) -> Result<Vec<Waiter>, Failure> {
     let (names, more) = view.children(lock_path, "", WAITERS_MAX)?;
     if more {
         return Err(error(Code::TooLarge, lock_path, "the lock has too many waiters").into());
