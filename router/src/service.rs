@@ -198,39 +198,46 @@ impl Warden for RouterService {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         let mut response = forward!(self, Target::Path(&request.path), true, deadline, request, get_children)?.into_inner();
-        // Children that are other groups' prefixes are not listed by the parent's group.
+        // Children that are other groups' prefixes are not listed by the parent's group. The
+        // group's page covers the names after `start_after` up to its last name when it says
+        // `more` (the next page starts there), else every name after `start_after`: another
+        // group's prefix joins this page only within that range, so none is listed twice
+        // and none is skipped.
+        let page_end = if response.more { response.names.last().cloned() } else { None };
         let table = self.upstreams.table();
-        let limit = if request.limit == 0 { usize::MAX } else { request.limit as usize };
-        let mut extra = Vec::new();
-        for group in table.child_groups(&request.path) {
-            let name = group.descriptor.prefix.rsplit('/').next().unwrap_or_default().to_string();
-            if name.as_str() > request.start_after.as_str() && !response.names.contains(&name) {
-                extra.push((name, group.id(), group.descriptor.prefix.clone()));
-            }
-        }
+        let extra: Vec<(String, u64, String)> = table
+            .child_groups(&request.path)
+            .into_iter()
+            .map(|group| (group.descriptor.prefix.rsplit('/').next().unwrap_or_default().to_string(), group.id(), group.descriptor.prefix.clone()))
+            .filter(|(name, _, _)| {
+                name.as_str() > request.start_after.as_str()
+                    && page_end.as_ref().is_none_or(|end| name <= end)
+                    && response.names.binary_search(name).is_err()
+            })
+            .collect();
         if extra.is_empty() {
             return Ok(Response::new(response));
         }
-        let mut merged: Vec<(String, Option<Stat>)> =
-            response.names.drain(..).zip(response.stats.drain(..).map(Some).chain(std::iter::repeat(None))).collect();
-        for (name, group, prefix) in extra {
-            let stat = if request.with_stats {
-                let exists = ExistsRequest { path: prefix, ..ExistsRequest::default() };
-                forward!(self, Target::Group(group), true, deadline, exists, exists)?.into_inner().stat
-            } else {
-                None
-            };
-            merged.push((name, stat));
-        }
+        // Merged by name; each name keeps its stat, or the group (and prefix) to ask for it.
+        let mut merged: Vec<(String, Result<Stat, (u64, String)>)> =
+            response.names.drain(..).zip(response.stats.drain(..).map(Ok).chain(std::iter::repeat_with(|| Ok(Stat::default())))).collect();
+        merged.extend(extra.into_iter().map(|(name, group, prefix)| (name, Err((group, prefix)))));
         merged.sort_by(|a, b| a.0.cmp(&b.0));
-        if merged.len() > limit {
-            merged.truncate(limit);
+        if request.limit != 0 && merged.len() > request.limit as usize {
+            merged.truncate(request.limit as usize);
             response.more = true;
         }
         for (name, stat) in merged {
             response.names.push(name);
             if request.with_stats {
-                response.stats.push(stat.unwrap_or_default());
+                let stat = match stat {
+                    Ok(stat) => stat,
+                    Err((group, prefix)) => {
+                        let exists = ExistsRequest { path: prefix, ..ExistsRequest::default() };
+                        forward!(self, Target::Group(group), true, deadline, exists, exists)?.into_inner().stat.unwrap_or_default()
+                    }
+                };
+                response.stats.push(stat);
             }
         }
         Ok(Response::new(response))
