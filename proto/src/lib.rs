@@ -28,6 +28,10 @@ pub mod placement {
     tonic::include_proto!("warden.placement");
 }
 
+/// Sessions one keepalive request renews at most (a router splits a request by home group,
+/// and each part is within this too).
+pub const KEEPALIVE_SESSIONS_MAX: usize = 1024;
+
 /// The `grpc-timeout` header of a request, if it carries one (`<digits><unit>`, unit one
 /// of H M S m u n): the caller's deadline, which servers and routers shorten theirs to.
 pub fn grpc_timeout<T>(request: &tonic::Request<T>) -> Option<std::time::Duration> {
