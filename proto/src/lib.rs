@@ -28,6 +28,10 @@ pub mod placement {
     tonic::include_proto!("warden.placement");
 }
 
+/// Sessions one keepalive request renews at most (a router splits a request by home group,
+/// and each part is within this too).
+pub const KEEPALIVE_SESSIONS_MAX: usize = 1024;
+
 /// The `grpc-timeout` header of a request, if it carries one (`<digits><unit>`, unit one
 /// of H M S m u n): the caller's deadline, which servers and routers shorten theirs to.
 pub fn grpc_timeout<T>(request: &tonic::Request<T>) -> Option<std::time::Duration> {
@@ -67,7 +71,35 @@ pub fn status(error: v1::WardenError) -> tonic::Status {
         Code::OutcomeUnknown => GrpcCode::DeadlineExceeded,
         Code::Unknown => GrpcCode::Internal,
     };
+    // Bounded again here, for errors built field by field: the message and the detail travel
+    // in response headers, which HTTP/2 peers cap (DESIGN.md rule 8). (With room for the
+    // length a quote adds, so what the constructor quoted passes unchanged.)
+    let path = quote(&error.path, QUOTED_PATH_BYTES_MAX + QUOTE_SUFFIX_BYTES_MAX);
+    let message = quote(&error.message, QUOTED_MESSAGE_BYTES_MAX + QUOTE_SUFFIX_BYTES_MAX);
+    let error = v1::WardenError { path, message, ..error };
     tonic::Status::with_details(grpc, error.message.clone(), error.encode_to_vec().into())
+}
+
+/// Bytes of a path an error quotes at most (DESIGN.md rule 8).
+pub const QUOTED_PATH_BYTES_MAX: usize = 256;
+/// Bytes of an error message at most (it may quote input).
+pub const QUOTED_MESSAGE_BYTES_MAX: usize = 1024;
+
+/// Bytes [`quote`] adds after the prefix at most (the input's length).
+const QUOTE_SUFFIX_BYTES_MAX: usize = 32;
+
+/// `text` if it has at most `max` bytes, else a prefix of it (cut at a character boundary)
+/// followed by the text's full length: what an error quotes of unbounded input, so a refusal
+/// stays small whatever the input's size.
+pub fn quote(text: &str, max: usize) -> String {
+    if text.len() <= max {
+        return text.to_string();
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    format!("{}… ({} bytes)", &text[..end], text.len())
 }
 
 /// The Warden error a status carries as its detail, if any.
@@ -77,8 +109,10 @@ pub fn error_of(status: &tonic::Status) -> Option<v1::WardenError> {
 }
 
 /// A Warden error with `code`, `message` and the `path` it concerns (may be empty).
+/// Both are bounded ([`quote`]): an error never repeats unbounded input whole.
 pub fn warden_error(code: v1::warden_error::Code, path: &str, message: impl Into<String>) -> v1::WardenError {
-    v1::WardenError { code: code as i32, path: path.into(), message: message.into(), ..v1::WardenError::default() }
+    let message = quote(&message.into(), QUOTED_MESSAGE_BYTES_MAX);
+    v1::WardenError { code: code as i32, path: quote(path, QUOTED_PATH_BYTES_MAX), message, ..v1::WardenError::default() }
 }
 
 /// Encoded `FileDescriptorSet` of every Warden proto, for gRPC server reflection.
@@ -97,5 +131,18 @@ mod tests {
         assert_eq!(parse_grpc_timeout("5x"), None);
         assert_eq!(parse_grpc_timeout(""), None);
         assert_eq!(parse_grpc_timeout("m"), None);
+    }
+
+    #[test]
+    fn errors_quote_a_bounded_prefix_of_their_input() {
+        let path = format!("/{}", "é".repeat(50_000));
+        let error = warden_error(v1::warden_error::Code::InvalidPath, &path, format!("invalid path {path:?}"));
+        assert!(error.path.len() < QUOTED_PATH_BYTES_MAX + 32 && error.path.ends_with(&format!("({} bytes)", path.len())), "{}", error.path);
+        assert!(error.message.len() < QUOTED_MESSAGE_BYTES_MAX + 32, "{}", error.message.len());
+        assert_eq!(quote("/short", 256), "/short");
+        assert_eq!(error_of(&status(error.clone())).map(|e| e.path), Some(error.path.clone()), "a quote is not quoted again");
+        let status = status(v1::WardenError { message: "x".repeat(100_000), ..error });
+        assert!(status.message().len() < QUOTED_MESSAGE_BYTES_MAX + 2 * QUOTE_SUFFIX_BYTES_MAX);
+        assert!(status.details().len() < 2 * (QUOTED_MESSAGE_BYTES_MAX + QUOTED_PATH_BYTES_MAX));
     }
 }

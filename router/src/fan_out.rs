@@ -12,7 +12,7 @@ use warden_placement::{is_at_or_below, join};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{DeleteRequest, DeleteResponse, GetChildrenRequest, ResponseHeader, Routing};
 
-use crate::upstream::{warden_client, Target, Upstreams};
+use crate::upstream::{bounded, warden_client, Target, Upstreams};
 
 /// A recursive delete of `request.path` where `below` (other groups' prefixes under it) is
 /// not empty.
@@ -65,7 +65,7 @@ async fn clear(
             let page = upstreams
                 .call(Target::Group(group), true, deadline, |channel, routing| {
                     let list = GetChildrenRequest { routing: Some(routing), ..list.clone() };
-                    async move { warden_client(channel).get_children(list).await }
+                    async move { warden_client(channel).get_children(bounded(list, deadline)).await }
                 })
                 .await?;
             last_header = page.header.or(last_header);
@@ -82,7 +82,7 @@ async fn clear(
                 let done = upstreams
                     .call(Target::Group(group), false, deadline, |channel, routing: Routing| {
                         let delete = DeleteRequest { routing: Some(routing), ..delete.clone() };
-                        async move { warden_client(channel).delete(delete).await }
+                        async move { warden_client(channel).delete(bounded(delete, deadline)).await }
                     })
                     .await?;
                 deleted += done.deleted;

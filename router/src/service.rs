@@ -6,6 +6,7 @@
 //! keepalives as unary calls to each session's home group, watches over one upstream stream
 //! per group (see [`crate::watch`]).
 
+use std::collections::{BTreeMap, HashMap};
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -20,7 +21,7 @@ use warden_proto::v1::*;
 
 use warden_placement::home_group;
 
-use crate::upstream::{warden_client, Target, Upstreams};
+use crate::upstream::{bounded, warden_client, Target, Upstreams};
 
 /// Largest request the router accepts (as a shard-node does: 1.5 MiB).
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
@@ -72,19 +73,25 @@ fn op_path(op: &TxnOp) -> Option<&str> {
     }
 }
 
-/// The one group a transaction's paths route to (a transaction never spans groups).
-fn txn_target<'a>(upstreams: &Upstreams, request: &'a TxnRequest) -> Result<Target<'a>, Status> {
-    let paths: Vec<&str> =
-        request.compares.iter().map(|c| c.path.as_str()).chain(request.then.iter().chain(&request.r#else).filter_map(op_path)).collect();
-    let table = upstreams.table();
-    let mut groups: Vec<u64> = paths.iter().filter_map(|p| table.route(p).map(|g| g.id())).collect();
-    groups.sort_unstable();
-    groups.dedup();
-    if groups.len() > 1 {
-        let message = format!("a transaction's paths must be served by one group; these span groups {groups:?}");
-        return Err(refusal(Code::InvalidArgument, "", message));
-    }
-    Ok(Target::Path(paths.first().copied().unwrap_or("/")))
+/// Every path a transaction touches (it goes to the one group serving them all:
+/// [`Target::Paths`]).
+fn txn_paths(request: &TxnRequest) -> Vec<&str> {
+    request.compares.iter().map(|c| c.path.as_str()).chain(request.then.iter().chain(&request.r#else).filter_map(op_path)).collect()
+}
+
+/// The answer says the session does not exist.
+fn is_session_expired(status: &Status) -> bool {
+    warden_proto::error_of(status).is_some_and(|e| e.code == Code::SessionExpired as i32)
+}
+
+/// The lease of a session that has ended.
+fn ended(session_id: u64) -> SessionLease {
+    SessionLease { session_id, alive: false, ..SessionLease::default() }
+}
+
+/// Leases of sessions that have ended.
+fn not_alive(session_ids: &[u64]) -> Vec<SessionLease> {
+    session_ids.iter().copied().map(ended).collect()
 }
 
 /// A typed refusal by the router itself.
@@ -101,18 +108,20 @@ fn sequencer_target(sequencer: &Sequencer) -> Target<'_> {
     }
 }
 
-/// Sends `request` with its routing set by the router.
+/// Sends `request` with its routing set by the router and the time left until the deadline
+/// as its `grpc-timeout`.
 macro_rules! forward {
-    ($self:ident, $target:expr, $idempotent:expr, $deadline:expr, $request:ident, $method:ident) => {
+    ($self:ident, $target:expr, $idempotent:expr, $deadline:expr, $request:ident, $method:ident) => {{
+        let deadline: Instant = $deadline;
         $self
             .upstreams
-            .call($target, $idempotent, $deadline, |channel, routing| {
+            .call($target, $idempotent, deadline, |channel, routing| {
                 let request = $request.clone();
-                async move { warden_client(channel).$method(with_routing(request, routing)).await }
+                async move { warden_client(channel).$method(bounded(with_routing(request, routing), deadline)).await }
             })
             .await
             .map(Response::new)
-    };
+    }};
 }
 
 /// Requests whose routing the router sets.
@@ -152,6 +161,46 @@ routed!(
 fn with_routing<R: Routed>(mut request: R, routing: Routing) -> R {
     request.set_routing(routing);
     request
+}
+
+impl RouterService {
+    /// Renews the sessions of `request`, whatever their home groups: one call per home
+    /// group (a group renews only its own sessions), the leases answered in the request's
+    /// order. A session whose home group does not exist is not alive.
+    async fn keep_alive_split(&self, request: KeepAliveRequest, deadline: Instant) -> Result<KeepAliveResponse, Status> {
+        if request.session_ids.len() > warden_proto::KEEPALIVE_SESSIONS_MAX {
+            let message = format!("a keepalive renews at most {} sessions", warden_proto::KEEPALIVE_SESSIONS_MAX);
+            let error = WardenError { limit: warden_proto::KEEPALIVE_SESSIONS_MAX as u64, ..warden_proto::warden_error(Code::TooLarge, "", message) };
+            return Err(warden_proto::status(error));
+        }
+        let mut homes: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+        for id in &request.session_ids {
+            homes.entry(home_group(*id)).or_default().push(*id);
+        }
+        if homes.len() <= 1 {
+            let target = request.session_ids.first().map_or(Target::Path("/"), |id| Target::Session(*id));
+            return match forward!(self, target, true, deadline, request, keep_alive) {
+                Err(status) if is_session_expired(&status) => Ok(KeepAliveResponse { header: None, leases: not_alive(&request.session_ids) }),
+                answer => answer.map(Response::into_inner),
+            };
+        }
+        let calls = homes.into_values().map(|session_ids| async move {
+            let part = KeepAliveRequest { session_ids, routing: None };
+            match forward!(self, Target::Session(part.session_ids[0]), true, deadline, part, keep_alive) {
+                Err(status) if is_session_expired(&status) => Ok(KeepAliveResponse { header: None, leases: not_alive(&part.session_ids) }),
+                answer => answer.map(Response::into_inner),
+            }
+        });
+        let mut header = None;
+        let mut leases: HashMap<u64, SessionLease> = HashMap::new();
+        for answer in futures::future::join_all(calls).await {
+            let answer = answer?;
+            header = header.or(answer.header);
+            leases.extend(answer.leases.into_iter().map(|lease| (lease.session_id, lease)));
+        }
+        let leases = request.session_ids.iter().map(|id| leases.get(id).cloned().unwrap_or_else(|| ended(*id))).collect();
+        Ok(KeepAliveResponse { header, leases })
+    }
 }
 
 #[tonic::async_trait]
@@ -198,39 +247,46 @@ impl Warden for RouterService {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
         let mut response = forward!(self, Target::Path(&request.path), true, deadline, request, get_children)?.into_inner();
-        // Children that are other groups' prefixes are not listed by the parent's group.
+        // Children that are other groups' prefixes are not listed by the parent's group. The
+        // group's page covers the names after `start_after` up to its last name when it says
+        // `more` (the next page starts there), else every name after `start_after`: another
+        // group's prefix joins this page only within that range, so none is listed twice
+        // and none is skipped.
+        let page_end = if response.more { response.names.last().cloned() } else { None };
         let table = self.upstreams.table();
-        let limit = if request.limit == 0 { usize::MAX } else { request.limit as usize };
-        let mut extra = Vec::new();
-        for group in table.child_groups(&request.path) {
-            let name = group.descriptor.prefix.rsplit('/').next().unwrap_or_default().to_string();
-            if name.as_str() > request.start_after.as_str() && !response.names.contains(&name) {
-                extra.push((name, group.id(), group.descriptor.prefix.clone()));
-            }
-        }
+        let extra: Vec<(String, u64, String)> = table
+            .child_groups(&request.path)
+            .into_iter()
+            .map(|group| (group.descriptor.prefix.rsplit('/').next().unwrap_or_default().to_string(), group.id(), group.descriptor.prefix.clone()))
+            .filter(|(name, _, _)| {
+                name.as_str() > request.start_after.as_str()
+                    && page_end.as_ref().is_none_or(|end| name <= end)
+                    && response.names.binary_search(name).is_err()
+            })
+            .collect();
         if extra.is_empty() {
             return Ok(Response::new(response));
         }
-        let mut merged: Vec<(String, Option<Stat>)> =
-            response.names.drain(..).zip(response.stats.drain(..).map(Some).chain(std::iter::repeat(None))).collect();
-        for (name, group, prefix) in extra {
-            let stat = if request.with_stats {
-                let exists = ExistsRequest { path: prefix, ..ExistsRequest::default() };
-                forward!(self, Target::Group(group), true, deadline, exists, exists)?.into_inner().stat
-            } else {
-                None
-            };
-            merged.push((name, stat));
-        }
+        // Merged by name; each name keeps its stat, or the group (and prefix) to ask for it.
+        let mut merged: Vec<(String, Result<Stat, (u64, String)>)> =
+            response.names.drain(..).zip(response.stats.drain(..).map(Ok).chain(std::iter::repeat_with(|| Ok(Stat::default())))).collect();
+        merged.extend(extra.into_iter().map(|(name, group, prefix)| (name, Err((group, prefix)))));
         merged.sort_by(|a, b| a.0.cmp(&b.0));
-        if merged.len() > limit {
-            merged.truncate(limit);
+        if request.limit != 0 && merged.len() > request.limit as usize {
+            merged.truncate(request.limit as usize);
             response.more = true;
         }
         for (name, stat) in merged {
             response.names.push(name);
             if request.with_stats {
-                response.stats.push(stat.unwrap_or_default());
+                let stat = match stat {
+                    Ok(stat) => stat,
+                    Err((group, prefix)) => {
+                        let exists = ExistsRequest { path: prefix, ..ExistsRequest::default() };
+                        forward!(self, Target::Group(group), true, deadline, exists, exists)?.into_inner().stat.unwrap_or_default()
+                    }
+                };
+                response.stats.push(stat);
             }
         }
         Ok(Response::new(response))
@@ -239,8 +295,8 @@ impl Warden for RouterService {
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
-        let target = txn_target(&self.upstreams, &request)?;
-        forward!(self, target, false, deadline, request, txn)
+        let paths = txn_paths(&request);
+        forward!(self, Target::Paths(&paths), false, deadline, request, txn)
     }
 
     async fn sync(&self, request: Request<SyncRequest>) -> Result<Response<SyncResponse>, Status> {
@@ -267,9 +323,7 @@ impl Warden for RouterService {
 
     async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Result<Response<KeepAliveResponse>, Status> {
         let deadline = self.deadline(&request);
-        let request = request.into_inner();
-        let target = request.session_ids.first().map_or(Target::Path("/"), |id| Target::Group(home_group(*id)));
-        forward!(self, target, true, deadline, request, keep_alive)
+        self.keep_alive_split(request.into_inner(), deadline).await.map(Response::new)
     }
 
     type KeepAliveStreamStream = tokio_stream::wrappers::ReceiverStream<Result<KeepAliveResponse, Status>>;
@@ -282,9 +336,7 @@ impl Warden for RouterService {
             // Each renewal goes to its sessions' home group as a unary call, so a leader
             // change in one group never ends the client's stream.
             while let Ok(Some(request)) = incoming.message().await {
-                let deadline = Instant::now() + service.timeout;
-                let target = request.session_ids.first().map_or(Target::Path("/"), |id| Target::Group(home_group(*id)));
-                let answer = forward!(service, target, true, deadline, request, keep_alive).map(Response::into_inner);
+                let answer = service.keep_alive_split(request, Instant::now() + service.timeout).await;
                 let failed = answer.is_err();
                 if responses.send(answer).await.is_err() || failed {
                     break;
@@ -297,13 +349,13 @@ impl Warden for RouterService {
     async fn close_session(&self, request: Request<CloseSessionRequest>) -> Result<Response<CloseSessionResponse>, Status> {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
-        forward!(self, Target::Group(home_group(request.session_id)), false, deadline, request, close_session)
+        forward!(self, Target::Session(request.session_id), false, deadline, request, close_session)
     }
 
     async fn session_info(&self, request: Request<SessionInfoRequest>) -> Result<Response<SessionInfoResponse>, Status> {
         let deadline = self.deadline(&request);
         let request = request.into_inner();
-        forward!(self, Target::Group(home_group(request.session_id)), true, deadline, request, session_info)
+        forward!(self, Target::Session(request.session_id), true, deadline, request, session_info)
     }
 
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {

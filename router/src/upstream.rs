@@ -17,6 +17,8 @@ use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::Routing;
 
+use warden_placement::home_group;
+
 use crate::table::{GroupRoute, Table};
 
 /// First pause before retrying; doubles up to [`BACKOFF_MAX`].
@@ -27,6 +29,8 @@ const BACKOFF_MAX: Duration = Duration::from_millis(500);
 const LEADER_TTL: Duration = Duration::from_secs(30);
 /// Groups whose leaders are cached at most.
 const LEADERS_CACHED_MAX: u64 = 100_000;
+/// Longest one node may take to send the routing table before the next is asked.
+const TABLE_FETCH_MAX: Duration = Duration::from_secs(2);
 /// Largest response the router accepts from a node.
 pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
 
@@ -36,16 +40,26 @@ pub fn warden_client(channel: Channel) -> WardenClient<Channel> {
     WardenClient::new(channel).max_decoding_message_size(RESPONSE_BYTES_MAX)
 }
 
-/// The typed refusal of a request no group serves: INVALID_PATH for a path that is not
-/// one, else UNAVAILABLE (no ready group serves it yet).
+/// The typed refusal of a request no group serves (judged on a fresh table): INVALID_PATH
+/// for a path that is not one, else UNAVAILABLE (no ready group serves it yet);
+/// SESSION_EXPIRED for a session whose home group does not exist (INVALID_ARGUMENT for id 0,
+/// which names no session).
 fn unroutable(target: Target<'_>) -> Status {
-    use warden_proto::v1::warden_error::Code;
     let (code, path, message) = match target {
         Target::Path(path) => match warden_placement::validate_path(path) {
             Err(error) => (Code::InvalidPath, path, error.to_string()),
             Ok(()) => (Code::Unavailable, path, format!("no ready group serves {path}")),
         },
+        Target::Paths(paths) => {
+            // An invalid path first: its refusal is typed INVALID_PATH.
+            let path = paths.iter().find(|path| warden_placement::validate_path(path).is_err()).or(paths.first()).copied().unwrap_or("/");
+            return unroutable(Target::Path(path));
+        }
         Target::Group(group) => (Code::Unavailable, "", format!("group {group} is not in the routing table")),
+        Target::Session(0) => (Code::InvalidArgument, "", "session id 0 names no session".to_string()),
+        Target::Session(session) => {
+            (Code::SessionExpired, "", format!("session {session:#x} does not exist: its home group {} does not exist", home_group(session)))
+        }
     };
     warden_proto::status(warden_proto::warden_error(code, path, message))
 }
@@ -55,8 +69,23 @@ fn unroutable(target: Target<'_>) -> Status {
 pub enum Target<'a> {
     /// The group serving this path.
     Path(&'a str),
-    /// This group (sessions, sequencers).
+    /// The one group serving all these paths (a transaction's): refused INVALID_ARGUMENT
+    /// when they span groups. Judged on the table of each attempt, so a table found stale
+    /// (WRONG_GROUP) is judged again once refreshed. No paths: the root's group.
+    Paths(&'a [&'a str]),
+    /// This group (sequencers, explicit routing).
     Group(u64),
+    /// The home group of this session (its id names it): a group that does not exist has
+    /// no sessions, so the session has expired (SESSION_EXPIRED, not UNAVAILABLE).
+    Session(u64),
+}
+
+/// `message` as an upstream request that carries the time left until `deadline` as its
+/// `grpc-timeout`, so the node answers (typed) within the caller's deadline.
+pub fn bounded<T>(message: T, deadline: Instant) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+    request
 }
 
 /// The cluster as one router sees it.
@@ -131,9 +160,13 @@ impl Upstreams {
         let mut last_error = Status::unavailable("no seed node to ask for the routing table");
         for addr in self.seeds.iter().cloned().chain(current.addrs()) {
             let mut client = PlacementClient::new(self.channel(&addr)?);
-            match client.get_routing_table(GetRoutingTableRequest {}).await {
-                Ok(response) => return Ok(self.install(response.into_inner())),
-                Err(status) => last_error = status,
+            // A node that does not answer (paused, partitioned) must not hold every refresh.
+            let mut request = tonic::Request::new(GetRoutingTableRequest {});
+            request.set_timeout(TABLE_FETCH_MAX);
+            match tokio::time::timeout(TABLE_FETCH_MAX, client.get_routing_table(request)).await {
+                Ok(Ok(response)) => return Ok(self.install(response.into_inner())),
+                Ok(Err(status)) => last_error = status,
+                Err(_) => last_error = Status::unavailable(format!("{addr} did not send the routing table in {TABLE_FETCH_MAX:?}")),
             }
         }
         Err(last_error)
@@ -178,18 +211,47 @@ impl Upstreams {
         Err(last_error)
     }
 
-    fn resolve(&self, table: &Table, target: Target<'_>) -> Option<GroupRoute> {
-        match target {
+    /// The group `target` names in `table` (`None`: none there); a transaction whose paths
+    /// span groups is refused.
+    fn resolve(&self, table: &Table, target: Target<'_>) -> Result<Option<GroupRoute>, Status> {
+        Ok(match target {
             Target::Path(path) => table.route(path).cloned(),
+            Target::Paths([]) => table.route("/").cloned(),
+            Target::Paths(paths) => {
+                let mut groups: Vec<GroupRoute> = Vec::new();
+                for path in paths {
+                    let Some(group) = table.route(path) else { return Ok(None) };
+                    if !groups.iter().any(|g| g.id() == group.id()) {
+                        groups.push(group.clone());
+                    }
+                }
+                if groups.len() > 1 {
+                    let ids: Vec<u64> = groups.iter().map(GroupRoute::id).collect();
+                    let message = format!("a transaction's paths must be served by one group; these span groups {ids:?}");
+                    return Err(warden_proto::status(warden_proto::warden_error(Code::InvalidArgument, "", message)));
+                }
+                groups.pop()
+            }
             Target::Group(group) => table.group(group).cloned(),
-        }
+            Target::Session(session) => table.group(home_group(session)).cloned(),
+        })
     }
 
-    /// Sends a request (made by `call` on a channel to the chosen node) to the group `target` names, with that group's id and epoch in its
-    /// routing, until it is answered or `deadline` passes. Retried: NOT_LEADER (at the hinted
-    /// leader), WRONG_GROUP (after refreshing the table), UNAVAILABLE, and connections that
-    /// never reached a node; OUTCOME_UNKNOWN and lost connections only when `idempotent`.
-    /// Anything else is the answer.
+    /// [`refresh`](Upstreams::refresh), given up at `deadline`.
+    async fn refresh_by(&self, deadline: Instant) -> Result<Arc<Table>, Status> {
+        tokio::time::timeout_at(deadline, self.refresh())
+            .await
+            .unwrap_or_else(|_| Err(Status::unavailable("the routing table could not be read before the deadline")))
+    }
+
+    /// Sends a request (made by `call` on a channel to the chosen node) to the group `target`
+    /// names, with that group's id and epoch in its routing, until it is answered or
+    /// `deadline` passes. Retried within the deadline: NOT_LEADER (at the hinted leader),
+    /// WRONG_GROUP (after refreshing the table, the target judged again on the new table),
+    /// UNAVAILABLE, and connections that never reached a node; OUTCOME_UNKNOWN and lost
+    /// connections only when `idempotent`. Anything else is the answer. Each attempt ends at
+    /// `deadline` (the request should carry it: [`bounded`]); one still unanswered then is
+    /// OUTCOME_UNKNOWN for a write, UNAVAILABLE for an idempotent call.
     pub async fn call<T, F, Fut>(&self, target: Target<'_>, idempotent: bool, deadline: Instant, mut call: F) -> Result<T, Status>
     where
         F: FnMut(Channel, Routing) -> Fut,
@@ -199,10 +261,10 @@ impl Upstreams {
         let mut backoff = BACKOFF_MIN;
         loop {
             let mut table = self.table();
-            let mut group = self.resolve(&table, target);
+            let mut group = self.resolve(&table, target)?;
             if group.is_none() {
-                table = self.refresh().await?;
-                group = self.resolve(&table, target);
+                table = self.refresh_by(deadline).await?;
+                group = self.resolve(&table, target)?;
             }
             let group = group.ok_or_else(|| unroutable(target))?;
             let replicas = &group.descriptor.replicas;
@@ -214,12 +276,17 @@ impl Upstreams {
             let addr = table.addr(node).unwrap_or_default().to_string();
             let client = self.channel(&addr)?;
             let routing = Routing { group_id: group.id(), conf_ver: group.descriptor.conf_ver, version: group.descriptor.version };
-            let status = match call(client, routing).await {
-                Ok(response) => {
+            let status = match tokio::time::timeout_at(deadline, call(client, routing)).await {
+                Ok(Ok(response)) => {
                     self.leaders.insert(group.id(), node);
                     return Ok(response.into_inner());
                 }
-                Err(status) => status,
+                Ok(Err(status)) => status,
+                Err(_) => {
+                    let (code, outcome) = if idempotent { (Code::Unavailable, "") } else { (Code::OutcomeUnknown, "; the outcome is unknown") };
+                    let message = format!("no answer from group {} before the deadline{outcome}", group.id());
+                    return Err(warden_proto::status(warden_proto::warden_error(code, "", message)));
+                }
             };
             let retry = match error_of(&status).map(|e| (Code::try_from(e.code).unwrap_or(Code::Unknown), e.leader_id)) {
                 Some((Code::NotLeader, leader)) => {
@@ -232,7 +299,10 @@ impl Upstreams {
                     }
                 }
                 Some((Code::WrongGroup, _)) => {
-                    self.refresh().await?;
+                    // A failed refresh is retried like the call, within the deadline.
+                    if let Err(refresh) = self.refresh_by(deadline).await {
+                        tracing::debug!(%refresh, "routing table refresh after WRONG_GROUP");
+                    }
                     true
                 }
                 Some((Code::Unavailable, _)) => {

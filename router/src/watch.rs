@@ -1,25 +1,37 @@
 //! Watches through the router: the client's one stream fans out to one upstream `Watch`
 //! stream per group (to a replica of it), created on the first watch of that group. Watch
-//! ids stay the client's (the router picks one for `watch_id = 0`); an upstream stream
-//! carries the watch under the same id, so responses pass through unchanged.
+//! ids are the client's (the router picks one for `watch_id = 0`); upstream, each watch
+//! goes under an id the router assigns and never reuses on the client's stream, and
+//! responses are passed on under the client's id. So an answer about an old watch (a late
+//! `canceled`, events in flight) never touches a new watch that reused its id: a watch the
+//! client cancels is answered `canceled` at once, and what comes later for it is dropped.
 //!
 //! A PERSISTENT recursive watch spans every group serving part of the subtree: one part per
 //! group (the group serving the path, and each ready group whose prefix is below it, as the
-//! table says when the watch is created), all under the client's watch id. Each response
-//! says its group (`header.group_id`) since revisions are per group. The client sees one
-//! `created` (once every part is created, with each group's start revision) and one
-//! `canceled` (the first part to end ends the others, with each group's resume revision).
+//! table says when the watch is created). Each response says its group (`header.group_id`)
+//! since revisions are per group. The client sees one `created` (once every part is
+//! created, with each group's start revision) and one `canceled` (the first part to end
+//! ends the others, with each group's resume revision).
 //!
 //! If an upstream stream fails, each watch with a part on it is cancelled with UNAVAILABLE
 //! and the revisions to resume from (per part: the last event seen + 1), so the client can
 //! watch again without a gap.
+//!
+//! One task per client stream does all of this (so responses reach the client in the order
+//! it decided them); one task per upstream stream only reads it. Memory is bounded per
+//! stream: responses queued for the client in bytes (beyond it the upstream streams wait,
+//! the nodes' own byte-bounded queues fill, and the nodes cancel the watches that fell
+//! behind with SLOW_WATCHER), responses held for watches not created yet in bytes, watches
+//! per stream, and requests queued per upstream.
 
 use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
-use futures::Stream;
-use tokio::sync::mpsc;
+use futures::{Stream, StreamExt};
+use prost::Message as _;
+use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tonic::{Status, Streaming};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::watch_create::Kind;
@@ -32,29 +44,45 @@ use crate::upstream::{warden_client, Upstreams};
 /// The responses of one proxied `Watch` call.
 pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
 
-/// Responses queued for the client before upstream readers wait (bounded memory; the
-/// shard-nodes' own queues cancel watches that fall too far behind).
+/// Responses queued for the client, at most.
 const RESPONSES_QUEUED_MAX: usize = 1024;
+/// Bytes of responses (encoded) queued for the client, at most; one larger response is
+/// taken alone. Beyond it the proxy stops reading its upstream streams.
+pub const RESPONSES_QUEUED_BYTES_MAX: usize = 4 << 20;
+/// Upstream responses waiting for the proxy task (all groups of one client stream; each
+/// upstream's task holds one more): few, since a response may be large.
+const UPSTREAM_RESPONSES_QUEUED_MAX: usize = 1;
 /// Requests queued for one upstream stream.
 const REQUESTS_QUEUED_MAX: usize = 256;
-/// Responses held for one watch while its parts are being created (a part catching up
-/// from far back can produce many); beyond it the watch is cancelled as a slow watcher.
-const HELD_RESPONSES_MAX: usize = 1024;
+/// Requests waiting for room in full upstream queues (all groups of one client stream);
+/// beyond it a creation is refused UNAVAILABLE.
+const REQUESTS_WAITING_MAX: usize = 1024;
+/// Bytes of responses held (all watches of a stream) while watches' parts are being
+/// created (a part catching up from far back can produce many); beyond it the watch whose
+/// response does not fit is cancelled as a slow watcher.
+const HELD_BYTES_MAX: usize = 4 << 20;
+/// Watches one client stream carries at once (as a node's default).
+pub const WATCHES_PER_STREAM_MAX: usize = 100_000;
 /// Groups one watch may span (a recursive watch of a subtree holding more groups is
 /// refused: watch smaller subtrees).
 pub const WATCH_GROUPS_MAX: usize = 64;
 
-/// One group's part of a watch: the next revision it needs, and its `created` once seen.
+/// One group's part of a watch: the upstream stream it is on, the next revision it needs,
+/// and its `created` once seen.
 struct Part {
+    stream: u64,
     next_revision: u64,
     created: Option<WatchCreated>,
 }
 
-/// A watch the proxy carries: its parts by group, which group serves its path, and the
-/// responses held until every part is created.
+/// A watch the proxy carries: the client's id for it, its parts by group, which group
+/// serves its path, and the responses held until every part is created.
 #[derive(Default)]
 struct Carried {
+    client_id: u64,
     owner: u64,
+    /// Ends with its first events (the node ends it then, without a `canceled`).
+    one_shot: bool,
     parts: BTreeMap<u64, Part>,
     /// The client got `created`.
     announced: bool,
@@ -76,49 +104,157 @@ impl Carried {
     }
 
     /// The `canceled` response that ends this watch for the client.
-    fn canceled(&self, watch_id: u64, error: Option<WardenError>) -> WatchResponse {
+    fn canceled(&self, error: Option<WardenError>) -> WatchResponse {
         let resume_revision = self.parts.get(&self.owner).map_or(0, |p| p.next_revision);
         let canceled = WatchCanceled { error, resume_revision, resume_revisions: self.resume_revisions() };
-        WatchResponse { watch_id, canceled: Some(canceled), ..WatchResponse::default() }
+        WatchResponse { watch_id: self.client_id, canceled: Some(canceled), ..WatchResponse::default() }
+    }
+
+    fn held_bytes(&self) -> usize {
+        self.held.iter().map(|(_, response)| response.encoded_len()).sum()
     }
 }
 
-/// What the client stream's tasks share: the live watches and the upstream streams.
+/// The watches of one client stream.
 #[derive(Default)]
-struct Shared {
-    watches: Mutex<HashMap<u64, Carried>>,
-    streams: Mutex<HashMap<u64, mpsc::Sender<WatchRequest>>>,
+struct Watches {
+    /// By upstream id.
+    carried: HashMap<u64, Carried>,
+    /// The upstream id of each of the client's live watches, by the client's id.
+    ids: HashMap<u64, u64>,
+    /// Bytes of responses held, all watches.
+    held_bytes: usize,
 }
 
-impl Shared {
-    fn watches(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Carried>> {
-        self.watches.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    fn stream(&self, group: u64) -> Option<mpsc::Sender<WatchRequest>> {
-        self.streams.lock().unwrap_or_else(|e| e.into_inner()).get(&group).filter(|s| !s.is_closed()).cloned()
-    }
-
-    /// Asks each group in `groups` to cancel watch `watch_id` (best effort: a closed stream
-    /// has no watches left).
-    async fn cancel_parts(&self, watch_id: u64, groups: impl IntoIterator<Item = u64>) {
-        for group in groups {
-            if let Some(sender) = self.stream(group) {
-                let _ = sender.send(WatchRequest { request: Some(WatchRequestKind::Cancel(WatchCancel { watch_id })) }).await;
-            }
+impl Watches {
+    /// Forgets a watch; returns it.
+    fn remove(&mut self, upstream_id: u64) -> Option<Carried> {
+        let carried = self.carried.remove(&upstream_id)?;
+        if self.ids.get(&carried.client_id) == Some(&upstream_id) {
+            self.ids.remove(&carried.client_id);
         }
+        self.held_bytes -= carried.held_bytes();
+        Some(carried)
+    }
+
+    /// Folds one upstream response of `group`'s stream `stream` into the watch's state.
+    /// Until every part is created, the parts' events are held (the client must see
+    /// `created` first); then the merged `created` goes out followed by what was held.
+    /// Responses about watches no longer carried (cancelled, ended) are dropped.
+    fn step(&mut self, group: u64, stream: u64, mut response: WatchResponse) -> Step {
+        let upstream_id = response.watch_id;
+        let Some(watch) = self.carried.get_mut(&upstream_id) else { return Step::Hold };
+        if watch.parts.get(&group).is_none_or(|part| part.stream != stream) {
+            return Step::Hold;
+        }
+        response.watch_id = watch.client_id;
+        if let Some(ended) = response.canceled {
+            let Some(watch) = self.remove(upstream_id) else { return Step::Hold };
+            let others = watch.parts.keys().copied().filter(|g| *g != group).map(|g| (g, upstream_id)).collect();
+            let header = response.header;
+            return Step::End(Box::new(WatchResponse { header, ..watch.canceled(ended.error) }), others);
+        }
+        if let Some(created) = &response.created {
+            let Some(part) = watch.parts.get_mut(&group) else { return Step::Hold };
+            part.next_revision = created.start_revision;
+            part.created = Some(created.clone());
+            if watch.parts.values().any(|p| p.created.is_none()) {
+                return Step::Hold;
+            }
+            // Every part is created: one `created` for the client (the serving group's,
+            // with each group's start), then the events held meanwhile.
+            let start_revisions = watch.parts.iter().map(|(g, p)| (*g, p.created.as_ref().map_or(0, |c| c.start_revision))).collect();
+            let owner = watch.parts.get(&watch.owner).and_then(|p| p.created.clone()).unwrap_or_default();
+            let mut out = vec![WatchResponse { created: Some(WatchCreated { start_revisions, ..owner }), ..response }];
+            watch.announced = true;
+            self.held_bytes -= watch.held_bytes();
+            let fired = watch.one_shot && watch.held.iter().any(|(_, held)| !held.events.is_empty());
+            for (held_group, held) in std::mem::take(&mut watch.held) {
+                watch.delivered(held_group, &held);
+                out.push(held);
+            }
+            if fired {
+                self.remove(upstream_id);
+            }
+            return Step::Send(out);
+        }
+        if !watch.announced {
+            let bytes = response.encoded_len();
+            if self.held_bytes + bytes > HELD_BYTES_MAX {
+                // Nothing was delivered yet: the client starts again from the same revisions.
+                let Some(watch) = self.remove(upstream_id) else { return Step::Hold };
+                let error = WardenError {
+                    code: Code::SlowWatcher as i32,
+                    message: "too many events before every group's watch was created".into(),
+                    ..WardenError::default()
+                };
+                return Step::End(Box::new(watch.canceled(Some(error))), watch.parts.keys().map(|g| (*g, upstream_id)).collect());
+            }
+            self.held_bytes += bytes;
+            watch.held.push((group, response));
+            return Step::Hold;
+        }
+        watch.delivered(group, &response);
+        if watch.one_shot && !response.events.is_empty() {
+            // The node ended it with these events.
+            self.remove(upstream_id);
+        }
+        Step::Send(vec![response])
     }
 }
+
+/// What to do with one upstream response.
+enum Step {
+    /// Send these on, in order.
+    Send(Vec<WatchResponse>),
+    /// The watch ended: send this, and cancel the parts (group, upstream id) in the list.
+    End(Box<WatchResponse>, Vec<(u64, u64)>),
+    /// Nothing to send now.
+    Hold,
+}
+
+/// The client's side: responses queued in order, bounded in count and in bytes.
+struct Outbox {
+    sender: mpsc::Sender<(WatchResponse, OwnedSemaphorePermit)>,
+    bytes: Arc<Semaphore>,
+}
+
+impl Outbox {
+    /// Queues `response` once its bytes fit; false when the client went away.
+    async fn send(&self, response: WatchResponse) -> bool {
+        // (One response larger than the whole budget waits for an empty queue.)
+        let bytes = response.encoded_len().clamp(1, RESPONSES_QUEUED_BYTES_MAX) as u32;
+        let Ok(permit) = self.bytes.clone().acquire_many_owned(bytes).await else { return false };
+        self.sender.send((response, permit)).await.is_ok()
+    }
+}
+
+/// An upstream response: (group, stream, the response or `None` when the stream ended).
+type FromUpstream = (u64, u64, Option<WatchResponse>);
 
 /// Starts proxying one client `Watch` stream.
 pub fn proxy(upstreams: Arc<Upstreams>, incoming: Streaming<WatchRequest>) -> Responses {
-    let (responses, stream) = mpsc::channel(RESPONSES_QUEUED_MAX);
-    tokio::spawn(run(upstreams, incoming, responses));
-    Box::pin(tokio_stream::wrappers::ReceiverStream::new(stream))
+    let (sender, stream) = mpsc::channel(RESPONSES_QUEUED_MAX);
+    let out = Outbox { sender, bytes: Arc::new(Semaphore::new(RESPONSES_QUEUED_BYTES_MAX)) };
+    let (from_upstream, upstream_responses) = mpsc::channel(UPSTREAM_RESPONSES_QUEUED_MAX);
+    let proxy = Proxy {
+        upstreams,
+        watches: Watches::default(),
+        streams: HashMap::new(),
+        next_stream: 1,
+        next_upstream_id: 1,
+        next_client_id: 1,
+        from_upstream,
+        waiting: Arc::new(AtomicUsize::new(0)),
+        out,
+    };
+    tokio::spawn(proxy.run(incoming, upstream_responses));
+    // A response's bytes are freed as the client's stream takes it.
+    Box::pin(tokio_stream::wrappers::ReceiverStream::new(stream).map(|(response, _bytes)| Ok(response)))
 }
 
 fn canceled(watch_id: u64, code: Code, message: String, resume_revision: u64) -> WatchResponse {
-    let error = WardenError { code: code as i32, message, ..WardenError::default() };
+    let error = warden_proto::warden_error(code, "", message);
     WatchResponse {
         watch_id,
         canceled: Some(WatchCanceled { error: Some(error), resume_revision, ..WatchCanceled::default() }),
@@ -133,25 +269,27 @@ async fn spanned_groups(upstreams: &Upstreams, create: &WatchCreate) -> Result<V
     if table.route(&create.path).is_none() {
         table = upstreams.refresh().await?;
     }
-    let owner = table.route(&create.path).cloned().ok_or_else(|| Status::unavailable(format!("no group serves {}", create.path)))?;
+    let path = warden_proto::quote(&create.path, warden_proto::QUOTED_PATH_BYTES_MAX);
+    let owner = table.route(&create.path).cloned().ok_or_else(|| Status::unavailable(format!("no group serves {path}")))?;
     let mut groups = vec![owner];
     if create.recursive && create.kind == Kind::Persistent as i32 {
         groups.extend(table.groups_below(&create.path).into_iter().cloned());
     }
     if groups.len() > WATCH_GROUPS_MAX {
-        return Err(Status::resource_exhausted(format!("{} spans {} groups; at most {WATCH_GROUPS_MAX}", create.path, groups.len())));
+        return Err(Status::resource_exhausted(format!("{path} spans {} groups; at most {WATCH_GROUPS_MAX}", groups.len())));
     }
     Ok(groups)
 }
 
 /// The upstream create of one part: the group's own routing, and for a group below the
 /// path, its prefix as the path and its own start revision (and no read).
-fn part_create(create: &WatchCreate, route: &GroupRoute, owner: bool) -> WatchCreate {
+fn part_create(create: &WatchCreate, upstream_id: u64, route: &GroupRoute, owner: bool) -> WatchCreate {
     let routing = Some(Routing { group_id: route.id(), conf_ver: route.descriptor.conf_ver, version: route.descriptor.version });
     if owner {
-        return WatchCreate { routing, group_start_revisions: HashMap::new(), ..create.clone() };
+        return WatchCreate { watch_id: upstream_id, routing, group_start_revisions: HashMap::new(), ..create.clone() };
     }
     WatchCreate {
+        watch_id: upstream_id,
         path: route.descriptor.prefix.clone(),
         start_revision: create.group_start_revisions.get(&route.id()).copied().unwrap_or(0),
         read: false,
@@ -161,93 +299,228 @@ fn part_create(create: &WatchCreate, route: &GroupRoute, owner: bool) -> WatchCr
     }
 }
 
-async fn run(upstreams: Arc<Upstreams>, mut incoming: Streaming<WatchRequest>, responses: mpsc::Sender<Result<WatchResponse, Status>>) {
-    let shared = Arc::new(Shared::default());
-    let mut next_watch_id = 1u64;
-    while let Ok(Some(request)) = incoming.message().await {
+/// The task of one client stream.
+struct Proxy {
+    upstreams: Arc<Upstreams>,
+    watches: Watches,
+    /// Each group's upstream stream: its number and where its requests go.
+    streams: HashMap<u64, (u64, mpsc::Sender<WatchRequest>)>,
+    next_stream: u64,
+    /// Upstream watch ids are never reused on one client stream.
+    next_upstream_id: u64,
+    /// Next id to try for a watch the client created with `watch_id = 0`.
+    next_client_id: u64,
+    from_upstream: mpsc::Sender<FromUpstream>,
+    /// Requests waiting for room in full upstream queues.
+    waiting: Arc<AtomicUsize>,
+    out: Outbox,
+}
+
+impl Proxy {
+    async fn run(mut self, mut incoming: Streaming<WatchRequest>, mut upstream_responses: mpsc::Receiver<FromUpstream>) {
+        let mut requests_open = true;
+        loop {
+            let alive = tokio::select! {
+                message = incoming.message(), if requests_open => match message {
+                    Ok(Some(request)) => self.handle(request).await,
+                    // The client closed its side: keep sending until it hangs up.
+                    Ok(None) => {
+                        requests_open = false;
+                        true
+                    }
+                    Err(_) => false,
+                },
+                Some((group, stream, response)) = upstream_responses.recv() => match response {
+                    Some(response) => self.upstream_response(group, stream, response).await,
+                    None => self.upstream_ended(group, stream).await,
+                },
+                () = self.out.sender.closed() => false,
+            };
+            if !alive {
+                // Dropping the upstream senders ends the upstream streams.
+                return;
+            }
+        }
+    }
+
+    /// Sends `request` to `group`'s upstream stream without waiting on it (an upstream that
+    /// takes no requests waits for its responses to be read, which this task does): when its
+    /// queue is full, a task sends it once there is room, unless `optional` and too many
+    /// already wait. False when it was not sent (no stream, or dropped).
+    fn send_upstream(&self, group: u64, request: WatchRequest, optional: bool) -> bool {
+        let Some((_, sender)) = self.streams.get(&group).filter(|(_, s)| !s.is_closed()) else { return false };
+        match sender.try_send(request) {
+            Ok(()) => true,
+            Err(mpsc::error::TrySendError::Closed(_)) => false,
+            Err(mpsc::error::TrySendError::Full(request)) => {
+                if optional && self.waiting.load(Ordering::Relaxed) >= REQUESTS_WAITING_MAX {
+                    return false;
+                }
+                let (sender, waiting) = (sender.clone(), self.waiting.clone());
+                waiting.fetch_add(1, Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let _ = sender.send(request).await;
+                    waiting.fetch_sub(1, Ordering::Relaxed);
+                });
+                true
+            }
+        }
+    }
+
+    /// Asks each part (group, upstream id) to cancel (a closed stream has no watches left).
+    fn cancel_parts(&self, parts: impl IntoIterator<Item = (u64, u64)>) {
+        for (group, watch_id) in parts {
+            self.send_upstream(group, WatchRequest { request: Some(WatchRequestKind::Cancel(WatchCancel { watch_id })) }, false);
+        }
+    }
+
+    /// One client request; false when the client went away.
+    async fn handle(&mut self, request: WatchRequest) -> bool {
         match request.request {
             Some(WatchRequestKind::Create(mut create)) => {
                 if create.watch_id == 0 {
-                    let taken = shared.watches();
-                    while taken.contains_key(&next_watch_id) {
-                        next_watch_id += 1;
+                    while self.watches.ids.contains_key(&self.next_client_id) {
+                        self.next_client_id += 1;
                     }
-                    create.watch_id = next_watch_id;
+                    create.watch_id = self.next_client_id;
                 }
-                if let Err(response) = start(&upstreams, &shared, &responses, create).await {
-                    let _ = responses.send(Ok(response)).await;
+                match self.start(create).await {
+                    Ok(()) => true,
+                    Err(response) => self.out.send(response).await,
                 }
             }
-            Some(WatchRequestKind::Cancel(cancel)) => {
-                let groups: Option<Vec<u64>> = shared.watches().get(&cancel.watch_id).map(|c| c.parts.keys().copied().collect());
-                match groups {
-                    // The first part's `canceled` ends the watch for the client.
-                    Some(groups) => shared.cancel_parts(cancel.watch_id, groups).await,
-                    None => {
-                        let message = format!("no watch {} on this stream", cancel.watch_id);
-                        let _ = responses.send(Ok(canceled(cancel.watch_id, Code::InvalidArgument, message, 0))).await;
-                    }
+            Some(WatchRequestKind::Cancel(cancel)) => match self.watches.ids.get(&cancel.watch_id).copied() {
+                // Ended for the client now; whatever comes later for it is dropped.
+                Some(upstream_id) => {
+                    let Some(watch) = self.watches.remove(upstream_id) else { return true };
+                    self.cancel_parts(watch.parts.keys().map(|g| (*g, upstream_id)));
+                    self.out.send(watch.canceled(None)).await
                 }
-            }
+                None => {
+                    let message = format!("no watch {} on this stream", cancel.watch_id);
+                    self.out.send(canceled(cancel.watch_id, Code::InvalidArgument, message, 0)).await
+                }
+            },
             Some(WatchRequestKind::Progress(progress)) => {
-                let senders: Vec<_> = shared.streams.lock().unwrap_or_else(|e| e.into_inner()).values().cloned().collect();
-                for sender in senders {
-                    let _ = sender.send(WatchRequest { request: Some(WatchRequestKind::Progress(progress)) }).await;
+                let groups: Vec<u64> = self.streams.keys().copied().collect();
+                for group in groups {
+                    self.send_upstream(group, WatchRequest { request: Some(WatchRequestKind::Progress(progress)) }, true);
                 }
+                true
             }
-            None => {}
+            None => true,
         }
     }
-    // Dropping the upstream senders ends the upstream streams.
-}
 
-/// Registers a watch and sends each part's create upstream; on failure, the response that
-/// cancels it (nothing stays registered).
-async fn start(
-    upstreams: &Upstreams,
-    shared: &Arc<Shared>,
-    responses: &mpsc::Sender<Result<WatchResponse, Status>>,
-    create: WatchCreate,
-) -> Result<(), WatchResponse> {
-    let watch_id = create.watch_id;
-    let groups = spanned_groups(upstreams, &create).await.map_err(|status| canceled(watch_id, Code::Unavailable, status.message().to_string(), 0))?;
-    let mut senders = Vec::new();
-    for route in &groups {
-        let sender = match shared.stream(route.id()) {
-            Some(sender) => sender,
-            None => {
-                let sender = open(upstreams, route, shared.clone(), responses.clone())
-                    .await
-                    .map_err(|status| canceled(watch_id, Code::Unavailable, status.message().to_string(), create.start_revision))?;
-                shared.streams.lock().unwrap_or_else(|e| e.into_inner()).insert(route.id(), sender.clone());
-                sender
+    /// Registers a watch and sends each part's create upstream; on failure, the response that
+    /// refuses it (nothing stays registered).
+    async fn start(&mut self, create: WatchCreate) -> Result<(), WatchResponse> {
+        let watch_id = create.watch_id;
+        if self.watches.ids.contains_key(&watch_id) {
+            return Err(canceled(watch_id, Code::InvalidArgument, "the watch id is in use on this stream".into(), 0));
+        }
+        if self.watches.ids.len() >= WATCHES_PER_STREAM_MAX {
+            let message = format!("a stream carries at most {WATCHES_PER_STREAM_MAX} watches");
+            return Err(WatchResponse {
+                watch_id,
+                canceled: Some(WatchCanceled {
+                    error: Some(WardenError { limit: WATCHES_PER_STREAM_MAX as u64, ..warden_proto::warden_error(Code::TooLarge, "", message) }),
+                    ..WatchCanceled::default()
+                }),
+                ..WatchResponse::default()
+            });
+        }
+        let groups = spanned_groups(&self.upstreams, &create)
+            .await
+            .map_err(|status| canceled(watch_id, Code::Unavailable, status.message().to_string(), 0))?;
+        let mut streams = Vec::new();
+        for route in &groups {
+            let stream = match self.streams.get(&route.id()).filter(|(_, s)| !s.is_closed()) {
+                Some((stream, _)) => *stream,
+                None => {
+                    let stream = self.next_stream;
+                    self.next_stream += 1;
+                    let sender = open(&self.upstreams, route, stream, self.from_upstream.clone())
+                        .await
+                        .map_err(|status| canceled(watch_id, Code::Unavailable, status.message().to_string(), create.start_revision))?;
+                    self.streams.insert(route.id(), (stream, sender));
+                    stream
+                }
+            };
+            streams.push(stream);
+        }
+        let upstream_id = self.next_upstream_id;
+        self.next_upstream_id += 1;
+        let owner = groups[0].id();
+        let parts = groups
+            .iter()
+            .zip(&streams)
+            .map(|(route, stream)| {
+                let next_revision =
+                    if route.id() == owner { create.start_revision } else { create.group_start_revisions.get(&route.id()).copied().unwrap_or(0) };
+                (route.id(), Part { stream: *stream, next_revision, created: None })
+            })
+            .collect();
+        let one_shot = create.kind != Kind::Persistent as i32;
+        self.watches.carried.insert(upstream_id, Carried { client_id: watch_id, owner, one_shot, parts, ..Carried::default() });
+        self.watches.ids.insert(watch_id, upstream_id);
+        for (n, route) in groups.iter().enumerate() {
+            let part = part_create(&create, upstream_id, route, route.id() == owner);
+            if !self.send_upstream(route.id(), WatchRequest { request: Some(WatchRequestKind::Create(part)) }, true) {
+                let Some(watch) = self.watches.remove(upstream_id) else { break };
+                self.cancel_parts(watch.parts.keys().take(n).map(|g| (*g, upstream_id)));
+                let message = format!("group {} takes no more requests now; read the stream's responses, then watch again", route.id());
+                return Err(canceled(watch_id, Code::Unavailable, message, create.start_revision));
             }
+        }
+        Ok(())
+    }
+
+    /// One upstream response; false when the client went away.
+    async fn upstream_response(&mut self, group: u64, stream: u64, response: WatchResponse) -> bool {
+        let out = match self.watches.step(group, stream, response) {
+            Step::Send(out) => out,
+            Step::End(response, others) => {
+                self.cancel_parts(others);
+                vec![*response]
+            }
+            Step::Hold => return true,
         };
-        senders.push(sender);
+        for response in out {
+            if !self.out.send(response).await {
+                return false;
+            }
+        }
+        true
     }
-    let owner = groups[0].id();
-    let parts = groups
-        .iter()
-        .map(|route| {
-            let next_revision =
-                if route.id() == owner { create.start_revision } else { create.group_start_revisions.get(&route.id()).copied().unwrap_or(0) };
-            (route.id(), Part { next_revision, created: None })
-        })
-        .collect();
-    shared.watches().insert(watch_id, Carried { owner, parts, ..Carried::default() });
-    for (route, sender) in groups.iter().zip(senders) {
-        let part = part_create(&create, route, route.id() == owner);
-        let _ = sender.send(WatchRequest { request: Some(WatchRequestKind::Create(part)) }).await;
+
+    /// `group`'s upstream stream `stream` ended: every watch with a part on it ends, with
+    /// where to resume. False when the client went away.
+    async fn upstream_ended(&mut self, group: u64, stream: u64) -> bool {
+        if self.streams.get(&group).is_some_and(|(current, _)| *current == stream) {
+            self.streams.remove(&group);
+        }
+        let ended: Vec<u64> =
+            self.watches.carried.iter().filter(|(_, c)| c.parts.get(&group).is_some_and(|p| p.stream == stream)).map(|(id, _)| *id).collect();
+        for upstream_id in ended {
+            let Some(carried) = self.watches.remove(upstream_id) else { continue };
+            self.cancel_parts(carried.parts.keys().copied().filter(|g| *g != group).map(|g| (g, upstream_id)));
+            let message = format!("the stream to group {group} ended; watch again from the resume revisions");
+            let error = warden_proto::warden_error(Code::Unavailable, "", message);
+            if !self.out.send(carried.canceled(Some(error))).await {
+                return false;
+            }
+        }
+        true
     }
-    Ok(())
 }
 
-/// Opens the upstream stream of one group and a task passing its responses on.
+/// Opens the upstream stream `stream` of one group and a task passing its responses on.
 async fn open(
     upstreams: &Upstreams,
     route: &GroupRoute,
-    shared: Arc<Shared>,
-    responses: mpsc::Sender<Result<WatchResponse, Status>>,
+    stream: u64,
+    from_upstream: mpsc::Sender<FromUpstream>,
 ) -> Result<mpsc::Sender<WatchRequest>, Status> {
     let group = route.id();
     let table = upstreams.table();
@@ -258,7 +531,7 @@ async fn open(
         let mut client = warden_client(upstreams.channel(addr)?);
         match client.watch(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await {
             Ok(response) => {
-                tokio::spawn(pass_on(group, response.into_inner(), shared, responses));
+                tokio::spawn(pass_on(group, stream, response.into_inner(), from_upstream));
                 return Ok(sender);
             }
             Err(status) => last_error = status,
@@ -267,155 +540,110 @@ async fn open(
     Err(last_error)
 }
 
-/// What to do with one upstream response.
-enum Step {
-    /// Send these on, in order.
-    Send(Vec<WatchResponse>),
-    /// The watch ended: send this, and cancel the parts in the list upstream.
-    End(Box<WatchResponse>, Vec<u64>),
-    /// Nothing to send now.
-    Hold,
-}
-
-/// Folds one upstream response of `group` into the watch's state. Until every part is
-/// created, the parts' events are held (the client must see `created` first); then the
-/// merged `created` goes out followed by what was held.
-fn step(group: u64, response: WatchResponse, watches: &mut HashMap<u64, Carried>) -> Step {
-    let watch_id = response.watch_id;
-    let Some(watch) = watches.get_mut(&watch_id) else { return Step::Hold };
-    let Some(part) = watch.parts.get_mut(&group) else { return Step::Hold };
-    if let Some(ended) = response.canceled {
-        let Some(watch) = watches.remove(&watch_id) else { return Step::Hold };
-        let others = watch.parts.keys().copied().filter(|g| *g != group).collect();
-        let header = response.header;
-        return Step::End(Box::new(WatchResponse { header, ..watch.canceled(watch_id, ended.error) }), others);
-    }
-    if let Some(created) = &response.created {
-        part.next_revision = created.start_revision;
-        part.created = Some(created.clone());
-        if watch.parts.values().any(|p| p.created.is_none()) {
-            return Step::Hold;
-        }
-        // Every part is created: one `created` for the client (the serving group's, with
-        // each group's start), then the events held meanwhile.
-        let start_revisions = watch.parts.iter().map(|(g, p)| (*g, p.created.as_ref().map_or(0, |c| c.start_revision))).collect();
-        let owner = watch.parts.get(&watch.owner).and_then(|p| p.created.clone()).unwrap_or_default();
-        let mut out = vec![WatchResponse { created: Some(WatchCreated { start_revisions, ..owner }), ..response }];
-        watch.announced = true;
-        for (held_group, held) in std::mem::take(&mut watch.held) {
-            watch.delivered(held_group, &held);
-            out.push(held);
-        }
-        return Step::Send(out);
-    }
-    if !watch.announced {
-        if watch.held.len() >= HELD_RESPONSES_MAX {
-            // Nothing was delivered yet: the client starts again from the same revisions.
-            let Some(watch) = watches.remove(&watch_id) else { return Step::Hold };
-            let error = WardenError {
-                code: Code::SlowWatcher as i32,
-                message: "too many events before every group's watch was created".into(),
-                ..WardenError::default()
-            };
-            return Step::End(Box::new(watch.canceled(watch_id, Some(error))), watch.parts.keys().copied().collect());
-        }
-        watch.held.push((group, response));
-        return Step::Hold;
-    }
-    watch.delivered(group, &response);
-    Step::Send(vec![response])
-}
-
-/// Passes one upstream's responses to the client, keeping each part's resume revision; when
-/// the upstream ends, cancels every watch with a part on it, with where to resume.
-async fn pass_on(group: u64, mut upstream: Streaming<WatchResponse>, shared: Arc<Shared>, responses: mpsc::Sender<Result<WatchResponse, Status>>) {
-    loop {
-        let response = match upstream.message().await {
-            Ok(Some(response)) => response,
-            Ok(None) | Err(_) => break,
-        };
-        let step = step(group, response, &mut shared.watches());
-        let out = match step {
-            Step::Send(out) => out,
-            Step::End(response, others) => {
-                shared.cancel_parts(response.watch_id, others).await;
-                vec![*response]
-            }
-            Step::Hold => continue,
-        };
-        for response in out {
-            if responses.send(Ok(response)).await.is_err() {
-                return;
-            }
-        }
-    }
-    let ended: Vec<(u64, Carried)> = {
-        let mut watches = shared.watches();
-        let ids: Vec<u64> = watches.iter().filter(|(_, c)| c.parts.contains_key(&group)).map(|(id, _)| *id).collect();
-        ids.into_iter().filter_map(|id| watches.remove(&id).map(|c| (id, c))).collect()
-    };
-    for (watch_id, carried) in ended {
-        shared.cancel_parts(watch_id, carried.parts.keys().copied().filter(|g| *g != group)).await;
-        let message = format!("the stream to group {group} ended; watch again from the resume revisions");
-        let error = WardenError { code: Code::Unavailable as i32, message, ..WardenError::default() };
-        if responses.send(Ok(carried.canceled(watch_id, Some(error)))).await.is_err() {
+/// Hands one upstream stream's responses to the client stream's task (waiting while it is
+/// busy: the upstream's own flow control then holds the node back), then its end.
+async fn pass_on(group: u64, stream: u64, mut upstream: Streaming<WatchResponse>, from_upstream: mpsc::Sender<FromUpstream>) {
+    while let Ok(Some(response)) = upstream.message().await {
+        if from_upstream.send((group, stream, Some(response))).await.is_err() {
             return;
         }
     }
+    let _ = from_upstream.send((group, stream, None)).await;
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    fn two_parts() -> HashMap<u64, Carried> {
-        let parts = BTreeMap::from([(1, Part { next_revision: 0, created: None }), (2, Part { next_revision: 7, created: None })]);
-        HashMap::from([(9, Carried { owner: 1, parts, ..Carried::default() })])
+    /// Watch 9 of the client, upstream id 90, with parts in groups 1 (serving its path) and 2.
+    fn two_parts() -> Watches {
+        let parts =
+            BTreeMap::from([(1, Part { stream: 1, next_revision: 0, created: None }), (2, Part { stream: 2, next_revision: 7, created: None })]);
+        let carried = Carried { client_id: 9, owner: 1, parts, ..Carried::default() };
+        Watches { carried: HashMap::from([(90, carried)]), ids: HashMap::from([(9, 90)]), held_bytes: 0 }
     }
 
     fn created(start_revision: u64) -> WatchResponse {
-        WatchResponse { watch_id: 9, created: Some(WatchCreated { start_revision, ..WatchCreated::default() }), ..WatchResponse::default() }
+        WatchResponse { watch_id: 90, created: Some(WatchCreated { start_revision, ..WatchCreated::default() }), ..WatchResponse::default() }
     }
 
     fn events(revision: u64) -> WatchResponse {
-        WatchResponse { watch_id: 9, events: vec![WatchEvent { revision, ..WatchEvent::default() }], ..WatchResponse::default() }
+        WatchResponse { watch_id: 90, events: vec![WatchEvent { revision, ..WatchEvent::default() }], ..WatchResponse::default() }
     }
 
     #[test]
     fn a_watch_spanning_groups_is_created_once_every_part_is_and_events_wait_for_it() {
         let mut watches = two_parts();
-        assert!(matches!(step(2, created(7), &mut watches), Step::Hold), "one part is not the watch");
-        assert!(matches!(step(2, events(7), &mut watches), Step::Hold), "events never come before created");
-        match step(1, created(40), &mut watches) {
+        assert!(matches!(watches.step(2, 2, created(7)), Step::Hold), "one part is not the watch");
+        assert!(matches!(watches.step(2, 2, events(7)), Step::Hold), "events never come before created");
+        assert!(watches.held_bytes > 0);
+        match watches.step(1, 1, created(40)) {
             Step::Send(out) => {
                 assert_eq!(out.len(), 2, "created, then what was held");
                 let created = out[0].created.clone().expect("created");
+                assert_eq!(out[0].watch_id, 9, "under the client's id");
                 assert_eq!(created.start_revision, 40, "the serving group's");
                 assert_eq!(created.start_revisions, HashMap::from([(1, 40), (2, 7)]));
                 assert_eq!(out[1].events[0].revision, 7);
             }
             _ => panic!("the last part's created is forwarded"),
         }
-        assert!(matches!(step(2, events(8), &mut watches), Step::Send(_)));
-        assert_eq!(watches[&9].parts[&2].next_revision, 9);
+        assert_eq!(watches.held_bytes, 0);
+        assert!(matches!(watches.step(2, 2, events(8)), Step::Send(_)));
+        assert_eq!(watches.carried[&90].parts[&2].next_revision, 9);
+        assert!(matches!(watches.step(2, 3, events(9)), Step::Hold), "another stream of group 2 is not this part");
     }
 
     #[test]
     fn one_part_ending_ends_the_watch_with_every_groups_resume_revision() {
         let mut watches = two_parts();
-        assert!(matches!(step(1, created(0), &mut watches), Step::Hold));
-        assert!(matches!(step(2, created(7), &mut watches), Step::Send(_)));
-        assert!(matches!(step(2, events(12), &mut watches), Step::Send(_)));
-        let ended = WatchResponse { watch_id: 9, canceled: Some(WatchCanceled::default()), ..WatchResponse::default() };
-        match step(1, ended, &mut watches) {
+        assert!(matches!(watches.step(1, 1, created(0)), Step::Hold));
+        assert!(matches!(watches.step(2, 2, created(7)), Step::Send(_)));
+        assert!(matches!(watches.step(2, 2, events(12)), Step::Send(_)));
+        let ended = WatchResponse { watch_id: 90, canceled: Some(WatchCanceled::default()), ..WatchResponse::default() };
+        match watches.step(1, 1, ended) {
             Step::End(response, others) => {
-                assert_eq!(others, vec![2], "the other part is cancelled upstream");
+                assert_eq!(others, vec![(2, 90)], "the other part is cancelled upstream");
+                assert_eq!(response.watch_id, 9);
                 assert_eq!(response.canceled.expect("canceled").resume_revisions, HashMap::from([(1, 0), (2, 13)]));
             }
             _ => panic!("a part's cancel ends the watch"),
         }
-        let late = WatchResponse { watch_id: 9, canceled: Some(WatchCanceled::default()), ..WatchResponse::default() };
-        assert!(matches!(step(2, late, &mut watches), Step::Hold), "the other part's cancel is not a second one");
-        assert!(watches.is_empty());
+        let late = WatchResponse { watch_id: 90, canceled: Some(WatchCanceled::default()), ..WatchResponse::default() };
+        assert!(matches!(watches.step(2, 2, late), Step::Hold), "the other part's cancel is not a second one");
+        assert!(watches.carried.is_empty() && watches.ids.is_empty());
+    }
+
+    #[test]
+    fn item_12_a_fired_one_shot_watch_leaves_no_record() {
+        let parts = BTreeMap::from([(1, Part { stream: 1, next_revision: 0, created: None })]);
+        let carried = Carried { client_id: 9, owner: 1, one_shot: true, parts, ..Carried::default() };
+        let mut watches = Watches { carried: HashMap::from([(90, carried)]), ids: HashMap::from([(9, 90)]), held_bytes: 0 };
+        assert!(matches!(watches.step(1, 1, created(5)), Step::Send(_)));
+        assert!(matches!(watches.step(1, 1, events(5)), Step::Send(_)));
+        assert!(watches.carried.is_empty() && watches.ids.is_empty(), "the node ended it with its events");
+    }
+
+    #[test]
+    fn item_12_held_responses_are_bounded_in_bytes() {
+        let mut watches = two_parts();
+        assert!(matches!(watches.step(2, 2, created(7)), Step::Hold));
+        let big = |revision| WatchResponse {
+            watch_id: 90,
+            events: vec![WatchEvent { revision, data: vec![0; 1 << 20].into(), ..WatchEvent::default() }],
+            ..WatchResponse::default()
+        };
+        for revision in 7..10 {
+            assert!(matches!(watches.step(2, 2, big(revision)), Step::Hold));
+        }
+        match watches.step(2, 2, big(10)) {
+            Step::End(response, others) => {
+                let error = response.canceled.and_then(|c| c.error).expect("an error");
+                assert_eq!(error.code, Code::SlowWatcher as i32);
+                assert_eq!(others.len(), 2, "both parts are cancelled upstream");
+            }
+            _ => panic!("held bytes are bounded"),
+        }
+        assert_eq!(watches.held_bytes, 0);
     }
 }

@@ -8,9 +8,11 @@ use std::sync::{Arc, OnceLock};
 
 use tokio::time::Instant;
 use tonic::Status;
+use warden_placement::home_group;
 use warden_proto::namespace::session_check_client::SessionCheckClient;
 use warden_proto::namespace::CheckSessionsRequest;
-use warden_router::upstream::{Target, Upstreams};
+use warden_proto::v1::warden_error::Code;
+use warden_router::upstream::{bounded, Target, Upstreams};
 
 use crate::transport::{NetFaults, PeerDirectory};
 
@@ -37,19 +39,27 @@ impl GroupLinks {
     }
 
     /// Asks `home` (linearizably) which of `session_ids`, all homed there, are alive; on
-    /// behalf of group `from`. Fails UNAVAILABLE when `home` cannot be reached by `deadline`.
+    /// behalf of group `from`. None is alive when no group `home` exists. Fails UNAVAILABLE
+    /// when `home` cannot be reached by `deadline`.
     pub async fn check_sessions(&self, from: u64, home: u64, session_ids: &[u64], deadline: Instant) -> Result<Vec<u64>, Status> {
         if self.faults.group_link_cut(from, home) {
             return Err(Status::unavailable(format!("group {from} is cut off from group {home}")));
         }
         let request = CheckSessionsRequest { session_ids: session_ids.to_vec(), routing: None };
+        let Some(first) = session_ids.first() else { return Ok(Vec::new()) };
+        debug_assert!(session_ids.iter().all(|id| home_group(*id) == home), "sessions of one home group");
         let response = self
             .upstreams()
-            .call(Target::Group(home), true, deadline, |channel, routing| {
+            .call(Target::Session(*first), true, deadline, |channel, routing| {
                 let request = CheckSessionsRequest { routing: Some(routing), ..request.clone() };
-                async move { SessionCheckClient::new(channel).check_sessions(request).await }
+                async move { SessionCheckClient::new(channel).check_sessions(bounded(request, deadline)).await }
             })
-            .await?;
-        Ok(response.alive)
+            .await;
+        match response {
+            Ok(response) => Ok(response.alive),
+            // The routing table (fresh) has no such group: it has no sessions.
+            Err(status) if warden_proto::error_of(&status).is_some_and(|e| e.code == Code::SessionExpired as i32) => Ok(Vec::new()),
+            Err(status) => Err(status),
+        }
     }
 }

@@ -39,8 +39,7 @@ use crate::watch::WatchHubs;
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
 /// Group a request without routing goes to.
 pub const DEFAULT_GROUP: u64 = 1;
-/// Sessions renewed by one keepalive request at most.
-pub const KEEPALIVE_SESSIONS_MAX: usize = 1024;
+pub use warden_proto::KEEPALIVE_SESSIONS_MAX;
 /// Longest a `Lock` call waits.
 pub const LOCK_WAIT_MS_MAX: u64 = 300_000;
 /// Keepalive responses queued on one stream before the stream waits for its client.

@@ -104,7 +104,9 @@ impl Driver {
                 break;
             }
             tokio::select! {
-                message = incoming.message(), if requests_open => match message {
+                // The next request only while the queue has room: its answers are queued
+                // whatever their size, so a client that stops reading stops being read.
+                message = incoming.message(), if requests_open && self.stream.has_room() => match message {
                     Ok(Some(request)) => self.handle(request).await,
                     // The client closed its side: keep sending until it hangs up.
                     Ok(None) => requests_open = false,
@@ -152,7 +154,7 @@ impl Driver {
     fn progress(&self, all: bool) {
         for (group, watch_ids) in self.stream.take_idle(all) {
             if let Some(hub) = self.hubs.get(self.node_id, group) {
-                hub.progress(&self.stream, &watch_ids);
+                hub.progress(&self.stream, &watch_ids, all);
             }
         }
     }
@@ -235,12 +237,20 @@ impl Driver {
                 _ => return Err(error(Code::Unknown, "", "mismatched read result")),
             };
             (header.revision, Some(read))
-        } else if create.start_revision != 0 {
-            (create.start_revision - 1, None)
-        } else if create.consistency == Consistency::Linearizable as i32 {
-            (self.read(group, create.consistency, QueryKind::Revision(true), timeout).await?.1.revision, None)
         } else {
-            (hub.revision(), None)
+            // A read of the path checks that the group serves it (WRONG_GROUP, not a watch
+            // that never fires); linearizable when the watch starts after "now", so nothing
+            // committed before the call is missed, else this replica's state.
+            let linearizable = create.start_revision == 0 && create.consistency == Consistency::Linearizable as i32;
+            let consistency = if linearizable { Consistency::Linearizable } else { Consistency::Stale } as i32;
+            let query = QueryKind::Exists(ExistsRequest { path: create.path.clone(), consistency, routing: None });
+            let (_, header) = self.read(group, consistency, query, timeout).await?;
+            let revision = match create.start_revision {
+                0 if linearizable => header.revision,
+                0 => hub.revision(),
+                start => start - 1,
+            };
+            (revision, None)
         };
         let spec = WatchSpec::new(kind, create.recursive, create.no_create, create.no_delete, create.no_change, create.prev_data);
         let start_revision = revision + 1;

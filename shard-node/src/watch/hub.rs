@@ -258,11 +258,12 @@ impl WatchHub {
     }
 
     /// Queues a progress response at the published revision for each of `watch_ids` that is
-    /// live: every event up to that revision is queued before it.
-    pub fn progress(&self, stream: &WatchStream, watch_ids: &[u64]) {
+    /// live: every event up to that revision is queued before it. Periodic ones (not
+    /// `requested` by the client) only when they fit the stream's queue.
+    pub fn progress(&self, stream: &WatchStream, watch_ids: &[u64], requested: bool) {
         let state = self.lock();
         for watch_id in watch_ids {
-            stream.push_progress(*watch_id, self.group, state.revision);
+            stream.push_progress(*watch_id, self.group, state.revision, requested);
         }
     }
 

@@ -4,8 +4,10 @@
 //! queue is bounded in bytes: a watch whose events do not fit is cancelled (`SLOW_WATCHER`)
 //! with the revision to resume from, so a client that stops reading costs at most the limit
 //! (plus one response: an empty queue takes any one, so no event is too large to deliver).
-//! Creation answers, cancellations and progress responses are small and one per watch at
-//! most in flight, so they are always queued (bounded by the watches per stream).
+//! Every response counts its encoded bytes (a creation answer may carry a 1 MiB read).
+//! Creation answers, refusals and requested progress are always queued, but the driver reads
+//! the client's next request only while the queue has room, so they overflow it by at most
+//! one request's answers; periodic progress is queued only when it fits.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -95,18 +97,23 @@ pub enum Outgoing {
 /// Queue slots an idle stream keeps.
 const QUEUE_CAPACITY_IDLE: usize = 16;
 
-/// Bytes a response without events accounts for.
+/// Bytes every response accounts for besides what it carries (its id, header, framing).
 const CONTROL_BYTES: usize = 64;
 
 impl Outgoing {
+    /// The bytes it accounts for in the queue: what it carries, encoded, plus
+    /// [`CONTROL_BYTES`].
     fn size_bytes(&self) -> usize {
-        match self {
-            Outgoing::Events { batches, .. } => {
-                CONTROL_BYTES
-                    + batches.iter().flat_map(|(batch, selected)| selected.iter().map(|i| batch.events[*i as usize].size_bytes())).sum::<usize>()
+        use prost::Message as _;
+        CONTROL_BYTES
+            + match self {
+                Outgoing::Events { batches, .. } => {
+                    batches.iter().flat_map(|(batch, selected)| selected.iter().map(|i| batch.events[*i as usize].size_bytes())).sum::<usize>()
+                }
+                Outgoing::Created { created, .. } => created.encoded_len(),
+                Outgoing::Canceled { error, .. } => error.as_ref().map_or(0, |e| e.encoded_len()),
+                Outgoing::Progress { .. } => 0,
             }
-            _ => CONTROL_BYTES,
-        }
     }
 }
 
@@ -222,6 +229,12 @@ impl WatchStream {
         idle
     }
 
+    /// The queue is below its limit: the driver may take the client's next request (whose
+    /// answers are queued whatever their size).
+    pub fn has_room(&self) -> bool {
+        self.lock().queued_bytes < self.queue_bytes_max
+    }
+
     /// Bytes of events the queue can take before it is full.
     pub fn free_bytes(&self) -> usize {
         self.queue_bytes_max.saturating_sub(self.lock().queued_bytes)
@@ -259,11 +272,16 @@ impl WatchStream {
         }
     }
 
-    /// Queues a progress response for a live watch (called under its hub's lock).
-    pub fn push_progress(&self, watch_id: u64, group: u64, revision: u64) {
+    /// Queues a progress response for a live watch (called under its hub's lock): always
+    /// when the client `requested` it, else (periodic) only when it fits in the queue, so a
+    /// client that stops reading does not collect one per interval.
+    pub fn push_progress(&self, watch_id: u64, group: u64, revision: u64, requested: bool) {
         let mut state = self.lock();
         if state.watches.get(&watch_id).is_some_and(|w| w.group == group && w.phase == Phase::Live) {
-            self.enqueue(&mut state, Outgoing::Progress { watch_id, group, revision });
+            let outgoing = Outgoing::Progress { watch_id, group, revision };
+            if requested || state.queued_bytes + outgoing.size_bytes() <= self.queue_bytes_max {
+                self.enqueue(&mut state, outgoing);
+            }
         }
     }
 
@@ -304,14 +322,15 @@ impl WatchStream {
     pub fn try_next(&self) -> Option<Outgoing> {
         let mut state = self.lock();
         let outgoing = state.queue.pop_front()?;
+        let was_full = state.queued_bytes >= self.queue_bytes_max;
         state.queued_bytes -= outgoing.size_bytes();
         // A burst (thousands of creations, a catch-up) must not leave its capacity behind
         // on an idle stream.
         if state.queue.is_empty() && state.queue.capacity() > QUEUE_CAPACITY_IDLE {
             state.queue.shrink_to(QUEUE_CAPACITY_IDLE);
         }
-        // Room again for a catching-up watch.
-        if state.queued_bytes <= self.queue_bytes_max / 2 {
+        // Room again for a catching-up watch, or for the client's next request.
+        if state.queued_bytes <= self.queue_bytes_max / 2 || (was_full && state.queued_bytes < self.queue_bytes_max) {
             self.driver.notify_one();
         }
         Some(outgoing)
@@ -398,7 +417,31 @@ mod tests {
         let watches = stream.close();
         assert_eq!(watches.len(), 2);
         assert!(stream.next().await.is_none());
-        stream.push_progress(1, 1, 5);
+        stream.push_progress(1, 1, 5, true);
         assert!(stream.next().await.is_none(), "nothing is queued after close");
+    }
+
+    #[tokio::test]
+    async fn item_12_every_response_counts_its_real_bytes_and_periodic_progress_needs_room() {
+        use warden_proto::v1::watch_created::Read;
+        let stream = WatchStream::new(100_000);
+        let read = Read::Get(warden_proto::v1::GetResponse { data: vec![7; 300_000], ..Default::default() });
+        let created =
+            Outgoing::Created { watch_id: 1, group: 1, revision: 0, created: Box::new(WatchCreated { read: Some(read), ..WatchCreated::default() }) };
+        stream.add(1, watch(WatchKind::Persistent), created);
+        assert!(!stream.has_room(), "a creation answer carrying a 300 KB read fills a 100 KB queue");
+        assert_eq!(stream.free_bytes(), 0);
+        assert_eq!(stream.push_events(1, 1, batch(2, 10), None), Pushed::Full, "events wait behind it");
+        stream.push_progress(1, 1, 2, false);
+        stream.push_progress(1, 1, 2, true);
+        assert!(matches!(stream.next().await, Some(Outgoing::Created { .. })));
+        assert!(matches!(stream.next().await, Some(Outgoing::Progress { .. })), "the requested progress only");
+        assert!(stream.try_next().is_none());
+        assert!(stream.has_room());
+        let error = warden_proto::warden_error(warden_proto::v1::warden_error::Code::InvalidArgument, "", "x".repeat(900));
+        for _ in 0..200 {
+            stream.answer(Outgoing::Canceled { watch_id: 9, group: 0, error: Some(error.clone()), resume_revision: 0 });
+        }
+        assert!(!stream.has_room(), "refusals count their messages");
     }
 }
