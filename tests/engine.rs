@@ -374,3 +374,47 @@ async fn writes_and_reads_stay_correct_under_message_loss_and_delay() {
     let index = put(&cluster, 1, "healed", "yes", Duration::from_secs(30)).await.expect("write");
     assert_eq!(get_on_node(&cluster, 5, 1, "after-block", index).await.as_deref(), Some("yes"), "node 5 catches up once healed");
 }
+
+/// Issue 12 item 14: raft-rs turns a configuration change it cannot take now (one is still
+/// unapplied, or leaving a joint configuration that is not joint) into an empty normal
+/// entry. The proposer must be told so with a typed error, and the configuration must not
+/// change; it used to be answered `Ok` with an empty configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_14_a_conf_change_raft_refuses_is_answered_refused_and_changes_nothing() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1], &[1, 2, 3]).await;
+    put(&cluster, 1, "k", "v", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+    let handle = cluster.handle(leader).expect("leader node");
+
+    // Leaving a joint configuration while the configuration is not joint.
+    let refused = handle.conf_change(1, conf_change(Vec::new()), WRITE_TIMEOUT).await;
+    assert!(matches!(refused, Err(EngineError::ConfChangeRefused { group: 1, .. })), "an empty change must be refused, got {refused:?}");
+
+    // Two changes proposed together: the second finds the first unapplied (unless the first
+    // applied in between); each answer must match what really happened.
+    for node in [4, 5] {
+        cluster.handle(node).expect("node").create_group(1, Vec::new()).await.expect("empty replica");
+    }
+    let (first, second) = tokio::join!(
+        handle.conf_change(1, conf_change(vec![change(ConfChangeType::AddLearnerNode, 4)]), WRITE_TIMEOUT),
+        handle.conf_change(1, conf_change(vec![change(ConfChangeType::AddLearnerNode, 5)]), WRITE_TIMEOUT),
+    );
+    let mut accepted = Vec::new();
+    for (node, result) in [(4, first), (5, second)] {
+        match result {
+            Ok(state) => {
+                assert!(state.learners.contains(&node), "a change answered Ok must be in the configuration it returns: {state:?}");
+                accepted.push(node);
+            }
+            Err(EngineError::ConfChangeRefused { .. }) => {}
+            Err(error) => panic!("adding learner {node}: {error}"),
+        }
+    }
+    assert!(!accepted.is_empty(), "the first change is not refused");
+    let status = handle.status(1).await.expect("status");
+    let mut voters = status.voters.clone();
+    voters.sort_unstable();
+    assert_eq!(voters, vec![1, 2, 3], "voters unchanged");
+    assert_eq!(status.learners, accepted, "only the accepted changes are in the configuration");
+}
