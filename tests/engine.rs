@@ -418,3 +418,61 @@ async fn item_14_a_conf_change_raft_refuses_is_answered_refused_and_changes_noth
     assert_eq!(voters, vec![1, 2, 3], "voters unchanged");
     assert_eq!(status.learners, accepted, "only the accepted changes are in the configuration");
 }
+
+/// Issue 12 item 15: raft peer id = node id, so a replica removed from its group and created
+/// again on the same node is the same raft voter. Its hard state used to be erased with its
+/// range, so it started at term 0 with no vote and could vote a second time in a term it had
+/// already voted in. It must start from the term and vote it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_15_a_re_added_replica_keeps_its_term_and_vote() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1], &ALL).await;
+    put(&cluster, 1, "k", "v", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+    let removed = if leader == 5 { 4 } else { 5 };
+    let node = cluster.handle(removed).expect("node");
+    let before = node.status(1).await.expect("status");
+    assert_ne!(before.vote, 0, "precondition: node {removed} voted in the election of term {}", before.term);
+
+    let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::RemoveNode, removed)])).await;
+    assert!(!state.voters.contains(&removed), "removed: {state:?}");
+    wait_until("the removed replica is destroyed", Duration::from_secs(10), async || node.status(1).await == Err(EngineError::GroupNotFound(1)))
+        .await;
+
+    // Cut off from its peers, the new replica knows only what its node kept.
+    let others: Vec<u64> = ALL.into_iter().filter(|n| *n != removed).collect();
+    cluster.faults().isolate(removed, &others);
+    node.create_group(1, Vec::new()).await.expect("replica created again");
+    let after = node.status(1).await.expect("status");
+    assert!(
+        after.term > before.term || (after.term == before.term && after.vote == before.vote),
+        "the new replica starts at term {} with vote {}, after voting for {} in term {}",
+        after.term,
+        after.vote,
+        before.vote,
+        before.term
+    );
+
+    // Another candidate asks for its vote in the term it already voted in: refused. A status
+    // request behind the message in the same worker inbox sees its effect.
+    let candidate = others.iter().copied().find(|n| *n != before.vote).expect("another candidate");
+    let mut request = raft::eraftpb::Message::default();
+    request.set_msg_type(raft::eraftpb::MessageType::MsgRequestVote);
+    (request.from, request.to, request.term, request.log_term, request.index) = (candidate, removed, before.term, before.term, 1 << 20);
+    node.deliver(1, request);
+    let voted = node.status(1).await.expect("status");
+    assert!(
+        voted.term > before.term || voted.vote == before.vote,
+        "node {removed} voted for {} in term {} after voting for {} in it",
+        voted.vote,
+        voted.term,
+        before.vote
+    );
+
+    // The replica still joins the group normally.
+    cluster.faults().heal();
+    let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::AddLearnerNode, removed)])).await;
+    assert!(state.learners.contains(&removed), "re-added: {state:?}");
+    let index = put(&cluster, 1, "after", "re-added", WRITE_TIMEOUT).await.expect("write");
+    assert_eq!(get_on_node(&cluster, removed, 1, "after", index).await.as_deref(), Some("re-added"));
+}

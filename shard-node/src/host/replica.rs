@@ -156,6 +156,7 @@ impl Replica {
             group: self.group,
             node_id: raft.id,
             term: raft.term,
+            vote: raft.vote,
             leader_id: raft.leader_id,
             is_leader: self.is_leader(),
             commit: raft.raft_log.committed,

@@ -264,7 +264,7 @@ impl Worker {
             if let Some(mut replica) = self.replicas.remove(&group) {
                 replica.fail_all(&EngineError::GroupNotFound(group));
                 self.leaders.remove(group);
-                self.db.write_ops(&PeerStorage::destroy_ops(group), true)?;
+                self.db.write_ops(&PeerStorage::destroy_ops(group, &replica.raw.raft.hard_state()), true)?;
                 tracing::info!(node = self.config.node_id, group, "replica removed from its group and destroyed");
             }
         }
