@@ -476,3 +476,40 @@ async fn item_15_a_re_added_replica_keeps_its_term_and_vote() {
     let index = put(&cluster, 1, "after", "re-added", WRITE_TIMEOUT).await.expect("write");
     assert_eq!(get_on_node(&cluster, removed, 1, "after", index).await.as_deref(), Some("re-added"));
 }
+
+/// Issue 12 item 17: a replica removed from its group while its node was down never applies
+/// its removal; when the node came back it lingered forever, ticking and sending pre-votes.
+/// The group's leader now tells it it was removed, and it destroys itself, without
+/// disturbing the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_17_a_replica_removed_while_its_node_was_down_is_destroyed_when_it_returns() {
+    let cluster = cluster(ClusterConfig::default());
+    // Group 2 keeps its replica on the node: only group 1's goes.
+    create_groups(&cluster, [1, 2], &ALL).await;
+    put(&cluster, 1, "k", "v", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+    let away = if leader == 5 { 4 } else { 5 };
+    // Cut off before the removal, so that nothing of it reaches the node (a transport queue
+    // would deliver what piled up while it was down once it is back), then down.
+    let others: Vec<u64> = ALL.into_iter().filter(|n| *n != away).collect();
+    cluster.faults().isolate(away, &others);
+    let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::RemoveNode, away)])).await;
+    assert!(!state.voters.contains(&away), "removed: {state:?}");
+    cluster.kill(away);
+    cluster.faults().heal();
+    put(&cluster, 1, "k", "after removal", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+    let term = cluster.handle(leader).expect("leader").status(1).await.expect("status").term;
+
+    cluster.restart(away).expect("restart");
+    let node = cluster.handle(away).expect("node");
+    wait_until("the stale replica destroys itself", Duration::from_secs(30), async || node.status(1).await == Err(EngineError::GroupNotFound(1)))
+        .await;
+    assert!(node.status(2).await.is_ok(), "the node's other replicas stay");
+    let status = cluster.handle(leader).expect("leader").status(1).await.expect("status");
+    assert!(status.is_leader && status.term == term, "the stale replica disturbed the group: {status:?}, was term {term}");
+    let mut voters = status.voters.clone();
+    voters.sort_unstable();
+    assert_eq!(voters, others);
+    put(&cluster, 1, "k", "still serving", WRITE_TIMEOUT).await.expect("write");
+}

@@ -3,6 +3,7 @@
 //! through a cloneable [`NodeHandle`].
 
 mod command;
+mod membership;
 pub mod msg;
 mod query;
 mod ready;

@@ -191,6 +191,7 @@ impl Worker {
             tracing::warn!(group, to = message.to, "message addressed to another node");
             return;
         }
+        let Some(message) = replica.screen(message, self.sender.as_ref()) else { return };
         // Snapshot data is decoded only once the message is in the log; check it now, while a
         // bad one can still be dropped.
         if message.get_msg_type() == MessageType::MsgSnapshot {
