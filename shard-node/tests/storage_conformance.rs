@@ -829,8 +829,7 @@ fn destroy_removes_one_group_entirely() {
     let _uninitialized = create(&db, 4, &[], StorageLimits::default());
     assert_eq!(PeerStorage::list_groups(&db).unwrap(), vec![1, 2, 3, 4]);
 
-    let mut last = HardState::default();
-    (last.term, last.vote, last.commit) = (9, 3, 10);
+    let last = HardState { term: 9, vote: 3, commit: 10, ..HardState::default() };
     write(&db, &PeerStorage::destroy_ops(2, &last));
     assert_eq!(PeerStorage::list_groups(&db).unwrap(), vec![1, 3, 4]);
     for cf in [Cf::RaftLog, Cf::Sm] {
@@ -862,8 +861,7 @@ fn tombstone_never_lowers_a_stored_hard_state() {
     for (tombstone, expected) in
         [((INIT_INDEX - 1, 2), (INIT_INDEX, 0)), ((INIT_INDEX + 3, 2), (INIT_INDEX + 3, 2)), ((INIT_INDEX, 2), (INIT_INDEX, 2))]
     {
-        let mut last = HardState::default();
-        (last.term, last.vote) = tombstone;
+        let last = HardState { term: tombstone.0, vote: tombstone.1, ..HardState::default() };
         write(&db, &PeerStorage::destroy_ops(7, &last));
         let hard_state = create(&db, 7, &[1, 2, 3], StorageLimits::default()).initial_state().unwrap().hard_state;
         assert_eq!((hard_state.term, hard_state.vote), expected, "tombstone {tombstone:?}");

@@ -94,9 +94,7 @@ impl PeerStorage {
             .into_iter()
             .map(|cf| WriteOp::DeleteRange { cf, from: keys::group_prefix(group).to_vec(), to: keys::group_end(group) })
             .collect();
-        let mut tombstone = HardState::default();
-        tombstone.term = last.term;
-        tombstone.vote = last.vote;
+        let tombstone = HardState { term: last.term, vote: last.vote, ..HardState::default() };
         // After the range delete in the same batch, so it survives it.
         ops.push(state_put(group, StateKey::Tombstone, encode(&tombstone)));
         ops
