@@ -12,7 +12,7 @@ use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::CreateGroupRequest;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
-use warden_shard_node::EngineError;
+use warden_shard_node::{EngineError, FatalPolicy};
 
 /// Flags of `warden dev`.
 #[derive(clap::Args)]
@@ -43,7 +43,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&args.data_dir)?;
     }
     std::fs::create_dir_all(&args.data_dir)?;
-    let config = ClusterConfig { nodes: NODES, tick_ms: 100, base_port: Some(args.base_port), serve_api: true, ..ClusterConfig::default() };
+    let config = ClusterConfig {
+        nodes: NODES,
+        tick_ms: 100,
+        base_port: Some(args.base_port),
+        serve_api: true,
+        fatal: FatalPolicy::Abort,
+        ..ClusterConfig::default()
+    };
     let cluster = Arc::new(Cluster::start_at(config, Arc::new(ShardNodeFactory::default()), &args.data_dir)?);
     let first = cluster.handle(1).ok_or_else(|| anyhow::anyhow!("node 1 did not start"))?;
     match first.status(PLACEMENT_GROUP_ID).await {

@@ -68,6 +68,20 @@ async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A server process (`warden node`, `warden dev`) aborts on a panic in any thread or task,
+/// after the panic is reported: a task that died (a transport sender, a service) could leave
+/// part of a node dead while the process lives on, and a supervisor restarts a process that
+/// ended, not one that half works. The engine's own threads fail the node the same way (its
+/// `FatalPolicy`).
+fn abort_on_panic() {
+    let report = std::panic::take_hook();
+    std::panic::set_hook(Box::new(move |info| {
+        report(info);
+        tracing::error!("a thread panicked: aborting the process so that a supervisor restarts it");
+        std::process::abort();
+    }));
+}
+
 fn main() {
     let cli = Cli::parse();
     // Servers log what an operator needs (leader changes, snapshots, nodes down/up, storage
@@ -82,6 +96,9 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
+    if matches!(cli.command, Command::Dev(_) | Command::Node(_)) {
+        abort_on_panic();
+    }
     let out = cli.global.output();
     let ran = tokio::runtime::Builder::new_multi_thread().enable_all().build().map_err(anyhow::Error::from).and_then(|runtime| {
         runtime.block_on(async {

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::transport::{NetFaults, PeerDirectory};
-use warden_shard_node::{Node, NodeConfig};
+use warden_shard_node::{FatalPolicy, Node, NodeConfig};
 
 /// Flags of `warden node`.
 #[derive(clap::Args, serde::Deserialize)]
@@ -63,6 +63,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let mut config = NodeConfig::new(args.id, args.data_dir.clone());
     config.serve_api = true;
     config.zone = args.zone.clone();
+    // A node that cannot go on ends the process, for its supervisor to restart.
+    config.fatal = FatalPolicy::Abort;
     let listener = std::net::TcpListener::bind(args.listen)?;
     // Peers reach this node at its advertised address (its `--peers` entry).
     let node = Node::start(config, listener, directory.clone(), Arc::new(NetFaults::new()), Arc::new(ShardNodeFactory::default()))?;

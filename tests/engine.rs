@@ -374,3 +374,142 @@ async fn writes_and_reads_stay_correct_under_message_loss_and_delay() {
     let index = put(&cluster, 1, "healed", "yes", Duration::from_secs(30)).await.expect("write");
     assert_eq!(get_on_node(&cluster, 5, 1, "after-block", index).await.as_deref(), Some("yes"), "node 5 catches up once healed");
 }
+
+/// Issue 12 item 14: raft-rs turns a configuration change it cannot take now (one is still
+/// unapplied, or leaving a joint configuration that is not joint) into an empty normal
+/// entry. The proposer must be told so with a typed error, and the configuration must not
+/// change; it used to be answered `Ok` with an empty configuration.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_14_a_conf_change_raft_refuses_is_answered_refused_and_changes_nothing() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1], &[1, 2, 3]).await;
+    put(&cluster, 1, "k", "v", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+    let handle = cluster.handle(leader).expect("leader node");
+
+    // Leaving a joint configuration while the configuration is not joint.
+    let refused = handle.conf_change(1, conf_change(Vec::new()), WRITE_TIMEOUT).await;
+    assert!(matches!(refused, Err(EngineError::ConfChangeRefused { group: 1, .. })), "an empty change must be refused, got {refused:?}");
+
+    // Two changes proposed together: the second finds the first unapplied (unless the first
+    // applied in between); each answer must match what really happened.
+    for node in [4, 5] {
+        cluster.handle(node).expect("node").create_group(1, Vec::new()).await.expect("empty replica");
+    }
+    let (first, second) = tokio::join!(
+        handle.conf_change(1, conf_change(vec![change(ConfChangeType::AddLearnerNode, 4)]), WRITE_TIMEOUT),
+        handle.conf_change(1, conf_change(vec![change(ConfChangeType::AddLearnerNode, 5)]), WRITE_TIMEOUT),
+    );
+    let mut accepted = Vec::new();
+    for (node, result) in [(4, first), (5, second)] {
+        match result {
+            Ok(state) => {
+                assert!(state.learners.contains(&node), "a change answered Ok must be in the configuration it returns: {state:?}");
+                accepted.push(node);
+            }
+            Err(EngineError::ConfChangeRefused { .. }) => {}
+            Err(error) => panic!("adding learner {node}: {error}"),
+        }
+    }
+    assert!(!accepted.is_empty(), "the first change is not refused");
+    let status = handle.status(1).await.expect("status");
+    let mut voters = status.voters.clone();
+    voters.sort_unstable();
+    assert_eq!(voters, vec![1, 2, 3], "voters unchanged");
+    assert_eq!(status.learners, accepted, "only the accepted changes are in the configuration");
+}
+
+/// Issue 12 item 15: raft peer id = node id, so a replica removed from its group and created
+/// again on the same node is the same raft voter. Its hard state used to be erased with its
+/// range, so it started at term 0 with no vote and could vote a second time in a term it had
+/// already voted in. It must start from the term and vote it had.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_15_a_re_added_replica_keeps_its_term_and_vote() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1], &ALL).await;
+    put(&cluster, 1, "k", "v", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+    let removed = if leader == 5 { 4 } else { 5 };
+    let node = cluster.handle(removed).expect("node");
+    let before = node.status(1).await.expect("status");
+    assert_ne!(before.vote, 0, "precondition: node {removed} voted in the election of term {}", before.term);
+
+    let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::RemoveNode, removed)])).await;
+    assert!(!state.voters.contains(&removed), "removed: {state:?}");
+    wait_until("the removed replica is destroyed", Duration::from_secs(10), async || node.status(1).await == Err(EngineError::GroupNotFound(1)))
+        .await;
+
+    // Cut off from its peers, the new replica knows only what its node kept.
+    let others: Vec<u64> = ALL.into_iter().filter(|n| *n != removed).collect();
+    cluster.faults().isolate(removed, &others);
+    node.create_group(1, Vec::new()).await.expect("replica created again");
+    let after = node.status(1).await.expect("status");
+    assert!(
+        after.term > before.term || (after.term == before.term && after.vote == before.vote),
+        "the new replica starts at term {} with vote {}, after voting for {} in term {}",
+        after.term,
+        after.vote,
+        before.vote,
+        before.term
+    );
+
+    // Another candidate asks for its vote in the term it already voted in: refused. A status
+    // request behind the message in the same worker inbox sees its effect.
+    let candidate = others.iter().copied().find(|n| *n != before.vote).expect("another candidate");
+    let mut request = raft::eraftpb::Message::default();
+    request.set_msg_type(raft::eraftpb::MessageType::MsgRequestVote);
+    (request.from, request.to, request.term, request.log_term, request.index) = (candidate, removed, before.term, before.term, 1 << 20);
+    node.deliver(1, request);
+    let voted = node.status(1).await.expect("status");
+    assert!(
+        voted.term > before.term || voted.vote == before.vote,
+        "node {removed} voted for {} in term {} after voting for {} in it",
+        voted.vote,
+        voted.term,
+        before.vote
+    );
+
+    // The replica still joins the group normally.
+    cluster.faults().heal();
+    let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::AddLearnerNode, removed)])).await;
+    assert!(state.learners.contains(&removed), "re-added: {state:?}");
+    let index = put(&cluster, 1, "after", "re-added", WRITE_TIMEOUT).await.expect("write");
+    assert_eq!(get_on_node(&cluster, removed, 1, "after", index).await.as_deref(), Some("re-added"));
+}
+
+/// Issue 12 item 17: a replica removed from its group while its node was down never applies
+/// its removal; when the node came back it lingered forever, ticking and sending pre-votes.
+/// The group's leader now tells it it was removed, and it destroys itself, without
+/// disturbing the group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_17_a_replica_removed_while_its_node_was_down_is_destroyed_when_it_returns() {
+    let cluster = cluster(ClusterConfig::default());
+    // Group 2 keeps its replica on the node: only group 1's goes.
+    create_groups(&cluster, [1, 2], &ALL).await;
+    put(&cluster, 1, "k", "v", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+    let away = if leader == 5 { 4 } else { 5 };
+    // Cut off before the removal, so that nothing of it reaches the node (a transport queue
+    // would deliver what piled up while it was down once it is back), then down.
+    let others: Vec<u64> = ALL.into_iter().filter(|n| *n != away).collect();
+    cluster.faults().isolate(away, &others);
+    let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::RemoveNode, away)])).await;
+    assert!(!state.voters.contains(&away), "removed: {state:?}");
+    cluster.kill(away);
+    cluster.faults().heal();
+    put(&cluster, 1, "k", "after removal", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
+    let term = cluster.handle(leader).expect("leader").status(1).await.expect("status").term;
+
+    cluster.restart(away).expect("restart");
+    let node = cluster.handle(away).expect("node");
+    wait_until("the stale replica destroys itself", Duration::from_secs(30), async || node.status(1).await == Err(EngineError::GroupNotFound(1)))
+        .await;
+    assert!(node.status(2).await.is_ok(), "the node's other replicas stay");
+    let status = cluster.handle(leader).expect("leader").status(1).await.expect("status");
+    assert!(status.is_leader && status.term == term, "the stale replica disturbed the group: {status:?}, was term {term}");
+    let mut voters = status.voters.clone();
+    voters.sort_unstable();
+    assert_eq!(voters, others);
+    put(&cluster, 1, "k", "still serving", WRITE_TIMEOUT).await.expect("write");
+}

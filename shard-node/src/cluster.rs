@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::NodeConfig;
+use crate::config::{FatalPolicy, NodeConfig};
 use crate::error::EngineError;
 use crate::host::{GroupStatus, Node, NodeError, NodeHandle, ReadConsistency};
 use crate::state_machine::{ApplyOutput, StateMachineFactory};
@@ -37,6 +37,9 @@ pub struct ClusterConfig {
     pub base_port: Option<u16>,
     /// Nodes serve the public namespace API (use with the namespace state machine).
     pub serve_api: bool,
+    /// What a node that cannot go on does: stop its engine (the default, so that a test
+    /// process outlives it) or abort the process (`warden dev`).
+    pub fatal: FatalPolicy,
 }
 
 impl Default for ClusterConfig {
@@ -50,6 +53,7 @@ impl Default for ClusterConfig {
             log_compact_entries: 10_000,
             base_port: None,
             serve_api: false,
+            fatal: FatalPolicy::StopNode,
         }
     }
 }
@@ -120,6 +124,7 @@ impl Cluster {
         config.workers = self.config.workers;
         config.log_compact_entries = self.config.log_compact_entries;
         config.serve_api = self.config.serve_api;
+        config.fatal = self.config.fatal;
         config
     }
 

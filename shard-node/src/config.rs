@@ -52,6 +52,25 @@ pub struct NodeConfig {
     /// How often the leader of each group asks the home groups of its remote sessions
     /// whether they are alive (0: never; DESIGN.md rule 7).
     pub remote_session_check_ms: u64,
+    /// What the node does when it cannot go on (a storage failure, an engine thread that
+    /// panicked).
+    pub fatal: FatalPolicy,
+}
+
+/// What a node does when it cannot go on: its storage failed (it can no longer promise
+/// durability) or one of its engine threads (a worker, the store writer, the transport
+/// server) died. Going on with the rest would leave a zombie: a process that looks alive
+/// while some or all of its groups answer `Stopped` forever.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum FatalPolicy {
+    /// Log the cause and abort the process, so that a supervisor restarts it on its data
+    /// directory (`warden node`, `warden dev`).
+    #[default]
+    Abort,
+    /// Log the cause and stop every engine thread of this node; the process goes on and
+    /// every request to the node's groups fails (in-process clusters of tests, where an
+    /// abort would end the whole test binary).
+    StopNode,
 }
 
 impl NodeConfig {
@@ -78,6 +97,7 @@ impl NodeConfig {
             zone: String::new(),
             placement_heartbeat_ms: 1_000,
             remote_session_check_ms: 1_000,
+            fatal: FatalPolicy::Abort,
         }
     }
 

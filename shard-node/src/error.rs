@@ -43,6 +43,11 @@ pub enum EngineError {
     /// The request is malformed.
     #[error("invalid request: {0}")]
     Invalid(String),
+    /// raft-rs refused a configuration change (it appends an empty entry in its place), so
+    /// the configuration did not change. Proposing it again may succeed once an earlier
+    /// change has applied or a joint configuration has been left.
+    #[error("group {group}: configuration change refused: {reason}")]
+    ConfChangeRefused { group: u64, reason: String },
     /// The group already exists on this node.
     #[error("group {0} already exists on this node")]
     GroupExists(u64),

@@ -26,6 +26,6 @@ pub mod store_writer;
 pub mod transport;
 pub mod watch;
 
-pub use config::NodeConfig;
+pub use config::{FatalPolicy, NodeConfig};
 pub use error::{EngineError, StorageError};
 pub use host::{GroupStatus, Node, NodeHandle, ReadConsistency};

@@ -95,14 +95,19 @@ pub enum SubmitError {
 }
 
 impl StoreWriter {
-    /// Starts the writer thread with a queue of at most `queue_tasks_max` tasks.
-    pub fn start(db: Arc<Db>, queue_tasks_max: usize, node_id: u64) -> std::io::Result<StoreWriter> {
+    /// Starts the writer thread with a queue of at most `queue_tasks_max` tasks. The thread
+    /// holds `guard` for its whole life (a drop guard that must see it end, e.g. one that
+    /// fails the node if the thread panics).
+    pub fn start(db: Arc<Db>, queue_tasks_max: usize, node_id: u64, guard: impl Send + 'static) -> std::io::Result<StoreWriter> {
         let (tasks, receiver) = crossbeam_channel::bounded(queue_tasks_max);
         let stop = Arc::new(AtomicBool::new(false));
         let metrics = Arc::new(StoreMetrics::default());
         let thread = std::thread::Builder::new().name(format!("store-writer-{node_id}")).spawn({
             let (stop, metrics) = (stop.clone(), metrics.clone());
-            move || run(&db, &receiver, &stop, &metrics)
+            move || {
+                let _guard = guard;
+                run(&db, &receiver, &stop, &metrics);
+            }
         })?;
         Ok(StoreWriter { tasks, stop, metrics, thread: Some(thread) })
     }
@@ -211,7 +216,7 @@ mod tests {
     fn every_task_is_answered_in_order_and_its_writes_are_on_disk() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(dir.path()).expect("db");
-        let writer = StoreWriter::start(db.clone(), 64, 1).expect("writer");
+        let writer = StoreWriter::start(db.clone(), 64, 1, ()).expect("writer");
         let (done, answers) = crossbeam_channel::bounded(64);
         for i in 0..50u64 {
             let task = WriteTask { ops: vec![put(&format!("k{i}"))], entries: 2, readies: vec![(7, i)], done: done.clone() };
@@ -238,7 +243,7 @@ mod tests {
     fn a_full_queue_refuses_without_blocking() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(dir.path()).expect("db");
-        let writer = StoreWriter::start(db, 1, 1).expect("writer");
+        let writer = StoreWriter::start(db, 1, 1, ()).expect("writer");
         let (done, _answers) = crossbeam_channel::bounded(1024);
         let mut refused = 0;
         for i in 0..1000u64 {

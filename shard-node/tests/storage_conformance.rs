@@ -849,11 +849,13 @@ fn destroy_removes_one_group_entirely() {
     let _uninitialized = create(&db, 4, &[], StorageLimits::default());
     assert_eq!(PeerStorage::list_groups(&db).unwrap(), vec![1, 2, 3, 4]);
 
-    write(&db, &PeerStorage::destroy_ops(2));
+    let last = HardState { term: 9, vote: 3, commit: 10, ..HardState::default() };
+    write(&db, &PeerStorage::destroy_ops(2, &last));
     assert_eq!(PeerStorage::list_groups(&db).unwrap(), vec![1, 3, 4]);
-    for cf in [Cf::RaftLog, Cf::RaftState, Cf::Sm] {
+    for cf in [Cf::RaftLog, Cf::Sm] {
         assert_eq!(keys_with_prefix(&db, cf, 2), 0, "{cf:?} keys of the destroyed group");
     }
+    assert_eq!(keys_with_prefix(&db, Cf::RaftState, 2), 1, "only the tombstone is left");
     for group in [1, 3] {
         let s = load(&db, group, StorageLimits::default());
         assert_log(&s, (INIT_INDEX, INIT_INDEX), &run(6, 10, 6, &format!("g{group}")));
@@ -861,10 +863,30 @@ fn destroy_removes_one_group_entirely() {
         assert_eq!(sm_pairs(&db, group), pairs(&[("k", &format!("v{group}"))]));
         assert_eq!(snapshot(&s, 8, 9).unwrap().get_metadata().index, 8);
     }
-    // The group can be created again from scratch.
+    // The group can be created again from scratch, from the tombstone's term and vote
+    // (never its commit: the new replica has no log).
     let s = create(&db, 2, &[], StorageLimits::default());
     assert_eq!(s.last_index().unwrap(), 0);
+    let hard_state = s.initial_state().unwrap().hard_state;
+    assert_eq!((hard_state.term, hard_state.vote, hard_state.commit), (9, 3, 0));
     assert_eq!(PeerStorage::list_groups(&db).unwrap(), vec![1, 2, 3, 4]);
+}
+
+#[test]
+fn tombstone_never_lowers_a_stored_hard_state() {
+    // A replica created with founding voters starts at term INIT_INDEX: a tombstone of an
+    // earlier term leaves it alone, one of a later term raises term and vote, and one of the
+    // same term supplies only a missing vote.
+    let (_dir, db) = open_db();
+    for (tombstone, expected) in
+        [((INIT_INDEX - 1, 2), (INIT_INDEX, 0)), ((INIT_INDEX + 3, 2), (INIT_INDEX + 3, 2)), ((INIT_INDEX, 2), (INIT_INDEX, 2))]
+    {
+        let last = HardState { term: tombstone.0, vote: tombstone.1, ..HardState::default() };
+        write(&db, &PeerStorage::destroy_ops(7, &last));
+        let hard_state = create(&db, 7, &[1, 2, 3], StorageLimits::default()).initial_state().unwrap().hard_state;
+        assert_eq!((hard_state.term, hard_state.vote), expected, "tombstone {tombstone:?}");
+        assert_eq!(hard_state.commit, INIT_INDEX);
+    }
 }
 
 #[test]
@@ -885,10 +907,11 @@ fn highest_group_id_owns_every_key_with_its_prefix() {
     assert_eq!(sm_pairs(&db, top), data, "SmReader::scan sees every key of the group");
     let snap = snapshot(&s, 0, 2).unwrap();
     assert_eq!(SnapshotData::decode(&snap.data).unwrap().pairs, data, "the snapshot holds every key");
-    write(&db, &PeerStorage::destroy_ops(top));
-    for cf in [Cf::RaftLog, Cf::RaftState, Cf::Sm] {
+    write(&db, &PeerStorage::destroy_ops(top, &HardState::default()));
+    for cf in [Cf::RaftLog, Cf::Sm] {
         assert_eq!(keys_with_prefix(&db, cf, top), 0, "{cf:?} keys of the destroyed group");
     }
+    assert_eq!(keys_with_prefix(&db, Cf::RaftState, top), 1, "only the tombstone is left");
     assert_eq!(PeerStorage::list_groups(&db).unwrap(), vec![below]);
     assert_eq!(sm_pairs(&db, below), data);
     assert_log(&load(&db, below, StorageLimits::default()), (INIT_INDEX, INIT_INDEX), &run(6, 8, 6, "a"));
@@ -898,7 +921,7 @@ fn highest_group_id_owns_every_key_with_its_prefix() {
 #[should_panic(expected = "reserved")]
 fn reserved_group_id_has_no_key_range() {
     // `u64::MAX` has no successor prefix to end its range, so it is not a valid group.
-    let _ = PeerStorage::destroy_ops(u64::MAX);
+    let _ = PeerStorage::destroy_ops(u64::MAX, &HardState::default());
 }
 
 // ---------------------------------------------------------------------------------------------

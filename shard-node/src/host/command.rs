@@ -31,6 +31,11 @@ impl Replica {
             return;
         }
         let last_before = self.raw.raft.raft_log.last_index();
+        // A configuration change that only leaves a joint configuration (no changes).
+        let conf_change_leaves = match &proposed {
+            Proposed::ConfChange(change) => Some(change.changes.is_empty()),
+            Proposed::Command(_) => None,
+        };
         let result = match proposed {
             Proposed::Command(command) => self.raw.propose(Vec::new(), command),
             Proposed::ConfChange(change) => self.raw.propose_conf_change(Vec::new(), change),
@@ -43,9 +48,45 @@ impl Replica {
             Ok(()) => {
                 // raft-rs appends exactly one entry per accepted proposal.
                 assert_eq!(index, last_before + 1, "proposal did not append one entry");
+                if let Some(leaves) = conf_change_leaves.filter(|_| !self.appended_conf_change(index)) {
+                    // raft-rs took the proposal but appended an empty normal entry in place of
+                    // the change: the configuration will not change.
+                    let reason = self.conf_change_refusal(leaves);
+                    let _ = reply.send(Err(EngineError::ConfChangeRefused { group: self.group, reason }));
+                    return;
+                }
                 self.proposals.insert(index, Proposal { term: self.raw.raft.term, deadline, reply });
             }
         }
+    }
+
+    /// Why raft-rs refused a configuration change (`leaves`: it had no changes, i.e. it
+    /// asked to leave a joint configuration). Its `step_leader` refuses a change while an
+    /// earlier one is unapplied, a change other than leaving while the configuration is
+    /// joint, and leaving when it is not. A refused change alters none of that state, so it
+    /// can be read after the fact; whether raft-rs refused is read from the entry it appended
+    /// (see [`Self::appended_conf_change`]), not decided here.
+    fn conf_change_refusal(&self, leaves: bool) -> String {
+        let joint = !self.raw.raft.prs().conf().to_conf_state().voters_outgoing.is_empty();
+        let reason = if self.raw.raft.has_pending_conf() {
+            "an earlier configuration change has not applied yet"
+        } else if joint && !leaves {
+            "the configuration is joint and must be left first"
+        } else if !joint && leaves {
+            "an empty change leaves a joint configuration, and the configuration is not joint"
+        } else {
+            "raft-rs appended an empty entry in its place"
+        };
+        reason.to_string()
+    }
+
+    /// True when the entry raft-rs appended at `index` is the configuration change proposed.
+    fn appended_conf_change(&self, index: u64) -> bool {
+        let entries = self.raw.raft.raft_log.entries(index, None, raft::GetEntriesContext::empty(false));
+        entries
+            .ok()
+            .and_then(|entries| entries.into_iter().next())
+            .is_some_and(|entry| matches!(entry.get_entry_type(), EntryType::EntryConfChange | EntryType::EntryConfChangeV2))
     }
 
     /// Proposes what the state machine asks for because of time (leader only); nobody waits

@@ -3,6 +3,8 @@
 //! through a cloneable [`NodeHandle`].
 
 mod command;
+mod fatal;
+mod membership;
 pub mod msg;
 mod query;
 mod ready;
@@ -283,8 +285,12 @@ impl Node {
         let db = Db::open(&config.data_dir)?;
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).thread_name(format!("node-{node_id}-io")).enable_all().build()?;
 
-        // 1. Channels first: the handle, transport and workers all refer to them.
-        let store = StoreWriter::start(db.clone(), config.workers * config.write_tasks_in_flight_max, node_id)?;
+        // 1. Channels first: the handle, transport and workers all refer to them. Every engine
+        //    thread fails the whole node if it dies (see `fatal`).
+        let stop = Arc::new(AtomicBool::new(false));
+        let fatal = fatal::Fatal::new(node_id, config.fatal, stop.clone());
+        let store_watch = fatal.watch_thread(format!("store-writer-{node_id}"));
+        let store = StoreWriter::start(db.clone(), config.workers * config.write_tasks_in_flight_max, node_id, store_watch)?;
         let mut inboxes = Vec::new();
         let mut senders = Vec::new();
         for _ in 0..config.workers {
@@ -307,7 +313,6 @@ impl Node {
         }
 
         // 3. Workers.
-        let stop = Arc::new(AtomicBool::new(false));
         let mut workers = Vec::new();
         for (index, (inbox, replicas)) in inboxes.into_iter().zip(replicas).enumerate() {
             let (persisted_tx, persisted_rx) = crossbeam_channel::bounded(config.write_tasks_in_flight_max);
@@ -321,6 +326,7 @@ impl Node {
                 persisted_tx,
                 persisted_rx,
                 stop: stop.clone(),
+                fatal: fatal.clone(),
                 leaders: leaders.clone(),
                 replicas,
                 tasks_in_flight: 0,
@@ -366,9 +372,10 @@ impl Node {
             if api.is_some() {
                 health_reporter.set_serving::<warden_proto::v1::warden_server::WardenServer<crate::service::WardenService>>().await;
             }
+            // A node whose transport server is gone hears nobody: it cannot go on.
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => listener,
-                Err(error) => return tracing::error!(node_id, %error, "transport listener"),
+                Err(error) => return fatal.fail(&format!("transport listener: {error}")),
             };
             // Accepted sockets need TCP_NODELAY set here: the server builder's own setting
             // applies only to listeners it binds. Without it a response written in several
@@ -385,8 +392,9 @@ impl Node {
                 .add_optional_service(placement)
                 .serve_with_incoming(incoming)
                 .await;
-            if let Err(error) = served {
-                tracing::error!(node_id, %error, "transport server stopped");
+            match served {
+                Ok(()) => fatal.fail("transport server stopped"),
+                Err(error) => fatal.fail(&format!("transport server stopped: {error}")),
             }
         });
         Ok(Node { config, handle, stop, workers, store: Some(store), db, runtime: Some(runtime), listen_addr, remote_metrics })

@@ -61,6 +61,8 @@ pub struct GroupStatus {
     pub node_id: u64,
     /// Current term.
     pub term: u64,
+    /// The node this replica voted for in `term` (0: none).
+    pub vote: u64,
     /// Leader this replica knows of (0: none).
     pub leader_id: u64,
     /// True when this replica leads.

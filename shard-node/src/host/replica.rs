@@ -63,7 +63,8 @@ pub struct Replica {
     /// Read batches confirmed at a read index, waiting for apply to reach it.
     pub(crate) confirmed_reads: VecDeque<(u64, Vec<ReadRequest>)>,
     pub(crate) unpersisted: VecDeque<Unpersisted>,
-    /// Set when a configuration change removed this replica from its group.
+    /// Set when a configuration change removed this replica from its group, or its group's
+    /// leader said it was removed while away (see `membership`).
     pub(crate) removed: bool,
     /// A snapshot is being installed: nothing may be applied until it is durable.
     pub(crate) installing_snapshot: bool,
@@ -162,6 +163,7 @@ impl Replica {
             group: self.group,
             node_id: raft.id,
             term: raft.term,
+            vote: raft.vote,
             leader_id: raft.leader_id,
             is_leader: self.is_leader(),
             commit: raft.raft_log.committed,

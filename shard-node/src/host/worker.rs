@@ -44,6 +44,7 @@ pub(crate) struct Worker {
     pub persisted_tx: Sender<Persisted>,
     pub persisted_rx: Receiver<Persisted>,
     pub stop: Arc<AtomicBool>,
+    pub fatal: super::fatal::Fatal,
     pub leaders: Arc<super::LeaderTable>,
     pub replicas: HashMap<u64, Replica>,
     pub tasks_in_flight: usize,
@@ -52,13 +53,16 @@ pub(crate) struct Worker {
 }
 
 impl Worker {
-    /// Runs until the node stops or its storage fails.
+    /// Runs until the node stops. A storage failure or a panic here fails the whole node
+    /// (see `fatal`): its other workers must not go on without this one.
     pub fn run(mut self) {
+        let thread = std::thread::current().name().unwrap_or("worker").to_string();
+        let _watch = self.fatal.watch_thread(thread.clone());
         if let Err(error) = self.run_loop() {
-            tracing::error!(node = self.config.node_id, %error, "host loop stopped on a storage failure");
             for replica in self.replicas.values_mut() {
                 replica.fail_all(&EngineError::Stopped);
             }
+            self.fatal.fail(&format!("{thread}: storage failure: {error}"));
         }
     }
 
@@ -196,6 +200,7 @@ impl Worker {
             tracing::warn!(group, to = message.to, "message addressed to another node");
             return;
         }
+        let Some(message) = replica.screen(message, self.sender.as_ref()) else { return };
         // Snapshot data is decoded only once the message is in the log; check it now, while a
         // bad one can still be dropped (the snapshot flow checked it already, but a peer may
         // still send one inside a batch).
@@ -270,7 +275,7 @@ impl Worker {
             if let Some(mut replica) = self.replicas.remove(&group) {
                 replica.fail_all(&EngineError::GroupNotFound(group));
                 self.leaders.remove(group);
-                self.db.write_ops(&PeerStorage::destroy_ops(group), true)?;
+                self.db.write_ops(&PeerStorage::destroy_ops(group, &replica.raw.raft.hard_state()), true)?;
                 tracing::info!(node = self.config.node_id, group, "replica removed from its group and destroyed");
             }
         }

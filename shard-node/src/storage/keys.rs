@@ -19,6 +19,11 @@ pub enum StateKey {
     ConfState = 4,
     /// Index and term of the last entry removed from the log (16 bytes).
     Truncated = 5,
+    /// raft-proto `HardState` (term and vote) of this node's last replica of the group that
+    /// was destroyed. Written after the range delete that erases the replica, so it outlives
+    /// it: a replica created here again starts from that term and vote, and so never votes
+    /// twice in one term (raft peer id = node id is reused across incarnations).
+    Tombstone = 6,
 }
 
 /// `group` as the 8-byte prefix of every key of that group.

@@ -91,12 +91,18 @@ impl PeerStorage {
         ops
     }
 
-    /// Write ops that remove every trace of the replica from the node.
-    pub fn destroy_ops(group: u64) -> Vec<WriteOp> {
-        [Cf::RaftLog, Cf::RaftState, Cf::Sm]
+    /// Write ops that remove the replica from the node, all but a tombstone: the term and
+    /// vote of `last` (the replica's latest hard state), from which a replica of the group
+    /// created here later starts (see [`StateKey::Tombstone`]).
+    pub fn destroy_ops(group: u64, last: &HardState) -> Vec<WriteOp> {
+        let mut ops: Vec<WriteOp> = [Cf::RaftLog, Cf::RaftState, Cf::Sm]
             .into_iter()
             .map(|cf| WriteOp::DeleteRange { cf, from: keys::group_prefix(group).to_vec(), to: keys::group_end(group) })
-            .collect()
+            .collect();
+        let tombstone = HardState { term: last.term, vote: last.vote, ..HardState::default() };
+        // After the range delete in the same batch, so it survives it.
+        ops.push(state_put(group, StateKey::Tombstone, encode(&tombstone)));
+        ops
     }
 
     /// Groups with a replica on this node, from the `Replica` markers.
@@ -129,6 +135,16 @@ impl PeerStorage {
         // behind the applied index. Everything applied was committed, so raise it.
         let mut hard_state = hard_state;
         hard_state.commit = hard_state.commit.max(applied_index);
+        // A replica of this group destroyed here earlier voted as this node: never go back to
+        // an earlier term, and keep its vote in its last term.
+        if let Some(tombstone) = read_message::<HardState>(&db, group, StateKey::Tombstone)? {
+            if tombstone.term > hard_state.term {
+                hard_state.term = tombstone.term;
+                hard_state.vote = tombstone.vote;
+            } else if tombstone.term == hard_state.term && hard_state.vote == raft::INVALID_ID {
+                hard_state.vote = tombstone.vote;
+            }
+        }
         Ok(PeerStorage {
             db,
             group,
