@@ -186,9 +186,10 @@ impl NodeHandle {
     }
 
     /// Asks this node's replica of `group`, which must lead, a leader-only question (see
-    /// `StateMachine::leader_call`).
+    /// `StateMachine::leader_call`); answered after a ReadIndex round confirms it leads.
     pub async fn leader_call(&self, group: u64, request: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, EngineError> {
-        self.ask(group, timeout, |reply| WorkerMsg::LeaderCall { group, request, reply }).await
+        let deadline = Instant::now() + timeout;
+        self.ask(group, timeout, |reply| WorkerMsg::LeaderCall { group, request, deadline, reply }).await
     }
 
     /// Registers interest in notification `key` of `group` on this node (see
