@@ -180,3 +180,50 @@ async fn the_routing_table_is_pushed_to_watchers_as_it_changes() {
         client(&cluster, 5).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect_err("no placement replica on node 5");
     assert_eq!(error_of(&refused).map(|e| e.code), Some(Code::WrongGroup as i32), "{refused}");
 }
+
+/// A client of `group`'s current leader, with requests routed to that group.
+async fn group_api(cluster: &Cluster, group: u64) -> (WardenClient<Channel>, Option<Routing>) {
+    let leader = cluster.wait_leader(group, TIMEOUT).await.expect("group leader");
+    (api(cluster, leader), Some(Routing { group_id: group, ..Routing::default() }))
+}
+
+/// Takes and releases the lock at `path` in `group` with a new session homed there; answers
+/// the fencing token it was granted.
+async fn lock_token(cluster: &Cluster, group: u64, path: &str) -> u64 {
+    let (mut api, routing) = group_api(cluster, group).await;
+    let session = api
+        .create_session(CreateSessionRequest { ttl_ms: 10_000, routing, ..CreateSessionRequest::default() })
+        .await
+        .expect("session")
+        .into_inner()
+        .session_id;
+    let lock = LockRequest { path: path.into(), session_id: session, request_id: 1, routing, ..LockRequest::default() };
+    let held = api.lock(lock).await.expect("lock").into_inner();
+    assert!(held.acquired, "nobody else holds {path}");
+    let sequencer = held.sequencer.expect("sequencer");
+    api.close_session(CloseSessionRequest { session_id: session, routing }).await.expect("close releases the lock");
+    sequencer.token
+}
+
+/// Issue 12 item 7: a new shard group starts at revision 0, so a lock path that moves to it
+/// could be granted tokens lower than the group serving it before had issued (DESIGN.md rule
+/// 5). Placement raises the new group's revision above the giving group's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_7_fencing_tokens_keep_growing_when_a_path_moves_to_a_new_group() {
+    let cluster = placement_cluster(10_000).await;
+    let (mut root, routing) = group_api(&cluster, 1).await;
+    for i in 0..60 {
+        let create = CreateRequest { path: format!("/writes/n{i}"), create_parents: true, routing, ..CreateRequest::default() };
+        root.create(create).await.expect("write");
+    }
+    let before = lock_token(&cluster, 1, "/t/x").await;
+    assert!(before > 60, "the root group's revision is high: token {before}");
+    // Nothing is left under /t in the root group, so it can be given away.
+    let delete = DeleteRequest { path: "/t".into(), recursive: true, routing, ..DeleteRequest::default() };
+    root.delete(delete).await.expect("delete /t");
+    let created =
+        at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/t".into() }).await }).await.expect("group for /t");
+    let group = created.group.and_then(|g| g.descriptor).expect("descriptor").group_id;
+    let after = lock_token(&cluster, group, "/t/x").await;
+    assert!(after > before, "the token of /t/x went backwards when /t moved to group {group}: {after} after {before}");
+}

@@ -8,7 +8,8 @@
 //! 3. The group answers a linearizable `Sync`: it has a leader.
 //! 4. The new group gets its descriptor (creating its prefix node), then each group giving
 //!    paths away gets its new one (`SetDescriptor`, refused if it holds nodes there) — both
-//!    as placement will compute them once the group is ready.
+//!    as placement will compute them once the group is ready — and last the new group's
+//!    revision is raised above the givers' (fencing tokens never go backwards).
 //! 5. `GroupReady` is committed: the route exists from now on.
 //!
 //! If 2–4 fail, `DropGroup` forgets the group (replicas already made stay idle on their
@@ -142,31 +143,40 @@ impl PlacementService {
 }
 
 impl PlacementService {
-    /// Step 4: the descriptors placement will have once `group` is ready, new group first.
+    /// Step 4: the descriptors placement will have once `group` is ready, new group first,
+    /// then each group giving paths away; last the new group's revision is raised above every
+    /// revision those groups reached when they stopped serving the paths, so a fencing token
+    /// of a moved path never goes backwards (DESIGN.md rule 5). Safe to run again: a group
+    /// accepts the descriptor it already has.
     async fn hand_over(&self, group: &warden_placement::GroupInfo, state: &Placement) -> Result<(), Status> {
         let mut next = state.clone();
         let bumped = match next.apply(&Command::GroupReady { group_id: group.id }).map_err(placement_status)? {
             Outcome::GroupReady { bumped, .. } => bumped,
             other => return Err(internal(format!("unexpected outcome {other:?}"))),
         };
-        for changed in std::iter::once(group).chain(bumped.iter()) {
-            let descriptor = next.descriptor(changed.id).ok_or_else(|| internal(format!("group {} has no descriptor", changed.id)))?;
-            self.set_descriptor_at(state, &descriptor).await?;
+        let descriptor_of = |id: u64| next.descriptor(id).ok_or_else(|| internal(format!("group {id} has no descriptor")));
+        let new = descriptor_of(group.id)?;
+        self.set_descriptor_at(state, &new, 0).await?;
+        let mut floor = 0;
+        for giver in &bumped {
+            floor = floor.max(self.set_descriptor_at(state, &descriptor_of(giver.id)?, 0).await?);
         }
+        self.set_descriptor_at(state, &new, floor).await?;
         Ok(())
     }
 
-    /// Has the leader of `descriptor`'s group apply it, trying its replicas in turn and
-    /// following NOT_LEADER hints.
-    async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor) -> Result<(), Status> {
+    /// Has the leader of `descriptor`'s group apply it (its revision raised to at least
+    /// `revision_floor` first), trying its replicas in turn and following NOT_LEADER hints.
+    /// Answers the group's revision once applied.
+    async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor, revision_floor: u64) -> Result<u64, Status> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut target = descriptor.replicas.first().copied();
         let mut turn = 0usize;
         loop {
             let addr = target.and_then(|id| state.node(id)).map(|n| n.addr.clone()).unwrap_or_default();
-            let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)) };
+            let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)), revision_floor };
             let status = match PlacementClient::new(channel(&addr)?).set_descriptor(request).await {
-                Ok(_) => return Ok(()),
+                Ok(response) => return Ok(response.into_inner().revision),
                 Err(status) => status,
             };
             let error = crate::service::error_of(&status);
@@ -307,21 +317,22 @@ impl PlacementApi for PlacementService {
         let state = self.state().await?;
         self.start_group(&root, &state).await?;
         let descriptor = state.descriptor(root.id).ok_or_else(|| internal("the root group has no descriptor"))?;
-        self.set_descriptor_at(&state, &descriptor).await?;
+        self.set_descriptor_at(&state, &descriptor, 0).await?;
         Ok(Response::new(BootstrapResponse { root: Some(GroupEntry { descriptor: Some(descriptor_proto(&descriptor)), ready: true }) }))
     }
 
     async fn set_descriptor(&self, request: Request<SetDescriptorRequest>) -> Result<Response<SetDescriptorResponse>, Status> {
-        let descriptor = request
-            .into_inner()
-            .descriptor
+        let SetDescriptorRequest { descriptor, revision_floor } = request.into_inner();
+        let descriptor = descriptor
             .ok_or_else(|| status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() }))?;
         let group = descriptor.group_id;
-        let command = NamespaceCommand { now_ms: now_ms(), op: Some(CommandOp::SetDescriptor(SetDescriptor { descriptor: Some(descriptor) })) };
+        let set = SetDescriptor { descriptor: Some(descriptor), revision_floor };
+        let command = NamespaceCommand { now_ms: now_ms(), op: Some(CommandOp::SetDescriptor(set)) };
         let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
         match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
             Some(CommandOutcome::Error(error)) => Err(status(error)),
-            _ => Ok(Response::new(SetDescriptorResponse {})),
+            Some(CommandOutcome::Txn(txn)) => Ok(Response::new(SetDescriptorResponse { revision: txn.header.map_or(0, |h| h.revision) })),
+            other => Err(internal(format!("unexpected outcome of a descriptor change: {other:?}"))),
         }
     }
 
