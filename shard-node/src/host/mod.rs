@@ -320,12 +320,11 @@ impl Node {
         let session_check = api.clone().map(crate::service::WardenService::session_check_server);
         let api = api.map(crate::service::WardenService::server);
         let placement = config.serve_api.then(|| {
-            crate::placement::service::PlacementService::server(
-                handle.clone(),
-                directory.clone(),
-                Duration::from_millis(config.request_timeout_ms),
-                factory.routing_versions(node_id),
-            )
+            use crate::placement::service::{PlacementService, SETTLE_CREATIONS_INTERVAL};
+            let timeout = Duration::from_millis(config.request_timeout_ms);
+            let service = PlacementService::new(handle.clone(), directory.clone(), timeout, factory.routing_versions(node_id));
+            runtime.spawn(service.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
+            service.server()
         });
         if config.serve_api && config.placement_heartbeat_ms > 0 {
             let interval = Duration::from_millis(config.placement_heartbeat_ms);
