@@ -180,3 +180,173 @@ async fn the_routing_table_is_pushed_to_watchers_as_it_changes() {
         client(&cluster, 5).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect_err("no placement replica on node 5");
     assert_eq!(error_of(&refused).map(|e| e.code), Some(Code::WrongGroup as i32), "{refused}");
 }
+
+/// A client of `group`'s current leader, with requests routed to that group.
+async fn group_api(cluster: &Cluster, group: u64) -> (WardenClient<Channel>, Option<Routing>) {
+    let leader = cluster.wait_leader(group, TIMEOUT).await.expect("group leader");
+    (api(cluster, leader), Some(Routing { group_id: group, ..Routing::default() }))
+}
+
+/// Takes and releases the lock at `path` in `group` with a new session homed there; answers
+/// the fencing token it was granted.
+async fn lock_token(cluster: &Cluster, group: u64, path: &str) -> u64 {
+    let (mut api, routing) = group_api(cluster, group).await;
+    let session = api
+        .create_session(CreateSessionRequest { ttl_ms: 10_000, routing, ..CreateSessionRequest::default() })
+        .await
+        .expect("session")
+        .into_inner()
+        .session_id;
+    let lock = LockRequest { path: path.into(), session_id: session, request_id: 1, routing, ..LockRequest::default() };
+    let held = api.lock(lock).await.expect("lock").into_inner();
+    assert!(held.acquired, "nobody else holds {path}");
+    let sequencer = held.sequencer.expect("sequencer");
+    api.close_session(CloseSessionRequest { session_id: session, routing }).await.expect("close releases the lock");
+    sequencer.token
+}
+
+/// Issue 12 item 7: a new shard group starts at revision 0, so a lock path that moves to it
+/// could be granted tokens lower than the group serving it before had issued (DESIGN.md rule
+/// 5). Placement raises the new group's revision above the giving group's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_7_fencing_tokens_keep_growing_when_a_path_moves_to_a_new_group() {
+    let cluster = placement_cluster(10_000).await;
+    let (mut root, routing) = group_api(&cluster, 1).await;
+    for i in 0..60 {
+        let create = CreateRequest { path: format!("/writes/n{i}"), create_parents: true, routing, ..CreateRequest::default() };
+        root.create(create).await.expect("write");
+    }
+    let before = lock_token(&cluster, 1, "/t/x").await;
+    assert!(before > 60, "the root group's revision is high: token {before}");
+    // Nothing is left under /t in the root group, so it can be given away.
+    let delete = DeleteRequest { path: "/t".into(), recursive: true, routing, ..DeleteRequest::default() };
+    root.delete(delete).await.expect("delete /t");
+    let created =
+        at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/t".into() }).await }).await.expect("group for /t");
+    let group = created.group.and_then(|g| g.descriptor).expect("descriptor").group_id;
+    let after = lock_token(&cluster, group, "/t/x").await;
+    assert!(after > before, "the token of /t/x went backwards when /t moved to group {group}: {after} after {before}");
+}
+
+/// Every group's answer for `path`: the groups that serve it (anything but WRONG_GROUP).
+async fn groups_serving(cluster: &Cluster, groups: &[u64], path: &str) -> Vec<u64> {
+    let mut serving = Vec::new();
+    for group in groups {
+        let (mut api, routing) = group_api(cluster, *group).await;
+        let deadline = Instant::now() + TIMEOUT;
+        loop {
+            let exists = ExistsRequest { path: path.into(), routing, ..ExistsRequest::default() };
+            match api.exists(exists).await {
+                Ok(_) => {
+                    serving.push(*group);
+                    break;
+                }
+                Err(status) => match error_of(&status).map(|e| Code::try_from(e.code)) {
+                    Some(Ok(Code::WrongGroup)) => break,
+                    // Anything else is a refusal by a group that serves the path.
+                    Some(Ok(code)) if code != Code::NotLeader && code != Code::Unavailable => {
+                        serving.push(*group);
+                        break;
+                    }
+                    _ => {
+                        assert!(Instant::now() < deadline, "group {group} did not answer for {path}: {status}");
+                        tokio::time::sleep(Duration::from_millis(50)).await;
+                        api = group_api(cluster, *group).await.0;
+                    }
+                },
+            }
+        }
+    }
+    serving
+}
+
+/// Issue 12 item 8: concurrent `CreateGroup` calls each computed descriptors from a state read
+/// before the others' `GroupReady`, and a group accepted an equal descriptor version with other
+/// contents, so two groups could serve the same paths. After eight concurrent creations of
+/// nested and sibling prefixes, every path is served by exactly one group, the one the
+/// routing table names.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_8_concurrent_group_creations_leave_every_path_served_by_exactly_one_group() {
+    let cluster = placement_cluster(10_000).await;
+    let prefixes = ["/t", "/t/a", "/t/a/b", "/t/c", "/u", "/u/a", "/v", "/t/a/b/c"];
+    let creations: Vec<_> = prefixes
+        .iter()
+        .map(|prefix| {
+            let cluster = cluster.clone();
+            let prefix = prefix.to_string();
+            tokio::spawn(async move {
+                at_leader(&cluster, |mut c| {
+                    let prefix = prefix.clone();
+                    async move { c.create_group(CreateGroupRequest { prefix }).await }
+                })
+                .await
+                .map_err(|e| format!("{prefix}: {e:?}"))
+            })
+        })
+        .collect();
+    for creation in creations {
+        creation.await.expect("task").expect("every creation succeeds");
+    }
+    let table = table(&cluster).await;
+    let descriptors: Vec<GroupDescriptor> = table.groups.iter().filter(|g| g.ready).filter_map(|g| g.descriptor.clone()).collect();
+    assert_eq!(descriptors.len(), prefixes.len() + 1, "every group is ready: {table:?}");
+    let groups: Vec<u64> = descriptors.iter().map(|d| d.group_id).collect();
+    let owner = |path: &str| {
+        descriptors
+            .iter()
+            .filter(|d| warden_placement::is_at_or_below(path, &d.prefix))
+            .max_by_key(|d| d.prefix.len())
+            .map(|d| d.group_id)
+            .expect("/ is routed")
+    };
+    let mut paths: Vec<String> = prefixes.iter().flat_map(|p| [p.to_string(), format!("{p}/x")]).collect();
+    paths.extend(["/".to_string(), "/w".to_string()]);
+    for path in &paths {
+        let serving = groups_serving(&cluster, &groups, path).await;
+        assert_eq!(serving, vec![owner(path)], "{path} must be served by exactly the group the table routes it to");
+    }
+}
+
+/// The ready group the routing table routes `prefix` to, once there is one.
+async fn wait_routed(cluster: &Cluster, prefix: &str) -> u64 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let table = table(cluster).await;
+        let routed = table.groups.iter().filter(|g| g.ready).filter_map(|g| g.descriptor.as_ref()).find(|d| d.prefix == prefix);
+        if let Some(descriptor) = routed {
+            return descriptor.group_id;
+        }
+        assert!(Instant::now() < deadline, "{prefix} was never routed: {table:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Issue 12 item 8: a creation left half-way (the placement leader went away after
+/// committing `CreateGroup`) stayed "creating" forever and blocked nothing, while its prefix
+/// was never served by it. The placement leader resumes it; one that cannot be finished (the
+/// owner holds nodes under the prefix) is rolled back, and the owner keeps serving the prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_8_a_creation_left_half_way_is_resumed_or_rolled_back() {
+    use warden_placement::Command;
+    use warden_shard_node::placement::state_machine::encode_command;
+    let cluster = placement_cluster(10_000).await;
+    let (mut root, routing) = group_api(&cluster, 1).await;
+    root.create(CreateRequest { path: "/busy/x".into(), create_parents: true, routing, ..CreateRequest::default() }).await.expect("create");
+    // Only step 1 of each creation happens, as when the leader stops right after it.
+    let placement = warden_placement::PLACEMENT_GROUP_ID;
+    let created = cluster.propose(placement, encode_command(&Command::CreateGroup { prefix: "/r".into(), now_ms: 0 }), TIMEOUT).await;
+    created.expect("CreateGroup /r committed");
+    let group = wait_routed(&cluster, "/r").await;
+    assert_eq!(groups_serving(&cluster, &[1, group], "/r/x").await, vec![group], "the resumed group serves /r alone");
+    let busy = cluster.propose(placement, encode_command(&Command::CreateGroup { prefix: "/busy".into(), now_ms: 0 }), TIMEOUT).await;
+    busy.expect("CreateGroup /busy committed");
+    let deadline = Instant::now() + TIMEOUT;
+    while table(&cluster).await.groups.iter().any(|g| !g.ready) {
+        assert!(Instant::now() < deadline, "the creation of /busy was never rolled back");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(table(&cluster).await.groups.iter().all(|g| g.descriptor.as_ref().is_some_and(|d| d.prefix != "/busy")), "/busy dropped");
+    assert_eq!(groups_serving(&cluster, &[1, group], "/busy/x").await, vec![1], "the root group still serves /busy");
+    // Nothing is left blocking the next creation.
+    at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/s".into() }).await }).await.expect("create /s");
+}

@@ -163,3 +163,86 @@ async fn leader_failover_keeps_live_sessions_and_still_expires_dead_ones() {
     assert!(keeper.await.expect("keeper") > 0);
     assert!(killed_at.elapsed() > Duration::from_millis(TTL_MS));
 }
+
+/// The running node other than `old` that leads group 1, once there is one.
+async fn new_leader(cluster: &warden_shard_node::cluster::Cluster, old: u64) -> u64 {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let leader = cluster.statuses(1).await.into_iter().filter(|s| s.is_leader && s.node_id != old).max_by_key(|s| s.term);
+        if let Some(leader) = leader {
+            return leader.node_id;
+        }
+        assert!(Instant::now() < deadline, "no new leader without node {old}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+async fn still_leads(cluster: &warden_shard_node::cluster::Cluster, node: u64) -> bool {
+    cluster.statuses(1).await.iter().any(|s| s.node_id == node && s.is_leader)
+}
+
+/// Issue 12 item 1: a leader cut off from its quorum keeps leading until check-quorum
+/// notices (up to two election timeouts), while the other four elect a new leader after about
+/// one, which grants every session only `now + TTL`. Whatever the old leader answers to
+/// keepalives in that window must not let the client's local lease (`sent_at + remaining`,
+/// as `warden_client::Session` computes it) outlive the moment the new leader may expire the
+/// session. The race between the two timeouts is random, so several partitions are tried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn item_1_a_partitioned_leader_never_renews_a_lease_past_the_new_leaders_expiry() {
+    let cluster = namespace_cluster(ClusterConfig::default()).await;
+    let api = ApiClient::new(&cluster);
+    for round in 0..4 {
+        let session = open_session(&api).await;
+        let old = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
+        let others: Vec<u64> = cluster.node_ids().into_iter().filter(|id| *id != old).collect();
+        cluster.faults().isolate(old, &others);
+        // Renew at the old leader for as long as it believes it leads.
+        let mut client_lease_end: Option<Instant> = None;
+        let mut renewed_at_old = 0;
+        let mut old_node = api.node(old);
+        let deadline = Instant::now() + TIMEOUT;
+        while still_leads(&cluster, old).await {
+            assert!(Instant::now() < deadline, "node {old} never noticed it lost its quorum");
+            let mut request = tonic::Request::new(KeepAliveRequest { session_ids: vec![session], routing: None });
+            request.set_timeout(Duration::from_millis(500));
+            let sent_at = Instant::now();
+            if let Ok(response) = old_node.keep_alive(request).await {
+                let lease = response.into_inner().leases[0].clone();
+                if lease.alive {
+                    renewed_at_old += 1;
+                    let end = sent_at + Duration::from_millis(lease.remaining_ms);
+                    client_lease_end = Some(client_lease_end.map_or(end, |known| known.max(end)));
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The new leader's deadline for the session: no keepalive reached it, so it is what it
+        // granted when it took over. `received + remaining` is a bound from above (the
+        // leader counted `remaining` from a moment before `received`).
+        let new = new_leader(&cluster, old).await;
+        let info = api
+            .node(new)
+            .session_info(SessionInfoRequest { session_id: session, routing: None })
+            .await
+            .expect("session info at the new leader")
+            .into_inner();
+        let received = Instant::now();
+        let lease = info.lease.expect("lease");
+        assert!(lease.alive, "round {round}: the new leader must not have expired the session yet");
+        let new_leader_may_expire_at = received + Duration::from_millis(lease.remaining_ms);
+        if let Some(end) = client_lease_end {
+            // Leases are counted in whole milliseconds on each side: allow that rounding.
+            let rounding = Duration::from_millis(5);
+            assert!(
+                end <= new_leader_may_expire_at + rounding,
+                "round {round}: after {renewed_at_old} renewals at the cut-off leader {old} the client's lease ends {:?} after \
+                 the new leader {new} may expire the session",
+                end - new_leader_may_expire_at
+            );
+        }
+        cluster.faults().heal();
+        cluster.wait_leader(1, TIMEOUT).await.expect("leader after healing");
+        let _ =
+            api.call(TIMEOUT, false, |mut c| async move { c.close_session(CloseSessionRequest { session_id: session, routing: None }).await }).await;
+    }
+}

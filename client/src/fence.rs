@@ -15,6 +15,23 @@
 //! Keep one guard per protected resource, inside the resource (database row, file server,
 //! storage service), and check it atomically with the write it protects. Equal tokens are
 //! admitted: one holder may write many times.
+//!
+//! # Contract
+//!
+//! What Warden promises, and so what a guard relies on:
+//!
+//! - A token is the `create_revision` of the holder's waiter node: the revision of the shard
+//!   group serving the lock path when the waiter was queued.
+//! - For one lock path, a later holder's token is always higher than every token issued for
+//!   that path before: across leader changes, restarts, and moves of the path to another
+//!   shard group (a new group's revision is raised above the revision of the group that
+//!   served the path before it serves anything: DESIGN.md rule 5). Tokens never repeat, and
+//!   no two holders of an exclusive lock ever have the same token.
+//! - Tokens of different lock paths are not comparable: guard a resource with one lock path.
+//! - A shared lock has several holders at once, each with its own token; a guard admits the
+//!   writes of the highest of them only, so guard with exclusive holds (or a lock per writer).
+//! - The guard itself must be durable with the resource (persist `highest` with the data) if
+//!   the resource can restart: a guard that forgets its mark admits a stale holder once.
 
 use std::sync::Mutex;
 

@@ -4,7 +4,10 @@
 //! Each [`Session`] renews its lease from its own spawned task, every third of the TTL, so
 //! application work never delays a keepalive. The client keeps a *local lease*: the instant a
 //! successful keepalive was sent plus the time the server said it still gives the session —
-//! an under-estimate of the server's own lease, since the server started counting later.
+//! an under-estimate of the server's own lease, since the server started counting later
+//! (when the keepalive reached it). It also never outlives a *new* leader's deadline: a leader
+//! answers a keepalive only once a quorum confirmed that no other leader was elected before the
+//! keepalive arrived, and a new leader gives every session a full TTL from its election.
 //! Its state ([`SessionState`]) follows:
 //!
 //! - [`Connected`](SessionState::Connected) while keepalives succeed;

@@ -63,7 +63,9 @@ pub enum Command {
         /// The group being created.
         group_id: u64,
     },
-    /// Forgets a group whose creation failed (never ready).
+    /// Forgets a group whose creation failed (never ready). The groups it would have carved
+    /// paths out of get a newer epoch, so their current descriptor can be sent again over one
+    /// an aborted hand-over may have given them (the creation is rolled back).
     DropGroup {
         /// The group being created.
         group_id: u64,
@@ -93,7 +95,13 @@ pub enum Outcome {
         bumped: Vec<GroupInfo>,
     },
     /// The group that was dropped.
-    GroupDropped(GroupInfo),
+    GroupDropped {
+        /// The group, forgotten.
+        group: GroupInfo,
+        /// The groups it would have carved paths out of, by id, with their new epoch: each
+        /// must be sent its descriptor again.
+        bumped: Vec<GroupInfo>,
+    },
 }
 
 impl Placement {
@@ -225,9 +233,25 @@ impl Placement {
 
     fn drop_group(&mut self, group_id: u64) -> Result<Outcome, PlacementError> {
         let group = self.creating_group(group_id)?.clone();
+        // A hand-over computes the descriptors `GroupReady` would give (each carved-from group
+        // at its version + 1, excluding the prefix) and may have delivered some before it
+        // failed. Skipping past that version lets the rollback's descriptor (the paths served
+        // again) replace them: a group refuses an equal version with other contents.
+        let mut ready = self.clone();
+        let carved = match ready.group_ready(group_id)? {
+            Outcome::GroupReady { bumped, .. } => bumped,
+            other => return Err(PlacementError::Inconsistent(format!("GroupReady answered {other:?}"))),
+        };
+        let mut bumped = Vec::new();
+        for carved in carved {
+            if let Some(giver) = self.groups.get_mut(&carved.id) {
+                giver.epoch.version = carved.epoch.version + 1;
+                bumped.push(giver.clone());
+            }
+        }
         self.groups.remove(&group_id);
         self.bump_routing_version();
-        Ok(Outcome::GroupDropped(group))
+        Ok(Outcome::GroupDropped { group, bumped })
     }
 
     /// The group `group_id` if it exists and is not ready yet.

@@ -334,8 +334,17 @@ fn drop_group_forgets_a_failed_creation() {
     let before = placement.clone();
     let a = create(&mut placement, "/a", 0);
     let version = placement.routing_version();
-    assert_eq!(placement.apply(&Command::DropGroup { group_id: a.id }), Ok(Outcome::GroupDropped(a.clone())));
-    assert_eq!(placement.groups(), before.groups());
+    let root_epoch = placement.groups()[&1].epoch;
+    let dropped = placement.apply(&Command::DropGroup { group_id: a.id });
+    let Ok(Outcome::GroupDropped { group, bumped }) = dropped else { panic!("{dropped:?}") };
+    assert_eq!(group, a);
+    // The root group would have given /a away at version + 1: the rollback's descriptor (it
+    // serves /a again) comes after that one.
+    let expected_epoch = Epoch { version: root_epoch.version + 2, ..root_epoch };
+    assert_eq!(bumped.iter().map(|g| (g.id, g.epoch)).collect::<Vec<_>>(), vec![(1, expected_epoch)]);
+    assert_eq!(placement.groups()[&1].epoch, expected_epoch);
+    let unbumped = |p: &Placement| p.groups().values().map(|g| (g.id, g.prefix.clone(), g.ready)).collect::<Vec<_>>();
+    assert_eq!(unbumped(&placement), unbumped(&before));
     assert_eq!(placement.routes(), before.routes());
     assert_eq!(placement.routing_version(), version + 1);
     // The prefix is free again; the id is not reused.

@@ -64,7 +64,10 @@ pub trait StateMachine: Send {
     fn on_leadership(&mut self, _leading: bool, _clock: LeaderClock) {}
 
     /// A request only the leader answers from its own memory (session keepalives). Called
-    /// only on a leader that has applied every entry committed before its term.
+    /// only on a leader that has applied every entry committed before its term, after a
+    /// ReadIndex round confirmed that no other leader was elected before `clock`, the moment
+    /// the request arrived: a lease renewed from `clock` on is one no later leader can end
+    /// sooner, since a new leader grants every session a full TTL from its election.
     fn leader_call(&mut self, _request: &[u8], _clock: LeaderClock) -> Result<Vec<u8>, EngineError> {
         Err(EngineError::Invalid("this state machine answers no leader calls".into()))
     }

@@ -204,9 +204,10 @@ impl NodeHandle {
     }
 
     /// Asks this node's replica of `group`, which must lead, a leader-only question (see
-    /// `StateMachine::leader_call`).
+    /// `StateMachine::leader_call`); answered after a ReadIndex round confirms it leads.
     pub async fn leader_call(&self, group: u64, request: Vec<u8>, timeout: Duration) -> Result<Vec<u8>, EngineError> {
-        self.ask(group, timeout, |reply| WorkerMsg::LeaderCall { group, request, reply }).await
+        let deadline = Instant::now() + timeout;
+        self.ask(group, timeout, |reply| WorkerMsg::LeaderCall { group, request, deadline, reply }).await
     }
 
     /// Registers interest in notification `key` of `group` on this node (see
@@ -351,12 +352,11 @@ impl Node {
         let session_check = api.clone().map(crate::service::WardenService::session_check_server);
         let api = api.map(crate::service::WardenService::server);
         let placement = config.serve_api.then(|| {
-            crate::placement::service::PlacementService::server(
-                handle.clone(),
-                directory.clone(),
-                Duration::from_millis(config.request_timeout_ms),
-                factory.routing_versions(node_id),
-            )
+            use crate::placement::service::{PlacementService, SETTLE_CREATIONS_INTERVAL};
+            let timeout = Duration::from_millis(config.request_timeout_ms);
+            let service = PlacementService::new(handle.clone(), directory.clone(), timeout, factory.routing_versions(node_id));
+            runtime.spawn(service.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
+            service.server()
         });
         if config.serve_api && config.placement_heartbeat_ms > 0 {
             let interval = Duration::from_millis(config.placement_heartbeat_ms);

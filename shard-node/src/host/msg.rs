@@ -48,8 +48,9 @@ pub enum WorkerMsg {
     /// Wake `reply` when apply notifies `key` (see `SmWrites::notify`), or fail it at
     /// `deadline`.
     Await { group: u64, key: Vec<u8>, deadline: Instant, reply: Reply<()> },
-    /// A request the leader answers from its own memory (see `StateMachine::leader_call`).
-    LeaderCall { group: u64, request: Vec<u8>, reply: Reply<Vec<u8>> },
+    /// A request the leader answers from its own memory (see `StateMachine::leader_call`),
+    /// once a ReadIndex round confirmed it still leads, or fails at `deadline`.
+    LeaderCall { group: u64, request: Vec<u8>, deadline: Instant, reply: Reply<Vec<u8>> },
 }
 
 /// A replica's view of its group.

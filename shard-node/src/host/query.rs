@@ -1,13 +1,14 @@
 //! Reads: linearizable reads batched behind one ReadIndex per group at a time, retried
 //! when raft drops the request (it does so silently when no leader is known), and stale
-//! reads from the applied state.
+//! reads from the applied state. Leader-only requests (session keepalives) ride the same
+//! rounds: a leader answers them only once a quorum confirmed it still leads.
 
 use std::time::Instant;
 
 use raft::ReadState;
 
 use super::msg::{ReadConsistency, Reply};
-use super::replica::{InflightRead, ReadRequest, Replica};
+use super::replica::{InflightRead, ReadKind, ReadRequest, Replica};
 use crate::config::NodeConfig;
 use crate::error::EngineError;
 
@@ -19,10 +20,36 @@ impl Replica {
             ReadConsistency::Stale => {
                 let _ = reply.send(self.sm.query(&query));
             }
-            ReadConsistency::Linearizable if self.pending_reads() >= config.reads_per_group_max => {
-                let _ = reply.send(Err(EngineError::busy(format!("group {}: too many reads waiting", self.group))));
+            ReadConsistency::Linearizable => self.queue_read(config, ReadRequest { query, kind: ReadKind::Query, deadline, reply }),
+        }
+    }
+
+    /// Queues a read for the next ReadIndex round, within the group's bound.
+    pub(crate) fn queue_read(&mut self, config: &NodeConfig, read: ReadRequest) {
+        if self.pending_reads() >= config.reads_per_group_max {
+            let _ = read.reply.send(Err(EngineError::busy(format!("group {}: too many reads waiting", self.group))));
+            return;
+        }
+        self.queued_reads.push(read);
+    }
+
+    /// Answers every waiting leader-only request `NotLeader` (this replica stopped leading),
+    /// so its caller goes to the new leader at once instead of waiting for its deadline.
+    pub(crate) fn fail_leader_calls(&mut self) {
+        let not_leader = self.not_leader();
+        let fail = |reads: &mut Vec<ReadRequest>| {
+            let (calls, kept): (Vec<_>, Vec<_>) = std::mem::take(reads).into_iter().partition(|r| matches!(r.kind, ReadKind::LeaderCall(_)));
+            *reads = kept;
+            for call in calls {
+                let _ = call.reply.send(Err(not_leader.clone()));
             }
-            ReadConsistency::Linearizable => self.queued_reads.push(ReadRequest { query, deadline, reply }),
+        };
+        fail(&mut self.queued_reads);
+        if let Some(inflight) = &mut self.inflight_read {
+            fail(&mut inflight.reads);
+        }
+        for (_, reads) in &mut self.confirmed_reads {
+            fail(reads);
         }
     }
 
@@ -80,7 +107,11 @@ impl Replica {
         while self.confirmed_reads.front().is_some_and(|(index, _)| *index <= self.applied.index) {
             let Some((_, reads)) = self.confirmed_reads.pop_front() else { break };
             for read in reads {
-                let _ = read.reply.send(self.sm.query(&read.query));
+                let answer = match read.kind {
+                    ReadKind::Query => self.sm.query(&read.query),
+                    ReadKind::LeaderCall(arrived) => self.answer_leader_call(&read.query, arrived),
+                };
+                let _ = read.reply.send(answer);
             }
         }
     }

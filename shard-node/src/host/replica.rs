@@ -13,7 +13,7 @@ use tokio::sync::oneshot;
 use super::msg::{GroupStatus, Reply};
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
-use crate::state_machine::{ApplyOutput, SmReader, StateMachine, StateMachineFactory};
+use crate::state_machine::{ApplyOutput, LeaderClock, SmReader, StateMachine, StateMachineFactory};
 use crate::storage::{ApplyState, Db, PeerStorage};
 
 /// A proposal waiting for its entry to be applied.
@@ -28,8 +28,20 @@ pub(crate) struct Proposal {
 /// A read waiting to be served.
 pub(crate) struct ReadRequest {
     pub query: Vec<u8>,
+    pub kind: ReadKind,
     pub deadline: Instant,
     pub reply: Reply<Vec<u8>>,
+}
+
+/// What a confirmed read does.
+#[derive(Clone, Copy)]
+pub(crate) enum ReadKind {
+    /// A query of the applied state (`StateMachine::query`).
+    Query,
+    /// A leader-only request (`StateMachine::leader_call`), answered with the clock read when
+    /// it arrived: the ReadIndex round that confirms it sent its heartbeats later, so no other
+    /// leader was elected before that moment (issue 12 item 1).
+    LeaderCall(LeaderClock),
 }
 
 /// A ReadIndex request raft has been asked for, covering a batch of reads.
@@ -133,14 +145,32 @@ impl Replica {
                 let event = if leading { "became leader" } else { "stepped down as leader" };
                 tracing::info!(group, node, term, suppressed, "{event}");
             }
-            self.sm.on_leadership(leading, crate::state_machine::LeaderClock::now());
+            self.sm.on_leadership(leading, LeaderClock::now());
+            if !leading {
+                self.fail_leader_calls();
+            }
         }
     }
 
-    /// Answers a leader-only request. The leader must have applied an entry of its own term:
-    /// only then has it applied everything committed before it took over (and so knows every
-    /// session a previous leader created).
-    pub(crate) fn leader_call(&mut self, request: &[u8]) -> Result<Vec<u8>, EngineError> {
+    /// Takes a leader-only request. It is answered only after a ReadIndex round confirms that
+    /// this replica still led when the request arrived: a leader cut off from its quorum keeps
+    /// leading until check-quorum notices (up to two election timeouts), while the rest may
+    /// elect a new leader after one, which grants every session only a full TTL from its
+    /// election. Renewing a lease without that check would promise the client time the new
+    /// leader does not give (issue 12 item 1, DESIGN.md rule 6).
+    pub(crate) fn leader_call(&mut self, config: &NodeConfig, request: Vec<u8>, deadline: Instant, reply: Reply<Vec<u8>>) {
+        if !self.is_leader() {
+            let _ = reply.send(Err(self.not_leader()));
+            return;
+        }
+        self.queue_read(config, ReadRequest { query: request, kind: ReadKind::LeaderCall(LeaderClock::now()), deadline, reply });
+    }
+
+    /// Answers a confirmed leader-only request with the clock read when it arrived. The
+    /// leader must still lead and have applied an entry of its own term: only then has it
+    /// applied everything committed before it took over (and so knows every session a
+    /// previous leader created).
+    pub(crate) fn answer_leader_call(&mut self, request: &[u8], arrived: LeaderClock) -> Result<Vec<u8>, EngineError> {
         if !self.is_leader() {
             return Err(self.not_leader());
         }
@@ -148,7 +178,7 @@ impl Replica {
             return Err(EngineError::busy(format!("group {}: new leader still catching up", self.group)));
         }
         self.notice_leadership();
-        self.sm.leader_call(request, crate::state_machine::LeaderClock::now())
+        self.sm.leader_call(request, arrived)
     }
 
     pub(crate) fn not_leader(&self) -> EngineError {

@@ -173,9 +173,10 @@ impl Worker {
                 Some(replica) => replica.register_await(key, deadline, reply),
                 None => drop(reply.send(Err(EngineError::GroupNotFound(group)))),
             },
-            WorkerMsg::LeaderCall { group, request, reply } => {
-                let _ = reply.send(self.replica(group).and_then(|replica| replica.leader_call(&request)));
-            }
+            WorkerMsg::LeaderCall { group, request, deadline, reply } => match self.replicas.get_mut(&group) {
+                Some(replica) => replica.leader_call(&config, request, deadline, reply),
+                None => drop(reply.send(Err(EngineError::GroupNotFound(group)))),
+            },
             WorkerMsg::Status { group, reply } => {
                 let _ = reply.send(self.replica(group).map(|replica| replica.status()));
             }

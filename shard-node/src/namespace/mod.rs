@@ -40,6 +40,10 @@ use sessions::LeaseTable;
 use store::TxnView;
 use txn::{SessionChange, TtlChange, Txn};
 
+/// Highest revision floor a `SetDescriptor` may carry: far above any revision a group reaches,
+/// far enough below `u64::MAX` that revisions never wrap.
+pub const REVISION_FLOOR_MAX: u64 = 1 << 62;
+
 /// Limits of the namespace (DESIGN.md rule 8).
 #[derive(Clone, Debug)]
 pub struct Limits {
@@ -231,12 +235,19 @@ impl NamespaceStateMachine {
         let mut new_descriptor = None;
         let mut lock_attempt = 0;
         let mut view = TxnView::new(&reader, Some(writes));
+        // A new descriptor may raise the revision first (placement's floor: tokens of paths
+        // that move here never go backwards, DESIGN.md rule 5).
+        let floor = match &command.op {
+            Some(CommandOp::SetDescriptor(set)) => set.revision_floor,
+            _ => 0,
+        };
+        let revision = self.revision.max(floor) + 1;
         let mut txn = Txn {
             root: &root,
             view: &mut view,
             limits: &self.limits,
             now_ms: command.now_ms,
-            revision: self.revision + 1,
+            revision,
             ttl_changes: Vec::new(),
             session_changes: Vec::new(),
             touched: std::collections::BTreeSet::new(),
@@ -288,7 +299,7 @@ impl NamespaceStateMachine {
         };
         // Only a transaction that changed something takes a revision.
         if !view.is_unchanged() {
-            self.revision += 1;
+            self.revision = revision;
             let events: Vec<Event> = view
                 .node_changes()?
                 .into_iter()
@@ -427,6 +438,9 @@ impl StateMachine for NamespaceStateMachine {
                 if session_ids.len() > self.limits.sessions_per_expiry_max =>
             {
                 Err(EngineError::Invalid(format!("more than {} sessions in one expiry", self.limits.sessions_per_expiry_max)))
+            }
+            Some(CommandOp::SetDescriptor(set)) if set.revision_floor > REVISION_FLOOR_MAX => {
+                Err(EngineError::Invalid(format!("revision floor {} is above {REVISION_FLOOR_MAX}", set.revision_floor)))
             }
             Some(CommandOp::AddRemoteSessions(add)) if add.session_ids.len() > self.limits.txn_ops_max => {
                 Err(EngineError::Invalid(format!("more than {} sessions added at once", self.limits.txn_ops_max)))

@@ -568,6 +568,13 @@ impl Txn<'_, '_> {
             if new.prefix != current.prefix {
                 return Err(invalid(&new.prefix, format!("the group's prefix is {}; it never changes", current.prefix)).into());
             }
+            // One epoch names one set of served paths: the same epoch with other contents
+            // comes from a placement decision made on a stale state, and accepting it would let
+            // two groups serve the same paths (issue 12 item 8). So serving a path again that
+            // the group gave away (an exclusion dropped) always takes a newer version.
+            if (new.conf_ver, new.version) == (current.conf_ver, current.version) && new != *current {
+                return Err(invalid(&new.prefix, "the group already has this descriptor version with other contents").into());
+            }
         }
         for excluded in &new.excluded {
             path::validate(excluded, true).map_err(|e| invalid_path(excluded, &e))?;

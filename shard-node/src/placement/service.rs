@@ -8,12 +8,17 @@
 //! 3. The group answers a linearizable `Sync`: it has a leader.
 //! 4. The new group gets its descriptor (creating its prefix node), then each group giving
 //!    paths away gets its new one (`SetDescriptor`, refused if it holds nodes there) — both
-//!    as placement will compute them once the group is ready.
+//!    as placement will compute them once the group is ready — and last the new group's
+//!    revision is raised above the givers' (fencing tokens never go backwards).
 //! 5. `GroupReady` is committed: the route exists from now on.
 //!
-//! If 2–4 fail, `DropGroup` forgets the group (replicas already made stay idle on their
-//! nodes; nothing routes to them). Between 4 and 5 a request for the prefix may be answered
-//! WRONG_GROUP by the old owner while the route is not yet committed: routers retry.
+//! The leader runs one such sequence at a time. If 2–5 fail, the group is rolled back:
+//! `DropGroup` forgets it and gives the groups it carved paths out of a newer descriptor
+//! (replicas already made stay idle on their nodes; nothing routes to them). A creation left
+//! half-way (the call failed before its rollback, or the leader went away) is resumed, or
+//! else rolled back, before the next creation and periodically by the placement leader.
+//! Between 4 and 5 a request for the prefix may be answered WRONG_GROUP by the old owner
+//! while the route is not yet committed: routers retry.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -42,6 +47,8 @@ use crate::transport::PeerDirectory;
 const GROUP_LEADER_WAIT: Duration = Duration::from_secs(10);
 /// Pause between checks for that leader.
 const GROUP_LEADER_POLL: Duration = Duration::from_millis(50);
+/// How often the placement leader looks for group creations left half-way.
+pub const SETTLE_CREATIONS_INTERVAL: Duration = Duration::from_secs(5);
 
 /// The placement service of one node.
 #[derive(Clone)]
@@ -52,20 +59,27 @@ pub struct PlacementService {
     /// The routing version this node's placement replica applied (`None`: no placement
     /// state machines on this node's factory).
     routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
+    /// Held through every group lifecycle change this node runs as placement leader.
+    lifecycle: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
 const ROUTING_TABLES_QUEUED_MAX: usize = 2;
 
 impl PlacementService {
-    /// The service, wrapped for tonic.
-    pub fn server(
+    /// The service of `node`.
+    pub fn new(
         node: NodeHandle,
         directory: Arc<PeerDirectory>,
         timeout: Duration,
         routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
-    ) -> PlacementServer<PlacementService> {
-        PlacementServer::new(PlacementService { node, directory, timeout, routing_versions })
+    ) -> PlacementService {
+        PlacementService { node, directory, timeout, routing_versions, lifecycle: Arc::default() }
+    }
+
+    /// The service, wrapped for tonic.
+    pub fn server(self) -> PlacementServer<PlacementService> {
+        PlacementServer::new(self)
     }
 
     /// Sends the table on `tables` whenever this replica applies a newer routing version,
@@ -142,31 +156,116 @@ impl PlacementService {
 }
 
 impl PlacementService {
-    /// Step 4: the descriptors placement will have once `group` is ready, new group first.
+    /// Steps 2–5 for a group placement has committed as creating. Safe to run again on a
+    /// group an earlier attempt left half-way: every step is idempotent.
+    async fn finish_creation(&self, group: &warden_placement::GroupInfo) -> Result<(), Status> {
+        let state = self.state().await?;
+        self.start_group(group, &state).await?;
+        self.hand_over(group, &state).await?;
+        self.propose(&Command::GroupReady { group_id: group.id }).await?;
+        Ok(())
+    }
+
+    /// Refuses NOT_LEADER unless this node leads the placement group as far as it knows, so a
+    /// lifecycle change never runs on two nodes that both know the true leader.
+    fn ensure_leader(&self) -> Result<(), Status> {
+        let leader = self.node.leader_info(PLACEMENT_GROUP_ID).leader_id;
+        if leader == self.node.node_id() {
+            return Ok(());
+        }
+        let not_leader = EngineError::NotLeader { group: PLACEMENT_GROUP_ID, leader_hint: Some(leader).filter(|id| *id != 0) };
+        Err(engine_status(&self.directory, PLACEMENT_GROUP_ID, not_leader))
+    }
+
+    /// Forgets a creation that failed, and gives the groups it would have carved paths out
+    /// of their descriptor again (a newer version, which replaces any the failed hand-over
+    /// delivered), so they serve those paths again. Best effort: failures are logged, and
+    /// a group still excluding the prefix answers WRONG_GROUP (never serves it twice).
+    async fn roll_back(&self, group_id: u64) {
+        let bumped = match self.propose(&Command::DropGroup { group_id }).await {
+            Ok(Outcome::GroupDropped { bumped, .. }) => bumped,
+            Ok(other) => return tracing::warn!(group = group_id, ?other, "unexpected outcome of dropping a group"),
+            Err(error) => return tracing::warn!(group = group_id, %error, "could not drop a group whose creation failed"),
+        };
+        let state = match self.state().await {
+            Ok(state) => state,
+            Err(error) => return tracing::warn!(group = group_id, %error, "could not read placement to roll a creation back"),
+        };
+        for giver in bumped {
+            let Some(descriptor) = state.descriptor(giver.id) else { continue };
+            if let Err(error) = self.set_descriptor_at(&state, &descriptor, 0).await {
+                tracing::warn!(group = giver.id, %error, "could not give a group its paths back after a failed creation");
+            }
+        }
+    }
+
+    /// Finishes, or else rolls back, every group placement records as being created. The
+    /// caller holds `lifecycle`, so none of them is being created by this node right now.
+    async fn settle_creations(&self) -> Result<(), Status> {
+        let state = self.state().await?;
+        for group in state.groups().values().filter(|g| !g.ready) {
+            tracing::info!(group = group.id, prefix = %group.prefix, "resuming a group creation left half-way");
+            if let Err(error) = self.finish_creation(group).await {
+                tracing::warn!(group = group.id, %error, "rolling back a group creation that cannot be finished");
+                self.roll_back(group.id).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// While this node leads the placement group, settles creations left half-way (by a
+    /// call that failed mid-way or a leader that went away) every `interval`, so no prefix
+    /// stays unserved. Runs until the runtime stops.
+    pub async fn settle_creations_periodically(self, interval: Duration) {
+        let mut ticker = tokio::time::interval(interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            ticker.tick().await;
+            // A creation in progress here settles what it finds itself.
+            let Ok(_lifecycle) = self.lifecycle.try_lock() else { continue };
+            if self.ensure_leader().is_err() {
+                continue;
+            }
+            if let Err(error) = self.settle_creations().await {
+                tracing::debug!(%error, "could not settle group creations");
+            }
+        }
+    }
+
+    /// Step 4: the descriptors placement will have once `group` is ready, new group first,
+    /// then each group giving paths away; last the new group's revision is raised above every
+    /// revision those groups reached when they stopped serving the paths, so a fencing token
+    /// of a moved path never goes backwards (DESIGN.md rule 5). Safe to run again: a group
+    /// accepts the descriptor it already has.
     async fn hand_over(&self, group: &warden_placement::GroupInfo, state: &Placement) -> Result<(), Status> {
         let mut next = state.clone();
         let bumped = match next.apply(&Command::GroupReady { group_id: group.id }).map_err(placement_status)? {
             Outcome::GroupReady { bumped, .. } => bumped,
             other => return Err(internal(format!("unexpected outcome {other:?}"))),
         };
-        for changed in std::iter::once(group).chain(bumped.iter()) {
-            let descriptor = next.descriptor(changed.id).ok_or_else(|| internal(format!("group {} has no descriptor", changed.id)))?;
-            self.set_descriptor_at(state, &descriptor).await?;
+        let descriptor_of = |id: u64| next.descriptor(id).ok_or_else(|| internal(format!("group {id} has no descriptor")));
+        let new = descriptor_of(group.id)?;
+        self.set_descriptor_at(state, &new, 0).await?;
+        let mut floor = 0;
+        for giver in &bumped {
+            floor = floor.max(self.set_descriptor_at(state, &descriptor_of(giver.id)?, 0).await?);
         }
+        self.set_descriptor_at(state, &new, floor).await?;
         Ok(())
     }
 
-    /// Has the leader of `descriptor`'s group apply it, trying its replicas in turn and
-    /// following NOT_LEADER hints.
-    async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor) -> Result<(), Status> {
+    /// Has the leader of `descriptor`'s group apply it (its revision raised to at least
+    /// `revision_floor` first), trying its replicas in turn and following NOT_LEADER hints.
+    /// Answers the group's revision once applied.
+    async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor, revision_floor: u64) -> Result<u64, Status> {
         let deadline = tokio::time::Instant::now() + self.timeout;
         let mut target = descriptor.replicas.first().copied();
         let mut turn = 0usize;
         loop {
             let addr = target.and_then(|id| state.node(id)).map(|n| n.addr.clone()).unwrap_or_default();
-            let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)) };
+            let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)), revision_floor };
             let status = match PlacementClient::new(channel(&addr)?).set_descriptor(request).await {
-                Ok(_) => return Ok(()),
+                Ok(response) => return Ok(response.into_inner().revision),
                 Err(status) => status,
             };
             let error = crate::service::error_of(&status);
@@ -263,25 +362,21 @@ impl PlacementApi for PlacementService {
 
     async fn create_group(&self, request: Request<CreateGroupRequest>) -> Result<Response<CreateGroupResponse>, Status> {
         let prefix = request.into_inner().prefix;
+        // One lifecycle change at a time: a creation computes descriptors from the state it
+        // read, which another creation's `GroupReady` would make stale (issue 12 item 8).
+        let _lifecycle = self.lifecycle.lock().await;
+        self.ensure_leader()?;
+        // A creation an earlier call (or an earlier leader) left half-way is finished or
+        // rolled back first, so its prefix is not lost and it cannot race with this one.
+        self.settle_creations().await?;
         let group = match self.propose(&Command::CreateGroup { prefix, now_ms: now_ms() }).await? {
             Outcome::GroupCreated(group) => group,
             other => return Err(internal(format!("unexpected outcome {other:?}"))),
         };
-        let state = self.state().await?;
-        if let Err(error) = self.start_group(&group, &state).await {
-            // The group never served anything: forget it (best effort; the error is the answer).
-            if let Err(drop_error) = self.propose(&Command::DropGroup { group_id: group.id }).await {
-                tracing::warn!(group = group.id, %drop_error, "could not drop a group whose creation failed");
-            }
+        if let Err(error) = self.finish_creation(&group).await {
+            self.roll_back(group.id).await;
             return Err(error);
         }
-        if let Err(error) = self.hand_over(&group, &state).await {
-            if let Err(drop_error) = self.propose(&Command::DropGroup { group_id: group.id }).await {
-                tracing::warn!(group = group.id, %drop_error, "could not drop a group whose creation failed");
-            }
-            return Err(error);
-        }
-        self.propose(&Command::GroupReady { group_id: group.id }).await?;
         let state = self.state().await?;
         let entry = state
             .descriptor(group.id)
@@ -307,21 +402,22 @@ impl PlacementApi for PlacementService {
         let state = self.state().await?;
         self.start_group(&root, &state).await?;
         let descriptor = state.descriptor(root.id).ok_or_else(|| internal("the root group has no descriptor"))?;
-        self.set_descriptor_at(&state, &descriptor).await?;
+        self.set_descriptor_at(&state, &descriptor, 0).await?;
         Ok(Response::new(BootstrapResponse { root: Some(GroupEntry { descriptor: Some(descriptor_proto(&descriptor)), ready: true }) }))
     }
 
     async fn set_descriptor(&self, request: Request<SetDescriptorRequest>) -> Result<Response<SetDescriptorResponse>, Status> {
-        let descriptor = request
-            .into_inner()
-            .descriptor
+        let SetDescriptorRequest { descriptor, revision_floor } = request.into_inner();
+        let descriptor = descriptor
             .ok_or_else(|| status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() }))?;
         let group = descriptor.group_id;
-        let command = NamespaceCommand { now_ms: now_ms(), op: Some(CommandOp::SetDescriptor(SetDescriptor { descriptor: Some(descriptor) })) };
+        let set = SetDescriptor { descriptor: Some(descriptor), revision_floor };
+        let command = NamespaceCommand { now_ms: now_ms(), op: Some(CommandOp::SetDescriptor(set)) };
         let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
         match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
             Some(CommandOutcome::Error(error)) => Err(status(error)),
-            _ => Ok(Response::new(SetDescriptorResponse {})),
+            Some(CommandOutcome::Txn(txn)) => Ok(Response::new(SetDescriptorResponse { revision: txn.header.map_or(0, |h| h.revision) })),
+            other => Err(internal(format!("unexpected outcome of a descriptor change: {other:?}"))),
         }
     }
 
