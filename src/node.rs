@@ -54,7 +54,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     };
     anyhow::ensure!(args.id > 0, "--id must be a positive node id");
     let peers: BTreeMap<u64, std::net::SocketAddr> = args.peers.iter().copied().collect();
-    anyhow::ensure!(peers.get(&args.id).is_some(), "--peers must include this node ({})", args.id);
+    anyhow::ensure!(peers.contains_key(&args.id), "--peers must include this node ({})", args.id);
     let directory = Arc::new(PeerDirectory::new());
     for (id, addr) in &peers {
         directory.insert(*id, *addr);

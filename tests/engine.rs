@@ -187,9 +187,7 @@ fn change(kind: ConfChangeType, node: u64) -> ConfChangeSingle {
 }
 
 fn conf_change(changes: Vec<ConfChangeSingle>) -> ConfChangeV2 {
-    let mut change = ConfChangeV2::default();
-    change.changes = changes.into();
-    change
+    ConfChangeV2 { changes: changes.into(), ..ConfChangeV2::default() }
 }
 
 async fn leader_conf_change(cluster: &Cluster, group: u64, change: ConfChangeV2) -> raft::eraftpb::ConfState {
@@ -459,7 +457,7 @@ async fn item_15_a_re_added_replica_keeps_its_term_and_vote() {
     let mut request = raft::eraftpb::Message::default();
     request.set_msg_type(raft::eraftpb::MessageType::MsgRequestVote);
     (request.from, request.to, request.term, request.log_term, request.index) = (candidate, removed, before.term, before.term, 1 << 20);
-    node.deliver(1, request);
+    node.deliver(1, request).expect("the worker takes the vote request");
     let voted = node.status(1).await.expect("status");
     assert!(
         voted.term > before.term || voted.vote == before.vote,

@@ -207,7 +207,7 @@ async fn item_1_a_partitioned_leader_never_renews_a_lease_past_the_new_leaders_e
             request.set_timeout(Duration::from_millis(500));
             let sent_at = Instant::now();
             if let Ok(response) = old_node.keep_alive(request).await {
-                let lease = response.into_inner().leases[0].clone();
+                let lease = response.into_inner().leases[0];
                 if lease.alive {
                     renewed_at_old += 1;
                     let end = sent_at + Duration::from_millis(lease.remaining_ms);

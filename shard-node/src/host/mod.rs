@@ -39,6 +39,7 @@ use crate::transport::{NetFaults, PeerDirectory, Transport, TransportLimits};
 /// queued; the host reports the peer unreachable.
 pub trait RaftSender: Send + Sync {
     /// Queues `message` of `group` for its destination without blocking.
+    #[allow(clippy::result_large_err, reason = "the message is handed back unboxed: a queue-full refusal must cost no allocation on the send path")]
     fn send(&self, group: u64, message: Message) -> Result<(), Message>;
 }
 

@@ -79,11 +79,8 @@ impl PeerStorage {
         if voters.is_empty() {
             return ops;
         }
-        let mut conf_state = ConfState::default();
-        conf_state.voters = voters.to_vec();
-        let mut hard_state = HardState::default();
-        hard_state.term = INIT_INDEX;
-        hard_state.commit = INIT_INDEX;
+        let conf_state = ConfState { voters: voters.to_vec(), ..ConfState::default() };
+        let hard_state = HardState { term: INIT_INDEX, commit: INIT_INDEX, ..HardState::default() };
         ops.push(state_put(group, StateKey::HardState, encode(&hard_state)));
         ops.push(state_put(group, StateKey::ConfState, encode(&conf_state)));
         ops.push(state_put(group, StateKey::Apply, keys::encode_index_term(INIT_INDEX, INIT_INDEX).to_vec()));

@@ -129,8 +129,7 @@ pub fn build(db: &Db, group: u64, bytes_max: usize) -> Result<Option<Snapshot>, 
         }
         data.pairs.push((key[keys::GROUP_PREFIX_LEN..].to_vec(), value.to_vec()));
     }
-    let mut snap = Snapshot::default();
-    snap.data = data.encode().into();
+    let mut snap = Snapshot { data: data.encode().into(), ..Snapshot::default() };
     let meta = snap.mut_metadata();
     meta.index = index;
     meta.term = term;
