@@ -170,25 +170,12 @@ async fn waiting_calls_time_out_cleanly_and_sequencers_report_loss() {
         async move { lock(&api, "/l", waiter, 4, 10_000).await }
     });
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let check = |sequencer: Sequencer| {
-        let api = api.clone();
-        async move {
-            let request = CheckSequencerRequest { sequencer: Some(sequencer), routing: None };
-            api.call(TIMEOUT, true, |mut c| {
-                let request = request.clone();
-                async move { c.check_sequencer(request).await }
-            })
-            .await
-            .expect("check")
-            .holds
-        }
-    };
-    assert!(check(held.clone()).await);
+    assert!(check(&api, held.clone()).await);
     unlock(&api, held.clone()).await;
     let granted = waiting.await.expect("task").expect("granted after the unlock");
     assert!(granted.token > held.token);
-    assert!(!check(held).await, "the old sequencer no longer holds");
-    assert!(check(granted).await);
+    assert!(!check(&api, held).await, "the old sequencer no longer holds");
+    assert!(check(&api, granted).await);
     stop.store(true, Ordering::Relaxed);
     for keeper in keepers {
         keeper.await.expect("keeper");
