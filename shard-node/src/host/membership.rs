@@ -13,7 +13,10 @@
 //! its commit point, so a replica whose log ends there cannot hold a later change that
 //! added it back, nor have acknowledged any entry after it; a replica added again later
 //! (its log starts at a snapshot taken after it was added) ignores a notice delayed from
-//! before, and so does one told by an old leader that lost its leadership.
+//! before, and so does one told by an old leader that lost its leadership. A replica that is
+//! not in its own configuration ignores every notice: it was created empty to be added (or
+//! re-added) and is waiting for its first snapshot, so its empty log proves nothing, and a
+//! notice addressed to the incarnation destroyed before it must not end it.
 
 use raft::eraftpb::{Message, MessageType};
 
@@ -60,7 +63,8 @@ impl Replica {
     fn on_removal_notice(&mut self, notice: &Message) {
         let raft = &self.raw.raft;
         let last_index = raft.raft_log.last_index();
-        if notice.term < raft.term || last_index > notice.index || self.removed {
+        let member_by_own_log = raft.prs().get(raft.id).is_some();
+        if !member_by_own_log || notice.term < raft.term || last_index > notice.index || self.removed {
             tracing::debug!(group = self.group, from = notice.from, term = raft.term, last_index, "ignoring a removal notice that is not newer");
             return;
         }
