@@ -2,6 +2,7 @@
 //! for a fixed time and reports throughput and latency percentiles (hdrhistogram).
 
 pub mod linearizability;
+pub mod target;
 pub mod watch_check;
 
 use std::future::Future;
