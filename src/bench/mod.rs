@@ -2,6 +2,7 @@
 
 mod election;
 mod engine;
+mod load;
 mod locks;
 mod namespace;
 mod router;
@@ -24,6 +25,9 @@ pub enum BenchCommand {
     /// Writes through a router: aggregate writes/s by shard-group count, and the latency
     /// the router adds.
     Router(router::RouterArgs),
+    /// `warden-loadgen`'s workloads (same flags) against an in-process cluster behind a router,
+    /// or against `--endpoints`.
+    Load(load::LoadBenchArgs),
     /// The client's recipes through a router: leader-election failover after a crash, and
     /// lock hand-off latency.
     Election(election::ElectionArgs),
@@ -38,6 +42,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Watch(args) => watch::run(args).await,
         BenchCommand::Router(args) => router::run(args).await,
         BenchCommand::Election(args) => election::run(args).await,
+        BenchCommand::Load(args) => load::run(args).await,
     }
 }
 
