@@ -9,6 +9,7 @@
 
 pub mod etcd;
 pub mod warden;
+pub mod zookeeper;
 
 use std::future::Future;
 use std::time::Duration;
