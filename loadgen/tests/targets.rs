@@ -1,7 +1,8 @@
 //! Every [`Connection`] operation of the etcd and ZooKeeper targets against real servers.
 //!
-//! Ignored by default: `make test` does not install or start etcd or ZooKeeper. Run them with a
-//! server (a single member is enough) on the addresses given by the environment:
+//! The tests needing servers are ignored by default: `make test` does not install or start
+//! etcd or ZooKeeper. Run them with a server of each (a single member is enough) on the
+//! addresses given by the environment:
 //!
 //! ```text
 //! WARDEN_TEST_ETCD=127.0.0.1:2379 WARDEN_TEST_ZOOKEEPER=127.0.0.1:2181 \
@@ -182,4 +183,19 @@ async fn etcd_target_against_a_real_server() {
 async fn zookeeper_target_against_a_real_server() {
     let target = ZookeeperTarget::connect(&options("WARDEN_TEST_ZOOKEEPER")).await.expect("connect to ZooKeeper");
     exercise(target, false).await;
+}
+
+/// Options naming a port nothing listens on (1, reserved), with a short request timeout.
+fn unreachable_options() -> ConnectOptions {
+    ConnectOptions { endpoints: vec!["127.0.0.1:1".to_owned()], conns: 1, session_ttl: SESSION_TTL, request_timeout: Duration::from_secs(2) }
+}
+
+/// Needs no server: connecting to nothing fails the connection (a setup failure of the
+/// loadgen) within the request timeout, rather than hanging or failing the workload later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connecting_to_nothing_fails() {
+    let etcd = before_deadline("etcd's failed connection", EtcdTarget::connect(&unreachable_options())).await;
+    assert!(etcd.is_err(), "etcd target connected to nothing");
+    let zookeeper = before_deadline("ZooKeeper's failed connection", ZookeeperTarget::connect(&unreachable_options())).await;
+    assert!(zookeeper.is_err(), "ZooKeeper target connected to nothing");
 }

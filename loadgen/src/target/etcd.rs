@@ -18,8 +18,8 @@ use etcd_client::{
 
 use super::{within, ConnectOptions, Connection, OpError, ReadConsistency, Target, WatchEvent, WatchEvents, WATCH_EVENTS_BUFFERED_MAX};
 
-/// etcd's clients: `conns` gRPC clients, each with its own channel to the endpoints; client `i`
-/// shares the `i % conns`-th.
+/// etcd's clients: `conns` gRPC clients, each with its own channel (one HTTP/2 connection per
+/// endpoint, requests balanced over them); client `i` shares the `i % conns`-th.
 pub struct EtcdTarget {
     clients: Vec<Client>,
     session_ttl: Duration,
@@ -31,11 +31,15 @@ impl EtcdTarget {
     pub async fn connect(options: &ConnectOptions) -> Result<EtcdTarget, OpError> {
         let mut clients = Vec::with_capacity(options.conns.max(1));
         for _ in 0..options.conns.max(1) {
-            // The client library dials lazily; its first call happens in the workload's setup,
-            // so an unreachable cluster fails there, within the request timeout.
             let connect_options = etcd_client::ConnectOptions::new().with_connect_timeout(options.request_timeout);
-            let client =
-                within(options.request_timeout, async { Client::connect(&options.endpoints, Some(connect_options)).await.map_err(op_error) }).await?;
+            let client = within(options.request_timeout, async {
+                let mut client = Client::connect(&options.endpoints, Some(connect_options)).await.map_err(op_error)?;
+                // The client's channel dials lazily: one call, so that an unreachable cluster
+                // fails the connection (a setup failure) rather than the workload's first call.
+                client.status().await.map_err(op_error)?;
+                Ok(client)
+            })
+            .await?;
             clients.push(client);
         }
         Ok(EtcdTarget { clients, session_ttl: options.session_ttl, request_timeout: options.request_timeout })
@@ -91,7 +95,8 @@ pub fn op_error(error: Error) -> OpError {
             _ => "other",
         },
         Error::TransportError(_) | Error::IoError(_) => "transport",
-        Error::LeaseKeepAliveError(_) => "session_expired",
+        // A keep-alive stream that cannot be written to any more.
+        Error::LeaseKeepAliveError(_) => "transport",
         _ => "other",
     };
     OpError::new(kind, error.to_string())
@@ -181,30 +186,36 @@ impl Connection for EtcdConnection {
     }
 
     /// `LeaseGrant` with the TTL in whole seconds (rounded up, at least 1), then two
-    /// `LeaseKeepAlive` streams: one a background task uses every TTL/3 until the connection
-    /// is dropped, one kept for [`Connection::keep_alive`].
+    /// `LeaseKeepAlive` streams: one a background task uses every third of the granted TTL
+    /// until the connection is dropped, one kept for [`Connection::keep_alive`].
     async fn open_session(&mut self) -> Result<(), OpError> {
         let ttl_s = i64::try_from(self.session_ttl.as_millis().div_ceil(1000)).unwrap_or(i64::MAX).max(1);
         let client = &mut self.client;
-        let (lease, (mut background_keeper, mut background_responses), (keeper, responses)) = within(self.request_timeout, async {
-            let lease = client.lease_grant(ttl_s, None).await.map_err(op_error)?.id();
-            let background = client.lease_keep_alive(lease).await.map_err(op_error)?;
-            let explicit = client.lease_keep_alive(lease).await.map_err(op_error)?;
-            Ok((lease, background, explicit))
+        let (lease, granted_ttl_s, (mut background_keeper, mut background_responses), (keeper, responses)) = within(self.request_timeout, async {
+            let grant = client.lease_grant(ttl_s, None).await.map_err(op_error)?;
+            let background = client.lease_keep_alive(grant.id()).await.map_err(op_error)?;
+            let explicit = client.lease_keep_alive(grant.id()).await.map_err(op_error)?;
+            Ok((grant.id(), grant.ttl(), background, explicit))
         })
         .await?;
+        // The granted TTL: the server raises a TTL below its minimum.
+        let period = Duration::from_secs(u64::try_from(granted_ttl_s).unwrap_or(1).max(1)) / 3;
         let (stop_keep_alives, mut stopped) = tokio::sync::oneshot::channel();
-        let period = self.session_ttl / 3;
         tokio::spawn(async move {
             let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
             ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
+                let keep_alive = async {
+                    ticks.tick().await;
+                    keep_alive_once(&mut background_keeper, &mut background_responses).await
+                };
                 tokio::select! {
+                    // The connection was dropped, even while a keep-alive is unanswered.
                     _ = &mut stopped => return,
-                    _ = ticks.tick() => {
+                    result = keep_alive => {
                         // A failed keep-alive ends the session: the workload sees it on its
                         // next call that uses the lease (as a user's program would).
-                        if keep_alive_once(&mut background_keeper, &mut background_responses).await.is_err() {
+                        if result.is_err() {
                             return;
                         }
                     }
