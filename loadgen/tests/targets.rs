@@ -13,7 +13,7 @@
 //! see each other's keys.
 
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -63,6 +63,9 @@ async fn exercise<T: Target>(target: T, keep_alive_supported: bool) {
     watch(&target, &root).await;
     sessions_and_lock(&target, &root, keep_alive_supported).await;
     election(&target, &root).await;
+    let target = Arc::new(target);
+    concurrent_key_value(&target, &root).await;
+    contended_lock(&target, &root).await;
 }
 
 /// upsert, put, get (both consistencies), CAS success and failure, create, create of an
@@ -169,6 +172,59 @@ async fn election<T: Target>(target: &T, root: &str) {
     drop(first);
     let after_drop = before_deadline("the second campaign", leads_rx).await.expect("the candidate reports");
     assert!(after_drop, "the second candidate led before the first's connection was dropped");
+}
+
+/// Clients sharing the target's connections: 32 clients × 50 puts and gets of their own keys,
+/// all succeeding.
+async fn concurrent_key_value<T: Target>(target: &Arc<T>, root: &str) {
+    const CLIENTS: usize = 32;
+    const ROUNDS: usize = 50;
+    let mut tasks = Vec::with_capacity(CLIENTS);
+    for index in 0..CLIENTS {
+        let target = target.clone();
+        let key = format!("{root}/concurrent/k{index}");
+        tasks.push(tokio::spawn(async move {
+            let mut client = target.connect(index, false).await.expect("connect");
+            client.upsert(&key, b"0").await.expect("upsert");
+            for round in 0..ROUNDS {
+                client.put(&key, round.to_string().as_bytes()).await.expect("put");
+                client.get(&key, ReadConsistency::Linearizable).await.expect("get");
+            }
+        }));
+    }
+    for task in tasks {
+        before_deadline("a concurrent client", task).await.expect("a concurrent client");
+    }
+}
+
+/// Eight clients with their own sessions take turns on one lock, ten times each: never two
+/// inside at once, every acquisition served.
+async fn contended_lock<T: Target>(target: &Arc<T>, root: &str) {
+    const CLIENTS: usize = 8;
+    const ROUNDS: usize = 10;
+    let path = format!("{root}/contended");
+    let data = format!("{root}/contended-data");
+    target.connect(0, false).await.expect("connect").upsert(&data, b"").await.expect("upsert");
+    let inside = Arc::new(AtomicUsize::new(0));
+    let mut tasks = Vec::with_capacity(CLIENTS);
+    for index in 0..CLIENTS {
+        let (target, path, data, inside) = (target.clone(), path.clone(), data.clone(), inside.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut client = target.connect(index, true).await.expect("connect");
+            client.open_session().await.expect("open_session");
+            for _ in 0..ROUNDS {
+                client.lock(&path).await.expect("lock");
+                assert_eq!(inside.fetch_add(1, Ordering::SeqCst), 0, "two clients held the lock at once");
+                // A round trip to the server while holding the lock, for the others to get ahead.
+                client.put(&data, index.to_string().as_bytes()).await.expect("put");
+                inside.fetch_sub(1, Ordering::SeqCst);
+                client.unlock(&path).await.expect("unlock");
+            }
+        }));
+    }
+    for task in tasks {
+        before_deadline("a contending client", task).await.expect("a contending client");
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
