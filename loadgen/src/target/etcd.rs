@@ -264,7 +264,12 @@ impl Connection for EtcdConnection {
         let (events, receiver) = tokio::sync::mpsc::channel(WATCH_EVENTS_BUFFERED_MAX);
         tokio::spawn(async move {
             loop {
-                let response = match stream.message().await {
+                let message = tokio::select! {
+                    // The workload stopped listening: end the watch (closing its stream).
+                    _ = events.closed() => return,
+                    message = stream.message() => message,
+                };
+                let response = match message {
                     Ok(Some(response)) if response.canceled() => {
                         Err(OpError::new("other", format!("the server canceled the watch: {}", response.cancel_reason())))
                     }
