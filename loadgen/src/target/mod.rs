@@ -7,7 +7,9 @@
 //! Architecture invariant: nothing here knows about scheduling, histograms or reports; a
 //! target only performs one operation when asked and says how it went.
 
+pub mod etcd;
 pub mod warden;
+pub mod zookeeper;
 
 use std::future::Future;
 use std::time::Duration;
@@ -77,6 +79,16 @@ impl OpError {
     /// The target cannot perform this operation at all (the workload is skipped).
     pub fn unsupported(message: impl Into<String>) -> OpError {
         OpError::new(UNSUPPORTED, message)
+    }
+}
+
+/// `operation`, failed with kind `timeout` when it has not finished within `timeout`: the
+/// deadline of the targets whose client library has no per-request deadline of its own
+/// (dropping the pending call abandons it).
+pub(crate) async fn within<T>(timeout: Duration, operation: impl Future<Output = Result<T, OpError>>) -> Result<T, OpError> {
+    match tokio::time::timeout(timeout, operation).await {
+        Ok(result) => result,
+        Err(_) => Err(OpError::new("timeout", format!("no answer within {timeout:?}"))),
     }
 }
 
