@@ -73,8 +73,8 @@ pub async fn run_load(args: &LoadArgs, candidates: &CandidateCommand, cpu: Optio
     };
     let report = match args.target {
         TargetKind::Warden => run_on(&target::warden::WardenTarget::connect(&options).await?, args, candidates, cpu).await?,
-        TargetKind::Etcd => return Err(OpError::unsupported("not yet available in this build").into()),
-        TargetKind::Zookeeper => return Err(OpError::unsupported("not yet available in this build").into()),
+        TargetKind::Etcd => run_on(&target::etcd::EtcdTarget::connect(&options).await?, args, candidates, cpu).await?,
+        TargetKind::Zookeeper => run_on(&target::zookeeper::ZookeeperTarget::connect(&options).await?, args, candidates, cpu).await?,
     };
     if let Some(path) = &args.html {
         std::fs::write(path, html::render(&report)).map_err(LoadError::Html)?;
@@ -92,8 +92,8 @@ pub async fn run_candidate(args: &LoadArgs, name: &str) -> Result<(), LoadError>
     };
     match args.target {
         TargetKind::Warden => election::candidate(&target::warden::WardenTarget::connect(&options).await?, name).await?,
-        TargetKind::Etcd => return Err(OpError::unsupported("not yet available in this build").into()),
-        TargetKind::Zookeeper => return Err(OpError::unsupported("not yet available in this build").into()),
+        TargetKind::Etcd => election::candidate(&target::etcd::EtcdTarget::connect(&options).await?, name).await?,
+        TargetKind::Zookeeper => election::candidate(&target::zookeeper::ZookeeperTarget::connect(&options).await?, name).await?,
     }
     Ok(())
 }
