@@ -10,7 +10,8 @@
 
 use std::hint::black_box;
 
-use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
+use criterion::measurement::WallTime;
+use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion, Throughput};
 use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
@@ -73,6 +74,14 @@ fn harness_with_batch_keys(prefix: &str) -> Harness {
     ns
 }
 
+/// Benchmarks applying the batches `batch` makes to `ns` (checked to succeed first). Each
+/// kind gets its own namespace, dropped before the next one starts, so one kind's RocksDB
+/// background work does not run during another's measurement.
+fn bench_batches(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, mut ns: Harness, mut batch: impl FnMut() -> Vec<Vec<u8>>) {
+    assert_succeeded(ns.apply_batch(&batch()).expect("write"));
+    group.bench_function(name, |b| b.iter_batched(&mut batch, |commands| ns.apply_batch(&commands), BatchSize::SmallInput));
+}
+
 fn apply_batch(c: &mut Criterion) {
     let mut group = c.benchmark_group("namespace/apply_batch");
     group.throughput(Throughput::Elements(BATCH as u64));
@@ -81,32 +90,28 @@ fn apply_batch(c: &mut Criterion) {
     let mut ns = harness();
     ns.create_simple("/bench", b"").expect("create /bench");
     let mut created = 0u64;
-    let mut creates = || {
+    let creates = move || {
         (0..BATCH)
             .map(|_| {
                 created += 1;
                 txn_command(Vec::new(), vec![create(format!("/bench/n{created:012}"), created as u8)])
             })
-            .collect::<Vec<_>>()
+            .collect()
     };
-    assert_succeeded(ns.apply_batch(&creates()).expect("write"));
-    group.bench_function("create", |b| b.iter_batched(&mut creates, |commands| ns.apply_batch(&commands), BatchSize::SmallInput));
+    bench_batches(&mut group, "create", ns, creates);
 
     // Sets of existing nodes.
-    let mut ns = harness_with_batch_keys("s");
     let mut round = 0u8;
-    let mut sets = || {
+    let sets = move || {
         round = round.wrapping_add(1);
-        (0..BATCH).map(|i| txn_command(Vec::new(), vec![set(format!("/bench/s{i}"), round)])).collect::<Vec<_>>()
+        (0..BATCH).map(|i| txn_command(Vec::new(), vec![set(format!("/bench/s{i}"), round)])).collect()
     };
-    assert_succeeded(ns.apply_batch(&sets()).expect("write"));
-    group.bench_function("set", |b| b.iter_batched(&mut sets, |commands| ns.apply_batch(&commands), BatchSize::SmallInput));
+    bench_batches(&mut group, "set", harness_with_batch_keys("s"), sets);
 
     // Compare-and-set transactions: the key exists (mod_revision > 0), then set it and read
     // its neighbour.
-    let mut ns = harness_with_batch_keys("t");
     let mut round = 0u8;
-    let mut txns = || {
+    let txns = move || {
         round = round.wrapping_add(1);
         (0..BATCH)
             .map(|i| {
@@ -120,10 +125,9 @@ fn apply_batch(c: &mut Criterion) {
                 let get = Op::Get(GetRequest { path: format!("/bench/t{}", (i + 1) % BATCH), ..GetRequest::default() });
                 txn_command(vec![compare], vec![set(format!("/bench/t{i}"), round), get])
             })
-            .collect::<Vec<_>>()
+            .collect()
     };
-    assert_succeeded(ns.apply_batch(&txns()).expect("write"));
-    group.bench_function("txn", |b| b.iter_batched(&mut txns, |commands| ns.apply_batch(&commands), BatchSize::SmallInput));
+    bench_batches(&mut group, "txn", harness_with_batch_keys("t"), txns);
     group.finish();
 }
 
