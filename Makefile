@@ -24,9 +24,11 @@ lint: setup
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
 # Cluster tests start many nodes; one test at a time keeps a 2-core machine from thrashing.
-# `--all-targets` skips doctests, so they run in a second step.
+# The criterion benches (`benches/`) run once each in test mode, in a step of their own:
+# criterion refuses libtest's `--test-threads`. Doctests run in a last step.
 test: lint
-	cargo test --release --workspace --all-targets -- --test-threads=1
+	cargo test --release --workspace --lib --bins --tests --examples -- --test-threads=1
+	cargo test --release --benches
 	cargo test --release --workspace --doc
 
 bench: build

@@ -17,7 +17,7 @@ use warden_proto::v1::*;
 
 use super::{Limits, NamespaceFactory};
 use crate::error::EngineError;
-use crate::state_machine::{LeaderClock, SmReader, SmWrites, StateMachine, StateMachineFactory};
+use crate::state_machine::{ApplyOutput, LeaderClock, SmReader, SmWrites, StateMachine, StateMachineFactory};
 use crate::storage::Db;
 
 const GROUP: u64 = 1;
@@ -63,12 +63,28 @@ impl Harness {
 
     /// Applies raw command bytes as the next entry (bad bytes come back as `Err`).
     pub fn apply_bytes(&mut self, command: &[u8]) -> Result<Vec<u8>, EngineError> {
-        self.index += 1;
+        let mut outputs = self.apply_batch(&[command])?;
+        outputs.pop().unwrap_or_else(|| Err(EngineError::Invalid("no output".into())))
+    }
+
+    /// Applies `commands` as consecutive entries committed together, as the engine applies a
+    /// ready's committed entries: into one set of writes, written once, then published. Each
+    /// command's output, in order; `Err` only when the write fails.
+    pub fn apply_batch<C: AsRef<[u8]>>(&mut self, commands: &[C]) -> Result<Vec<ApplyOutput>, EngineError> {
         let mut writes = SmWrites::new(GROUP);
-        let output = self.sm.apply(self.index, command, &mut writes);
+        let mut outputs = Vec::with_capacity(commands.len());
+        for command in commands {
+            self.index += 1;
+            outputs.push(self.sm.apply(self.index, command.as_ref(), &mut writes));
+        }
         self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.sm.publish();
-        output
+        Ok(outputs)
+    }
+
+    /// A reader of the harness's group, for reads below the state machine (`store`, `locks`).
+    pub fn reader(&self) -> SmReader {
+        SmReader::new(self.db.clone(), GROUP)
     }
 
     fn apply_result(&mut self, op: CommandOp) -> Outcome<CommandOutcome> {

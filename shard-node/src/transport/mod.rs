@@ -209,6 +209,24 @@ impl RaftSender for Transport {
     }
 }
 
+/// Appends the envelopes of `group`'s raft `message` to `batch`: one envelope when its
+/// encoding fits in `chunk_bytes`, else chunks under a fresh id from `next_message_id`.
+/// Returns the message's encoded bytes. Public (with [`server::decode_envelope`], its
+/// inverse) for the micro-benchmarks in the workspace's `benches/`.
+pub fn encode_message(group: u64, message: &Message, chunk_bytes: usize, next_message_id: &AtomicU64, batch: &mut Vec<RaftEnvelope>) -> usize {
+    let bytes = message.write_to_bytes().unwrap_or_default();
+    let size = bytes.len();
+    if size <= chunk_bytes {
+        batch.push(RaftEnvelope { group_id: group, body: Some(Body::Message(bytes)) });
+    } else {
+        let id = next_message_id.fetch_add(1, Ordering::Relaxed);
+        for chunk in chunk::split(id, &bytes, chunk_bytes) {
+            batch.push(RaftEnvelope { group_id: group, body: Some(Body::Chunk(chunk)) });
+        }
+    }
+    size
+}
+
 /// A new connection to node `to`'s transport.
 async fn connect(directory: &PeerDirectory, to: u64, limits: &TransportLimits) -> Result<RaftTransportClient<tonic::transport::Channel>, String> {
     let addr = directory.get(to).ok_or_else(|| format!("no address for node {to}"))?;
@@ -309,17 +327,7 @@ impl PeerTask {
 
     /// Appends the envelopes of one message to `batch`; returns bytes added.
     fn encode(&self, outgoing: &Outgoing, batch: &mut Vec<RaftEnvelope>) -> usize {
-        let bytes = outgoing.message.write_to_bytes().unwrap_or_default();
-        let size = bytes.len();
-        if size <= self.limits.chunk_bytes {
-            batch.push(RaftEnvelope { group_id: outgoing.group, body: Some(Body::Message(bytes)) });
-        } else {
-            let id = self.next_message_id.fetch_add(1, Ordering::Relaxed);
-            for chunk in chunk::split(id, &bytes, self.limits.chunk_bytes) {
-                batch.push(RaftEnvelope { group_id: outgoing.group, body: Some(Body::Chunk(chunk)) });
-            }
-        }
-        size
+        encode_message(outgoing.group, &outgoing.message, self.limits.chunk_bytes, &self.next_message_id, batch)
     }
 
     /// Snapshots never come this way (see [`Transport::send`]).

@@ -6,9 +6,9 @@ use raft::eraftpb::Message;
 use tonic::{Request, Response, Status, Streaming};
 use warden_proto::transport::raft_envelope::Body;
 use warden_proto::transport::raft_transport_server::{RaftTransport, RaftTransportServer};
-use warden_proto::transport::{RaftBatch, SnapshotChunk, SnapshotDone, StreamDone};
+use warden_proto::transport::{RaftBatch, RaftEnvelope, SnapshotChunk, SnapshotDone, StreamDone};
 
-use super::chunk::Assembler;
+use super::chunk::{Assembler, ChunkError};
 use super::snapshot::{self, Transfers};
 use super::TransportLimits;
 use crate::host::NodeHandle;
@@ -32,25 +32,40 @@ impl RaftTransportService {
 
     fn deliver(&self, batch: RaftBatch, assembler: &mut Assembler) {
         for envelope in batch.envelopes {
-            let bytes = match envelope.body {
-                Some(Body::Message(bytes)) => bytes,
-                Some(Body::Chunk(chunk)) => match assembler.push(chunk) {
-                    Ok(Some(bytes)) => bytes,
-                    Ok(None) => continue,
-                    Err(error) => {
-                        tracing::warn!(from = batch.from_node, %error, "dropping chunked message");
-                        continue;
-                    }
-                },
-                None => continue,
-            };
-            match Message::parse_from_bytes(&bytes) {
+            match decode_envelope(envelope, assembler) {
                 // A full inbox loses the message: raft retransmits.
-                Ok(message) => drop(self.node.deliver(envelope.group_id, message)),
-                Err(error) => tracing::warn!(from = batch.from_node, %error, "dropping undecodable raft message"),
+                Ok(Some((group, message))) => drop(self.node.deliver(group, message)),
+                Ok(None) => {}
+                Err(error) => tracing::warn!(from = batch.from_node, %error, "dropping raft message"),
             }
         }
     }
+}
+
+/// Why a received envelope gives no message (it is dropped; raft resends).
+#[derive(Debug, thiserror::Error)]
+pub enum EnvelopeError {
+    /// A chunk did not fit its message (the partial message is discarded).
+    #[error("chunked message: {0}")]
+    Chunk(#[from] ChunkError),
+    /// The bytes are not a raft-proto message.
+    #[error("undecodable raft message: {0}")]
+    Decode(#[from] protobuf::ProtobufError),
+}
+
+/// The group and raft message an envelope completes: `Ok(None)` for a chunk of a message not
+/// complete yet (held by `assembler`) or an envelope without a body. The inverse of
+/// [`super::encode_message`]; public for the micro-benchmarks in the workspace's `benches/`.
+pub fn decode_envelope(envelope: RaftEnvelope, assembler: &mut Assembler) -> Result<Option<(u64, Message)>, EnvelopeError> {
+    let bytes = match envelope.body {
+        Some(Body::Message(bytes)) => bytes,
+        Some(Body::Chunk(chunk)) => match assembler.push(chunk)? {
+            Some(bytes) => bytes,
+            None => return Ok(None),
+        },
+        None => return Ok(None),
+    };
+    Ok(Some((envelope.group_id, Message::parse_from_bytes(&bytes)?)))
 }
 
 #[tonic::async_trait]
