@@ -146,7 +146,9 @@ def load_runs(results_dir):
 
 
 def completed(run):
-    return "status" not in run
+    """Whether the run measured something: not refused, and not a run whose every operation
+    the target answered as unsupported (then it is shown as skipped)."""
+    return "status" not in run and not (not run.get("ops") and (run.get("errors_by_kind") or {}).get("unsupported"))
 
 
 def label(run):
@@ -204,6 +206,8 @@ def errors(run):
 
 
 def not_run(run):
+    if "status" not in run:
+        return "skipped: unsupported by this target"
     return f"{run['status']}: {run.get('message', '')}".replace("|", "\\|")
 
 
@@ -412,6 +416,10 @@ def report(results_dir, out_path):
     known = {w for w, _ in WORKLOADS}
     parts += [s for s in (workload_section(runs, w, w) for w in sorted({r.get("workload") for r in runs} - known)) if s]
     parts += [s for s in (open_loop_section(runs), scaling_section(runs)) if s]
+    config_path = os.path.join(results_dir, "zookeeper-s1.cfg")
+    if commands and os.path.exists(config_path):
+        commands += "\n\n# ZooKeeper server 1's zoo.cfg (servers 2-5 differ in clientPort and dataDir):\n"
+        commands += "\n".join("#   " + line for line in open(config_path).read().strip().splitlines())
     if commands:
         parts.append("## Commands\n\nExactly as run, in order (`--server-pids` lists the server processes of that run):\n\n```sh\n" + commands + "\n```")
     with open(out_path, "w") as f:
