@@ -385,7 +385,9 @@ clients:
   answered) unless stated, `--conns` = min(clients, 10) connections (ZooKeeper: sessions).
 - server CPU µs/op: CPU time of the server processes over the measured window (from
   `/proc/PID/stat`) divided by the acknowledged operations.
-- ops/s vs etcd: the system's ops/s over etcd's at the same workload and client count."""
+- ops/s vs etcd: the system's ops/s over etcd's at the same workload and client count.
+- How each workload maps onto each system's API (e.g. a linearizable ZooKeeper read is `sync`
+  then `getData`): `warden-loadgen --help`."""
 
 
 def report(results_dir, out_path):
