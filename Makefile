@@ -6,7 +6,7 @@
 CARGO_TARGET_DIR ?= $(HOME)/.cache/warden-target
 export CARGO_TARGET_DIR
 
-.PHONY: setup dev test lint bench build
+.PHONY: setup dev test lint bench build compare
 
 setup:
 	@bash scripts/setup.sh
@@ -33,3 +33,9 @@ test: lint
 
 bench: build
 	$(CARGO_TARGET_DIR)/release/warden bench engine $(ARGS)
+
+# Side-by-side load runs against a 5-member etcd and a 5-server ZooKeeper on this machine
+# (installed from Debian when missing), writing BENCHMARKS.md and benchmarks/results/. Not part
+# of `make test`: it installs servers and takes a while. ARGS=--quick tries it in short runs.
+compare: setup
+	bash scripts/bench-vs $(ARGS)

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages the build needs, and only those that are missing.
-# librocksdb-sys needs libclang (bindgen); proto/ needs protoc (tonic-prost-build);
-# etcd-client (the loadgen's etcd target) also needs protoc's well-known types.
+# librocksdb-sys needs libclang (bindgen); proto/ needs protoc (tonic-prost-build); the
+# etcd-client crate's build needs protoc's well-known types (google/protobuf/*.proto).
 set -euo pipefail
 missing=()
 dpkg -s libclang-dev >/dev/null 2>&1 || missing+=(libclang-dev)

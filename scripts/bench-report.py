@@ -1,0 +1,451 @@
+#!/usr/bin/env python3
+"""BENCHMARKS.md from the raw results of scripts/bench-vs (standard library only).
+
+    bench-report.py machine --commit SHA --work-dir DIR --quick 0|1 --duration-s S --warmup-s S > run.json
+    bench-report.py report RESULTS_DIR OUT.md
+
+`machine` records what the report needs about the run and the machine while it runs (so the
+report can be regenerated later from the committed results); `report` reads RESULTS_DIR's
+run.json, commands.txt and <system>.jsonl files (one warden-loadgen JSON object per line, or
+a {"status": "skipped"|"failed", "message": ...} record for a run the target refused).
+Every figure in the report, including whether a target is met, is computed from those files.
+If benchmarks/analysis.md exists beside the results (written by hand from a profile), it is
+included under the targets.
+"""
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+
+SYSTEMS = ["etcd", "zookeeper", "warden"]
+SYSTEM_NAMES = {"etcd": "etcd", "zookeeper": "ZooKeeper", "warden": "Warden"}
+WORKLOADS = [
+    ("put", "overwrite an existing key"),
+    ("get", "linearizable read of an existing key"),
+    ("txn-cas", "compare-and-swap transaction on an existing key"),
+    ("lock", "acquire and release a lock (one op = one lock+unlock cycle)"),
+    ("session-keepalive", "session (etcd: lease) keep-alive round trips"),
+    ("watch", "watchers receiving writes' events; latency from the write's acknowledgement to the delivery"),
+    ("mixed", "90% linearizable gets, 10% puts"),
+]
+# The issue's targets, at this many clients.
+TARGET_CLIENTS = 1000
+TARGET_THROUGHPUT_RATIO = 3.0
+
+
+def command_output(args):
+    """The first line of a command's output (stdout, else stderr), or None if it cannot run."""
+    try:
+        done = subprocess.run(args, capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = (done.stdout or done.stderr).strip()
+    return text.splitlines()[0] if text else None
+
+
+def cpu_model():
+    """lscpu's model name, or None."""
+    try:
+        done = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    for line in done.stdout.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "Model name":
+            return value.strip()
+    return None
+
+
+def memory_gib():
+    """MemTotal in GiB, or None."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemTotal:"):
+                    return round(int(line.split()[1]) / (1024 * 1024), 1)
+    except OSError:
+        pass
+    return None
+
+
+def disk_of(path):
+    """What can be known of the disk holding `path` (where the servers fsync)."""
+    try:
+        done = subprocess.run(["df", "--output=source,fstype", path], capture_output=True, text=True, timeout=30, check=False)
+        source, fstype = done.stdout.strip().splitlines()[-1].split()[:2]
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return "unknown"
+    block = "/sys/class/block/" + os.path.basename(source)
+    if os.path.isdir(block) and not os.path.isdir(block + "/queue"):
+        block = os.path.realpath(block + "/..")  # a partition: the queue is its disk's
+    facts = [f"{source} ({fstype})"]
+    driver = os.path.realpath(block + "/device/driver") if os.path.exists(block + "/device/driver") else ""
+    if driver:
+        facts.append("driver " + os.path.basename(driver))
+    try:
+        with open(block + "/queue/rotational") as f:
+            rotational = f.read().strip() == "1"
+        facts.append("reports rotational" if rotational else "reports non-rotational (SSD/NVMe)")
+    except OSError:
+        pass
+    if "virtio" in " ".join(facts):
+        facts.append("a virtual machine's disk: the physical medium is not visible")
+    return ", ".join(facts)
+
+
+def machine(args):
+    """Prints run.json: the machine, the date, the commit and the run's parameters."""
+    java = command_output(["java", "-version"])
+    zookeeper = command_output(["dpkg-query", "-W", "-f=${Version}", "zookeeper"])
+    run = {
+        "date_utc": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": args.commit,
+        "quick": args.quick == 1,
+        "duration_s": args.duration_s,
+        "warmup_s": args.warmup_s,
+        "nproc": os.cpu_count(),
+        "cpu_model": cpu_model(),
+        "memory_gib": memory_gib(),
+        "disk": disk_of(args.work_dir),
+        "kernel": platform.release(),
+        "os": command_output(["sh", "-c", ". /etc/os-release && echo $PRETTY_NAME"]),
+        "etcd_version": command_output(["etcd", "--version"]),
+        "zookeeper_version": f"Debian package {zookeeper}" if zookeeper else None,
+        "java_version": java,
+    }
+    json.dump(run, sys.stdout, indent=2)
+    print()
+
+
+# ---------------------------------------------------------------------------------------------
+# The report
+
+
+def load_runs(results_dir):
+    """Every run of every system, as dicts, in file order."""
+    runs = []
+    for system in SYSTEMS:
+        path = os.path.join(results_dir, system + ".jsonl")
+        if not os.path.exists(path):
+            continue
+        with open(path) as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    run = json.loads(line)
+                except json.JSONDecodeError as error:
+                    sys.exit(f"bench-report: {path}:{number}: not JSON: {error}")
+                run.setdefault("target", system)
+                runs.append(run)
+    return runs
+
+
+def completed(run):
+    """Whether the run measured something: not refused, and not a run whose every operation
+    the target answered as unsupported (then it is shown as skipped)."""
+    return "status" not in run and not (not run.get("ops") and (run.get("errors_by_kind") or {}).get("unsupported"))
+
+
+def label(run):
+    return run.get("label") or ""
+
+
+def kind(run):
+    """Which table a run belongs to: scaling (label groups=N), open-loop (a rate) or main."""
+    if label(run).startswith("groups="):
+        return "scaling"
+    if run.get("rate") is not None or label(run) == "open-loop":
+        return "open-loop"
+    return "main"
+
+
+def find(runs, target, workload, clients, table="main"):
+    for run in runs:
+        if run.get("target") == target and run.get("workload") == workload and run.get("clients") == clients and kind(run) == table:
+            return run
+    return None
+
+
+def number(value, digits=0):
+    if value is None:
+        return "–"
+    return f"{value:,.{digits}f}"
+
+
+def ms(value):
+    """Milliseconds with three significant figures (at least two decimals below 1 ms)."""
+    if value is None:
+        return "–"
+    if value < 1:
+        return f"{value:.3f}"
+    if value < 10:
+        return f"{value:.2f}"
+    if value < 100:
+        return f"{value:.1f}"
+    return f"{value:,.0f}"
+
+
+def ratio(value, reference):
+    if value is None or not reference:
+        return "–"
+    return f"{value / reference:.2f}×"
+
+
+def errors(run):
+    total = run.get("errors") or 0
+    if not total:
+        return "0"
+    kinds = run.get("errors_by_kind") or {}
+    detail = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
+    return f"{total} ({detail})" if detail else str(total)
+
+
+def not_run(run):
+    if "status" not in run:
+        return "skipped: unsupported by this target"
+    return f"{run['status']}: {run.get('message', '')}".replace("|", "\\|")
+
+
+def table(header, rows):
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    lines += ["| " + " | ".join(str(cell) for cell in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def workload_section(runs, workload, description):
+    chosen = [r for r in runs if r.get("workload") == workload and kind(r) == "main"]
+    if not chosen:
+        return None
+    clients_list = sorted({r.get("clients") for r in chosen})
+    rows = []
+    for clients in clients_list:
+        etcd = find(runs, "etcd", workload, clients)
+        etcd_ops = etcd.get("ops_per_sec") if etcd and completed(etcd) else None
+        for system in SYSTEMS:
+            run = find(runs, system, workload, clients)
+            if run is None:
+                continue
+            name = SYSTEM_NAMES[system]
+            if not completed(run):
+                rows.append([name, clients, not_run(run), "–", "–", "–", "–", "–"])
+                continue
+            rows.append(
+                [
+                    name,
+                    f"{clients:,}",
+                    number(run.get("ops_per_sec")),
+                    ms(run.get("p50_ms")),
+                    ms(run.get("p99_ms")),
+                    number(run.get("server_cpu_us_per_op"), 1),
+                    errors(run),
+                    ratio(run.get("ops_per_sec"), etcd_ops),
+                ]
+            )
+    header = ["System", "Clients", "ops/s", "p50 ms", "p99 ms", "server CPU µs/op", "errors", "ops/s vs etcd"]
+    return f"### {workload}\n\n{description[:1].upper()}{description[1:]}.\n\n" + table(header, rows)
+
+
+def open_loop_section(runs):
+    chosen = [r for r in runs if kind(r) == "open-loop"]
+    if not chosen:
+        return None
+    etcd = next((r for r in chosen if r.get("target") == "etcd" and completed(r)), None)
+    rows = []
+    for system in SYSTEMS:
+        run = next((r for r in chosen if r.get("target") == system), None)
+        if run is None:
+            continue
+        if not completed(run):
+            rows.append([SYSTEM_NAMES[system], run.get("clients", "–"), not_run(run)] + ["–"] * 7)
+            continue
+        rows.append(
+            [
+                SYSTEM_NAMES[system],
+                f"{run.get('clients'):,}",
+                number(run.get("rate")),
+                number(run.get("ops_per_sec")),
+                ms(run.get("p50_ms")),
+                ms(run.get("p99_ms")),
+                ms(run.get("p999_ms")),
+                ms(run.get("max_ms")),
+                errors(run),
+                ratio(run.get("p99_ms"), etcd.get("p99_ms") if etcd else None),
+            ]
+        )
+    header = ["System", "Clients", "rate (ops/s)", "achieved ops/s", "p50 ms", "p99 ms", "p99.9 ms", "max ms", "errors", "p99 vs etcd"]
+    rate = chosen[0].get("rate")
+    intro = (
+        f"`put` at a fixed arrival rate of {number(rate)} ops/s, half of etcd's best closed-loop put rate in this run; "
+        "latency counts from each operation's intended send time, so a stalled server shows up in the percentiles "
+        "instead of slowing the senders down (no coordinated omission)."
+    )
+    return "## Open loop\n\n" + intro + "\n\n" + table(header, rows)
+
+
+def scaling_section(runs):
+    chosen = [r for r in runs if kind(r) == "scaling" and r.get("target") == "warden"]
+    if not chosen:
+        return None
+
+    def groups(run):
+        try:
+            return int(label(run).split("=", 1)[1])
+        except (IndexError, ValueError):
+            return 0
+
+    chosen.sort(key=groups)
+    one = next((r for r in chosen if groups(r) == 1 and completed(r)), None)
+    rows = []
+    for run in chosen:
+        if not completed(run):
+            rows.append([groups(run), not_run(run), "–", "–", "–"])
+            continue
+        rows.append(
+            [
+                groups(run),
+                number(run.get("ops_per_sec")),
+                ms(run.get("p99_ms")),
+                number(run.get("server_cpu_us_per_op"), 1),
+                ratio(run.get("ops_per_sec"), one.get("ops_per_sec") if one else None),
+            ]
+        )
+    clients = chosen[0].get("clients")
+    intro = (
+        f"Warden's aggregate `put` rate at {clients:,} clients with the keys spread over N prefixes "
+        "(`--prefixes N`), each prefix its own shard group."
+    )
+    header = ["Groups", "writes/s", "p99 ms", "server CPU µs/op", "vs 1 group"]
+    return "## Warden: scaling with shard groups\n\n" + intro + "\n\n" + table(header, rows)
+
+
+def targets_section(runs):
+    lines = []
+    for workload, what in (("put", "puts"), ("lock", "lock+unlock cycles")):
+        warden = find(runs, "warden", workload, TARGET_CLIENTS)
+        etcd = find(runs, "etcd", workload, TARGET_CLIENTS)
+        head = f"- `{workload}` at {TARGET_CLIENTS:,} clients, Warden ≥ {TARGET_THROUGHPUT_RATIO:g}× etcd's ops/s: "
+        if not (warden and etcd and completed(warden) and completed(etcd) and etcd.get("ops_per_sec")):
+            lines.append(head + "**not measured** in this run (a run is missing or was refused; see the tables).")
+            continue
+        measured = warden["ops_per_sec"] / etcd["ops_per_sec"]
+        figures = f"Warden {number(warden['ops_per_sec'])} {what}/s, etcd {number(etcd['ops_per_sec'])}: {measured:.2f}×"
+        if measured >= TARGET_THROUGHPUT_RATIO:
+            lines.append(head + f"**met** ({figures}).")
+        else:
+            short = TARGET_THROUGHPUT_RATIO / measured if measured > 0 else float("inf")
+            lines.append(head + f"**not met** ({figures}; Warden would need {short:.2f}× its measured rate).")
+    warden = next((r for r in runs if kind(r) == "open-loop" and r.get("target") == "warden"), None)
+    etcd = next((r for r in runs if kind(r) == "open-loop" and r.get("target") == "etcd"), None)
+    head = "- Open loop at 50% of etcd's peak put rate, Warden's p99 ≤ etcd's: "
+    if not (warden and etcd and completed(warden) and completed(etcd) and warden.get("p99_ms") is not None and etcd.get("p99_ms")):
+        lines.append(head + "**not measured** in this run (a run is missing or was refused; see the tables).")
+    else:
+        figures = f"Warden p99 {ms(warden['p99_ms'])} ms, etcd {ms(etcd['p99_ms'])} ms: {warden['p99_ms'] / etcd['p99_ms']:.2f}× etcd's"
+        verdict = "met" if warden["p99_ms"] <= etcd["p99_ms"] else "not met"
+        lines.append(head + f"**{verdict}** ({figures}).")
+    return "## Targets\n\n" + "\n".join(lines)
+
+
+def machine_section(run):
+    facts = [
+        ("CPU", f"{run.get('cpu_model') or 'unknown model'}, {run.get('nproc')} cores (`nproc`)"),
+        ("Memory", f"{run.get('memory_gib')} GiB"),
+        ("Disk (the servers' data directories)", run.get("disk") or "unknown"),
+        ("Kernel", run.get("kernel")),
+        ("OS", run.get("os")),
+        ("etcd", run.get("etcd_version")),
+        ("ZooKeeper", run.get("zookeeper_version")),
+        ("Java (for ZooKeeper)", run.get("java_version")),
+    ]
+    return "## Machine\n\n" + "\n".join(f"- {name}: {value or 'unknown'}" for name, value in facts)
+
+
+def setup_section(run):
+    return f"""## Setup
+
+All three systems ran on this one machine, one after the other in the same run (each started,
+measured and stopped before the next, so idle servers took no CPU from the measured one), with
+5 replicas each, their default durability (an fsync per commit) and the same warden-loadgen
+clients:
+
+- etcd: 5 members on loopback (Debian's `etcd-server`), default settings (fsync on).
+- ZooKeeper: 5 servers on loopback (Debian's `zookeeper`), default `forceSync=yes`;
+  `maxClientCnxns=0` so loopback clients are not capped at 60 connections.
+- Warden: `warden dev` (5 nodes, placement, one router) with 16 shard groups `/bench/p0` …
+  `/bench/p15`. The main tables use `--prefixes 16` on every system: keys `/bench/p{{i}}/k{{j}}`
+  over 16 prefixes, so on Warden over 16 shard groups (spreading load over many groups is what
+  Warden is built for); etcd and ZooKeeper see the same key names.
+- Every run: {run.get('duration_s')} s measured after {run.get('warmup_s')} s of warmup,
+  256-byte values, closed loop (each client sends its next operation when the previous one is
+  answered) unless stated, `--conns` = min(clients, 10) connections (ZooKeeper: sessions).
+- server CPU µs/op: CPU time of the server processes over the measured window (from
+  `/proc/PID/stat`) divided by the acknowledged operations.
+- ops/s vs etcd: the system's ops/s over etcd's at the same workload and client count.
+- How each workload maps onto each system's API (e.g. a linearizable ZooKeeper read is `sync`
+  then `getData`): `warden-loadgen --help`."""
+
+
+def report(results_dir, out_path):
+    with open(os.path.join(results_dir, "run.json")) as f:
+        run = json.load(f)
+    runs = load_runs(results_dir)
+    if not runs:
+        sys.exit(f"bench-report: no runs in {results_dir}")
+    commands_path = os.path.join(results_dir, "commands.txt")
+    commands = open(commands_path).read().strip() if os.path.exists(commands_path) else ""
+    repo_root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    shown_dir = os.path.relpath(os.path.abspath(results_dir), repo_root)
+    if shown_dir.startswith(".."):
+        shown_dir = os.path.abspath(results_dir)
+
+    parts = [
+        "# Benchmarks: Warden, etcd and ZooKeeper",
+        f"Generated by `make compare` (`scripts/bench-vs`, then `scripts/bench-report.py`) on {run.get('date_utc')} "
+        f"at commit `{run.get('commit')}`. Raw results, one JSON object per run: `{shown_dir}/`."
+        + ("\n\n**A `--quick` trial run (2-second runs): not a measurement to quote.**" if run.get("quick") else ""),
+        targets_section(runs),
+    ]
+    analysis = os.path.join(repo_root, "benchmarks", "analysis.md")
+    if os.path.exists(analysis):
+        parts.append(open(analysis).read().strip())
+    parts += [machine_section(run), setup_section(run), "## Closed loop, by workload"]
+    parts += [s for s in (workload_section(runs, w, d) for w, d in WORKLOADS) if s]
+    known = {w for w, _ in WORKLOADS}
+    parts += [s for s in (workload_section(runs, w, w) for w in sorted({r.get("workload") for r in runs} - known)) if s]
+    parts += [s for s in (open_loop_section(runs), scaling_section(runs)) if s]
+    config_path = os.path.join(results_dir, "zookeeper-s1.cfg")
+    if commands and os.path.exists(config_path):
+        commands += "\n\n# ZooKeeper server 1's zoo.cfg (servers 2-5 differ in clientPort and dataDir):\n"
+        commands += "\n".join("#   " + line for line in open(config_path).read().strip().splitlines())
+    if commands:
+        parts.append("## Commands\n\nExactly as run, in order (`--server-pids` lists the server processes of that run):\n\n```sh\n" + commands + "\n```")
+    with open(out_path, "w") as f:
+        f.write("\n\n".join(parts) + "\n")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    commands = parser.add_subparsers(dest="command", required=True)
+    machine_args = commands.add_parser("machine", help="print run.json for the current machine and run")
+    machine_args.add_argument("--commit", required=True)
+    machine_args.add_argument("--work-dir", required=True)
+    machine_args.add_argument("--quick", type=int, choices=(0, 1), default=0)
+    machine_args.add_argument("--duration-s", type=int, required=True)
+    machine_args.add_argument("--warmup-s", type=int, required=True)
+    report_args = commands.add_parser("report", help="write BENCHMARKS.md from a results directory")
+    report_args.add_argument("results_dir")
+    report_args.add_argument("out")
+    args = parser.parse_args()
+    if args.command == "machine":
+        machine(args)
+    else:
+        report(args.results_dir, args.out)
+
+
+if __name__ == "__main__":
+    main()
