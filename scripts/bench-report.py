@@ -27,10 +27,12 @@ WORKLOADS = [
     ("put", "overwrite an existing key"),
     ("get", "linearizable read of an existing key"),
     ("txn-cas", "compare-and-swap transaction on an existing key"),
+    ("create-delete", "create a new key, then delete it (one op = the pair)"),
     ("lock", "acquire and release a lock (one op = one lock+unlock cycle)"),
     ("session-keepalive", "session (etcd: lease) keep-alive round trips"),
     ("watch", "watchers receiving writes' events; latency from the write's acknowledgement to the delivery"),
     ("mixed", "90% linearizable gets, 10% puts"),
+    ("election", "leader failover: the leader's process is SIGKILLed; latency from the kill until another of the 3 candidates leads (session TTL 4 s; one op = one failover)"),
 ]
 # The issue's targets, at this many clients.
 TARGET_CLIENTS = 1000
