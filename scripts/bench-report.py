@@ -223,11 +223,15 @@ def workload_section(runs, workload, description):
     chosen = [r for r in runs if r.get("workload") == workload and kind(r) == "main"]
     if not chosen:
         return None
+    # An election run measures failover time (one op = one failover, lower is better); the
+    # others measure throughput (higher is better) at a latency.
+    failover = workload == "election"
     clients_list = sorted({r.get("clients") for r in chosen})
     rows = []
     for clients in clients_list:
         etcd = find(runs, "etcd", workload, clients)
-        etcd_ops = etcd.get("ops_per_sec") if etcd and completed(etcd) else None
+        reference_field = "p50_ms" if failover else "ops_per_sec"
+        reference = etcd.get(reference_field) if etcd and completed(etcd) else None
         for system in SYSTEMS:
             run = find(runs, system, workload, clients)
             if run is None:
@@ -236,19 +240,23 @@ def workload_section(runs, workload, description):
             if not completed(run):
                 rows.append([name, clients, not_run(run), "–", "–", "–", "–", "–"])
                 continue
+            first = number(run.get("ops")) if failover else number(run.get("ops_per_sec"))
             rows.append(
                 [
                     name,
                     f"{clients:,}",
-                    number(run.get("ops_per_sec")),
+                    first,
                     ms(run.get("p50_ms")),
                     ms(run.get("p99_ms")),
                     number(run.get("server_cpu_us_per_op"), 1),
                     errors(run),
-                    ratio(run.get("ops_per_sec"), etcd_ops),
+                    ratio(run.get(reference_field), reference),
                 ]
             )
-    header = ["System", "Clients", "ops/s", "p50 ms", "p99 ms", "server CPU µs/op", "errors", "ops/s vs etcd"]
+    if failover:
+        header = ["System", "Candidates", "failovers", "p50 ms", "p99 ms", "server CPU µs/failover", "errors", "p50 vs etcd"]
+    else:
+        header = ["System", "Clients", "ops/s", "p50 ms", "p99 ms", "server CPU µs/op", "errors", "ops/s vs etcd"]
     return f"### {workload}\n\n{description[:1].upper()}{description[1:]}.\n\n" + table(header, rows)
 
 

@@ -52,14 +52,38 @@ impl Acks {
         let slot = (seq % ACKS_REMEMBERED as u64) as usize;
         self.acked_us[slot].store(self.start.elapsed().as_micros() as u64, Ordering::Relaxed);
         self.seqs[slot].store(seq + 1, Ordering::Release);
-        self.written.fetch_max(seq + 1, Ordering::Relaxed);
+        // Release: whoever reads `written` > seq (Acquire) then finds the slot filled.
+        self.written.fetch_max(seq + 1, Ordering::Release);
     }
 
-    /// When write `seq` was acknowledged; `None` if not yet (or no longer remembered).
-    fn acked_at(&self, seq: u64) -> Option<Instant> {
+    /// How the event of write `seq` relates to the write's acknowledgement.
+    fn delivery(&self, seq: u64) -> Delivery {
+        // `written` first: if it already counts `seq`, the slot was filled before (Release /
+        // Acquire), so an empty or different slot can only mean it was reused by a write
+        // `ACKS_REMEMBERED` later. Reading the slot first would race with the writer between
+        // the two reads and call a fresh acknowledgement lagged.
+        let written = self.written.load(Ordering::Acquire);
         let slot = (seq % ACKS_REMEMBERED as u64) as usize;
-        (self.seqs[slot].load(Ordering::Acquire) == seq + 1).then(|| self.start + Duration::from_micros(self.acked_us[slot].load(Ordering::Relaxed)))
+        if self.seqs[slot].load(Ordering::Acquire) == seq + 1 {
+            return Delivery::AfterAck(self.start + Duration::from_micros(self.acked_us[slot].load(Ordering::Relaxed)));
+        }
+        if seq >= written {
+            Delivery::BeforeAck
+        } else {
+            Delivery::Lagged
+        }
     }
+}
+
+/// When an event arrived relative to its write's acknowledgement.
+#[derive(Debug, PartialEq)]
+enum Delivery {
+    /// After the acknowledgement, recorded at this instant.
+    AfterAck(Instant),
+    /// Before the writer heard its acknowledgement.
+    BeforeAck,
+    /// So late that the acknowledgement's slot was reused.
+    Lagged,
 }
 
 /// The one writer: overwrites the watched keys in turn.
@@ -177,11 +201,12 @@ async fn watch<C: Connection>(
             continue;
         }
         let second = arrived.saturating_duration_since(measure_from).as_secs() as usize;
-        match acks.acked_at(seq) {
-            Some(acked) => measured.record_ok(arrived.saturating_duration_since(acked), second),
-            // Delivered before the writer heard its acknowledgement.
-            None if seq >= acks.written.load(Ordering::Relaxed) => measured.record_ok(Duration::ZERO, second),
-            None => measured.record_error(OpError::new("lagged", format!("event of write {seq} arrived after {ACKS_REMEMBERED} newer writes"))),
+        match acks.delivery(seq) {
+            Delivery::AfterAck(acked) => measured.record_ok(arrived.saturating_duration_since(acked), second),
+            Delivery::BeforeAck => measured.record_ok(Duration::ZERO, second),
+            Delivery::Lagged => {
+                measured.record_error(OpError::new("lagged", format!("event of write {seq} arrived after {ACKS_REMEMBERED} newer writes")))
+            }
         }
     }
 }
@@ -189,4 +214,32 @@ async fn watch<C: Connection>(
 /// The sequence number a run's write put at the start of its value.
 fn sequence_number(value: &[u8]) -> Option<u64> {
     std::str::from_utf8(value.get(..SEQ_DIGITS)?).ok()?.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn events_are_timed_from_their_acknowledgement_and_only_reused_slots_are_lagged() {
+        let acks = Acks::new(Instant::now());
+        assert_eq!(acks.delivery(0), Delivery::BeforeAck, "not acknowledged yet");
+        tokio::time::advance(Duration::from_millis(7)).await;
+        acks.acknowledged(0);
+        assert!(matches!(acks.delivery(0), Delivery::AfterAck(at) if at.duration_since(acks.start) == Duration::from_millis(7)));
+        // Write `ACKS_REMEMBERED` reuses write 0's slot: write 0 is now lagged, and a write
+        // between them that was acknowledged, then overwritten, too.
+        acks.acknowledged(1);
+        acks.acknowledged(ACKS_REMEMBERED as u64);
+        assert_eq!(acks.delivery(0), Delivery::Lagged);
+        assert!(matches!(acks.delivery(1), Delivery::AfterAck(_)));
+        assert_eq!(acks.delivery(ACKS_REMEMBERED as u64 + 1), Delivery::BeforeAck);
+    }
+
+    #[test]
+    fn a_value_carries_its_sequence_number_in_front() {
+        assert_eq!(sequence_number(b"0000000000000042vvvv"), Some(42));
+        assert_eq!(sequence_number(b"vvvvvvvvvvvvvvvvvvvv"), None, "the setup's values are not timed");
+        assert_eq!(sequence_number(b"0042"), None, "too short");
+    }
 }

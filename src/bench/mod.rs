@@ -109,3 +109,50 @@ impl ApiCluster {
         Ok(())
     }
 }
+
+/// A 5-node cluster with a placement group (nodes 1-3), a shard group per prefix and a
+/// router in front: what the benchmarks through a router start from.
+pub struct RoutedCluster {
+    /// The cluster.
+    pub cluster: std::sync::Arc<warden_shard_node::cluster::Cluster>,
+    /// Where the router listens.
+    pub router_addr: std::net::SocketAddr,
+    router: tokio::task::JoinHandle<()>,
+    dir: std::path::PathBuf,
+}
+
+impl RoutedCluster {
+    /// Starts it in `dir` (which [`fresh_dir`] made), with a shard group for each of `prefixes`
+    /// and a router on a free loopback port.
+    pub async fn start(dir: std::path::PathBuf, prefixes: &[String]) -> anyhow::Result<RoutedCluster> {
+        use warden_proto::placement::{placement_client::PlacementClient, CreateGroupRequest};
+        use warden_shard_node::cluster::{Cluster, ClusterConfig};
+        let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
+        let factory = std::sync::Arc::new(warden_shard_node::placement::ShardNodeFactory::default());
+        let cluster = std::sync::Arc::new(Cluster::start_at(config, factory, &dir)?);
+        cluster.bootstrap_placement(&[1, 2, 3]).await?;
+        for prefix in prefixes {
+            let leader = cluster.wait_leader(warden_placement::PLACEMENT_GROUP_ID, std::time::Duration::from_secs(30)).await?;
+            let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
+            let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))?.connect().await?;
+            PlacementClient::new(channel).create_group(CreateGroupRequest { prefix: prefix.clone() }).await?;
+        }
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let router_addr = listener.local_addr()?;
+        let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
+        let router = tokio::spawn(async move {
+            if let Err(error) = warden_router::serve(listener, warden_router::RouterConfig::new(seeds)).await {
+                tracing::error!(%error, "the benchmark's router stopped");
+            }
+        });
+        Ok(RoutedCluster { cluster, router_addr, router, dir })
+    }
+
+    /// Stops the router and the cluster and removes the directory.
+    pub fn finish(self) -> anyhow::Result<()> {
+        self.router.abort();
+        drop(self.cluster);
+        std::fs::remove_dir_all(&self.dir)?;
+        Ok(())
+    }
+}

@@ -4,18 +4,15 @@
 //! same writes straight to the group's leader and then through the router).
 
 use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
 use tonic::transport::Channel;
 use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
-use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest};
+use warden_proto::placement::GetRoutingTableRequest;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
-use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::placement::ShardNodeFactory;
 
 /// Flags of `warden bench router`.
 #[derive(clap::Args)]
@@ -43,19 +40,10 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
     let dir = super::fresh_dir(&root, "router")?;
     let groups_max = args.groups.iter().copied().max().unwrap_or(1).max(1);
-    let config = ClusterConfig { nodes: super::NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
-    let cluster = Arc::new(Cluster::start_at(config, Arc::new(ShardNodeFactory::default()), &dir)?);
-    cluster.bootstrap_placement(&[1, 2, 3]).await?;
-    for group in 0..groups_max {
-        let leader = cluster.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
-        let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?;
-        PlacementClient::new(connect(addr).await?).create_group(CreateGroupRequest { prefix: format!("/g{group}") }).await?;
-    }
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let router_addr = listener.local_addr()?;
-    let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
-    let router = tokio::spawn(warden_router::serve(listener, warden_router::RouterConfig::new(seeds)));
-    let through_router = WardenClient::new(connect(router_addr).await?);
+    let prefixes: Vec<String> = (0..groups_max).map(|group| format!("/g{group}")).collect();
+    let routed = super::RoutedCluster::start(dir, &prefixes).await?;
+    let cluster = routed.cluster.clone();
+    let through_router = WardenClient::new(connect(routed.router_addr).await?);
     let value = vec![b'v'; 256];
     // Client c of a run over n groups writes its own key in group c mod n.
     let key = |client: usize, groups: usize| format!("/g{}/k{client}", client % groups.max(1));
@@ -118,8 +106,6 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
                "router_p50_ms": runs[1].p50_ms, "router_p99_ms": runs[1].p99_ms,
                "router_added_p50_ms": runs[1].p50_ms - runs[0].p50_ms, "router_added_p99_ms": runs[1].p99_ms - runs[0].p99_ms})
     );
-    router.abort();
     drop(cluster);
-    std::fs::remove_dir_all(&dir)?;
-    Ok(())
+    routed.finish()
 }
