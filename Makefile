@@ -28,7 +28,7 @@ lint: setup
 # criterion refuses libtest's `--test-threads`. Doctests run in a last step.
 test: lint
 	cargo test --release --workspace --lib --bins --tests --examples -- --test-threads=1
-	cargo test --release --benches
+	cargo test --release --workspace --bench '*'
 	cargo test --release --workspace --doc
 
 bench: build
