@@ -1171,3 +1171,25 @@ fn root_exists_compare_on_fresh_namespace() {
     let response = h.txn(TxnRequest { compares: vec![compare], ..TxnRequest::default() }).expect("txn");
     assert!(response.succeeded, "the compare `/ exists` must hold");
 }
+
+/// Found by the model in CI: TTL nodes `/a/a/a` and `/a/a/a/a`, both past their TTL. A scan
+/// expires the child; the parent, due but not childless then, is due at the next scan — also
+/// when that scan's wall clock reads earlier than the last one's (a clock stepped back). The
+/// leader once remembered "look again at the last scan's time" and skipped every scan until
+/// the clock passed it again.
+#[test]
+fn ttl_parent_expiry_after_its_ttl_child_is_scanned() {
+    let ttl = |path: PathSpec, create_parents: bool| {
+        Step::Create(CreateSpec { path, data: Vec::new(), kind: (NodeKind::Ttl as i32, 1_500), sequential: false, create_parents })
+    };
+    let steps = vec![
+        ttl(PathSpec::Rand("/a/a/a".into()), true),
+        ttl(PathSpec::ChildOf(27, "a".into()), false),
+        Step::LeaderScan(3_000),
+        Step::Create(CreateSpec { path: PathSpec::Rand("/a".into()), data: Vec::new(), kind: (0, 0), sequential: false, create_parents: false }),
+        Step::LeaderScan(0),
+    ];
+    if let Err(error) = run(Limits::default(), &steps) {
+        panic!("{error}");
+    }
+}

@@ -145,7 +145,9 @@ pub struct NamespaceStateMachine {
     revision: u64,
     ttl: BTreeMap<String, TtlEntry>,
     /// No TTL node can expire before this time (wall ms), so the leader's per-tick scan is
-    /// skipped until then. Changes only move expiries later; new nodes lower it.
+    /// skipped until then. Changes only move expiries later; new nodes lower it. 0 while a
+    /// node is due (waiting for its children to go, or beyond one scan's limit): scan every
+    /// tick, even if the wall clock steps back.
     ttl_recheck_at_ms: u64,
     /// Every live session of this group and its granted TTL (replicated state, rebuilt
     /// from disk).
@@ -521,8 +523,9 @@ impl StateMachine for NamespaceStateMachine {
         let mut recheck_at_ms = u64::MAX;
         for (path, entry) in &self.ttl {
             if due.len() >= self.limits.ttl_expiries_per_scan_max {
-                // More may be due: look again next tick.
-                recheck_at_ms = now_ms;
+                // More may be due: look again next tick (0, not `now_ms`: a wall clock stepped
+                // back must not postpone what is due already).
+                recheck_at_ms = 0;
                 break;
             }
             let expires_at = entry.mtime_ms.saturating_add(entry.ttl_ms);
@@ -539,7 +542,8 @@ impl StateMachine for NamespaceStateMachine {
                     .ok()
                     .and_then(|reader| store::read_node(reader, path).ok().flatten())
                     .is_some_and(|node| node.stat.unwrap_or_default().num_children == 0);
-            recheck_at_ms = now_ms;
+            // Due: look again next tick, whatever the clock says then.
+            recheck_at_ms = 0;
             if childless {
                 let op = CommandOp::ExpireTtl(ExpireTtl { path: path.clone(), mod_revision: entry.mod_revision });
                 due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
