@@ -54,7 +54,7 @@ impl Endpoints {
     /// The router calls go to now (its index and a client of it).
     fn pick(&self) -> (usize, WardenClient<Channel>) {
         let index = self.current.load(Ordering::Relaxed) % self.channels.len();
-        let client = WardenClient::new(self.channels[index].clone()).max_decoding_message_size(warden_router::upstream::RESPONSE_BYTES_MAX);
+        let client = WardenClient::new(self.channels[index].clone()).max_decoding_message_size(warden_proto::RESPONSE_BYTES_MAX);
         (index, client)
     }
 

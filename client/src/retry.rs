@@ -45,7 +45,7 @@ pub(crate) fn judge(status: &Status, kind: CallKind) -> Verdict {
     match &error {
         Error::NotLeader { .. } | Error::Unavailable { .. } => Verdict { error, retry: true, next_endpoint: false },
         Error::OutcomeUnknown { .. } => Verdict { error, retry: kind == CallKind::Idempotent, next_endpoint: false },
-        Error::Transport { .. } if warden_router::upstream::never_sent(status) => Verdict { error, retry: true, next_endpoint: true },
+        Error::Transport { .. } if warden_proto::never_sent(status) => Verdict { error, retry: true, next_endpoint: true },
         Error::Transport { message } => match kind {
             CallKind::Idempotent => Verdict { error, retry: true, next_endpoint: true },
             CallKind::Write => {

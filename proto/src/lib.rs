@@ -118,6 +118,22 @@ pub fn warden_error(code: v1::warden_error::Code, path: &str, message: impl Into
 /// Encoded `FileDescriptorSet` of every Warden proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("warden_descriptor");
 
+/// Largest `warden.v1.Warden` response a router or client accepts (and a router sends).
+pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
+
+/// Whether a failed call provably never reached a server (the connection was refused or could
+/// not be made): only then is a write safe to send again. The one judgement shared by the
+/// router and the client library.
+pub fn never_sent(status: &tonic::Status) -> bool {
+    let mut text = status.message().to_string();
+    let mut source = std::error::Error::source(status);
+    while let Some(error) = source {
+        text.push_str(&format!(": {error}"));
+        source = error.source();
+    }
+    status.code() == tonic::Code::Unavailable && (text.contains("tcp connect error") || text.contains("Connection refused"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -45,7 +45,7 @@ impl RouterService {
     pub fn server(upstreams: Arc<Upstreams>, timeout: Duration) -> WardenServer<RouterService> {
         WardenServer::new(RouterService { upstreams, timeout, session_spread: RandomState::new(), sessions_spread: Arc::new(AtomicU64::new(0)) })
             .max_decoding_message_size(REQUEST_BYTES_MAX)
-            .max_encoding_message_size(crate::upstream::RESPONSE_BYTES_MAX)
+            .max_encoding_message_size(warden_proto::RESPONSE_BYTES_MAX)
     }
 
     /// A home group for a session created without a hint: the ready group a counter hashes

@@ -31,8 +31,6 @@ const LEADER_TTL: Duration = Duration::from_secs(30);
 const LEADERS_CACHED_MAX: u64 = 100_000;
 /// Longest one node may take to send the routing table before the next is asked.
 const TABLE_FETCH_MAX: Duration = Duration::from_secs(2);
-/// Largest response the router accepts from a node.
-pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
 
 /// A `warden.v1.Warden` client on `channel` that accepts responses up to
 /// [`RESPONSE_BYTES_MAX`].
@@ -99,18 +97,7 @@ pub struct Upstreams {
 }
 
 pub use warden_proto::error_of;
-
-/// Whether a failed call provably never reached a node (the connection was refused or
-/// could not be made): only then is a write safe to send again.
-pub fn never_sent(status: &Status) -> bool {
-    let mut text = status.message().to_string();
-    let mut source = std::error::Error::source(status);
-    while let Some(error) = source {
-        text.push_str(&format!(": {error}"));
-        source = error.source();
-    }
-    status.code() == tonic::Code::Unavailable && (text.contains("tcp connect error") || text.contains("Connection refused"))
-}
+use warden_proto::{never_sent, RESPONSE_BYTES_MAX};
 
 impl Upstreams {
     /// A view that learns the cluster from `seeds` (node addresses, `host:port`).

@@ -111,7 +111,7 @@ impl ApiClient {
                 // No Warden detail: the connection failed. A write is retried only when it
                 // provably never left (the connection was refused); a reset after sending
                 // ("error reading a body from connection") may follow an applied write.
-                None if idempotent || warden_router::upstream::never_sent(&status) => retry(None),
+                None if idempotent || warden_proto::never_sent(&status) => retry(None),
                 None => return Err(CallError::Unknown(status.to_string())),
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
