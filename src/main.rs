@@ -11,6 +11,12 @@ mod node;
 
 use clap::{Parser, Subcommand};
 
+/// mimalloc instead of glibc's malloc: allocation and free were about 17% of a loaded
+/// `warden dev`'s CPU under glibc (BENCHMARKS.md's profile); mimalloc's per-thread free lists
+/// make the many small, short-lived buffers of the request path cheaper.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 /// Warden: a sharded distributed lock and coordination service.
 #[derive(Parser)]
 #[command(name = "warden", version, about, after_help = cli::EXIT_CODES_HELP)]
