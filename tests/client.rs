@@ -156,10 +156,15 @@ async fn calls_and_keepalives_fail_over_to_the_next_router() {
 
     // The first router goes away: its connection is closed, new ones are refused.
     let first_addr = first.addr;
-    drop(first);
+    first.stop().await;
     wait_refused(first_addr).await;
+    // A read first: it finds the closed connection and moves on (reads are always retried).
+    // A write sent on a connection as it closes is rightly OUTCOME_UNKNOWN (it may have been
+    // sent), so the writes below start once the client has seen the close.
+    assert_eq!(client.get("/f").await.expect("get after the first router went away").data, b"0".to_vec());
     for i in 1..=5u8 {
-        // Writes too: a refused connection proves the write was never sent.
+        // Writes too: from now on a connection to the first router is refused, which proves a
+        // write was never sent.
         let stat = client.set("/f", vec![i], None).await.expect("set after the first router went away");
         assert_eq!(stat.version, u64::from(i));
         assert_eq!(client.get("/f").await.expect("get").data, vec![i]);

@@ -48,6 +48,18 @@ pub struct Router {
     runtime: Option<tokio::runtime::Runtime>,
 }
 
+impl Router {
+    /// Stops the router and waits until every task it ran (listener, connections) is gone,
+    /// so each connection it had is closed when this returns (dropping it only starts that).
+    pub async fn stop(mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            // A runtime may only be shut down and waited for off the async threads.
+            let stopped = tokio::task::spawn_blocking(move || runtime.shutdown_timeout(TIMEOUT)).await;
+            assert!(stopped.is_ok(), "the router's runtime did not shut down");
+        }
+    }
+}
+
 impl Drop for Router {
     fn drop(&mut self) {
         if let Some(runtime) = self.runtime.take() {
