@@ -65,12 +65,7 @@ pub struct CpuScope {
 pub async fn run_load(args: &LoadArgs, candidates: &CandidateCommand, cpu: Option<CpuScope>) -> Result<LoadReport, LoadError> {
     args.validate()?;
     let cpu = cpu.or_else(|| (!args.server_pids.is_empty()).then(|| CpuScope { pids: args.server_pids.clone(), scope: "server".into() }));
-    let options = ConnectOptions {
-        endpoints: args.endpoints(),
-        conns: args.conns,
-        session_ttl: Duration::from_millis(args.session_ttl_ms),
-        request_timeout: Duration::from_millis(args.request_timeout_ms),
-    };
+    let options = connect_options(args, args.conns);
     let report = match args.target {
         TargetKind::Warden => run_on(&target::warden::WardenTarget::connect(&options).await?, args, candidates, cpu).await?,
         TargetKind::Etcd => run_on(&target::etcd::EtcdTarget::connect(&options).await?, args, candidates, cpu).await?,
@@ -84,18 +79,23 @@ pub async fn run_load(args: &LoadArgs, candidates: &CandidateCommand, cpu: Optio
 
 /// Election candidate mode (`--candidate NAME`): campaign, say so, lead until killed.
 pub async fn run_candidate(args: &LoadArgs, name: &str) -> Result<(), LoadError> {
-    let options = ConnectOptions {
-        endpoints: args.endpoints(),
-        conns: 1,
-        session_ttl: Duration::from_millis(args.session_ttl_ms),
-        request_timeout: Duration::from_millis(args.request_timeout_ms),
-    };
+    let options = connect_options(args, 1);
     match args.target {
         TargetKind::Warden => election::candidate(&target::warden::WardenTarget::connect(&options).await?, name).await?,
         TargetKind::Etcd => election::candidate(&target::etcd::EtcdTarget::connect(&options).await?, name).await?,
         TargetKind::Zookeeper => election::candidate(&target::zookeeper::ZookeeperTarget::connect(&options).await?, name).await?,
     }
     Ok(())
+}
+
+/// How the targets connect for `args`, with `conns` shared connections.
+fn connect_options(args: &LoadArgs, conns: usize) -> ConnectOptions {
+    ConnectOptions {
+        endpoints: args.endpoints(),
+        conns,
+        session_ttl: Duration::from_millis(args.session_ttl_ms),
+        request_timeout: Duration::from_millis(args.request_timeout_ms),
+    }
 }
 
 /// Sets up and runs the workload on `target`, measuring server CPU over the measured window.
