@@ -158,6 +158,12 @@ impl Db {
         Ok(self.inner.write_opt(batch, &write_options)?)
     }
 
+    /// Makes every write so far durable (RocksDB `SyncWAL`): fsyncs the WAL without holding
+    /// RocksDB's write queue, so unsynced writes from other threads go on while it runs.
+    pub fn sync_wal(&self) -> Result<(), StorageError> {
+        Ok(self.inner.flush_wal(true)?)
+    }
+
     /// Writes `ops` as one batch.
     pub fn write_ops(&self, ops: &[WriteOp], sync: bool) -> Result<(), StorageError> {
         let mut batch = WriteBatch::default();
