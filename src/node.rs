@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use warden_shard_node::node_services::ApiServices;
 use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::transport::{NetFaults, PeerDirectory};
 use warden_shard_node::{FatalPolicy, Node, NodeConfig};
@@ -61,13 +62,16 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     }
     std::fs::create_dir_all(&args.data_dir)?;
     let mut config = NodeConfig::new(args.id, args.data_dir.clone());
-    config.serve_api = true;
     config.zone = args.zone.clone();
     // A node that cannot go on ends the process, for its supervisor to restart.
     config.fatal = FatalPolicy::Abort;
     let listener = std::net::TcpListener::bind(args.listen)?;
     // Peers reach this node at its advertised address (its `--peers` entry).
-    let node = Node::start(config, listener, directory.clone(), Arc::new(NetFaults::new()), Arc::new(ShardNodeFactory::default()))?;
+    // One factory for the state machines and the services: the placement API follows the
+    // routing version the placement replica publishes through it.
+    let factory = Arc::new(ShardNodeFactory::default());
+    let services = ApiServices::new(factory.clone());
+    let node = Node::start(config, listener, directory.clone(), Arc::new(NetFaults::new()), factory, Some(&services))?;
     directory.insert(args.id, peers[&args.id]);
     println!("node {} listening on {} (data in {})", args.id, args.listen, args.data_dir.display());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;

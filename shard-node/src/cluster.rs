@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 use crate::config::{FatalPolicy, NodeConfig};
 use crate::error::EngineError;
 use crate::host::{GroupStatus, Node, NodeError, NodeHandle, ReadConsistency};
-use crate::state_machine::{ApplyOutput, StateMachineFactory};
+use crate::node_services::{ApiServices, ServingFactory};
+use crate::state_machine::ApplyOutput;
 use crate::store_writer::StoreMetricsSnapshot;
 use crate::transport::{NetFaults, PeerDirectory};
 
@@ -66,7 +67,9 @@ pub struct Cluster {
     root: PathBuf,
     directory: Arc<PeerDirectory>,
     faults: Arc<NetFaults>,
-    factory: Arc<dyn StateMachineFactory>,
+    factory: Arc<dyn ServingFactory>,
+    /// The public API and placement every node serves (when `serve_api`).
+    api: Option<ApiServices>,
     addrs: BTreeMap<u64, SocketAddr>,
     nodes: Mutex<BTreeMap<u64, Node>>,
     /// Last known leader of each group, so requests do not ask every node each time.
@@ -75,29 +78,26 @@ pub struct Cluster {
 
 impl Cluster {
     /// Starts a cluster in a fresh temporary directory.
-    pub fn start(config: ClusterConfig, factory: Arc<dyn StateMachineFactory>) -> Result<Cluster, NodeError> {
+    pub fn start(config: ClusterConfig, factory: Arc<dyn ServingFactory>) -> Result<Cluster, NodeError> {
         let temp = tempfile::Builder::new().prefix("warden-cluster-").tempdir()?;
         let root = temp.path().to_path_buf();
         Cluster::start_in(config, factory, &root, Some(temp))
     }
 
     /// Starts a cluster with node directories under `root` (kept after the cluster stops).
-    pub fn start_at(config: ClusterConfig, factory: Arc<dyn StateMachineFactory>, root: &Path) -> Result<Cluster, NodeError> {
+    pub fn start_at(config: ClusterConfig, factory: Arc<dyn ServingFactory>, root: &Path) -> Result<Cluster, NodeError> {
         Cluster::start_in(config, factory, root, None)
     }
 
-    fn start_in(
-        config: ClusterConfig,
-        factory: Arc<dyn StateMachineFactory>,
-        root: &Path,
-        temp: Option<tempfile::TempDir>,
-    ) -> Result<Cluster, NodeError> {
+    fn start_in(config: ClusterConfig, factory: Arc<dyn ServingFactory>, root: &Path, temp: Option<tempfile::TempDir>) -> Result<Cluster, NodeError> {
+        let api = config.serve_api.then(|| ApiServices::new(factory.clone()));
         let mut cluster = Cluster {
             config,
             _temp: temp,
             root: root.to_path_buf(),
             directory: Arc::new(PeerDirectory::new()),
             faults: Arc::new(NetFaults::new()),
+            api,
             factory,
             addrs: BTreeMap::new(),
             nodes: Mutex::new(BTreeMap::new()),
@@ -123,13 +123,13 @@ impl Cluster {
         config.heartbeat_tick = self.config.heartbeat_tick;
         config.workers = self.config.workers;
         config.log_compact_entries = self.config.log_compact_entries;
-        config.serve_api = self.config.serve_api;
         config.fatal = self.config.fatal;
         config
     }
 
     fn start_node(&self, id: u64, listener: std::net::TcpListener) -> Result<(), NodeError> {
-        let node = Node::start(self.node_config(id), listener, self.directory.clone(), self.faults.clone(), self.factory.clone())?;
+        let services = self.api.as_ref().map(|api| api as &dyn crate::host::NodeServices);
+        let node = Node::start(self.node_config(id), listener, self.directory.clone(), self.faults.clone(), self.factory.clone(), services)?;
         self.nodes().insert(id, node);
         Ok(())
     }
@@ -360,6 +360,6 @@ impl Cluster {
 
     /// What node `id`'s remote-session checks found (`None` if it is not running).
     pub fn remote_session_metrics(&self, id: u64) -> Option<Arc<crate::service::RemoteSessionMetrics>> {
-        self.nodes().get(&id).map(Node::remote_session_metrics)
+        self.api.as_ref().filter(|_| self.nodes().contains_key(&id)).and_then(|api| api.remote_session_metrics(id))
     }
 }

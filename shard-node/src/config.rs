@@ -39,10 +39,6 @@ pub struct NodeConfig {
     pub log_compact_entries: u64,
     /// Tail cache and snapshot limits.
     pub storage: StorageLimits,
-    /// Serve the public namespace API (`warden.v1.Warden`) and the placement API
-    /// (`warden.placement.Placement`) beside the raft transport, and send placement
-    /// heartbeats. Only for nodes whose groups run the namespace and placement state machines.
-    pub serve_api: bool,
     /// Deadline of a public API request.
     pub request_timeout_ms: u64,
     /// This node's failure-domain label (placement spreads a group's replicas over zones).
@@ -92,7 +88,6 @@ impl NodeConfig {
             write_tasks_in_flight_max: 8,
             log_compact_entries: 10_000,
             storage: StorageLimits::default(),
-            serve_api: false,
             request_timeout_ms: 5000,
             zone: String::new(),
             placement_heartbeat_ms: 1_000,

@@ -18,6 +18,7 @@ pub mod host;
 pub mod kv;
 pub mod log_limit;
 pub mod namespace;
+pub mod node_services;
 pub mod placement;
 pub mod service;
 pub mod state_machine;

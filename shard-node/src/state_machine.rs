@@ -77,18 +77,6 @@ pub trait StateMachine: Send {
 pub trait StateMachineFactory: Send + Sync {
     /// A fresh, empty state machine for `group`'s replica on node `node_id`.
     fn create(&self, node_id: u64, group: u64) -> Box<dyn StateMachine>;
-
-    /// Where the state machines of this factory publish watch events, for the `Watch`
-    /// service (`None`: they publish none).
-    fn watch_hubs(&self) -> Option<crate::watch::WatchHubs> {
-        None
-    }
-
-    /// The routing version node `node_id`'s placement replica has applied, as it changes
-    /// (`None`: this factory makes no placement state machine).
-    fn routing_versions(&self, _node_id: u64) -> Option<tokio::sync::watch::Receiver<u64>> {
-        None
-    }
 }
 
 /// Writes of one group's state machine, confined to the group's range of the `sm` family.

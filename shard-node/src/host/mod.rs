@@ -28,7 +28,6 @@ pub use replica::{Replica, ReplicaError};
 
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
-use crate::group_links::GroupLinks;
 use crate::state_machine::{ApplyOutput, StateMachineFactory};
 use crate::storage::{Db, PeerStorage};
 use crate::store_writer::{StoreMetricsSnapshot, StoreWriter};
@@ -235,6 +234,32 @@ impl NodeHandle {
     }
 }
 
+/// What the services a node serves beside its raft transport get to work with.
+pub struct ServiceContext {
+    /// The node's configuration.
+    pub config: Arc<NodeConfig>,
+    /// A handle to the node's groups.
+    pub handle: NodeHandle,
+    /// Where every node listens.
+    pub directory: Arc<PeerDirectory>,
+    /// The fault injector the node's links consult.
+    pub faults: Arc<NetFaults>,
+    /// The node's I/O runtime, for the services' background tasks.
+    pub runtime: tokio::runtime::Handle,
+    /// Where the node's gRPC server listens.
+    pub listen_addr: SocketAddr,
+    /// The node's gRPC health service, for the services to report themselves serving.
+    pub health: tonic_health::server::HealthReporter,
+}
+
+/// Services a node serves on its port beside the raft transport, wired in by the caller so
+/// that the engine knows nothing of what they are.
+pub trait NodeServices: Send + Sync {
+    /// Starts the services' background tasks for one node and adds their gRPC services to
+    /// the node's `routes`.
+    fn start(&self, context: &ServiceContext, routes: &mut tonic::service::RoutesBuilder) -> Result<(), NodeError>;
+}
+
 /// Why a node could not start.
 #[derive(Debug, thiserror::Error)]
 pub enum NodeError {
@@ -263,19 +288,20 @@ pub struct Node {
     db: Arc<Db>,
     runtime: Option<tokio::runtime::Runtime>,
     listen_addr: SocketAddr,
-    /// What this node's remote-session checks found (all zero when it serves no API).
-    remote_metrics: Arc<crate::service::RemoteSessionMetrics>,
 }
 
 impl Node {
     /// Opens the node's store, loads every replica it hosts, and starts the workers, the
-    /// store writer and the transport server on `listener`.
+    /// store writer and the transport server on `listener`, which also serves the routes of
+    /// `services` (the public API and placement, wired by `node_services`; none for a bare
+    /// engine).
     pub fn start(
         config: NodeConfig,
         listener: std::net::TcpListener,
         directory: Arc<PeerDirectory>,
         faults: Arc<NetFaults>,
         factory: Arc<dyn StateMachineFactory>,
+        services: Option<&dyn NodeServices>,
     ) -> Result<Node, NodeError> {
         if config.node_id == 0 || config.workers == 0 || config.tick_ms == 0 {
             return Err(NodeError::Config("node_id, workers and tick_ms must be positive".into()));
@@ -338,41 +364,32 @@ impl Node {
             workers.push(std::thread::Builder::new().name(format!("node-{node_id}-w{index}")).spawn(move || worker.run())?);
         }
 
-        // 4. The transport server last: messages arrive only once workers can take them.
+        // 4. The transport server last: messages arrive only once workers can take them. The
+        //    services the caller wires in (the public API, placement) share its port.
         listener.set_nonblocking(true)?;
-        let service = RaftTransportService::server(handle.clone(), limits);
-        let api = config.serve_api.then(|| {
-            let links = Arc::new(GroupLinks::new(directory.clone(), faults.clone()));
-            let timeout = Duration::from_millis(config.request_timeout_ms);
-            crate::service::WardenService::new(handle.clone(), directory.clone(), timeout, config.election_timeout(), factory.watch_hubs(), links)
-        });
-        let remote_metrics = api.as_ref().map_or_else(Default::default, crate::service::WardenService::remote_metrics);
-        if let Some(api) = api.as_ref().filter(|_| config.remote_session_check_ms > 0) {
-            runtime.spawn(api.clone().run_session_checks(Duration::from_millis(config.remote_session_check_ms)));
-        }
-        let session_check = api.clone().map(crate::service::WardenService::session_check_server);
-        let api = api.map(crate::service::WardenService::server);
-        let placement = config.serve_api.then(|| {
-            use crate::placement::service::{PlacementService, SETTLE_CREATIONS_INTERVAL};
-            let timeout = Duration::from_millis(config.request_timeout_ms);
-            let service = PlacementService::new(handle.clone(), directory.clone(), timeout, factory.routing_versions(node_id));
-            runtime.spawn(service.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
-            service.server()
-        });
-        if config.serve_api && config.placement_heartbeat_ms > 0 {
-            let interval = Duration::from_millis(config.placement_heartbeat_ms);
-            runtime.spawn(crate::placement::heartbeat::run(handle.clone(), directory.clone(), listen_addr, config.zone.clone(), interval));
-        }
+        let transport_service = RaftTransportService::server(handle.clone(), limits);
+        let (health_reporter, health) = tonic_health::server::health_reporter();
+        let context = ServiceContext {
+            config: config.clone(),
+            handle: handle.clone(),
+            directory: directory.clone(),
+            faults: faults.clone(),
+            runtime: runtime.handle().clone(),
+            listen_addr,
+            health: health_reporter.clone(),
+        };
         let reflection = tonic_reflection::server::Builder::configure()
             .register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| NodeError::Config(format!("reflection: {e}")))?;
+        let mut routes = tonic::service::RoutesBuilder::default();
+        routes.add_service(transport_service).add_service(health).add_service(reflection);
+        if let Some(services) = services {
+            services.start(&context, &mut routes)?;
+        }
+        let routes = routes.routes();
         runtime.spawn(async move {
-            let (health_reporter, health) = tonic_health::server::health_reporter();
             health_reporter.set_serving::<warden_proto::transport::raft_transport_server::RaftTransportServer<RaftTransportService>>().await;
-            if api.is_some() {
-                health_reporter.set_serving::<warden_proto::v1::warden_server::WardenServer<crate::service::WardenService>>().await;
-            }
             // A node whose transport server is gone hears nobody: it cannot go on.
             let listener = match tokio::net::TcpListener::from_std(listener) {
                 Ok(listener) => listener,
@@ -385,12 +402,7 @@ impl Node {
             let served = tonic::transport::Server::builder()
                 .initial_stream_window_size(Some(8 << 20))
                 .initial_connection_window_size(Some(16 << 20))
-                .add_service(service)
-                .add_service(health)
-                .add_service(reflection)
-                .add_optional_service(api)
-                .add_optional_service(session_check)
-                .add_optional_service(placement)
+                .add_routes(routes)
                 .serve_with_incoming(incoming)
                 .await;
             match served {
@@ -398,12 +410,7 @@ impl Node {
                 Err(error) => fatal.fail(&format!("transport server stopped: {error}")),
             }
         });
-        Ok(Node { config, handle, stop, workers, store: Some(store), db, runtime: Some(runtime), listen_addr, remote_metrics })
-    }
-
-    /// What this node's last round of remote-session checks found.
-    pub fn remote_session_metrics(&self) -> Arc<crate::service::RemoteSessionMetrics> {
-        self.remote_metrics.clone()
+        Ok(Node { config, handle, stop, workers, store: Some(store), db, runtime: Some(runtime), listen_addr })
     }
 
     /// A handle to this node's groups.

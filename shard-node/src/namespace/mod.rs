@@ -117,10 +117,6 @@ impl StateMachineFactory for NamespaceFactory {
             descriptor: None,
         })
     }
-
-    fn watch_hubs(&self) -> Option<WatchHubs> {
-        Some(self.hubs.clone())
-    }
 }
 
 /// TTL node as the expiry scan needs it.

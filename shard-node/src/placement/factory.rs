@@ -10,7 +10,6 @@ use warden_placement::{PlacementConfig, PLACEMENT_GROUP_ID};
 use super::PlacementStateMachine;
 use crate::namespace::NamespaceFactory;
 use crate::state_machine::{StateMachine, StateMachineFactory};
-use crate::watch::WatchHubs;
 
 /// Creates the placement group's state machine and the namespace of every shard group.
 #[derive(Default)]
@@ -44,13 +43,5 @@ impl StateMachineFactory for ShardNodeFactory {
         } else {
             self.namespace.create(node_id, group)
         }
-    }
-
-    fn watch_hubs(&self) -> Option<WatchHubs> {
-        self.namespace.watch_hubs()
-    }
-
-    fn routing_versions(&self, node_id: u64) -> Option<watch::Receiver<u64>> {
-        Some(self.routing_versions.sender(node_id).subscribe())
     }
 }

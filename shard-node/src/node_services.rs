@@ -1,0 +1,119 @@
+//! Node wiring: what a shard-node serves beside its raft transport — the public API
+//! (`warden.v1.Warden` and the session checks between groups), the placement API, and the
+//! node's placement heartbeats — put together from the namespace, watch, service and
+//! placement modules and handed to the engine as routes.
+//!
+//! Architecture invariant: this module is the only place that knows both the engine
+//! (`host`) and what runs on it; the engine sees only [`NodeServices`].
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::group_links::GroupLinks;
+use crate::host::{NodeError, NodeServices, ServiceContext};
+use crate::kv::KvFactory;
+use crate::namespace::NamespaceFactory;
+use crate::placement::service::{PlacementService, SETTLE_CREATIONS_INTERVAL};
+use crate::placement::ShardNodeFactory;
+use crate::service::{RemoteSessionMetrics, WardenService};
+use crate::state_machine::StateMachineFactory;
+use crate::watch::WatchHubs;
+
+/// A state-machine factory together with what the node's services need from its state
+/// machines. The defaults are for factories that make neither namespaces nor a placement
+/// group.
+pub trait ServingFactory: StateMachineFactory {
+    /// Where the namespaces of this factory publish watch events, for the `Watch` service.
+    fn watch_hubs(&self) -> Option<WatchHubs> {
+        None
+    }
+
+    /// The routing version node `node_id`'s placement replica has applied, as it changes.
+    fn routing_versions(&self, _node_id: u64) -> Option<watch::Receiver<u64>> {
+        None
+    }
+}
+
+impl ServingFactory for KvFactory {}
+
+impl ServingFactory for NamespaceFactory {
+    fn watch_hubs(&self) -> Option<WatchHubs> {
+        Some(self.hubs.clone())
+    }
+}
+
+impl ServingFactory for ShardNodeFactory {
+    fn watch_hubs(&self) -> Option<WatchHubs> {
+        Some(self.namespace.hubs.clone())
+    }
+
+    fn routing_versions(&self, node_id: u64) -> Option<watch::Receiver<u64>> {
+        Some(self.routing_versions.sender(node_id).subscribe())
+    }
+}
+
+/// The public API, the placement API and placement heartbeats, for every node started with
+/// it (one value may serve several in-process nodes).
+pub struct ApiServices {
+    factory: Arc<dyn ServingFactory>,
+    /// What each node's remote-session checks found, by node id (the latest start's).
+    remote_metrics: Mutex<HashMap<u64, Arc<RemoteSessionMetrics>>>,
+}
+
+impl ApiServices {
+    /// Services over the state machines `factory` makes.
+    pub fn new(factory: Arc<dyn ServingFactory>) -> ApiServices {
+        ApiServices { factory, remote_metrics: Mutex::default() }
+    }
+
+    /// What node `node_id`'s last round of remote-session checks found (`None`: never started).
+    pub fn remote_session_metrics(&self, node_id: u64) -> Option<Arc<RemoteSessionMetrics>> {
+        self.remote_metrics.lock().unwrap_or_else(std::sync::PoisonError::into_inner).get(&node_id).cloned()
+    }
+}
+
+impl NodeServices for ApiServices {
+    fn start(&self, context: &ServiceContext, routes: &mut tonic::service::RoutesBuilder) -> Result<(), NodeError> {
+        let config = &context.config;
+        let node_id = config.node_id;
+        let timeout = Duration::from_millis(config.request_timeout_ms);
+        // 1. The public API, and the checks of sessions homed in other groups it depends on.
+        let links = Arc::new(GroupLinks::new(context.directory.clone(), context.faults.clone()));
+        let api = WardenService::new(
+            context.handle.clone(),
+            context.directory.clone(),
+            timeout,
+            config.election_timeout(),
+            self.factory.watch_hubs(),
+            links,
+        );
+        self.remote_metrics.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(node_id, api.remote_metrics());
+        if config.remote_session_check_ms > 0 {
+            context.runtime.spawn(api.clone().run_session_checks(Duration::from_millis(config.remote_session_check_ms)));
+        }
+        // 2. Placement: its API on every node (any node answers for the placement group it
+        //    may host) and heartbeats that keep this node's address and liveness known.
+        let placement = PlacementService::new(context.handle.clone(), context.directory.clone(), timeout, self.factory.routing_versions(node_id));
+        context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
+        if config.placement_heartbeat_ms > 0 {
+            let interval = Duration::from_millis(config.placement_heartbeat_ms);
+            let heartbeat = crate::placement::heartbeat::run(
+                context.handle.clone(),
+                context.directory.clone(),
+                context.listen_addr,
+                config.zone.clone(),
+                interval,
+            );
+            context.runtime.spawn(heartbeat);
+        }
+        let health = context.health.clone();
+        context.runtime.spawn(async move {
+            health.set_serving::<warden_proto::v1::warden_server::WardenServer<WardenService>>().await;
+        });
+        routes.add_service(api.clone().session_check_server()).add_service(api.server()).add_service(placement.server());
+        Ok(())
+    }
+}
