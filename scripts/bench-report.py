@@ -372,8 +372,8 @@ def isolated_section(runs, cluster_runs):
     def warden(groups, workload):
         return next((r for r in cluster if r.get("groups") == groups and r.get("workload") == workload), None)
 
-    def peer_labels(prefix):
-        return lambda run: [(f"{prefix}{i}", p.get("cores")) for i, p in enumerate(run.get("server_processes") or [], 1)]
+    def peer_labels(prefix, first):
+        return lambda run: [(f"{prefix}{i}", p.get("cores")) for i, p in enumerate(run.get("server_processes") or [], first)]
 
     def warden_labels(run):
         return list((run.get("cpu_cores") or {}).items())
@@ -382,8 +382,8 @@ def isolated_section(runs, cluster_runs):
     one_put, one_lock = warden(1, "put"), warden(1, "lock")
     rate = lambda run: run.get("ops_per_sec") if run else None
     rows = []
-    systems = [(f"etcd, {server_count(capped, 'etcd')} members", peer("etcd", "put"), peer("etcd", "lock"), peer_labels("m"))]
-    systems.append((f"ZooKeeper, {server_count(capped, 'zookeeper')} servers", peer("zookeeper", "put"), peer("zookeeper", "lock"), peer_labels("s")))
+    systems = [(f"etcd, {server_count(capped, 'etcd')} members", peer("etcd", "put"), peer("etcd", "lock"), peer_labels("m", 0))]
+    systems.append((f"ZooKeeper, {server_count(capped, 'zookeeper')} servers", peer("zookeeper", "put"), peer("zookeeper", "lock"), peer_labels("s", 1)))
     for groups in sorted({r.get("groups") for r in cluster}):
         sample = warden(groups, "put") or warden(groups, "lock")
         name = f"Warden, {groups} group{'s' if groups != 1 else ''} ({sample.get('nodes')} nodes + {sample.get('routers')} router{'s' if sample.get('routers') != 1 else ''})"
@@ -412,7 +412,7 @@ def isolated_section(runs, cluster_runs):
         f"the load generator is not capped and not counted. Closed loop, {clients:,} clients, 256-byte values; etcd and ZooKeeper clients "
         f"spread over every member, Warden's over its routers, keys over 16 prefixes (Warden: over as many prefixes as groups). "
         f"Warden runs are `warden bench cluster` (separate `warden node` and `warden router` processes, a fresh cluster per group count). "
-        f"CPU per process: each process's CPU seconds over the measured window divided by the window (m = etcd member, s = ZooKeeper server)."
+        f"CPU per process: each process's CPU seconds over the measured window divided by the window (m0 … = etcd's members by name, s1 … = ZooKeeper's servers by id)."
     )
     header = ["System", "put/s", "lock/s", "put vs etcd", "lock vs etcd", "put vs Warden 1 group", "lock vs Warden 1 group",
               "server CPU µs/put", "CPU per process, put (cores)", "CPU per process, lock (cores)"]
