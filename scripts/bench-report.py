@@ -7,7 +7,8 @@
 `machine` records what the report needs about the run and the machine while it runs (so the
 report can be regenerated later from the committed results); `report` reads RESULTS_DIR's
 run.json, commands.txt and <system>.jsonl files (one warden-loadgen JSON object per line, or
-a {"status": "skipped"|"failed", "message": ...} record for a run the target refused).
+a {"status": "skipped"|"failed", "message": ...} record for a run the target refused), and
+warden-cluster.jsonl (`warden bench cluster`'s lines, for the isolated-nodes table).
 Every figure in the report, including whether a target is met, is computed from those files.
 If benchmarks/analysis.md exists beside the results (written by hand from a profile), it is
 included under the targets.
@@ -37,6 +38,9 @@ WORKLOADS = [
 # The issue's targets, at this many clients.
 TARGET_CLIENTS = 1000
 TARGET_THROUGHPUT_RATIO = 3.0
+# Isolated nodes: Warden with this many groups against etcd and against Warden with 1 group.
+ISOLATED_GROUPS = 16
+ISOLATED_VS_ONE_GROUP_RATIO = 2.5
 
 
 def command_output(args):
@@ -158,7 +162,10 @@ def label(run):
 
 
 def kind(run):
-    """Which table a run belongs to: scaling (label groups=N), open-loop (a rate) or main."""
+    """Which table a run belongs to: isolated (label capped=CORES), scaling (label groups=N),
+    open-loop (a rate) or main."""
+    if label(run).startswith("capped="):
+        return "isolated"
     if label(run).startswith("groups="):
         return "scaling"
     if run.get("rate") is not None or label(run) == "open-loop":
@@ -333,6 +340,103 @@ def scaling_section(runs):
     return "## Warden: scaling with shard groups\n\n" + intro + "\n\n" + table(header, rows)
 
 
+def load_cluster_runs(results_dir):
+    """`warden bench cluster`'s lines (runs and summary), or [] when there are none."""
+    path = os.path.join(results_dir, "warden-cluster.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def cores_split(run, labels):
+    """A run's per-process CPU in cores, as `label cores` pairs."""
+    return " · ".join(f"{name} {cores:.2f}" if cores is not None else f"{name} –" for name, cores in labels(run))
+
+
+def isolated_section(runs, cluster_runs):
+    """etcd, ZooKeeper and `warden bench cluster` with every server process capped at the same
+    CPU quota: put and lock ops/s, ratios, and the per-process CPU split."""
+    capped = [r for r in runs if kind(r) == "isolated"]
+    cluster = [r for r in cluster_runs if r.get("bench") == "cluster" and "workload" in r]
+    if not capped and not cluster:
+        return None
+    quota = next((r.get("cpu_per_process") for r in cluster), None)
+    if quota is None and capped:
+        quota = float(label(capped[0]).split("=", 1)[1])
+
+    def peer(target, workload):
+        run = next((r for r in capped if r.get("target") == target and r.get("workload") == workload), None)
+        return run if run and completed(run) else None
+
+    def warden(groups, workload):
+        return next((r for r in cluster if r.get("groups") == groups and r.get("workload") == workload), None)
+
+    def peer_labels(prefix, first):
+        return lambda run: [(f"{prefix}{i}", p.get("cores")) for i, p in enumerate(run.get("server_processes") or [], first)]
+
+    def warden_labels(run):
+        return list((run.get("cpu_cores") or {}).items())
+
+    etcd_put, etcd_lock = peer("etcd", "put"), peer("etcd", "lock")
+    one_put, one_lock = warden(1, "put"), warden(1, "lock")
+    rate = lambda run: run.get("ops_per_sec") if run else None
+    rows = []
+    systems = [(f"etcd, {server_count(capped, 'etcd')} members", peer("etcd", "put"), peer("etcd", "lock"), peer_labels("m", 0))]
+    systems.append((f"ZooKeeper, {server_count(capped, 'zookeeper')} servers", peer("zookeeper", "put"), peer("zookeeper", "lock"), peer_labels("s", 1)))
+    for groups in sorted({r.get("groups") for r in cluster}):
+        sample = warden(groups, "put") or warden(groups, "lock")
+        name = f"Warden, {groups} group{'s' if groups != 1 else ''} ({sample.get('nodes')} nodes + {sample.get('routers')} router{'s' if sample.get('routers') != 1 else ''})"
+        systems.append((name, warden(groups, "put"), warden(groups, "lock"), warden_labels))
+    for name, put, lock, labels in systems:
+        if put is None and lock is None:
+            continue
+        rows.append(
+            [
+                name,
+                number(rate(put)),
+                number(rate(lock)),
+                ratio(rate(put), rate(etcd_put)),
+                ratio(rate(lock), rate(etcd_lock)),
+                ratio(rate(put), rate(one_put)),
+                ratio(rate(lock), rate(one_lock)),
+                number(put.get("server_cpu_us_per_op"), 1) if put else "–",
+                cores_split(put, labels) if put else "–",
+                cores_split(lock, labels) if lock else "–",
+            ]
+        )
+    clients = next((r.get("clients") for r in capped + cluster), TARGET_CLIENTS)
+    intro = (
+        f"Every server process — each etcd member, each ZooKeeper server, each Warden node and router — in a CPU cgroup of its own "
+        f"capped at {quota:g} cores (cgroup `cpu.cfs_quota_us` / `cpu.max`), which models one small machine per process on this host; "
+        f"the load generator is not capped and not counted. Closed loop, {clients:,} clients, 256-byte values; etcd and ZooKeeper clients "
+        f"spread over every member, Warden's over its routers, keys over 16 prefixes (Warden: over as many prefixes as groups). "
+        f"Warden runs are `warden bench cluster` (separate `warden node` and `warden router` processes, a fresh cluster per group count). "
+        f"CPU per process: each process's CPU seconds over the measured window divided by the window (m0 … = etcd's members by name, s1 … = ZooKeeper's servers by id)."
+    )
+    header = ["System", "put/s", "lock/s", "put vs etcd", "lock vs etcd", "put vs Warden 1 group", "lock vs Warden 1 group",
+              "server CPU µs/put", "CPU per process, put (cores)", "CPU per process, lock (cores)"]
+    lines = []
+    many_put, many_lock = warden(ISOLATED_GROUPS, "put"), warden(ISOLATED_GROUPS, "lock")
+    for workload, many, etcd, one in (("put", many_put, etcd_put, one_put), ("lock", many_lock, etcd_lock, one_lock)):
+        head = (f"- `{workload}`, Warden {ISOLATED_GROUPS} groups ≥ {TARGET_THROUGHPUT_RATIO:g}× etcd and "
+                f"≥ {ISOLATED_VS_ONE_GROUP_RATIO:g}× Warden 1 group: ")
+        if not (many and etcd and one and rate(etcd) and rate(one)):
+            lines.append(head + "**not measured** in this run.")
+            continue
+        vs_etcd, vs_one = rate(many) / rate(etcd), rate(many) / rate(one)
+        met = vs_etcd >= TARGET_THROUGHPUT_RATIO and vs_one >= ISOLATED_VS_ONE_GROUP_RATIO
+        lines.append(head + f"**{'met' if met else 'not met'}** ({vs_etcd:.2f}× etcd, {vs_one:.2f}× 1 group).")
+    return (f"## Isolated nodes (each process capped at {quota:g} cores)\n\n" + intro + "\n\n" + table(header, rows)
+            + ("\n\n" + "\n".join(lines) if lines else ""))
+
+
+def server_count(capped, target):
+    """How many server processes a capped run of `target` measured (from its per-process CPU)."""
+    run = next((r for r in capped if r.get("target") == target and completed(r) and r.get("server_processes")), None)
+    return len(run["server_processes"]) if run else 5
+
+
 def targets_section(runs):
     lines = []
     for workload, what in (("put", "puts"), ("lock", "lock+unlock cycles")):
@@ -427,7 +531,7 @@ def report(results_dir, out_path):
     parts += [s for s in (workload_section(runs, w, d) for w, d in WORKLOADS) if s]
     known = {w for w, _ in WORKLOADS}
     parts += [s for s in (workload_section(runs, w, w) for w in sorted({r.get("workload") for r in runs} - known)) if s]
-    parts += [s for s in (open_loop_section(runs), scaling_section(runs)) if s]
+    parts += [s for s in (open_loop_section(runs), scaling_section(runs), isolated_section(runs, load_cluster_runs(results_dir))) if s]
     config_path = os.path.join(results_dir, "zookeeper-s1.cfg")
     if commands and os.path.exists(config_path):
         commands += "\n\n# ZooKeeper server 1's zoo.cfg (servers 2-5 differ in clientPort and dataDir):\n"

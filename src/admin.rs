@@ -100,28 +100,11 @@ where
 pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
     match command {
         AdminCommand::Bootstrap { nodes, placement } => {
-            let addr_of = |id: u64| nodes.iter().find(|(n, _)| *n == id).map(|(_, a)| a.clone());
-            let voters: Vec<String> =
-                placement.iter().map(|id| addr_of(*id).ok_or_else(|| anyhow::anyhow!("node {id} is not in --nodes"))).collect::<Result<_, _>>()?;
-            for (position, addr) in voters.iter().enumerate() {
-                let request = CreateReplicaRequest { group_id: PLACEMENT_GROUP_ID, voters: placement.clone(), campaign: position == 0 };
-                at_any(std::slice::from_ref(addr), |mut c| {
-                    let request = request.clone();
-                    async move { c.create_replica(request).await }
-                })
-                .await?;
-            }
-            let answer = at_any(&voters, |mut c| async move { c.bootstrap(BootstrapRequest {}).await }).await?;
-            let root = answer.root.and_then(|r| r.descriptor).map(|d| d.replicas).unwrap_or_default();
+            let root = bootstrap(&nodes, &placement).await?;
             println!("bootstrapped: placement on {placement:?}, root group on {root:?}");
         }
         AdminCommand::CreateGroup { prefix, seeds } => {
-            let answer = at_any(&seeds, |mut c| {
-                let prefix = prefix.clone();
-                async move { c.create_group(CreateGroupRequest { prefix }).await }
-            })
-            .await?;
-            let descriptor = answer.group.and_then(|g| g.descriptor).unwrap_or_default();
+            let descriptor = create_group(&seeds, &prefix).await?;
             println!("group {} serves {} on nodes {:?}", descriptor.group_id, descriptor.prefix, descriptor.replicas);
         }
         AdminCommand::Groups { seeds } => {
@@ -138,4 +121,34 @@ pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
         }
     }
     Ok(())
+}
+
+/// Once per cluster: creates the placement group's replicas on the `placement` nodes (ids
+/// among `nodes`, `(id, host:port)`), then has it register every node and start the root
+/// shard group. Returns the root group's replicas.
+pub(crate) async fn bootstrap(nodes: &[(u64, String)], placement: &[u64]) -> anyhow::Result<Vec<u64>> {
+    let addr_of = |id: u64| nodes.iter().find(|(n, _)| *n == id).map(|(_, a)| a.clone());
+    let voters: Vec<String> =
+        placement.iter().map(|id| addr_of(*id).ok_or_else(|| anyhow::anyhow!("node {id} is not in --nodes"))).collect::<Result<_, _>>()?;
+    for (position, addr) in voters.iter().enumerate() {
+        let request = CreateReplicaRequest { group_id: PLACEMENT_GROUP_ID, voters: placement.to_vec(), campaign: position == 0 };
+        at_any(std::slice::from_ref(addr), |mut c| {
+            let request = request.clone();
+            async move { c.create_replica(request).await }
+        })
+        .await?;
+    }
+    let answer = at_any(&voters, |mut c| async move { c.bootstrap(BootstrapRequest {}).await }).await?;
+    Ok(answer.root.and_then(|r| r.descriptor).map(|d| d.replicas).unwrap_or_default())
+}
+
+/// Has the placement leader (asked through any of `seeds`) create a shard group for `prefix`;
+/// returns the new group's descriptor.
+pub(crate) async fn create_group(seeds: &[String], prefix: &str) -> anyhow::Result<warden_proto::v1::GroupDescriptor> {
+    let answer = at_any(seeds, |mut c| {
+        let prefix = prefix.to_string();
+        async move { c.create_group(CreateGroupRequest { prefix }).await }
+    })
+    .await?;
+    Ok(answer.group.and_then(|g| g.descriptor).unwrap_or_default())
 }

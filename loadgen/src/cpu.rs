@@ -1,12 +1,41 @@
 //! Server CPU per operation: the CPU time (user + system) the server processes used over the
-//! measured window, from `/proc/PID/stat`, divided by the operations acknowledged in it.
+//! measured window, from `/proc/PID/stat`, divided by the operations acknowledged in it; and
+//! each process's share, in cores, which shows which process bounds a run.
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// CPU time used so far by each process of a set.
+/// CPU time used so far by each process of a set, and when that was read.
 #[derive(Clone, Debug)]
 pub struct CpuSample {
     per_pid: Vec<(u32, Duration)>,
+    taken: Instant,
+}
+
+/// The CPU a set of processes used between two samples.
+#[derive(Clone, Debug)]
+pub struct CpuUsed {
+    /// Each process, in the order the pids were given.
+    pub per_process: Vec<ProcessCpu>,
+    /// Wall-clock time between the samples.
+    pub window: Duration,
+}
+
+/// One process's CPU over a window.
+#[derive(Clone, Debug, PartialEq, serde::Serialize)]
+pub struct ProcessCpu {
+    /// The process.
+    pub pid: u32,
+    /// CPU time (user + system, all threads) used in the window, seconds.
+    pub cpu_s: f64,
+    /// `cpu_s` over the window's seconds: the cores it kept busy on average.
+    pub cores: f64,
+}
+
+impl CpuUsed {
+    /// CPU time of all the processes together.
+    pub fn total(&self) -> Duration {
+        Duration::from_secs_f64(self.per_process.iter().map(|process| process.cpu_s).sum::<f64>())
+    }
 }
 
 /// Why the CPU time of a process could not be read.
@@ -54,18 +83,23 @@ impl CpuSample {
             let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).map_err(|source| CpuError::Read { pid, source })?;
             per_pid.push((pid, cpu_of(pid, &stat)?));
         }
-        Ok(CpuSample { per_pid })
+        Ok(CpuSample { per_pid, taken: Instant::now() })
     }
 
-    /// CPU time used by the processes between `earlier` and this sample.
-    pub fn since(&self, earlier: &CpuSample) -> Duration {
-        self.per_pid
+    /// CPU used by each process between `earlier` and this sample (a process `earlier` did
+    /// not cover counts from zero).
+    pub fn since(&self, earlier: &CpuSample) -> CpuUsed {
+        let window = self.taken.saturating_duration_since(earlier.taken);
+        let per_process = self
+            .per_pid
             .iter()
-            .map(|(pid, now)| {
-                let before = earlier.per_pid.iter().find(|(earlier_pid, _)| earlier_pid == pid).map_or(Duration::ZERO, |(_, before)| *before);
-                now.saturating_sub(before)
+            .map(|&(pid, now)| {
+                let before = earlier.per_pid.iter().find(|(earlier_pid, _)| *earlier_pid == pid).map_or(Duration::ZERO, |(_, before)| *before);
+                let cpu_s = now.saturating_sub(before).as_secs_f64();
+                ProcessCpu { pid, cpu_s, cores: cpu_s / window.as_secs_f64().max(f64::MIN_POSITIVE) }
             })
-            .sum()
+            .collect();
+        CpuUsed { per_process, window }
     }
 }
 
@@ -94,7 +128,9 @@ mod tests {
                 spins = std::hint::black_box(spins.wrapping_add(1));
             }
             let used = CpuSample::take(&[pid]).expect("still there").since(&before);
-            if used >= Duration::from_millis(50) {
+            assert_eq!(used.per_process.len(), 1);
+            assert!(used.per_process[0].cores >= 0.0 && used.per_process[0].cores.is_finite());
+            if used.total() >= Duration::from_millis(50) {
                 break;
             }
             assert!(std::time::Instant::now() < deadline, "50 ms of CPU never showed in /proc");

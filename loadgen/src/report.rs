@@ -4,6 +4,7 @@
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 
+use crate::cpu::{CpuUsed, ProcessCpu};
 use crate::driver::Measured;
 use crate::options::{LoadArgs, Workload};
 use crate::target::ReadConsistency;
@@ -69,6 +70,9 @@ pub struct LoadReport {
     pub server_cpu_us_per_op: Option<f64>,
     /// What `server_cpu_us_per_op` covers.
     pub cpu_scope: Option<String>,
+    /// Each server process's CPU over the measured window (pid, CPU seconds, cores), in the
+    /// order the pids were given; empty without server pids.
+    pub server_processes: Vec<ProcessCpu>,
     /// Successful operations completed in each second of the measured window.
     pub timeline: Vec<u64>,
     /// The latency curve: `[quantile, ms]` points from 0 to 99.999 %.
@@ -89,13 +93,14 @@ fn ms(micros: u64) -> f64 {
 impl LoadReport {
     /// The report of a run of `args` that measured `measured` (and, for watch, a writer that
     /// measured `writer`), with `server_cpu` used by the servers over the window.
-    pub fn new(args: &LoadArgs, measured: &Measured, writer: Option<&Measured>, server_cpu: Option<(std::time::Duration, String)>) -> LoadReport {
+    pub fn new(args: &LoadArgs, measured: &Measured, writer: Option<&Measured>, server_cpu: Option<(CpuUsed, String)>) -> LoadReport {
         let histogram = &measured.histogram;
         let seconds = measured.window.as_secs_f64().max(f64::MIN_POSITIVE);
         let ops = histogram.len();
         let quantile = |q: f64| if ops == 0 { 0.0 } else { ms(histogram.value_at_quantile(q)) };
+        let server_processes = server_cpu.as_ref().map_or_else(Vec::new, |(cpu, _)| cpu.per_process.clone());
         let (server_cpu_us_per_op, cpu_scope) = match server_cpu {
-            Some((cpu, scope)) if ops > 0 => (Some(cpu.as_secs_f64() * 1e6 / ops as f64), Some(scope)),
+            Some((cpu, scope)) if ops > 0 => (Some(cpu.total().as_secs_f64() * 1e6 / ops as f64), Some(scope)),
             _ => (None, None),
         };
         LoadReport {
@@ -124,6 +129,7 @@ impl LoadReport {
             label: args.label.clone(),
             server_cpu_us_per_op,
             cpu_scope,
+            server_processes,
             timeline: measured.timeline.clone(),
             percentiles: curve_quantiles().map(|q| [q, quantile(q)]).collect(),
             writes_per_sec: writer.map(|writer| writer.histogram.len() as f64 / writer.window.as_secs_f64().max(f64::MIN_POSITIVE)),
@@ -177,6 +183,10 @@ impl LoadReport {
             let scope = self.cpu_scope.as_deref().unwrap_or("server");
             rows.push(("cpu per op", format!("{cpu:.1} µs ({scope})")));
         }
+        if !self.server_processes.is_empty() {
+            let cores: Vec<String> = self.server_processes.iter().map(|process| format!("{} {:.2}", process.pid, process.cores)).collect();
+            rows.push(("cores by pid", cores.join(", ")));
+        }
         rows.push(("errors", self.errors.to_string()));
         for (kind, count) in &self.errors_by_kind {
             let example = self.error_examples.get(kind).map(|message| format!(" (e.g. {message})")).unwrap_or_default();
@@ -227,13 +237,19 @@ pub(crate) mod tests {
         measured
     }
 
+    /// CPU used by processes 1, 2, … (`cpu_s` each) over `window`.
+    fn used(cpu_s: &[f64], window: Duration) -> CpuUsed {
+        let per_process = (1..).zip(cpu_s).map(|(pid, &cpu_s)| ProcessCpu { pid, cpu_s, cores: cpu_s / window.as_secs_f64() }).collect();
+        CpuUsed { per_process, window }
+    }
+
     #[test]
     fn the_report_has_the_fields_the_json_promises() {
         let report = LoadReport::new(
             &args(&["lock", "--clients", "8", "--contention", "4"]),
             &measured(),
             None,
-            Some((Duration::from_millis(50), "server".into())),
+            Some((used(&[0.03, 0.02], Duration::from_secs(2)), "server".into())),
         );
         let json: serde_json::Value = serde_json::to_value(&report).expect("a report serializes");
         for field in
@@ -251,6 +267,7 @@ pub(crate) mod tests {
         assert_eq!(json["timeline"], serde_json::json!([49, 50, 1]));
         // 50 ms of server CPU over 100 operations.
         assert!((report.server_cpu_us_per_op.unwrap_or_default() - 500.0).abs() < 1e-6);
+        assert_eq!(json["server_processes"][1], serde_json::json!({"pid": 2, "cpu_s": 0.02, "cores": 0.01}));
         assert!((report.p50_ms - 50.0).abs() < 0.1 && (report.p99_ms - 99.0).abs() < 0.1, "{} {}", report.p50_ms, report.p99_ms);
         assert!(report.percentiles.windows(2).all(|pair| pair[0][0] < pair[1][0] && pair[0][1] <= pair[1][1]), "the curve rises");
     }
@@ -267,7 +284,7 @@ pub(crate) mod tests {
 
     #[test]
     fn an_empty_run_reports_zeros_not_garbage() {
-        let report = LoadReport::new(&args(&["put"]), &Measured::empty(), None, Some((Duration::from_secs(1), "server".into())));
+        let report = LoadReport::new(&args(&["put"]), &Measured::empty(), None, Some((used(&[1.0], Duration::from_secs(1)), "server".into())));
         assert_eq!(report.ops, 0);
         assert_eq!(report.p99_ms, 0.0);
         assert_eq!(report.server_cpu_us_per_op, None, "no operation to divide by");

@@ -1,5 +1,7 @@
 //! `warden bench …`: benchmarks of the hot paths, each printing JSON lines.
 
+mod cgroup;
+mod cluster;
 mod election;
 mod engine;
 mod load;
@@ -31,6 +33,10 @@ pub enum BenchCommand {
     /// The client's recipes through a router: leader-election failover after a crash, and
     /// lock hand-off latency.
     Election(election::ElectionArgs),
+    /// Scaling on isolated nodes: `warden node` and `warden router` processes, each in a CPU
+    /// cgroup of its own with the same quota, under the load generator's workloads, by shard-group
+    /// count (needs root for the cgroups).
+    Cluster(cluster::ClusterArgs),
 }
 
 /// Runs a benchmark.
@@ -43,6 +49,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Router(args) => router::run(args).await,
         BenchCommand::Election(args) => election::run(args).await,
         BenchCommand::Load(args) => load::run(args).await,
+        BenchCommand::Cluster(args) => cluster::run(args).await,
     }
 }
 

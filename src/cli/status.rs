@@ -60,7 +60,7 @@ pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::
 }
 
 /// Asks the routers at `endpoints` for each group's leader (unknown when no router answers).
-async fn group_health(endpoints: &[String], groups: &[GroupEntry]) -> Vec<GroupHealth> {
+pub(crate) async fn group_health(endpoints: &[String], groups: &[GroupEntry]) -> Vec<GroupHealth> {
     let Some(channel) = endpoints.first().and_then(|addr| Endpoint::from_shared(format!("http://{addr}")).ok()).map(|e| e.connect_lazy()) else {
         return vec![GroupHealth::default(); groups.len()];
     };
