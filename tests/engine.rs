@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
+use warden_proto::kv::KvResult;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::kv::{self, KvFactory};
 use warden_shard_node::{EngineError, ReadConsistency};
@@ -510,4 +511,103 @@ async fn item_17_a_replica_removed_while_its_node_was_down_is_destroyed_when_it_
     voters.sort_unstable();
     assert_eq!(voters, others);
     put(&cluster, 1, "k", "still serving", WRITE_TIMEOUT).await.expect("write");
+}
+
+/// Proposes every command to `group`'s current leader at once (one tight loop of sends, so
+/// the leader's worker takes many of them in one round) and returns each caller's result.
+async fn propose_at_once(cluster: &Cluster, group: u64, commands: Vec<Vec<u8>>, timeout: Duration) -> Vec<Result<KvResult, EngineError>> {
+    let leader = cluster.leader(group).await.expect("leader");
+    let handle = cluster.handle(leader).expect("leader runs");
+    let calls = commands.into_iter().map(|command| {
+        let handle = handle.clone();
+        async move { handle.propose(group, command, timeout).await.and_then(|output| kv::decode_result(&output)) }
+    });
+    futures::future::join_all(calls).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_proposals_share_entries_and_each_caller_gets_its_own_result() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1], &ALL).await;
+    put(&cluster, 1, "warm", "up", WRITE_TIMEOUT).await.expect("first write");
+    let leader = cluster.leader(1).await.expect("leader");
+    let before = cluster.handle(leader).expect("leader").status(1).await.expect("status").last_index;
+
+    // Puts of distinct keys, and compare-and-sets of one key of which exactly one can win:
+    // successes and failures in the same entries.
+    const PUTS: usize = 300;
+    const CASES: usize = 50;
+    let mut commands: Vec<Vec<u8>> = (0..PUTS).map(|i| kv::put(format!("k{i}").as_bytes(), format!("v{i}").as_bytes())).collect();
+    commands.extend((0..CASES).map(|i| kv::cas(b"c", None, format!("c{i}").as_bytes())));
+    let results = propose_at_once(&cluster, 1, commands, WRITE_TIMEOUT).await;
+
+    for (i, result) in results[..PUTS].iter().enumerate() {
+        let result = result.as_ref().unwrap_or_else(|error| panic!("put {i}: {error:?}"));
+        assert!(result.succeeded && result.previous.is_none(), "put {i} got someone else's answer: {result:?}");
+    }
+    let cases: Vec<&KvResult> = results[PUTS..].iter().map(|result| result.as_ref().expect("cas answered")).collect();
+    let winners: Vec<usize> = (0..CASES).filter(|i| cases[*i].succeeded).collect();
+    assert_eq!(winners.len(), 1, "exactly one compare-and-set of an absent key wins: {cases:?}");
+    let winning = format!("c{}", winners[0]);
+    for (i, result) in cases.iter().enumerate().filter(|(i, _)| *i != winners[0]) {
+        // Those applied after the winner see its value; none sees another loser's.
+        assert!(result.previous.as_deref().is_none_or(|previous| previous == winning.as_bytes()), "cas {i} saw {result:?}");
+    }
+    assert_eq!(get(&cluster, 1, "c").await.as_deref(), Some(winning.as_str()));
+    for i in (0..PUTS).step_by(37) {
+        assert_eq!(get(&cluster, 1, &format!("k{i}")).await, Some(format!("v{i}")));
+    }
+
+    let after = cluster.handle(leader).expect("leader").status(1).await.expect("status").last_index;
+    let entries = after - before;
+    assert!(entries < (PUTS + CASES) as u64 / 2, "{} commands took {entries} entries: proposals were not batched", PUTS + CASES);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_cut_off_with_its_leader_fails_every_command_as_unknown_and_applies_none() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1], &ALL).await;
+    put(&cluster, 1, "warm", "up", WRITE_TIMEOUT).await.expect("first write");
+    let leader = cluster.leader(1).await.expect("leader");
+    // The leader still leads until check-quorum notices, so it takes the batch, which can
+    // reach no follower.
+    cluster.faults().isolate(leader, &ALL);
+    let commands: Vec<Vec<u8>> = (0..40).map(|i| kv::put(format!("lost{i}").as_bytes(), b"x")).collect();
+    let results = propose_at_once(&cluster, 1, commands, Duration::from_millis(1500)).await;
+    for (i, result) in results.iter().enumerate() {
+        assert!(matches!(result, Err(EngineError::Unavailable { outcome_unknown: true, .. })), "command {i}: {result:?}");
+    }
+    cluster.faults().heal();
+    // The majority elected another leader whose log overwrites the batch on the old one.
+    put(&cluster, 1, "after", "heal", WRITE_TIMEOUT).await.expect("write after heal");
+    let index = put(&cluster, 1, "after", "heal", WRITE_TIMEOUT).await.expect("write after heal");
+    for i in 0..40 {
+        assert_eq!(get_on_node(&cluster, leader, 1, &format!("lost{i}"), index).await, None, "lost{i} applied");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batched_entries_replay_to_the_same_state_after_every_node_restarts() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1], &ALL).await;
+    // Three rounds over the same keys: only applying every batch in order gives round 2.
+    for round in 0..3 {
+        let commands: Vec<Vec<u8>> = (0..100).map(|i| kv::put(format!("k{i}").as_bytes(), format!("r{round}-{i}").as_bytes())).collect();
+        for (i, result) in propose_at_once(&cluster, 1, commands, WRITE_TIMEOUT).await.into_iter().enumerate() {
+            result.unwrap_or_else(|error| panic!("round {round} put {i}: {error:?}"));
+        }
+    }
+    let last = put(&cluster, 1, "last", "1", WRITE_TIMEOUT).await.expect("last write");
+    for node in ALL {
+        cluster.kill(node);
+    }
+    for node in ALL {
+        cluster.restart(node).expect("restart");
+    }
+    cluster.wait_leader(1, Duration::from_secs(30)).await.expect("leader after restart");
+    for node in ALL {
+        for i in 0..100 {
+            assert_eq!(get_on_node(&cluster, node, 1, &format!("k{i}"), last).await, Some(format!("r2-{i}")), "node {node} key k{i}");
+        }
+    }
 }

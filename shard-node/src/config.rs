@@ -30,6 +30,11 @@ pub struct NodeConfig {
     pub reads_per_group_max: usize,
     /// Largest command accepted for proposal.
     pub command_bytes_max: usize,
+    /// Commands of one group taken in one worker round that go into one raft entry at most.
+    pub proposal_batch_commands_max: usize,
+    /// Bytes of commands that go into one raft entry at most; a larger command goes alone
+    /// (within `command_bytes_max`).
+    pub proposal_batch_bytes_max: usize,
     /// Messages a worker's inbox holds before senders see "busy".
     pub inbox_msgs_max: usize,
     /// Store-writer tasks a worker may have in flight (pipelining depth).
@@ -84,6 +89,10 @@ impl NodeConfig {
             proposals_per_group_max: 8192,
             reads_per_group_max: 8192,
             command_bytes_max: 3 << 19,
+            // Far more than one round of a busy group brings (a few dozen commands), and a
+            // batch entry stays well under `raft_msg_bytes_max`.
+            proposal_batch_commands_max: 256,
+            proposal_batch_bytes_max: 256 << 10,
             inbox_msgs_max: 65536,
             write_tasks_in_flight_max: 8,
             log_compact_entries: 10_000,

@@ -35,7 +35,9 @@ impl LeaderClock {
 
 /// A replicated state machine of one group.
 pub trait StateMachine: Send {
-    /// Applies the committed command of entry `index`.
+    /// Applies the committed command of entry `index`. Several commands may share one entry
+    /// (the engine batches proposals): they are applied in order, each with the entry's
+    /// index, so nothing unique may be derived from `index` alone.
     fn apply(&mut self, index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput;
 
     /// Answers a read-only query from the applied state.

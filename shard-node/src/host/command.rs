@@ -7,7 +7,7 @@ use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType};
 use raft_proto::ConfChangeI;
 use tokio::sync::oneshot;
 
-use super::replica::{Proposal, Replica};
+use super::replica::{Proposal, Replica, Waiter};
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::{ApplyOutput, SmWrites};
@@ -23,41 +23,164 @@ pub(crate) enum Proposed {
     ConfChange(ConfChangeV2),
 }
 
+/// Context of an entry whose data is an envelope of several commands ([`CommandBatch`]).
+/// Entries written before batching, and single-command entries, have an empty context, so
+/// the two formats never mix up whatever the commands' bytes look like.
+const BATCH_ENTRY_CONTEXT: &[u8] = b"B1";
+
+/// Bytes of the length that precedes each command in a batch entry.
+const BATCH_LENGTH_BYTES: usize = 4;
+
+/// A proposer of a command not yet in an entry: its deadline and reply channel.
+pub(crate) type BatchWaiter = (Instant, oneshot::Sender<ApplyOutput>);
+
+/// The commands a leader took during one worker round, proposed together as one raft entry
+/// at the round's end (TiKV batches a region's writes the same way): raft's bookkeeping, the
+/// log entry and the per-entry apply cost are paid once per batch, not once per command.
+#[derive(Default)]
+pub(crate) struct CommandBatch {
+    commands: Vec<Vec<u8>>,
+    waiters: Vec<BatchWaiter>,
+    bytes: usize,
+}
+
+impl CommandBatch {
+    /// Commands in the batch.
+    pub(crate) fn len(&self) -> usize {
+        self.commands.len()
+    }
+
+    /// True when the batch holds no command.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.commands.is_empty()
+    }
+
+    /// The proposers of the batch's commands, in order.
+    pub(crate) fn into_waiters(self) -> Vec<BatchWaiter> {
+        self.waiters
+    }
+
+    /// The entry's context and data: a lone command is written as before batching existed.
+    fn into_entry(mut self) -> (Vec<u8>, Vec<u8>, Vec<BatchWaiter>) {
+        if self.commands.len() == 1 {
+            let command = self.commands.pop().unwrap_or_default();
+            return (Vec::new(), command, self.waiters);
+        }
+        let mut data = Vec::with_capacity(self.bytes + BATCH_LENGTH_BYTES * self.commands.len());
+        for command in &self.commands {
+            // A command fits in u32: it is at most `command_bytes_max`, checked on arrival.
+            data.extend_from_slice(&(command.len() as u32).to_le_bytes());
+            data.extend_from_slice(command);
+        }
+        (BATCH_ENTRY_CONTEXT.to_vec(), data, self.waiters)
+    }
+}
+
+/// The commands of a normal, non-empty entry, in order.
+fn entry_commands(entry: &Entry) -> Result<Vec<&[u8]>, StorageError> {
+    if entry.context != BATCH_ENTRY_CONTEXT {
+        return Ok(vec![&entry.data[..]]);
+    }
+    let corrupt = || StorageError::Corrupt(format!("batch entry {} is truncated", entry.index));
+    let mut commands = Vec::new();
+    let mut rest = &entry.data[..];
+    while !rest.is_empty() {
+        let (length, tail) = rest.split_first_chunk::<BATCH_LENGTH_BYTES>().ok_or_else(corrupt)?;
+        let length = u32::from_le_bytes(*length) as usize;
+        if tail.len() < length {
+            return Err(corrupt());
+        }
+        let (command, tail) = tail.split_at(length);
+        commands.push(command);
+        rest = tail;
+    }
+    Ok(commands)
+}
+
 impl Replica {
-    /// Proposes a command or configuration change; the reply comes when its entry applies.
+    /// Takes a command or proposes a configuration change; the reply comes when its entry
+    /// applies. Commands are checked now and proposed at the end of the round, together with
+    /// the round's other commands (`propose_batch`); a full batch is proposed at once.
     pub(crate) fn propose(&mut self, config: &NodeConfig, proposed: Proposed, deadline: Instant, reply: oneshot::Sender<ApplyOutput>) {
         if let Err(error) = self.check_proposal(config, &proposed) {
             let _ = reply.send(Err(error));
             return;
         }
+        let change = match proposed {
+            Proposed::Command(command) => {
+                // A command that would overflow the batch's bytes goes in the next one, so a
+                // command larger than the bound goes alone (within `command_bytes_max`).
+                if !self.batch.is_empty() && self.batch.bytes + command.len() > config.proposal_batch_bytes_max {
+                    self.propose_batch();
+                }
+                self.batch.bytes += command.len();
+                self.batch.commands.push(command);
+                self.batch.waiters.push((deadline, reply));
+                if self.batch.len() >= config.proposal_batch_commands_max || self.batch.bytes >= config.proposal_batch_bytes_max {
+                    self.propose_batch();
+                }
+                return;
+            }
+            Proposed::ConfChange(change) => change,
+        };
         let last_before = self.raw.raft.raft_log.last_index();
         // A configuration change that only leaves a joint configuration (no changes).
-        let conf_change_leaves = match &proposed {
-            Proposed::ConfChange(change) => Some(change.changes.is_empty()),
-            Proposed::Command(_) => None,
+        let leaves = change.changes.is_empty();
+        let result = self.raw.propose_conf_change(Vec::new(), change);
+        let index = match self.appended(result, last_before) {
+            Ok(index) => index,
+            Err(error) => return drop(reply.send(Err(error))),
         };
-        let result = match proposed {
-            Proposed::Command(command) => self.raw.propose(Vec::new(), command),
-            Proposed::ConfChange(change) => self.raw.propose_conf_change(Vec::new(), change),
-        };
-        let index = self.raw.raft.raft_log.last_index();
-        match result {
-            Err(error) => {
-                let _ = reply.send(Err(EngineError::Dropped(format!("group {}: {error}", self.group))));
+        if !self.appended_conf_change(index) {
+            // raft-rs took the proposal but appended an empty normal entry in place of the
+            // change: the configuration will not change.
+            let reason = self.conf_change_refusal(leaves);
+            let _ = reply.send(Err(EngineError::ConfChangeRefused { group: self.group, reason }));
+            return;
+        }
+        self.insert_proposal(index, vec![Waiter { position: 0, deadline, reply }]);
+    }
+
+    /// Proposes the commands taken this round as one entry (nothing when there are none).
+    pub(crate) fn propose_batch(&mut self) {
+        if self.batch.is_empty() {
+            return;
+        }
+        let (context, data, waiters) = std::mem::take(&mut self.batch).into_entry();
+        let last_before = self.raw.raft.raft_log.last_index();
+        let result = self.raw.propose(context, data);
+        match self.appended(result, last_before) {
+            Ok(index) => {
+                let waiters = waiters.into_iter().enumerate().map(|(position, (deadline, reply))| Waiter { position, deadline, reply }).collect();
+                self.insert_proposal(index, waiters);
             }
-            Ok(()) => {
-                // raft-rs appends exactly one entry per accepted proposal.
-                assert_eq!(index, last_before + 1, "proposal did not append one entry");
-                if let Some(leaves) = conf_change_leaves.filter(|_| !self.appended_conf_change(index)) {
-                    // raft-rs took the proposal but appended an empty normal entry in place of
-                    // the change: the configuration will not change.
-                    let reason = self.conf_change_refusal(leaves);
-                    let _ = reply.send(Err(EngineError::ConfChangeRefused { group: self.group, reason }));
-                    return;
+            Err(error) => {
+                for (_, reply) in waiters {
+                    let _ = reply.send(Err(error.clone()));
                 }
-                self.proposals.insert(index, Proposal { term: self.raw.raft.term, deadline, reply });
             }
         }
+    }
+
+    /// The index of the one entry raft-rs appended for a proposal it accepted.
+    fn appended(&self, result: raft::Result<()>, last_before: u64) -> Result<u64, EngineError> {
+        result.map_err(|error| EngineError::Dropped(format!("group {}: {error}", self.group)))?;
+        let index = self.raw.raft.raft_log.last_index();
+        // raft-rs appends exactly one entry per accepted proposal.
+        assert_eq!(index, last_before + 1, "proposal did not append one entry");
+        Ok(index)
+    }
+
+    fn insert_proposal(&mut self, index: u64, waiters: Vec<Waiter>) {
+        self.proposed_commands += waiters.len();
+        self.proposals.insert(index, Proposal { term: self.raw.raft.term, waiters });
+    }
+
+    /// Removes the proposal of the entry at `index`, if this replica proposed it.
+    pub(crate) fn take_proposal(&mut self, index: u64) -> Option<Proposal> {
+        let proposal = self.proposals.remove(&index)?;
+        self.proposed_commands -= proposal.waiters.len();
+        Some(proposal)
     }
 
     /// Why raft-rs refused a configuration change (`leaves`: it had no changes, i.e. it
@@ -100,6 +223,7 @@ impl Replica {
         self.notice_leadership();
         for command in self.sm.leader_proposals(clock) {
             let (reply, _ignored) = oneshot::channel();
+            // Batched with the round's client commands: the state machine treats them alike.
             self.propose(config, Proposed::Command(command), Instant::now() + config.election_timeout(), reply);
         }
     }
@@ -108,8 +232,9 @@ impl Replica {
         if !self.is_leader() {
             return Err(self.not_leader());
         }
-        if self.proposals.len() >= config.proposals_per_group_max {
-            return Err(EngineError::busy(format!("group {}: {} proposals waiting", self.group, self.proposals.len())));
+        let waiting = self.proposed_commands + self.batch.len();
+        if waiting >= config.proposals_per_group_max {
+            return Err(EngineError::busy(format!("group {}: {waiting} proposals waiting", self.group)));
         }
         if let Proposed::Command(command) = proposed {
             if command.is_empty() {
@@ -139,23 +264,39 @@ impl Replica {
                 continue;
             }
             assert_eq!(entry.index, self.applied.index + 1, "group {}: apply gap", self.group);
-            let output = match entry.get_entry_type() {
+            // One output per command of the entry, in order; a batch entry's commands are
+            // applied one by one into the same writes, so the entry applies whole or not at all.
+            let mut outputs: Vec<ApplyOutput> = match entry.get_entry_type() {
                 // Raft's own no-op, appended by each new leader.
-                EntryType::EntryNormal if entry.data.is_empty() => Ok(Vec::new()),
-                EntryType::EntryNormal => self.sm.apply(entry.index, &entry.data, &mut writes),
+                EntryType::EntryNormal if entry.data.is_empty() => vec![Ok(Vec::new())],
+                // Every command of a batch sees the entry's index: none of the state machines
+                // derives a unique value from it (revisions and ids are their own counters).
+                EntryType::EntryNormal => {
+                    entry_commands(&entry)?.into_iter().map(|command| self.sm.apply(entry.index, command, &mut writes)).collect()
+                }
                 // The empty EntryConfChangeV2 that leaves a joint configuration must be applied
                 // too: the entry type is checked before any emptiness.
-                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => self.apply_conf_change(&entry, &mut writes)?,
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => vec![self.apply_conf_change(&entry, &mut writes)?],
             };
             self.applied.index = entry.index;
             self.applied.term = entry.term;
-            if let Some(proposal) = self.proposals.remove(&entry.index) {
-                let result = if proposal.term == entry.term {
-                    output
-                } else {
-                    Err(EngineError::Dropped(format!("group {}: entry {} went to term {}", self.group, entry.index, entry.term)))
-                };
-                replies.push((proposal.reply, result));
+            if let Some(proposal) = self.take_proposal(entry.index) {
+                for waiter in proposal.waiters {
+                    let result = if proposal.term != entry.term {
+                        Err(EngineError::Dropped(format!("group {}: entry {} went to term {}", self.group, entry.index, entry.term)))
+                    } else {
+                        // Only the entry this replica proposed carries its index and term, so
+                        // every position is there; each proposer takes its own output.
+                        outputs.get_mut(waiter.position).map_or_else(
+                            || {
+                                let reason = format!("group {}: entry {} has no command {}", self.group, entry.index, waiter.position);
+                                Err(EngineError::Unavailable { reason, outcome_unknown: true })
+                            },
+                            |output| std::mem::replace(output, Ok(Vec::new())),
+                        )
+                    };
+                    replies.push((waiter.reply, result));
+                }
             }
         }
         writes.ops_mut().push(state_put(self.group, StateKey::Apply, keys::encode_index_term(self.applied.index, self.applied.term).to_vec()));
@@ -187,5 +328,58 @@ impl Replica {
             self.removed = true;
         }
         Ok(Ok(encode(&conf_state)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn batch_of(commands: &[&[u8]]) -> CommandBatch {
+        let mut batch = CommandBatch::default();
+        for command in commands {
+            let (reply, _) = oneshot::channel();
+            batch.bytes += command.len();
+            batch.commands.push(command.to_vec());
+            batch.waiters.push((Instant::now(), reply));
+        }
+        batch
+    }
+
+    fn entry(context: Vec<u8>, data: Vec<u8>) -> Entry {
+        Entry { index: 7, context: context.into(), data: data.into(), ..Entry::default() }
+    }
+
+    #[test]
+    fn a_batch_entry_splits_into_its_commands_in_order() {
+        let commands: [&[u8]; 3] = [b"first", BATCH_ENTRY_CONTEXT, &[0xff; 300]];
+        let (context, data, waiters) = batch_of(&commands).into_entry();
+        assert_eq!(context, BATCH_ENTRY_CONTEXT);
+        assert_eq!(waiters.len(), 3);
+        assert_eq!(entry_commands(&entry(context, data)).expect("decodes"), commands);
+    }
+
+    #[test]
+    fn a_lone_command_is_written_as_before_batching() {
+        let (context, data, _) = batch_of(&[b"alone"]).into_entry();
+        assert!(context.is_empty());
+        assert_eq!(data, b"alone");
+    }
+
+    #[test]
+    fn an_entry_without_the_batch_context_is_one_command_whatever_its_bytes() {
+        // Entries written before batching have an empty context: even data that would parse
+        // as an envelope is one command.
+        let (_, envelope, _) = batch_of(&[b"a", b"b"]).into_entry();
+        assert_eq!(entry_commands(&entry(Vec::new(), envelope.clone())).expect("one command"), [&envelope[..]]);
+    }
+
+    #[test]
+    fn a_truncated_batch_entry_is_corrupt() {
+        let (context, data, _) = batch_of(&[b"first", b"second"]).into_entry();
+        for cut in [1, 3, 6] {
+            let truncated = entry(context.clone(), data[..data.len() - cut].to_vec());
+            assert!(matches!(entry_commands(&truncated), Err(StorageError::Corrupt(_))), "cut {cut}");
+        }
     }
 }

@@ -143,11 +143,13 @@ impl Replica {
     fn fail_proposals_covered_by_snapshot(&mut self, index: u64) {
         let covered: Vec<u64> = self.proposals.range(..=index).map(|(i, _)| *i).collect();
         for i in covered {
-            if let Some(proposal) = self.proposals.remove(&i) {
-                let _ = proposal.reply.send(Err(EngineError::Unavailable {
-                    reason: format!("group {}: entry {i} arrived inside a snapshot", self.group),
-                    outcome_unknown: true,
-                }));
+            if let Some(proposal) = self.take_proposal(i) {
+                for waiter in proposal.waiters {
+                    let _ = waiter.reply.send(Err(EngineError::Unavailable {
+                        reason: format!("group {}: entry {i} arrived inside a snapshot", self.group),
+                        outcome_unknown: true,
+                    }));
+                }
             }
         }
     }

@@ -10,17 +10,27 @@ use raft::eraftpb::Message;
 use raft::{RawNode, StateRole};
 use tokio::sync::oneshot;
 
+use super::command::CommandBatch;
 use super::msg::{GroupStatus, Reply};
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::{ApplyOutput, LeaderClock, SmReader, StateMachine, StateMachineFactory};
 use crate::storage::{ApplyState, Db, PeerStorage};
 
-/// A proposal waiting for its entry to be applied.
+/// A proposed entry waiting to be applied.
 pub(crate) struct Proposal {
     /// Term the entry was proposed in: the proposal succeeded only if the entry applied at
     /// its index carries this term.
     pub term: u64,
+    /// The proposers of its commands (one per command of the entry, fewer once some passed
+    /// their deadline).
+    pub waiters: Vec<Waiter>,
+}
+
+/// A proposer waiting for the output of its command.
+pub(crate) struct Waiter {
+    /// Position of its command in the entry (0 in a single-command entry).
+    pub position: usize,
     pub deadline: Instant,
     pub reply: oneshot::Sender<ApplyOutput>,
 }
@@ -70,6 +80,10 @@ pub struct Replica {
     pub(crate) db: Arc<Db>,
     pub(crate) applied: ApplyState,
     pub(crate) proposals: BTreeMap<u64, Proposal>,
+    /// Commands waiting in `proposals` (the per-group bound counts commands, not entries).
+    pub(crate) proposed_commands: usize,
+    /// Commands taken this round, proposed together at the round's end (`propose_batch`).
+    pub(crate) batch: CommandBatch,
     pub(crate) queued_reads: Vec<ReadRequest>,
     pub(crate) inflight_read: Option<InflightRead>,
     /// Read batches confirmed at a read index, waiting for apply to reach it.
@@ -111,6 +125,8 @@ impl Replica {
             db,
             applied,
             proposals: BTreeMap::new(),
+            proposed_commands: 0,
+            batch: CommandBatch::default(),
             queued_reads: Vec::new(),
             inflight_read: None,
             confirmed_reads: VecDeque::new(),
@@ -228,9 +244,16 @@ impl Replica {
     pub(crate) fn fail_all(&mut self, error: &EngineError) {
         // A pending proposal's entry may already be on a quorum and commit without this
         // replica: "unknown" is the only true answer, whatever stopped us.
+        self.proposed_commands = 0;
         for (index, proposal) in std::mem::take(&mut self.proposals) {
             let reason = format!("group {}: {error} while entry {index} was pending", self.group);
-            let _ = proposal.reply.send(Err(EngineError::Unavailable { reason, outcome_unknown: true }));
+            for waiter in proposal.waiters {
+                let _ = waiter.reply.send(Err(EngineError::Unavailable { reason: reason.clone(), outcome_unknown: true }));
+            }
+        }
+        // Commands not proposed yet were certainly not applied.
+        for (_, reply) in std::mem::take(&mut self.batch).into_waiters() {
+            let _ = reply.send(Err(error.clone()));
         }
         let confirmed = std::mem::take(&mut self.confirmed_reads).into_iter().flat_map(|(_, reads)| reads);
         let inflight = self.inflight_read.take().into_iter().flat_map(|inflight| inflight.reads);
@@ -245,16 +268,22 @@ impl Replica {
     /// Answers requests whose deadline has passed. A proposal past its deadline may still be
     /// applied later, so its error says the outcome is unknown.
     pub(crate) fn expire_requests(&mut self, now: Instant) {
-        let expired: Vec<u64> = self.proposals.iter().filter(|(_, p)| p.deadline <= now).map(|(index, _)| *index).collect();
-        for index in expired {
-            if let Some(proposal) = self.proposals.remove(&index) {
-                let _ = proposal.reply.send(Err(EngineError::Unavailable {
-                    reason: format!("group {}: deadline passed before entry {index} applied", self.group),
-                    outcome_unknown: true,
-                }));
-            }
-        }
         let group = self.group;
+        let mut expired_commands = 0;
+        self.proposals.retain(|index, proposal| {
+            if proposal.waiters.iter().all(|w| w.deadline > now) {
+                return true;
+            }
+            let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(&mut proposal.waiters).into_iter().partition(|w| w.deadline <= now);
+            proposal.waiters = kept;
+            expired_commands += expired.len();
+            for waiter in expired {
+                let reason = format!("group {group}: deadline passed before entry {index} applied");
+                let _ = waiter.reply.send(Err(EngineError::Unavailable { reason, outcome_unknown: true }));
+            }
+            !proposal.waiters.is_empty()
+        });
+        self.proposed_commands -= expired_commands;
         let expire = |reads: &mut Vec<ReadRequest>| {
             let (expired, kept): (Vec<_>, Vec<_>) = std::mem::take(reads).into_iter().partition(|r| r.deadline <= now);
             *reads = kept;

@@ -101,21 +101,28 @@ impl Worker {
                 let Ok(message) = self.inbox.try_recv() else { break };
                 self.handle(message)?;
             }
-            // 4. Durability notices before readies: they release withheld messages and let
+            // 4. The commands each leader took this round go into its log as one entry: after
+            //    every message of the round was stepped, so the batch is as large as the round
+            //    allows, and before the readies, so this round's write carries it. A replica
+            //    that stepped down meanwhile fails them as a single proposal would.
+            for replica in self.replicas.values_mut() {
+                replica.propose_batch();
+            }
+            // 5. Durability notices before readies: they release withheld messages and let
             //    raft hand out the entries they made durable for apply in this same round.
             while let Ok(persisted) = self.persisted_rx.try_recv() {
                 self.on_persisted(persisted)?;
             }
-            // 5. One ReadIndex per group for the reads that queued up.
+            // 6. One ReadIndex per group for the reads that queued up.
             for replica in self.replicas.values_mut() {
                 replica.issue_read_index(self.tick, &mut self.next_read_ctx);
             }
-            // 6. Readies of every group into one store task: one fsync serves them all. With
+            // 7. Readies of every group into one store task: one fsync serves them all. With
             //    too many tasks in flight the readies wait (raft keeps them) for a later round.
             if self.tasks_in_flight < self.config.write_tasks_in_flight_max {
                 self.handle_readies()?;
             }
-            // 7. Replicas removed from their group go once nothing of theirs is in flight.
+            // 8. Replicas removed from their group go once nothing of theirs is in flight.
             self.destroy_removed()?;
         }
         Ok(())
