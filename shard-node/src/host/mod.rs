@@ -351,6 +351,7 @@ impl Node {
             runtime.spawn(api.clone().run_session_checks(Duration::from_millis(config.remote_session_check_ms)));
         }
         let session_check = api.clone().map(crate::service::WardenService::session_check_server);
+        let batch = api.clone().map(crate::service::WardenService::batch_server);
         let api = api.map(crate::service::WardenService::server);
         let placement = config.serve_api.then(|| {
             use crate::placement::service::{PlacementService, SETTLE_CREATIONS_INTERVAL};
@@ -390,6 +391,7 @@ impl Node {
                 .add_service(reflection)
                 .add_optional_service(api)
                 .add_optional_service(session_check)
+                .add_optional_service(batch)
                 .add_optional_service(placement)
                 .serve_with_incoming(incoming)
                 .await;
