@@ -338,3 +338,98 @@ impl Driver {
         // Calls still queued go on the next stream.
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_proto::batch::batch_forward_server::{BatchForward, BatchForwardServer};
+    use warden_proto::batch::BatchResponse;
+    use warden_proto::v1::CreateRequest;
+
+    /// A node that takes items and answers none, telling `received` each item's id.
+    struct Silent {
+        received: mpsc::Sender<u64>,
+    }
+
+    #[tonic::async_trait]
+    impl BatchForward for Silent {
+        type ForwardStream = tokio_stream::wrappers::ReceiverStream<Result<BatchResponse, Status>>;
+
+        async fn forward(&self, request: tonic::Request<tonic::Streaming<BatchRequest>>) -> Result<Response<Self::ForwardStream>, Status> {
+            let (responses, stream) = mpsc::channel(1);
+            let (mut incoming, received) = (request.into_inner(), self.received.clone());
+            tokio::spawn(async move {
+                let _never_answered = responses;
+                while let Ok(Some(batch)) = incoming.message().await {
+                    for item in batch.items {
+                        let _ = received.send(item.id).await;
+                    }
+                }
+            });
+            Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(stream)))
+        }
+    }
+
+    /// Serves `router` on a runtime of its own: dropping the runtime drops its connections,
+    /// as a node that died would.
+    fn serve(router: tonic::service::Routes) -> (String, tokio::runtime::Runtime) {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+        listener.set_nonblocking(true).expect("nonblocking");
+        let addr = listener.local_addr().expect("addr").to_string();
+        runtime.spawn(async move {
+            let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
+            let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+            let _ = tonic::transport::Server::builder().add_routes(router).serve_with_incoming(incoming).await;
+        });
+        (addr, runtime)
+    }
+
+    fn upstream(addr: &str) -> Upstream {
+        let channel = Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy();
+        let batcher = Some(Arc::new(Batcher::new(addr, &channel, 1)));
+        Upstream { channel, batcher }
+    }
+
+    async fn create(upstream: Upstream) -> Result<Response<warden_proto::v1::CreateResponse>, Status> {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let request = CreateRequest { path: "/x".into(), sequential: true, ..CreateRequest::default() };
+        upstream.forward(request, deadline, |mut client, request| async move { client.create(request).await }).await
+    }
+
+    fn code_of(status: &Status) -> Code {
+        warden_proto::error_of(status).and_then(|e| Code::try_from(e.code).ok()).unwrap_or(Code::Unknown)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn sent_calls_of_a_broken_stream_are_outcome_unknown_and_unsent_ones_unavailable() {
+        let (received, mut ids) = mpsc::channel(16);
+        let (addr, node) = serve(tonic::service::Routes::new(BatchForwardServer::new(Silent { received })));
+        let upstream = upstream(&addr);
+        let calls: Vec<_> = (0..3).map(|_| tokio::spawn(create(upstream.clone()))).collect();
+        for _ in 0..3 {
+            tokio::time::timeout(Duration::from_secs(10), ids.recv()).await.expect("the node got the call").expect("open");
+        }
+        // The node dies with three calls sent and unanswered.
+        node.shutdown_background();
+        for call in calls {
+            let status = call.await.expect("task").expect_err("no answer came");
+            assert_eq!(code_of(&status), Code::OutcomeUnknown, "{status:?}");
+        }
+        // Nothing listens now: the next call is never sent, so it may go again.
+        let status = create(upstream).await.expect_err("nobody listens");
+        assert_eq!(code_of(&status), Code::Unavailable, "{status:?}");
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_node_without_the_stream_gets_unary_calls() {
+        // A server of no service: the stream and the unary call are both UNIMPLEMENTED, and
+        // the answer is the unary call's.
+        let (addr, node) = serve(tonic::service::Routes::default());
+        let upstream = upstream(&addr);
+        let status = create(upstream.clone()).await.expect_err("no such service");
+        assert_eq!(status.code(), tonic::Code::Unimplemented);
+        assert!(upstream.batcher.as_ref().is_some_and(|b| b.unsupported.load(Ordering::Relaxed)), "the node is marked as unbatched");
+        node.shutdown_background();
+    }
+}
