@@ -2,8 +2,8 @@
 //! Each item is decoded by its method and handed to the same [`Warden`] method a unary call
 //! reaches (with the item's time left as its `grpc-timeout`), so the stream changes how
 //! calls travel, never what they do. Items run concurrently (a waiting `Lock` holds back
-//! nothing), at most [`BATCH_ITEMS_IN_FLIGHT_MAX`] per stream (at the bound the stream is
-//! not read: backpressure); results go back as soon as they are ready, coalesced into
+//! nothing); once [`BATCH_ITEMS_IN_FLIGHT_MAX`] of a stream are in flight its next message is
+//! not read until some finish (backpressure; a router sends no more than that); results go back as soon as they are ready, coalesced into
 //! messages of at most [`BATCH_ITEMS_MAX`] items and about [`BATCH_BYTES_MAX`] bytes.
 
 use std::collections::HashMap;
