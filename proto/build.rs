@@ -2,7 +2,8 @@
 //! (ARCHITECTURE.md: "Architecture invariant").
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let protos = ["proto/transport.proto", "proto/kv.proto", "proto/warden.proto", "proto/namespace.proto", "proto/placement.proto"];
+    let protos =
+        ["proto/transport.proto", "proto/kv.proto", "proto/warden.proto", "proto/namespace.proto", "proto/placement.proto", "proto/batch.proto"];
     for proto in protos {
         println!("cargo:rerun-if-changed={proto}");
     }
@@ -13,6 +14,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".warden.v1.WatchEvent")
         // Errors travel in `Result`s everywhere; the rarely present descriptor stays out of line.
         .boxed(".warden.v1.WardenError.descriptor")
+        // Batched items are decoded by method on arrival: no copy of their payloads.
+        .bytes(".warden.batch")
         .compile_protos(&protos, &["proto"])?;
     Ok(())
 }

@@ -29,6 +29,10 @@ pub struct DevArgs {
     /// Where the router listens (clients connect here).
     #[arg(long, default_value = "127.0.0.1:7100")]
     router: std::net::SocketAddr,
+    /// Long-lived streams per node that carry the router's forwarded calls in batches (0: one
+    /// unary gRPC call per request).
+    #[arg(long, default_value_t = 1)]
+    batch_streams: usize,
 }
 
 const NODES: u64 = 5;
@@ -73,7 +77,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(args.router).await?;
     let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
-    let router = tokio::spawn(warden_router::serve(listener, warden_router::RouterConfig::new(seeds)));
+    let router = tokio::spawn(warden_router::serve(
+        listener,
+        warden_router::RouterConfig { batch_streams: args.batch_streams, ..warden_router::RouterConfig::new(seeds) },
+    ));
     for id in cluster.node_ids() {
         println!("node {id}: 127.0.0.1:{}", u64::from(args.base_port) + id - 1);
     }

@@ -58,12 +58,17 @@ struct RouterArgs {
     /// Deadline of a request that sets none, in milliseconds.
     #[arg(long, default_value_t = 5_000)]
     request_timeout_ms: u64,
+    /// Long-lived streams per node that carry forwarded calls in batches (0: one unary gRPC
+    /// call per request).
+    #[arg(long, default_value_t = 1)]
+    batch_streams: usize,
 }
 
 async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let config = warden_router::RouterConfig {
         request_timeout: std::time::Duration::from_millis(args.request_timeout_ms),
+        batch_streams: args.batch_streams,
         ..warden_router::RouterConfig::new(args.seeds)
     };
     println!("router listening on {}", args.listen);

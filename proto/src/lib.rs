@@ -28,6 +28,11 @@ pub mod placement {
     tonic::include_proto!("warden.placement");
 }
 
+/// Router → shard-node batching of unary calls over one long-lived stream.
+pub mod batch {
+    tonic::include_proto!("warden.batch");
+}
+
 /// Sessions one keepalive request renews at most (a router splits a request by home group,
 /// and each part is within this too).
 pub const KEEPALIVE_SESSIONS_MAX: usize = 1024;
@@ -120,6 +125,15 @@ pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("ward
 
 /// Largest `warden.v1.Warden` response a router or client accepts (and a router sends).
 pub const RESPONSE_BYTES_MAX: usize = 64 << 20;
+
+/// Items one `warden.batch` message carries at most (requests and responses alike).
+pub const BATCH_ITEMS_MAX: usize = 256;
+/// Payload bytes past which a `warden.batch` message takes no further item (one item alone
+/// may be larger: it is bounded by its own message's limit).
+pub const BATCH_BYTES_MAX: usize = 4 << 20;
+/// Items of one batch stream in flight at a node at most: a router sends no more until some
+/// are answered, and a node stops reading the stream at this bound.
+pub const BATCH_ITEMS_IN_FLIGHT_MAX: usize = 4096;
 
 /// Whether a failed call provably never reached a server (the connection was refused or could
 /// not be made): only then is a write safe to send again. The one judgement shared by the

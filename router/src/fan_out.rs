@@ -12,7 +12,7 @@ use warden_placement::{is_at_or_below, join};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{DeleteRequest, DeleteResponse, GetChildrenRequest, ResponseHeader, Routing};
 
-use crate::upstream::{bounded, warden_client, Target, Upstreams};
+use crate::upstream::{Target, Upstreams};
 
 /// A recursive delete of `request.path` where `below` (other groups' prefixes under it) is
 /// not empty.
@@ -63,9 +63,9 @@ async fn clear(
         loop {
             let list = GetChildrenRequest { path: parent.clone(), start_after: start_after.clone(), ..GetChildrenRequest::default() };
             let page = upstreams
-                .call(Target::Group(group), true, deadline, |channel, routing| {
+                .call(Target::Group(group), true, deadline, |upstream, routing| {
                     let list = GetChildrenRequest { routing: Some(routing), ..list.clone() };
-                    async move { warden_client(channel).get_children(bounded(list, deadline)).await }
+                    upstream.forward(list, deadline, |mut client, list| async move { client.get_children(list).await })
                 })
                 .await?;
             last_header = page.header.or(last_header);
@@ -80,9 +80,9 @@ async fn clear(
                 }
                 let delete = DeleteRequest { path: child, recursive: true, expected_version: None, routing: None };
                 let done = upstreams
-                    .call(Target::Group(group), false, deadline, |channel, routing: Routing| {
+                    .call(Target::Group(group), false, deadline, |upstream, routing: Routing| {
                         let delete = DeleteRequest { routing: Some(routing), ..delete.clone() };
-                        async move { warden_client(channel).delete(bounded(delete, deadline)).await }
+                        upstream.forward(delete, deadline, |mut client, delete| async move { client.delete(delete).await })
                     })
                     .await?;
                 deleted += done.deleted;

@@ -7,11 +7,14 @@
 //! - [`service`]: the `Warden` service: forwarding, `GetChildren` merging, keepalive streams.
 //! - [`watch`]: watch streams proxied over one upstream stream per group; recursive watches
 //!   span the groups below their path.
+//! - [`batch`]: the long-lived streams per node that carry forwarded unary calls in
+//!   batches.
 //! - [`fan_out`]: recursive deletes of subtrees several groups serve parts of.
 //!
 //! **Architecture invariant:** a router holds nothing that cannot be rebuilt from placement
 //! and the shard-nodes; killing one loses nothing (clients reconnect to any router).
 
+pub mod batch;
 pub mod fan_out;
 pub mod service;
 pub mod table;
@@ -37,20 +40,29 @@ pub struct RouterConfig {
     /// Watch placement for new tables (`WatchRoutingTable`); off, the router learns of
     /// changes only by polling and from WRONG_GROUP.
     pub watch_placement: bool,
+    /// Batch streams per node that carry the forwarded unary calls (0: each call its own
+    /// unary gRPC call).
+    pub batch_streams: usize,
 }
 
 impl RouterConfig {
     /// Defaults (5 s requests, placement watched, table re-read every second while it cannot
-    /// be) for `seeds`.
+    /// be, one batch stream per node) for `seeds`.
     pub fn new(seeds: Vec<String>) -> RouterConfig {
-        RouterConfig { seeds, request_timeout: Duration::from_secs(5), table_refresh_interval: Duration::from_secs(1), watch_placement: true }
+        RouterConfig {
+            seeds,
+            request_timeout: Duration::from_secs(5),
+            table_refresh_interval: Duration::from_secs(1),
+            watch_placement: true,
+            batch_streams: 1,
+        }
     }
 }
 
 /// Serves the router on `listener` until the future is dropped, refreshing the routing
 /// table in the background.
 pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> Result<(), tonic::transport::Error> {
-    let upstreams = Arc::new(Upstreams::new(config.seeds));
+    let upstreams = Arc::new(Upstreams::batched(config.seeds, config.batch_streams));
     let refresher = {
         let upstreams = upstreams.clone();
         tokio::spawn(async move {

@@ -21,7 +21,9 @@ use warden_proto::v1::*;
 
 use warden_placement::home_group;
 
-use crate::upstream::{bounded, warden_client, Target, Upstreams};
+use crate::batch::Batchable;
+use crate::upstream::{Target, Upstreams};
+use warden_proto::batch::Method;
 
 /// Largest request the router accepts (as a shard-node does: 1.5 MiB).
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
@@ -115,9 +117,9 @@ macro_rules! forward {
         let deadline: Instant = $deadline;
         $self
             .upstreams
-            .call($target, $idempotent, deadline, |channel, routing| {
-                let request = $request.clone();
-                async move { warden_client(channel).$method(bounded(with_routing(request, routing), deadline)).await }
+            .call($target, $idempotent, deadline, |upstream, routing| {
+                let request = with_routing($request.clone(), routing);
+                upstream.forward(request, deadline, |mut client, request| async move { client.$method(request).await })
             })
             .await
             .map(Response::new)
@@ -130,32 +132,35 @@ trait Routed {
 }
 
 macro_rules! routed {
-    ($($t:ty),*) => {
+    ($($t:ty => $method:ident),*) => {
         $(impl Routed for $t {
             fn set_routing(&mut self, routing: Routing) {
                 self.routing = Some(routing);
             }
+        }
+        impl Batchable for $t {
+            const METHOD: Method = Method::$method;
         })*
     };
 }
 
 routed!(
-    CreateRequest,
-    GetRequest,
-    ExistsRequest,
-    SetRequest,
-    DeleteRequest,
-    GetChildrenRequest,
-    TxnRequest,
-    SyncRequest,
-    CreateSessionRequest,
-    KeepAliveRequest,
-    CloseSessionRequest,
-    SessionInfoRequest,
-    LockRequest,
-    UnlockRequest,
-    CheckSequencerRequest,
-    LockInfoRequest
+    CreateRequest => Create,
+    GetRequest => Get,
+    ExistsRequest => Exists,
+    SetRequest => Set,
+    DeleteRequest => Delete,
+    GetChildrenRequest => GetChildren,
+    TxnRequest => Txn,
+    SyncRequest => Sync,
+    CreateSessionRequest => CreateSession,
+    KeepAliveRequest => KeepAlive,
+    CloseSessionRequest => CloseSession,
+    SessionInfoRequest => SessionInfo,
+    LockRequest => Lock,
+    UnlockRequest => Unlock,
+    CheckSequencerRequest => CheckSequencer,
+    LockInfoRequest => LockInfo
 );
 
 fn with_routing<R: Routed>(mut request: R, routing: Routing) -> R {

@@ -19,6 +19,7 @@ use warden_proto::v1::Routing;
 
 use warden_placement::home_group;
 
+use crate::batch::{Batcher, Upstream};
 use crate::table::{GroupRoute, Table};
 
 /// First pause before retrying; doubles up to [`BACKOFF_MAX`].
@@ -92,7 +93,9 @@ pub struct Upstreams {
     table: RwLock<Arc<Table>>,
     /// One refresh at a time; the others wait for it and use its result.
     refreshing: tokio::sync::Mutex<()>,
-    channels: Mutex<HashMap<String, Channel>>,
+    channels: Mutex<HashMap<String, Upstream>>,
+    /// Batch streams per node for forwarded unary calls (0: every call unary).
+    batch_streams: usize,
     leaders: moka::sync::Cache<u64, u64>,
 }
 
@@ -100,13 +103,21 @@ pub use warden_proto::error_of;
 use warden_proto::{never_sent, RESPONSE_BYTES_MAX};
 
 impl Upstreams {
-    /// A view that learns the cluster from `seeds` (node addresses, `host:port`).
+    /// A view that learns the cluster from `seeds` (node addresses, `host:port`); calls go
+    /// unary.
     pub fn new(seeds: Vec<String>) -> Upstreams {
+        Upstreams::batched(seeds, 0)
+    }
+
+    /// As [`new`](Upstreams::new), with `batch_streams` streams per node carrying the unary
+    /// calls of [`Upstream::forward`] (0: none, every call unary).
+    pub fn batched(seeds: Vec<String>, batch_streams: usize) -> Upstreams {
         Upstreams {
             seeds,
             table: RwLock::new(Arc::new(Table::default())),
             refreshing: tokio::sync::Mutex::new(()),
             channels: Mutex::new(HashMap::new()),
+            batch_streams,
             leaders: moka::sync::Cache::builder().max_capacity(LEADERS_CACHED_MAX).time_to_live(LEADER_TTL).build(),
         }
     }
@@ -118,9 +129,14 @@ impl Upstreams {
 
     /// A (lazily connected) channel to `addr`.
     pub fn channel(&self, addr: &str) -> Result<Channel, Status> {
+        self.upstream(addr).map(|upstream| upstream.channel)
+    }
+
+    /// The node at `addr`: its (lazily connected) channel and batch streams.
+    pub fn upstream(&self, addr: &str) -> Result<Upstream, Status> {
         let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(channel) = channels.get(addr) {
-            return Ok(channel.clone());
+        if let Some(upstream) = channels.get(addr) {
+            return Ok(upstream.clone());
         }
         let channel = Channel::from_shared(format!("http://{addr}"))
             .map_err(|e| Status::invalid_argument(format!("address {addr}: {e}")))?
@@ -131,8 +147,10 @@ impl Upstreams {
             .http2_keep_alive_interval(Duration::from_secs(5))
             .keep_alive_timeout(Duration::from_secs(5))
             .connect_lazy();
-        channels.insert(addr.to_string(), channel.clone());
-        Ok(channel)
+        let batcher = (self.batch_streams > 0).then(|| Arc::new(Batcher::new(addr, &channel, self.batch_streams)));
+        let upstream = Upstream { channel, batcher };
+        channels.insert(addr.to_string(), upstream.clone());
+        Ok(upstream)
     }
 
     /// Fetches the routing table from the first node that answers (seeds first, then the
@@ -231,7 +249,7 @@ impl Upstreams {
             .unwrap_or_else(|_| Err(Status::unavailable("the routing table could not be read before the deadline")))
     }
 
-    /// Sends a request (made by `call` on a channel to the chosen node) to the group `target`
+    /// Sends a request (made by `call` to the chosen node) to the group `target`
     /// names, with that group's id and epoch in its routing, until it is answered or
     /// `deadline` passes. Retried within the deadline: NOT_LEADER (at the hinted leader),
     /// WRONG_GROUP (after refreshing the table, the target judged again on the new table),
@@ -241,7 +259,7 @@ impl Upstreams {
     /// OUTCOME_UNKNOWN for a write, UNAVAILABLE for an idempotent call.
     pub async fn call<T, F, Fut>(&self, target: Target<'_>, idempotent: bool, deadline: Instant, mut call: F) -> Result<T, Status>
     where
-        F: FnMut(Channel, Routing) -> Fut,
+        F: FnMut(Upstream, Routing) -> Fut,
         Fut: std::future::Future<Output = Result<Response<T>, Status>>,
     {
         let mut attempt = 0usize;
@@ -261,7 +279,7 @@ impl Upstreams {
             let node = self.leaders.get(&group.id()).filter(|n| replicas.contains(n)).unwrap_or(replicas[attempt % replicas.len()]);
             attempt += 1;
             let addr = table.addr(node).unwrap_or_default().to_string();
-            let client = self.channel(&addr)?;
+            let client = self.upstream(&addr)?;
             let routing = Routing { group_id: group.id(), conf_ver: group.descriptor.conf_ver, version: group.descriptor.version };
             let status = match tokio::time::timeout_at(deadline, call(client, routing)).await {
                 Ok(Ok(response)) => {

@@ -50,9 +50,9 @@ impl GroupLinks {
         debug_assert!(session_ids.iter().all(|id| home_group(*id) == home), "sessions of one home group");
         let response = self
             .upstreams()
-            .call(Target::Session(*first), true, deadline, |channel, routing| {
+            .call(Target::Session(*first), true, deadline, |upstream, routing| {
                 let request = CheckSessionsRequest { routing: Some(routing), ..request.clone() };
-                async move { SessionCheckClient::new(channel).check_sessions(bounded(request, deadline)).await }
+                async move { SessionCheckClient::new(upstream.channel).check_sessions(bounded(request, deadline)).await }
             })
             .await;
         match response {

@@ -1,5 +1,5 @@
 //! Node wiring: what a shard-node serves beside its raft transport — the public API
-//! (`warden.v1.Warden` and the session checks between groups), the placement API, and the
+//! (`warden.v1.Warden`, the routers' batch streams of it, and the session checks between groups), the placement API, and the
 //! node's placement heartbeats — put together from the namespace, watch, service and
 //! placement modules and handed to the engine as routes.
 //!
@@ -113,7 +113,11 @@ impl NodeServices for ApiServices {
         context.runtime.spawn(async move {
             health.set_serving::<warden_proto::v1::warden_server::WardenServer<WardenService>>().await;
         });
-        routes.add_service(api.clone().session_check_server()).add_service(api.server()).add_service(placement.server());
+        routes
+            .add_service(api.clone().session_check_server())
+            .add_service(api.clone().batch_server())
+            .add_service(api.server())
+            .add_service(placement.server());
         Ok(())
     }
 }

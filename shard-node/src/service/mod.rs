@@ -3,6 +3,7 @@
 //! ReadIndex (linearizable) or the local applied state (stale). Every error is a gRPC status
 //! with a `WardenError` detail (DESIGN.md rule 9). Watches are served in [`watch`].
 
+mod batch;
 mod remote_sessions;
 mod watch;
 
@@ -37,6 +38,8 @@ use crate::watch::WatchHubs;
 
 /// Largest request accepted (DESIGN.md rule 8: 1.5 MiB).
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
+/// Largest response sent (a listing of many large nodes may be this big).
+const RESPONSE_BYTES_MAX: usize = REQUEST_BYTES_MAX * 8;
 /// Group a request without routing goes to.
 pub const DEFAULT_GROUP: u64 = 1;
 pub use warden_proto::KEEPALIVE_SESSIONS_MAX;
@@ -91,7 +94,7 @@ impl WardenService {
 
     /// The public API over this service, wrapped for tonic with the request-size limit.
     pub fn server(self) -> WardenServer<WardenService> {
-        WardenServer::new(self).max_decoding_message_size(REQUEST_BYTES_MAX).max_encoding_message_size(REQUEST_BYTES_MAX * 8)
+        WardenServer::new(self).max_decoding_message_size(REQUEST_BYTES_MAX).max_encoding_message_size(RESPONSE_BYTES_MAX)
     }
 
     /// What this node's remote-session checks found.
