@@ -50,11 +50,13 @@ pub enum LoadError {
     Program(std::io::Error),
 }
 
-/// Where the servers' CPU time is read: `pids`, described as `scope` in the report.
+/// Where the servers' CPU time is read: `threads` of `pids`, described as `scope` in the report.
 #[derive(Clone, Debug)]
 pub struct CpuScope {
     /// The processes.
     pub pids: Vec<u32>,
+    /// Which of their threads count.
+    pub threads: cpu::Threads,
     /// What they are (e.g. "server" or "process: cluster, router and load generator").
     pub scope: String,
 }
@@ -64,7 +66,9 @@ pub struct CpuScope {
 /// `--server-pids` when `None`).
 pub async fn run_load(args: &LoadArgs, candidates: &CandidateCommand, cpu: Option<CpuScope>) -> Result<LoadReport, LoadError> {
     args.validate()?;
-    let cpu = cpu.or_else(|| (!args.server_pids.is_empty()).then(|| CpuScope { pids: args.server_pids.clone(), scope: "server".into() }));
+    let cpu = cpu.or_else(|| {
+        (!args.server_pids.is_empty()).then(|| CpuScope { pids: args.server_pids.clone(), threads: cpu::Threads::All, scope: "server".into() })
+    });
     let options = connect_options(args, args.conns);
     let report = match args.target {
         TargetKind::Warden => run_on(&target::warden::WardenTarget::connect(&options).await?, args, candidates, cpu).await?,
@@ -108,7 +112,7 @@ async fn run_on<T: Target>(target: &T, args: &LoadArgs, candidates: &CandidateCo
         cpu.clone().map(|cpu| {
             tokio::spawn(async move {
                 tokio::time::sleep(warmup).await;
-                cpu::CpuSample::take(&cpu.pids)
+                cpu::CpuSample::take_threads(&cpu.pids, &cpu.threads)
             })
         })
     };
@@ -134,7 +138,7 @@ async fn run_on<T: Target>(target: &T, args: &LoadArgs, candidates: &CandidateCo
     let server_cpu = match (cpu, cpu_start) {
         (Some(cpu), Some(start)) => {
             let start = start.await.map_err(|error| OpError::new("internal", format!("the CPU sampler failed: {error}")))??;
-            Some((cpu::CpuSample::take(&cpu.pids)?.since(&start), cpu.scope))
+            Some((cpu::CpuSample::take_threads(&cpu.pids, &cpu.threads)?.since(&start), cpu.scope))
         }
         _ => None,
     };

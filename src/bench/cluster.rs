@@ -292,7 +292,11 @@ async fn load(args: &ClusterArgs, cluster: &ProcessCluster, workload: Workload, 
     load.label = format!("groups={groups}");
     // Election, the one workload that starts candidate processes, is refused above.
     let candidates = CandidateCommand { program: std::env::current_exe()?, args_prefix: Vec::new() };
-    let cpu = CpuScope { pids: cluster.processes.iter().map(|p| p.child.id()).collect(), scope: "node and router processes".into() };
+    let cpu = CpuScope {
+        pids: cluster.processes.iter().map(|p| p.child.id()).collect(),
+        threads: warden_loadgen::cpu::Threads::All,
+        scope: "node and router processes".into(),
+    };
     Ok(warden_loadgen::run_load(&load, &candidates, Some(cpu)).await?)
 }
 

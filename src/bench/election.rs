@@ -9,6 +9,12 @@
 //!   and campaign work; the runs crash at evenly spread points of the keepalive interval,
 //!   and the JSON reports the TTL;
 //! - lock hand-off: a holder unlocks and the next waiter's `lock()` returns.
+//!
+//! Both lines give the cluster's and router's CPU ([`super::SERVER_THREADS`], not the
+//! clients') as `server_cpu_cores` over the run, and no CPU per operation: the runs are paced
+//! by session TTLs and fixed waits, not by the servers, so nearly all of their CPU is the
+//! cluster's idle work (ticks, heartbeats, keepalives), and divided by the few failovers or
+//! hand-offs it would say nothing about their cost.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -18,11 +24,6 @@ use serde_json::json;
 use tokio::sync::oneshot;
 use warden_client::recipes::{Election, Mutex};
 use warden_client::{Client, ClientConfig, Session, SessionConfig};
-use warden_placement::PLACEMENT_GROUP_ID;
-use warden_proto::placement::placement_client::PlacementClient;
-use warden_proto::placement::CreateGroupRequest;
-use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::placement::ShardNodeFactory;
 
 /// The shard group the benchmark's elections and locks live in.
 const PREFIX: &str = "/bench";
@@ -47,37 +48,30 @@ pub struct ElectionArgs {
 /// Runs both measurements, one JSON line each.
 pub async fn run(args: ElectionArgs) -> anyhow::Result<()> {
     let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
-    let dir = super::fresh_dir(&root, "election")?;
-    let config = ClusterConfig { nodes: super::NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
-    let cluster = Arc::new(Cluster::start_at(config, Arc::new(ShardNodeFactory::default()), &dir)?);
-    cluster.bootstrap_placement(&[1, 2, 3]).await?;
-    let leader = cluster.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
-    let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address of node {leader}"))?;
-    PlacementClient::connect(format!("http://{addr}")).await?.create_group(CreateGroupRequest { prefix: PREFIX.into() }).await?;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
-    let router_addr = listener.local_addr()?.to_string();
-    let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
-    let router = tokio::spawn(warden_router::serve(listener, warden_router::RouterConfig::new(seeds)));
+    let routed = super::RoutedCluster::start(super::fresh_dir(&root, "election")?, &[PREFIX.to_string()]).await?;
+    let router_addr = routed.router_addr.to_string();
     let session_config = SessionConfig { path_hint: Some(PREFIX.into()), ..SessionConfig::new(Duration::from_millis(args.ttl_ms)) };
     let client = Client::connect(ClientConfig::new([router_addr.clone()])).await?;
 
+    let cpu = super::ServerCpu::start()?;
     let (failovers, ttl) = failovers(&client, &router_addr, &session_config, args.failovers).await?;
+    let cores = cpu.finish(0).await?.cores;
     println!(
         "{}",
         json!({"bench": "election", "run": "failover", "failovers": failovers.len(), "session_ttl_ms": ttl.as_millis() as u64,
                "p50_ms": percentile_ms(&failovers, 0.5), "p99_ms": percentile_ms(&failovers, 0.99),
-               "min_ms": percentile_ms(&failovers, 0.0), "max_ms": percentile_ms(&failovers, 1.0)})
+               "min_ms": percentile_ms(&failovers, 0.0), "max_ms": percentile_ms(&failovers, 1.0), "server_cpu_cores": cores})
     );
+    let cpu = super::ServerCpu::start()?;
     let handoffs = handoffs(&client, &session_config, args.handoffs).await?;
+    let cores = cpu.finish(0).await?.cores;
     println!(
         "{}",
         json!({"bench": "election", "run": "lock_handoff", "handoffs": handoffs.len(),
-               "p50_ms": percentile_ms(&handoffs, 0.5), "p99_ms": percentile_ms(&handoffs, 0.99)})
+               "p50_ms": percentile_ms(&handoffs, 0.5), "p99_ms": percentile_ms(&handoffs, 0.99), "server_cpu_cores": cores})
     );
-    router.abort();
-    drop(cluster);
-    std::fs::remove_dir_all(&dir)?;
-    Ok(())
+    drop(client);
+    routed.finish()
 }
 
 /// The `q` quantile of `samples` in milliseconds (0 without samples).

@@ -1,5 +1,6 @@
 //! `warden bench engine`: an in-process 5-node cluster (fsync on, 5 replicas per group),
-//! closed-loop writers on every group, one JSON line per configuration.
+//! closed-loop writers on every group, one JSON line per configuration. Server CPU per write
+//! counts the cluster's threads ([`super::SERVER_THREADS`]), not the writers'.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -91,6 +92,7 @@ async fn run_one(args: &EngineArgs, root: &std::path::Path, groups: u64) -> anyh
             (before, cluster.store_metrics())
         }
     });
+    let cpu = super::ServerCpu::window(warmup, measure);
     let report = warden_loadgen::closed_loop(clients, warmup, measure, {
         let cluster = cluster.clone();
         let per_group = args.clients_per_group;
@@ -103,11 +105,12 @@ async fn run_one(args: &EngineArgs, root: &std::path::Path, groups: u64) -> anyh
     })
     .await;
     let (before, after) = metrics_task.await?;
+    let cpu = cpu.finish(report.ops).await?;
     let fsyncs = after.fsyncs.saturating_sub(before.fsyncs);
     let entries = after.entries.saturating_sub(before.entries);
     let bytes = after.bytes.saturating_sub(before.bytes);
     let seconds = measure.as_secs_f64();
-    let line = json!({
+    let mut line = json!({
         "bench": "engine",
         "groups": groups,
         "clients": clients,
@@ -123,6 +126,7 @@ async fn run_one(args: &EngineArgs, root: &std::path::Path, groups: u64) -> anyh
         "entries_per_fsync": if fsyncs == 0 { 0.0 } else { entries as f64 / fsyncs as f64 },
         "bytes_per_fsync": if fsyncs == 0 { 0.0 } else { bytes as f64 / fsyncs as f64 },
     });
+    cpu.insert(&mut line);
     drop(cluster);
     std::fs::remove_dir_all(&dir)?;
     Ok(line)

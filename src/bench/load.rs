@@ -2,8 +2,9 @@
 //! an in-process 5-node cluster with a placement group, a shard group per `/bench/pN`
 //! prefix and a router, all fsyncing to disk. (To drive a running cluster, or etcd or
 //! ZooKeeper, use `warden-loadgen`: here `--endpoints` is the CLI's global flag and is set to
-//! the in-process router.) Server CPU per operation covers the whole process here (cluster,
-//! router and load generator together), so it is an upper bound of the servers' share.
+//! the in-process router.) Server CPU per operation counts the server threads of this process
+//! (nodes, store writers, snapshot builders, RocksDB, the router: [`super::SERVER_THREADS`]),
+//! not the load generator's.
 
 use std::path::PathBuf;
 
@@ -42,7 +43,11 @@ pub async fn run(args: LoadBenchArgs) -> anyhow::Result<()> {
     let prefixes: Vec<String> = (0..args.groups.unwrap_or(load.prefixes)).map(prefix).collect();
     let cluster = super::RoutedCluster::start(super::fresh_dir(&root, "load")?, &prefixes).await?;
     load.endpoints = vec![cluster.router_addr.to_string()];
-    let cpu = CpuScope { pids: vec![std::process::id()], scope: "process: cluster, router and load generator".into() };
+    let cpu = CpuScope {
+        pids: vec![std::process::id()],
+        threads: super::server_threads(),
+        scope: "in-process server threads: nodes, store writers, snapshots, RocksDB, router".into(),
+    };
     let report = warden_loadgen::run_load(&load, &candidates, Some(cpu)).await;
     cluster.finish()?;
     let report = report?;

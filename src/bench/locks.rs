@@ -1,6 +1,9 @@
 //! `warden bench locks`: the lock service over gRPC against an in-process 5-node cluster
 //! (fsync on): uncontended acquire+release cycles, contended hand-off latency, and session
-//! keepalives per second on one group and across many.
+//! keepalives per second on one group and across many. Each line carries the cluster's CPU
+//! ([`super::SERVER_THREADS`], not the clients') per acknowledged operation of its run: per
+//! acquire + release cycle, per contended acquisition (each followed by its release), per
+//! keepalive request (renewing `--sessions-per-keepalive` sessions).
 
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -58,6 +61,7 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
             sessions.push(session(&mut leader.clone(), 1).await?);
         }
         let sessions = Arc::new(sessions);
+        let cpu = super::ServerCpu::window(warmup, measure);
         let report = warden_loadgen::closed_loop(args.clients, warmup, measure, {
             let (leader, sessions) = (leader.clone(), sessions.clone());
             move |client, _| {
@@ -70,10 +74,10 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
             }
         })
         .await;
-        println!(
-            "{}",
-            json!({"bench": "locks", "run": "uncontended", "clients": args.clients, "cycles_per_sec": report.ops_per_sec, "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors})
-        );
+        let mut line = json!({"bench": "locks", "run": "uncontended", "clients": args.clients, "cycles_per_sec": report.ops_per_sec,
+                              "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors});
+        cpu.finish(report.ops).await?.insert(&mut line);
+        println!("{line}");
 
         // Contended: waiters take turns on one lock; hand-off = last unlock sent → next grant.
         let mut sessions = Vec::new();
@@ -84,6 +88,7 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
         let unlock_sent_us = Arc::new(AtomicU64::new(0));
         let start = Instant::now();
         let handoffs = Arc::new(std::sync::Mutex::new(Vec::<u64>::new()));
+        let cpu = super::ServerCpu::window(warmup, measure);
         let report = warden_loadgen::closed_loop(args.waiters, warmup, measure, {
             let (leader, sessions, unlock_sent_us, handoffs) = (leader.clone(), sessions.clone(), unlock_sent_us.clone(), handoffs.clone());
             move |client, _| {
@@ -106,11 +111,10 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
         let mut handoffs = handoffs.lock().map_err(|_| anyhow::anyhow!("poisoned"))?.clone();
         handoffs.sort_unstable();
         let pct = |q: f64| handoffs.get(((handoffs.len() as f64 - 1.0) * q) as usize).map_or(0.0, |us| *us as f64 / 1000.0);
-        println!(
-            "{}",
-            json!({"bench": "locks", "run": "contended_handoff", "waiters": args.waiters, "acquisitions_per_sec": report.ops_per_sec,
-                   "handoff_p50_ms": pct(0.5), "handoff_p99_ms": pct(0.99), "errors": report.errors})
-        );
+        let mut line = json!({"bench": "locks", "run": "contended_handoff", "waiters": args.waiters, "acquisitions_per_sec": report.ops_per_sec,
+                              "handoff_p50_ms": pct(0.5), "handoff_p99_ms": pct(0.99), "errors": report.errors});
+        cpu.finish(report.ops).await?.insert(&mut line);
+        println!("{line}");
         setup.finish()?;
     }
     // Keepalives: sessions spread over the groups, each request renews a batch of one group.
@@ -129,6 +133,7 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
         }
         let batches = Arc::new(batches);
         let per_request = args.sessions_per_keepalive;
+        let cpu = super::ServerCpu::window(warmup, measure);
         let report = warden_loadgen::closed_loop(clients, warmup, measure, {
             let (leaders, batches) = (setup.leaders.clone(), batches.clone());
             move |client, _| {
@@ -141,11 +146,11 @@ pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
             }
         })
         .await;
-        println!(
-            "{}",
-            json!({"bench": "locks", "run": "keepalive", "groups": groups, "sessions": clients * per_request,
-                   "sessions_renewed_per_sec": report.ops_per_sec * per_request as f64, "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors})
-        );
+        let mut line = json!({"bench": "locks", "run": "keepalive", "groups": groups, "sessions": clients * per_request,
+                              "sessions_renewed_per_sec": report.ops_per_sec * per_request as f64, "p50_ms": report.p50_ms, "p99_ms": report.p99_ms,
+                              "errors": report.errors});
+        cpu.finish(report.ops).await?.insert(&mut line);
+        println!("{line}");
         setup.finish()?;
     }
     Ok(())

@@ -63,6 +63,85 @@ pub fn default_data_dir() -> std::path::PathBuf {
 /// Nodes of every benchmark cluster.
 pub const NODES: u64 = 5;
 
+/// Name prefixes of the threads that do the in-process cluster's work: each node's host-loop
+/// workers (`node-{id}-w{i}`) and tokio runtime (`node-{id}-io`: transport, gRPC services),
+/// store writers, snapshot builders, RocksDB's background threads (`rocksdb:…`, flushes and
+/// compactions) and the benchmark's router ([`ROUTER_THREAD`]). The benchmarks' clients run on
+/// the CLI's runtime, whose threads carry none of these names, so they are not counted.
+pub const SERVER_THREADS: [&str; 5] = ["node-", "store-writer-", "snapshot-", "rocksdb:", ROUTER_THREAD];
+
+/// Thread name of the benchmarks' in-process router's runtime.
+const ROUTER_THREAD: &str = "bench-router";
+
+/// Which threads of this process count as server CPU.
+pub fn server_threads() -> warden_loadgen::cpu::Threads {
+    warden_loadgen::cpu::Threads::Named(SERVER_THREADS.iter().map(|prefix| prefix.to_string()).collect())
+}
+
+/// The in-process servers' CPU over a benchmark's measured window ([`SERVER_THREADS`] of this
+/// process; a thread that exits inside the window, such as a snapshot builder, takes its CPU
+/// with it). Sampled either at fixed times beside a timed load ([`ServerCpu::window`]) or from
+/// now until [`ServerCpu::finish`] ([`ServerCpu::start`]).
+pub enum ServerCpu {
+    /// A side task sampling at the window's start and end.
+    Timed(tokio::task::JoinHandle<Result<warden_loadgen::cpu::CpuUsed, warden_loadgen::cpu::CpuError>>),
+    /// Sampled at the start; the end is sampled by `finish`.
+    Started(warden_loadgen::cpu::CpuSample),
+}
+
+/// Server CPU over a window: per acknowledged operation and in cores.
+#[derive(Clone, Copy, Debug)]
+pub struct ServerCpuFigures {
+    /// Server CPU µs over the operations acknowledged in the window (`None` without any).
+    pub us_per_op: Option<f64>,
+    /// Server CPU seconds over the window's seconds: the cores kept busy on average.
+    pub cores: f64,
+}
+
+impl ServerCpu {
+    /// A window that opens `warmup` from now and lasts `measure`: the same as
+    /// `warden_loadgen::closed_loop`'s measured window when started right before it.
+    pub fn window(warmup: std::time::Duration, measure: std::time::Duration) -> ServerCpu {
+        ServerCpu::Timed(tokio::spawn(async move {
+            use warden_loadgen::cpu::CpuSample;
+            tokio::time::sleep(warmup).await;
+            let start = CpuSample::take_threads(&[std::process::id()], &server_threads())?;
+            tokio::time::sleep(measure).await;
+            Ok(CpuSample::take_threads(&[std::process::id()], &server_threads())?.since(&start))
+        }))
+    }
+
+    /// A window that opens now and closes at [`ServerCpu::finish`].
+    pub fn start() -> anyhow::Result<ServerCpu> {
+        Ok(ServerCpu::Started(warden_loadgen::cpu::CpuSample::take_threads(&[std::process::id()], &server_threads())?))
+    }
+
+    /// Closes the window (or waits for the timed one to close) and divides by `ops`, the
+    /// operations acknowledged in it.
+    pub async fn finish(self, ops: u64) -> anyhow::Result<ServerCpuFigures> {
+        let used = match self {
+            ServerCpu::Timed(task) => task.await??,
+            ServerCpu::Started(start) => warden_loadgen::cpu::CpuSample::take_threads(&[std::process::id()], &server_threads())?.since(&start),
+        };
+        let cpu_s = used.total().as_secs_f64();
+        Ok(ServerCpuFigures {
+            us_per_op: (ops > 0).then(|| cpu_s * 1e6 / ops as f64),
+            cores: cpu_s / used.window.as_secs_f64().max(f64::MIN_POSITIVE),
+        })
+    }
+}
+
+impl ServerCpuFigures {
+    /// Adds `server_cpu_us_per_op` (null without operations) and `server_cpu_cores` to a JSON
+    /// line (an object).
+    pub fn insert(&self, line: &mut serde_json::Value) {
+        if let Some(line) = line.as_object_mut() {
+            line.insert("server_cpu_us_per_op".into(), self.us_per_op.into());
+            line.insert("server_cpu_cores".into(), self.cores.into());
+        }
+    }
+}
+
 /// A fresh (wiped) directory `root/name` for one benchmark configuration.
 pub fn fresh_dir(root: &std::path::Path, name: &str) -> anyhow::Result<std::path::PathBuf> {
     let dir = root.join(name);
@@ -124,8 +203,22 @@ pub struct RoutedCluster {
     pub cluster: std::sync::Arc<warden_shard_node::cluster::Cluster>,
     /// Where the router listens.
     pub router_addr: std::net::SocketAddr,
-    router: tokio::task::JoinHandle<()>,
+    router: RouterRuntime,
     dir: std::path::PathBuf,
+}
+
+/// The router's own tokio runtime (threads named [`ROUTER_THREAD`]), so its CPU is told apart
+/// from the benchmark clients' on the CLI's runtime and counted as a server's.
+struct RouterRuntime(Option<tokio::runtime::Runtime>);
+
+impl Drop for RouterRuntime {
+    fn drop(&mut self) {
+        // A runtime may not be dropped, nor shut down with a wait, on an async thread: as a
+        // node does, shut it down on a thread of its own and wait for that.
+        if let Some(runtime) = self.0.take() {
+            let _ = std::thread::spawn(move || runtime.shutdown_timeout(std::time::Duration::from_secs(2))).join();
+        }
+    }
 }
 
 impl RoutedCluster {
@@ -144,20 +237,27 @@ impl RoutedCluster {
             let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))?.connect().await?;
             PlacementClient::new(channel).create_group(CreateGroupRequest { prefix: prefix.clone() }).await?;
         }
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        // Bound here, made a tokio listener on the router's runtime (which it must belong to).
+        let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
+        listener.set_nonblocking(true)?;
         let router_addr = listener.local_addr()?;
         let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
-        let router = tokio::spawn(async move {
-            if let Err(error) = warden_router::serve(listener, warden_router::RouterConfig::new(seeds)).await {
+        let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name(ROUTER_THREAD).enable_all().build()?;
+        runtime.spawn(async move {
+            let served = match tokio::net::TcpListener::from_std(listener) {
+                Ok(listener) => warden_router::serve(listener, warden_router::RouterConfig::new(seeds)).await.map_err(anyhow::Error::from),
+                Err(error) => Err(error.into()),
+            };
+            if let Err(error) = served {
                 tracing::error!(%error, "the benchmark's router stopped");
             }
         });
-        Ok(RoutedCluster { cluster, router_addr, router, dir })
+        Ok(RoutedCluster { cluster, router_addr, router: RouterRuntime(Some(runtime)), dir })
     }
 
     /// Stops the router and the cluster and removes the directory.
     pub fn finish(self) -> anyhow::Result<()> {
-        self.router.abort();
+        drop(self.router);
         drop(self.cluster);
         std::fs::remove_dir_all(&self.dir)?;
         Ok(())

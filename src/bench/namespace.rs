@@ -1,5 +1,6 @@
 //! `warden bench namespace`: the public API over gRPC against an in-process 5-node cluster
-//! (fsync on, 5 replicas per group): create / set / get / txn rates and latencies.
+//! (fsync on, 5 replicas per group): create / set / get / txn rates and latencies, and the
+//! cluster's CPU per acknowledged operation ([`super::SERVER_THREADS`], not the clients').
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -52,7 +53,9 @@ pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
             leader.create(key).await?;
         }
         for op in OPS {
-            let report = warden_loadgen::closed_loop(clients, Duration::from_secs(1), Duration::from_secs(args.seconds), {
+            let (warmup, measure) = (Duration::from_secs(1), Duration::from_secs(args.seconds));
+            let cpu = super::ServerCpu::window(warmup, measure);
+            let report = warden_loadgen::closed_loop(clients, warmup, measure, {
                 let leaders = leaders.clone();
                 let value = value.clone();
                 move |client, seq| {
@@ -63,7 +66,7 @@ pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
                 }
             })
             .await;
-            let line = json!({
+            let mut line = json!({
                 "bench": "namespace",
                 "op": op,
                 "groups": groups,
@@ -74,6 +77,7 @@ pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
                 "p99_ms": report.p99_ms,
                 "errors": report.errors,
             });
+            cpu.finish(report.ops).await?.insert(&mut line);
             println!("{line}");
         }
         bench.finish()?;

@@ -1,7 +1,12 @@
 //! `warden bench router`: writes through a router to an in-process 5-node cluster with a
 //! placement group (fsync on, 5 replicas per group): aggregate writes/s for 1, 4 and 16 shard
 //! groups at the same total client count, and the latency the router adds (one client, the
-//! same writes straight to the group's leader and then through the router).
+//! same writes straight to the group's leader and then through the router). Server CPU per
+//! write counts the cluster's and the router's threads ([`super::SERVER_THREADS`]), not the
+//! clients'; the added-latency line has it for each of its two runs (`direct_…`, `router_…`;
+//! its `server_cpu_us_per_op` and `server_cpu_cores` are the run through the router's) and
+//! their difference, the CPU the router adds per write (with one client, much of each run's
+//! CPU is the idle cluster's ticks and heartbeats, so per write it is high).
 
 use std::path::PathBuf;
 use std::time::Duration;
@@ -55,6 +60,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let measure = Duration::from_secs(args.seconds);
     for &groups in &args.groups {
         let groups = groups.max(1);
+        let cpu = super::ServerCpu::window(warmup, measure);
         let report = warden_loadgen::closed_loop(args.clients, warmup, measure, {
             let (router, value) = (through_router.clone(), value.clone());
             move |client, _| {
@@ -64,11 +70,10 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
             }
         })
         .await;
-        println!(
-            "{}",
-            json!({"bench": "router", "groups": groups, "clients": args.clients, "writes_per_sec": report.ops_per_sec,
-                   "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors})
-        );
+        let mut line = json!({"bench": "router", "groups": groups, "clients": args.clients, "writes_per_sec": report.ops_per_sec,
+                              "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors});
+        cpu.finish(report.ops).await?.insert(&mut line);
+        println!("{line}");
     }
     // Added latency: one client, the same key, straight to the leader of its group, then
     // through the router.
@@ -88,6 +93,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let direct = WardenClient::new(connect(cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?).await?);
     let mut runs = Vec::new();
     for (name, client) in [("direct", direct), ("router", through_router)] {
+        let cpu = super::ServerCpu::window(warmup, measure);
         let report = warden_loadgen::closed_loop(1, warmup, measure, {
             let value = value.clone();
             move |_, _| {
@@ -97,14 +103,19 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
             }
         })
         .await;
-        runs.push(report);
+        let cpu = cpu.finish(report.ops).await?;
+        runs.push((report, cpu));
     }
+    let [(direct, direct_cpu), (via_router, router_cpu)] = [&runs[0], &runs[1]];
     println!(
         "{}",
         json!({"bench": "router", "run": "added_latency", "clients": 1,
-               "direct_p50_ms": runs[0].p50_ms, "direct_p99_ms": runs[0].p99_ms,
-               "router_p50_ms": runs[1].p50_ms, "router_p99_ms": runs[1].p99_ms,
-               "router_added_p50_ms": runs[1].p50_ms - runs[0].p50_ms, "router_added_p99_ms": runs[1].p99_ms - runs[0].p99_ms})
+               "direct_p50_ms": direct.p50_ms, "direct_p99_ms": direct.p99_ms,
+               "router_p50_ms": via_router.p50_ms, "router_p99_ms": via_router.p99_ms,
+               "router_added_p50_ms": via_router.p50_ms - direct.p50_ms, "router_added_p99_ms": via_router.p99_ms - direct.p99_ms,
+               "direct_server_cpu_us_per_op": direct_cpu.us_per_op, "router_server_cpu_us_per_op": router_cpu.us_per_op,
+               "server_cpu_us_per_op": router_cpu.us_per_op, "server_cpu_cores": router_cpu.cores,
+               "router_added_cpu_us_per_op": router_cpu.us_per_op.zip(direct_cpu.us_per_op).map(|(router, direct)| router - direct)})
     );
     drop(cluster);
     routed.finish()

@@ -1,7 +1,11 @@
 //! `warden bench watch`: watches over gRPC against an in-process 5-node cluster (fsync on):
 //! event delivery latency from write ack to watcher receipt with 1, 100 and 10,000 watchers
 //! of one path; memory per idle watch; events per second reaching a recursive watch while
-//! 64 clients write as fast as they can.
+//! 64 clients write as fast as they can. Each line has the cluster's CPU ([`super::SERVER_THREADS`],
+//! not the clients') over its run: `server_cpu_us_per_op` is per event delivered to a watcher
+//! (what the delivery and recursive runs' figures are about; with many watchers one write
+//! makes many events) — for the idle-memory run, per watch created after the baseline — and
+//! `server_cpu_cores` the cores it kept busy.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -154,6 +158,7 @@ fn histogram() -> anyhow::Result<Histogram<u64>> {
 /// watcher is compared with the write's acknowledgement (and with its start).
 async fn delivery(leader: &mut WardenClient<Channel>, nodes: &[Channel], watchers: usize, writes: usize) -> anyhow::Result<()> {
     let streams = spread(nodes, watchers, "/bench/hot").await?;
+    let cpu = super::ServerCpu::start()?;
     let mut sent_and_acked: HashMap<u64, (Instant, Instant)> = HashMap::new();
     for n in 0..writes {
         let sent = Instant::now();
@@ -168,6 +173,7 @@ async fn delivery(leader: &mut WardenClient<Channel>, nodes: &[Channel], watcher
             tokio::time::sleep(Duration::from_micros(200)).await;
         }
     }
+    let cpu = cpu.finish((watchers * writes) as u64).await?;
     let (mut after_ack, mut after_send) = (histogram()?, histogram()?);
     let mut before_ack = 0u64;
     for watcher in &streams {
@@ -186,13 +192,12 @@ async fn delivery(leader: &mut WardenClient<Channel>, nodes: &[Channel], watcher
     for watcher in streams {
         watcher.task.abort();
     }
-    println!(
-        "{}",
-        json!({"bench": "watch", "run": "delivery", "watchers": watchers, "streams": watchers.clamp(1, STREAMS_MAX), "writes": writes,
-               "events": after_ack.len(), "p50_ms": percentile_ms(&after_ack, 0.5), "p99_ms": percentile_ms(&after_ack, 0.99),
-               "from_send_p50_ms": percentile_ms(&after_send, 0.5), "from_send_p99_ms": percentile_ms(&after_send, 0.99),
-               "before_ack_fraction": before_ack as f64 / after_ack.len().max(1) as f64})
-    );
+    let mut line = json!({"bench": "watch", "run": "delivery", "watchers": watchers, "streams": watchers.clamp(1, STREAMS_MAX), "writes": writes,
+                          "events": after_ack.len(), "p50_ms": percentile_ms(&after_ack, 0.5), "p99_ms": percentile_ms(&after_ack, 0.99),
+                          "from_send_p50_ms": percentile_ms(&after_send, 0.5), "from_send_p99_ms": percentile_ms(&after_send, 0.99),
+                          "before_ack_fraction": before_ack as f64 / after_ack.len().max(1) as f64});
+    cpu.insert(&mut line);
+    println!("{line}");
     Ok(())
 }
 
@@ -241,15 +246,16 @@ async fn idle_memory(node: &Channel, count: usize) -> anyhow::Result<()> {
         }
     };
     let (heap_before, resident_before) = create(0, warm).await?;
+    let cpu = super::ServerCpu::start()?;
     let (heap_after, resident_after) = create(warm, per_stream).await?;
-    let added = ((per_stream - warm) * streams) as f64;
-    let per_watch = |before: u64, after: u64| after.saturating_sub(before) as f64 / added;
-    println!(
-        "{}",
-        json!({"bench": "watch", "run": "idle_memory", "watches": per_stream * streams, "streams": streams,
-               "bytes_per_idle_watch": per_watch(heap_before, heap_after),
-               "resident_bytes_per_idle_watch": per_watch(resident_before, resident_after)})
-    );
+    let added = (per_stream - warm) * streams;
+    let cpu = cpu.finish(added as u64).await?;
+    let per_watch = |before: u64, after: u64| after.saturating_sub(before) as f64 / added as f64;
+    let mut line = json!({"bench": "watch", "run": "idle_memory", "watches": per_stream * streams, "streams": streams,
+                          "bytes_per_idle_watch": per_watch(heap_before, heap_after),
+                          "resident_bytes_per_idle_watch": per_watch(resident_before, resident_after)});
+    cpu.insert(&mut line);
+    println!("{line}");
     for watcher in opened {
         watcher.task.abort();
     }
@@ -285,20 +291,21 @@ async fn recursive(bench: &super::ApiCluster, nodes: &[Channel], clients: usize,
             }
         }));
     }
+    let cpu = super::ServerCpu::start()?;
     let start = Instant::now();
     tokio::time::sleep(measure).await;
     let (writes, received) = (written.load(Ordering::SeqCst), watcher.arrived() - received_before);
     let seconds = start.elapsed().as_secs_f64();
+    let cpu = cpu.finish(received as u64).await?;
     stop.store(true, Ordering::SeqCst);
     for writer in writers {
         writer.await?;
     }
     watcher.task.abort();
-    println!(
-        "{}",
-        json!({"bench": "watch", "run": "recursive", "clients": clients, "seconds": seconds,
-               "writes_per_sec": writes as f64 / seconds, "events_per_sec": received as f64 / seconds,
-               "events_to_writes_ratio": received as f64 / writes.max(1) as f64})
-    );
+    let mut line = json!({"bench": "watch", "run": "recursive", "clients": clients, "seconds": seconds,
+                          "writes_per_sec": writes as f64 / seconds, "events_per_sec": received as f64 / seconds,
+                          "events_to_writes_ratio": received as f64 / writes.max(1) as f64});
+    cpu.insert(&mut line);
+    println!("{line}");
     Ok(())
 }
