@@ -208,12 +208,28 @@ fn resident_bytes() -> anyhow::Result<u64> {
     Ok(pages * 4096)
 }
 
-/// Heap bytes in use (every malloc arena, and mmapped chunks), as glibc counts them: what
-/// live allocations hold, without the allocator's free pages that resident memory keeps.
+/// Heap memory the allocator holds for the process: mimalloc (the global allocator, see
+/// main.rs) reports the memory it has committed, which follows live allocations more
+/// closely than resident memory (it leaves out stacks, RocksDB's block cache growth and
+/// pages the allocator has given back). glibc's `mallinfo2` would read 0 here: glibc's
+/// malloc is not the one in use.
 fn heap_in_use_bytes() -> u64 {
-    // SAFETY: mallinfo2 only reads the allocator's statistics.
-    let info = unsafe { libc::mallinfo2() };
-    (info.uordblks + info.hblkhd) as u64
+    let mut committed_bytes: usize = 0;
+    // SAFETY: every out-parameter is either null (not wanted) or a valid `usize` to write;
+    // mi_process_info only reads the allocator's statistics.
+    unsafe {
+        libmimalloc_sys::mi_process_info(
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+            &mut committed_bytes,
+            std::ptr::null_mut(),
+            std::ptr::null_mut(),
+        );
+    }
+    committed_bytes as u64
 }
 
 /// Memory per idle watch: watches of distinct paths on one node, `count` in all over a few
