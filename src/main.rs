@@ -93,7 +93,21 @@ fn abort_on_panic() {
     }));
 }
 
+/// Turns transparent huge pages off for this process (and the processes it starts). mimalloc
+/// asks for huge pages on its arenas, and the kernel then zeroes a whole 2 MiB page at each
+/// first touch of one: profiled under 1,000 put clients, `clear_page_erms` was 21% of
+/// `warden dev`'s CPU, and with huge pages off the server CPU per put fell from 134 to 107 µs.
+/// A kernel that refuses is no reason to stop: the process only runs slower.
+fn disable_transparent_huge_pages() {
+    // SAFETY: PR_SET_THP_DISABLE takes integer arguments only and changes no memory of ours.
+    let result = unsafe { libc::prctl(libc::PR_SET_THP_DISABLE, 1, 0, 0, 0) };
+    if result != 0 {
+        eprintln!("warden: could not turn transparent huge pages off: {}", std::io::Error::last_os_error());
+    }
+}
+
 fn main() {
+    disable_transparent_huge_pages();
     let cli = Cli::parse();
     // Servers log what an operator needs (leader changes, snapshots, nodes down/up, storage
     // errors, slow fsyncs) at `info`; client commands keep stderr for their own errors.
