@@ -147,6 +147,18 @@ impl Replica {
             return;
         }
         let (context, data, waiters) = std::mem::take(&mut self.batch).into_entry();
+        // The commands were taken while this replica led, but a message stepped later in the
+        // same round may have made it a follower. It must not propose then: raft-rs would
+        // forward the entry to the new leader, which could apply commands whose callers are
+        // told they were never proposed (and who may send them again). None of them is in
+        // any log yet, so "not leader" is the true answer and a retry is safe.
+        if !self.is_leader() {
+            let error = self.not_leader();
+            for (_, reply) in waiters {
+                let _ = reply.send(Err(error.clone()));
+            }
+            return;
+        }
         let last_before = self.raw.raft.raft_log.last_index();
         let result = self.raw.propose(context, data);
         match self.appended(result, last_before) {
@@ -372,6 +384,33 @@ mod tests {
         // as an envelope is one command.
         let (_, envelope, _) = batch_of(&[b"a", b"b"]).into_entry();
         assert_eq!(entry_commands(&entry(Vec::new(), envelope.clone())).expect("one command"), [&envelope[..]]);
+    }
+
+    /// A leader takes a command, then a message of a newer term makes it a follower before
+    /// the round's end (a paused leader resuming: found by `tests/crash_cycles.rs`). Proposing
+    /// the batch then must answer "not leader" and append nothing, not forward the entry.
+    #[test]
+    fn a_batch_taken_by_a_leader_that_lost_leadership_in_the_round_is_refused_not_forwarded() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = crate::storage::Db::open(dir.path()).expect("db");
+        let config = NodeConfig::new(1, dir.path().to_path_buf());
+        db.write_ops(&crate::storage::PeerStorage::bootstrap_ops(9, &[1]), true).expect("bootstrap");
+        let mut replica = Replica::load(&config, db, 9, &crate::kv::KvFactory).expect("replica");
+        replica.raw.campaign().expect("campaign");
+        assert!(replica.is_leader(), "a single voter leads once it campaigns");
+        let (reply, mut answer) = oneshot::channel();
+        let deadline = Instant::now() + std::time::Duration::from_secs(10);
+        replica.propose(&config, Proposed::Command(crate::kv::put(b"k", b"v")), deadline, reply);
+        assert!(answer.try_recv().is_err(), "the command waits in the round's batch");
+        // A leader of a newer term (node 2) is heard before the round's end.
+        let term = replica.raw.raft.term;
+        replica.raw.raft.become_follower(term + 1, 2);
+        let last_before = replica.raw.raft.raft_log.last_index();
+        replica.propose_batch();
+        assert_eq!(replica.raw.raft.raft_log.last_index(), last_before, "nothing appended");
+        assert!(replica.raw.raft.msgs.is_empty(), "nothing forwarded to the new leader: {:?}", replica.raw.raft.msgs);
+        assert!(matches!(answer.try_recv(), Ok(Err(EngineError::NotLeader { group: 9, leader_hint: _ }))), "the caller hears not-leader");
+        assert!(replica.proposals.is_empty());
     }
 
     #[test]
