@@ -47,7 +47,7 @@ impl ServingFactory for NamespaceFactory {
 
 impl ServingFactory for ShardNodeFactory {
     fn watch_hubs(&self) -> Option<WatchHubs> {
-        Some(self.namespace.hubs.clone())
+        self.namespace.watch_hubs()
     }
 
     fn routing_versions(&self, node_id: u64) -> Option<watch::Receiver<u64>> {
