@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PlacementError;
 use crate::group::{Epoch, GroupInfo, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
-use crate::node::{validate_node, NodeInfo};
+use crate::node::{validate_node, NodeInfo, NodeState};
 use crate::paths::{is_strictly_below, validate_prefix};
 use crate::state::Placement;
 
@@ -63,6 +63,54 @@ pub enum Command {
         /// The group being created.
         group_id: u64,
     },
+    /// Sets a node's administrative state (`warden admin drain|undrain|decommission`; the
+    /// scheduler makes a decommissioned node a `Tombstone` once it hosts nothing). Allowed:
+    /// `Serving` ↔ `Draining`, `Serving`/`Draining` → `Decommissioning` → `Serving` (undo),
+    /// `Decommissioning` → `Tombstone` only when no group lists the node; a tombstone is final.
+    SetNodeState {
+        /// The node.
+        id: u64,
+        /// Its new state.
+        state: NodeState,
+    },
+    /// Pauses or resumes the balance schedulers (repair and drains go on).
+    SetSchedulerPaused {
+        /// `true` to pause.
+        paused: bool,
+    },
+    /// A replica of a ready group is about to be added on `node` as a learner (recorded first,
+    /// so the node can tell a replica placement knows of from a stale one). One at a time per
+    /// group; the node must be up, `Serving`, and not host the group already.
+    AddLearner {
+        /// The group.
+        group_id: u64,
+        /// The node that creates the replica.
+        node: u64,
+    },
+    /// The group applied the joint change promoting learner `node` (and removing voter
+    /// `replacing`, if any): it takes `replacing`'s place among the voters.
+    PromoteLearner {
+        /// The group.
+        group_id: u64,
+        /// The learner, a voter now.
+        node: u64,
+        /// The voter it replaced, removed from the group (`None`: the group grew).
+        replacing: Option<u64>,
+    },
+    /// The learner `node` was removed from the group, or never added (a move rolled back).
+    RemoveLearner {
+        /// The group.
+        group_id: u64,
+        /// The learner.
+        node: u64,
+    },
+    /// Removes a ready group (not the root): its route goes, and the group serving its
+    /// parent path serves its prefix again (that group's version grows). Placement does not
+    /// check the subtree is empty: the one removing it retires the group first.
+    RemoveGroup {
+        /// The group.
+        group_id: u64,
+    },
     /// Forgets a group whose creation failed (never ready). The groups it would have carved
     /// paths out of get a newer epoch, so their current descriptor can be sent again over one
     /// an aborted hand-over may have given them (the creation is rolled back).
@@ -94,6 +142,20 @@ pub enum Outcome {
         /// the two.
         bumped: Vec<GroupInfo>,
     },
+    /// `SetNodeState`: the node as it is now.
+    NodeStateSet(NodeInfo),
+    /// `SetSchedulerPaused`: whether balancing is paused now.
+    SchedulerPaused(bool),
+    /// `AddLearner`, `PromoteLearner`, `RemoveLearner`: the group as it is now (its
+    /// `epoch.conf_ver` grew).
+    ReplicasChanged(GroupInfo),
+    /// The group that was removed, and the group serving its prefix again (its version grew).
+    GroupRemoved {
+        /// The group, forgotten.
+        group: GroupInfo,
+        /// The groups whose served paths grew, with their new epoch.
+        bumped: Vec<GroupInfo>,
+    },
     /// The group that was dropped.
     GroupDropped {
         /// The group, forgotten.
@@ -118,6 +180,18 @@ impl Placement {
             Command::CreateGroup { prefix, now_ms } => self.create_group(prefix, *now_ms),
             Command::GroupReady { group_id } => self.group_ready(*group_id),
             Command::DropGroup { group_id } => self.drop_group(*group_id),
+            Command::SetNodeState { id, state } => self.set_node_state(*id, *state),
+            Command::SetSchedulerPaused { paused } => {
+                if self.scheduler_paused != *paused {
+                    self.scheduler_paused = *paused;
+                    self.bump_routing_version();
+                }
+                Ok(Outcome::SchedulerPaused(*paused))
+            }
+            Command::AddLearner { group_id, node } => self.add_learner(*group_id, *node),
+            Command::PromoteLearner { group_id, node, replacing } => self.promote_learner(*group_id, *node, *replacing),
+            Command::RemoveLearner { group_id, node } => self.remove_learner(*group_id, *node),
+            Command::RemoveGroup { group_id } => self.remove_group(*group_id),
         }
     }
 
@@ -132,13 +206,13 @@ impl Placement {
         let mut next = Placement::new(self.config.clone());
         for (id, addr, zone) in nodes {
             validate_node(*id, addr, zone).map_err(|reason| PlacementError::InvalidNode { id: *id, reason })?;
-            let node = NodeInfo { id: *id, addr: addr.clone(), zone: zone.clone(), last_heartbeat_ms: now_ms, up: true };
+            let node = NodeInfo { id: *id, addr: addr.clone(), zone: zone.clone(), last_heartbeat_ms: now_ms, up: true, state: NodeState::Serving };
             if next.nodes.insert(*id, node).is_some() {
                 return Err(PlacementError::DuplicateNode(*id));
             }
         }
         let replicas = next.pick_replicas(self.replicas_wanted().min(nodes.len()))?;
-        let root = GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas, epoch: Epoch::INITIAL, ready: true };
+        let root = GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas, learners: Vec::new(), epoch: Epoch::INITIAL, ready: true };
         next.groups.insert(ROOT_GROUP_ID, root.clone());
         next.routes.insert(root.prefix.clone(), ROOT_GROUP_ID);
         next.bump_routing_version();
@@ -148,7 +222,10 @@ impl Placement {
 
     fn register_node(&mut self, id: u64, addr: &str, zone: &str, now_ms: u64) -> Result<Outcome, PlacementError> {
         validate_node(id, addr, zone).map_err(|reason| PlacementError::InvalidNode { id, reason })?;
-        let node = NodeInfo { id, addr: addr.into(), zone: zone.into(), last_heartbeat_ms: now_ms, up: true };
+        self.check_not_tombstone(&[id])?;
+        // A node re-registering keeps the state an operator gave it (a drained node stays so).
+        let state = self.nodes.get(&id).map_or(NodeState::Serving, |old| old.state);
+        let node = NodeInfo { id, addr: addr.into(), zone: zone.into(), last_heartbeat_ms: now_ms, up: true, state };
         let routing_changed = match self.nodes.get(&id) {
             Some(old) => old.addr != node.addr || old.zone != node.zone || !old.up,
             None => true,
@@ -162,6 +239,7 @@ impl Placement {
 
     fn heartbeat(&mut self, ids: &[u64], now_ms: u64) -> Result<Outcome, PlacementError> {
         self.check_known(ids)?;
+        self.check_not_tombstone(ids)?;
         let mut revived = BTreeSet::new();
         for id in ids {
             if let Some(node) = self.nodes.get_mut(id) {
@@ -201,8 +279,9 @@ impl Placement {
         if id > SHARD_GROUP_ID_MAX {
             return Err(PlacementError::GroupIdsExhausted);
         }
-        let replicas = self.pick_replicas_among(self.replicas_wanted(), |node| node.up && !self.is_stale(node, now_ms))?;
-        let group = GroupInfo { id, prefix: prefix.to_string(), replicas, epoch: Epoch::INITIAL, ready: false };
+        let replicas =
+            self.pick_replicas_among(self.replicas_wanted(), |node| node.up && node.state.takes_replicas() && !self.is_stale(node, now_ms))?;
+        let group = GroupInfo { id, prefix: prefix.to_string(), replicas, learners: Vec::new(), epoch: Epoch::INITIAL, ready: false };
         self.groups.insert(id, group.clone());
         self.next_group_id += 1;
         self.bump_routing_version();
@@ -252,6 +331,129 @@ impl Placement {
         self.groups.remove(&group_id);
         self.bump_routing_version();
         Ok(Outcome::GroupDropped { group, bumped })
+    }
+
+    fn set_node_state(&mut self, id: u64, state: NodeState) -> Result<Outcome, PlacementError> {
+        self.check_known(&[id])?;
+        let from = self.nodes.get(&id).map_or(NodeState::Serving, |node| node.state);
+        use NodeState::*;
+        let allowed = match (from, state) {
+            (Tombstone, _) => false,
+            (_, Tombstone) => from == Decommissioning,
+            _ => true,
+        };
+        if !allowed {
+            return Err(PlacementError::NodeStateChange { id, from, to: state });
+        }
+        if state == Tombstone {
+            if let Some(group) = self.groups.values().find(|group| group.has_member(id)) {
+                return Err(PlacementError::NodeNotEmpty { id, group: group.id });
+            }
+        }
+        let node = self.nodes.get_mut(&id).ok_or(PlacementError::UnknownNode(id))?;
+        if node.state != state {
+            node.state = state;
+            if state == Tombstone {
+                node.up = false;
+            }
+            self.routing_version += 1;
+        }
+        Ok(Outcome::NodeStateSet(node.clone()))
+    }
+
+    fn add_learner(&mut self, group_id: u64, node: u64) -> Result<Outcome, PlacementError> {
+        let group = self.ready_group(group_id)?;
+        let info = self.nodes.get(&node).ok_or(PlacementError::UnknownNode(node))?;
+        if !info.up || !info.state.takes_replicas() {
+            return Err(PlacementError::NodeNotServing(node));
+        }
+        if group.has_member(node) {
+            return Err(PlacementError::ReplicaExists { group: group_id, node });
+        }
+        if let Some(learner) = group.learners.first() {
+            return Err(PlacementError::ChangeInProgress { group: group_id, learner: *learner });
+        }
+        self.change_replicas(group_id, |group| group.learners.push(node))
+    }
+
+    fn promote_learner(&mut self, group_id: u64, node: u64, replacing: Option<u64>) -> Result<Outcome, PlacementError> {
+        let group = self.ready_group(group_id)?;
+        if !group.learners.contains(&node) {
+            return Err(PlacementError::NotALearner { group: group_id, node });
+        }
+        let position = match replacing {
+            Some(voter) => Some(group.replicas.iter().position(|id| *id == voter).ok_or(PlacementError::NotAVoter { group: group_id, node: voter })?),
+            None => None,
+        };
+        self.change_replicas(group_id, |group| {
+            group.learners.retain(|id| *id != node);
+            match position {
+                Some(position) => group.replicas[position] = node,
+                None => group.replicas.push(node),
+            }
+        })
+    }
+
+    fn remove_learner(&mut self, group_id: u64, node: u64) -> Result<Outcome, PlacementError> {
+        let group = self.ready_group(group_id)?;
+        if !group.learners.contains(&node) {
+            return Err(PlacementError::NotALearner { group: group_id, node });
+        }
+        self.change_replicas(group_id, |group| group.learners.retain(|id| *id != node))
+    }
+
+    /// Applies `change` to a group's replicas (checked by the caller) and grows its `conf_ver`.
+    fn change_replicas(&mut self, group_id: u64, change: impl FnOnce(&mut GroupInfo)) -> Result<Outcome, PlacementError> {
+        let group = self.groups.get_mut(&group_id).ok_or(PlacementError::UnknownGroup(group_id))?;
+        change(group);
+        group.epoch.conf_ver += 1;
+        let group = group.clone();
+        self.bump_routing_version();
+        Ok(Outcome::ReplicasChanged(group))
+    }
+
+    fn remove_group(&mut self, group_id: u64) -> Result<Outcome, PlacementError> {
+        if group_id == ROOT_GROUP_ID {
+            return Err(PlacementError::RootGroup);
+        }
+        let group = self.ready_group(group_id)?.clone();
+        if let Some(below) = self.groups.values().find(|other| !other.ready && is_strictly_below(&other.prefix, &group.prefix)) {
+            // Its descriptor was computed with this group carving paths out of it.
+            return Err(PlacementError::ChangeInProgress { group: below.id, learner: 0 });
+        }
+        let ancestors: Vec<u64> =
+            self.groups.values().filter(|other| is_strictly_below(&group.prefix, &other.prefix)).map(|other| other.id).collect();
+        let before: Vec<_> = ancestors.iter().map(|id| self.descriptor(*id)).collect();
+        self.routes.remove(&group.prefix);
+        self.groups.remove(&group_id);
+        let mut bumped = Vec::new();
+        for (id, old) in ancestors.iter().zip(before) {
+            if self.descriptor(*id) != old {
+                if let Some(ancestor) = self.groups.get_mut(id) {
+                    ancestor.epoch.version += 1;
+                    bumped.push(ancestor.clone());
+                }
+            }
+        }
+        self.bump_routing_version();
+        Ok(Outcome::GroupRemoved { group, bumped })
+    }
+
+    /// The group `group_id` if it exists and is ready.
+    fn ready_group(&self, group_id: u64) -> Result<&GroupInfo, PlacementError> {
+        match self.groups.get(&group_id) {
+            None => Err(PlacementError::UnknownGroup(group_id)),
+            Some(group) if !group.ready => Err(PlacementError::GroupNotReady(group_id)),
+            Some(group) => Ok(group),
+        }
+    }
+
+    /// Refuses the whole command if any id names a tombstoned node.
+    fn check_not_tombstone(&self, ids: &[u64]) -> Result<(), PlacementError> {
+        match ids.iter().find(|id| self.nodes.get(id).is_some_and(|node| node.state == NodeState::Tombstone)) {
+            Some(id) => Err(PlacementError::NodeTombstoned(*id)),
+            None => Ok(()),
+        }
     }
 
     /// The group `group_id` if it exists and is not ready yet.

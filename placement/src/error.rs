@@ -2,7 +2,7 @@
 
 use serde::{Deserialize, Serialize};
 
-use crate::node::NodeError;
+use crate::node::{NodeError, NodeState};
 use crate::paths::PrefixError;
 
 /// A refusal by [`crate::Placement::apply`] or [`crate::Placement::from_bytes`].
@@ -61,6 +61,68 @@ pub enum PlacementError {
     /// Every shard-group id up to `SHARD_GROUP_ID_MAX` has been allocated.
     #[error("shard group ids are exhausted")]
     GroupIdsExhausted,
+    /// The group exists but is still being created.
+    #[error("group {0} is not ready")]
+    GroupNotReady(u64),
+    /// The root group owns `/` forever.
+    #[error("the root group cannot be removed")]
+    RootGroup,
+    /// The node was decommissioned: it may not come back, and its id is not reused.
+    #[error("node {0} is a tombstone (decommissioned)")]
+    NodeTombstoned(u64),
+    /// The node state change is not allowed.
+    #[error("node {id} cannot go from {from:?} to {to:?}")]
+    NodeStateChange {
+        /// The node.
+        id: u64,
+        /// Its state.
+        from: NodeState,
+        /// The state asked for.
+        to: NodeState,
+    },
+    /// The node still hosts a replica (of `group`, at least).
+    #[error("node {id} still hosts a replica of group {group}")]
+    NodeNotEmpty {
+        /// The node.
+        id: u64,
+        /// A group it hosts.
+        group: u64,
+    },
+    /// The node is down or not `Serving`, so it takes no new replica.
+    #[error("node {0} is down or not serving")]
+    NodeNotServing(u64),
+    /// The node already hosts a replica of the group.
+    #[error("node {node} already hosts a replica of group {group}")]
+    ReplicaExists {
+        /// The group.
+        group: u64,
+        /// The node.
+        node: u64,
+    },
+    /// Another replica change (or group creation below it) is in progress on the group.
+    #[error("group {group} has a change in progress (learner {learner})")]
+    ChangeInProgress {
+        /// The group.
+        group: u64,
+        /// Its learner (0: a creation below it).
+        learner: u64,
+    },
+    /// The node is not a learner of the group.
+    #[error("node {node} is not a learner of group {group}")]
+    NotALearner {
+        /// The group.
+        group: u64,
+        /// The node.
+        node: u64,
+    },
+    /// The node is not a voter of the group.
+    #[error("node {node} is not a voter of group {group}")]
+    NotAVoter {
+        /// The group.
+        group: u64,
+        /// The node.
+        node: u64,
+    },
     /// A snapshot could not be decoded.
     #[error("bad placement snapshot: {0}")]
     BadSnapshot(String),

@@ -30,7 +30,7 @@ pub fn home_group(session_id: u64) -> u64 {
 /// A group's version, carried in requests so a replica can refuse stale routes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 pub struct Epoch {
-    /// Grows when the group's replica set changes.
+    /// Grows when the group's replica set changes (a learner added, promoted or removed).
     pub conf_ver: u64,
     /// Grows when the set of paths the group serves changes.
     pub version: u64,
@@ -55,12 +55,30 @@ pub struct GroupInfo {
     pub id: u64,
     /// The subtree the group owns (see [`GroupDescriptor`] for the carve-outs).
     pub prefix: String,
-    /// Node ids of its replicas, in the order the placement policy picked them.
+    /// Node ids of its voting replicas, in the order the placement policy picked them (a
+    /// replacement takes the place of the replica it replaced).
     pub replicas: Vec<u64>,
+    /// Replicas being added (at most one): recorded before the node creates the replica, so
+    /// a node hosting a replica placement does not list knows it is stale. A learner is
+    /// promoted (replacing a voter in one joint change) or removed.
+    #[serde(default)]
+    pub learners: Vec<u64>,
     /// Its current epoch.
     pub epoch: Epoch,
     /// The group has a leader and its route is committed; until then no path routes to it.
     pub ready: bool,
+}
+
+impl GroupInfo {
+    /// Whether `node` hosts (or is about to host) a replica of the group: a voter or a learner.
+    pub fn has_member(&self, node: u64) -> bool {
+        self.replicas.contains(&node) || self.learners.contains(&node)
+    }
+
+    /// Voters and learners.
+    pub fn members(&self) -> impl Iterator<Item = u64> + '_ {
+        self.replicas.iter().chain(&self.learners).copied()
+    }
 }
 
 /// What a shard group serves: every path at or below `prefix` except the paths at or below

@@ -18,7 +18,8 @@
 //!
 //! Modules: `paths` (prefix rules and the "at or below" relation), `node` and `group` (the
 //! domain types), `state` ([`Placement`], snapshots, invariants), `command` (commands and
-//! apply), `query` (routing and descriptors), `policy` (replica placement).
+//! apply), `query` (routing and descriptors), `policy` (replica placement), `schedule` (repair,
+//! drain and balance: [`Placement::schedule`] plans [`Operator`]s for the placement leader).
 //!
 //! **Architecture invariant:** only the placement group writes the routing table: nothing but
 //! [`Placement::apply`] changes a [`Placement`], and routers and shard-nodes hold copies only.
@@ -35,6 +36,7 @@ mod node;
 mod paths;
 mod policy;
 mod query;
+mod schedule;
 mod state;
 
 pub use command::{Command, Outcome};
@@ -42,10 +44,11 @@ pub use error::PlacementError;
 pub use group::{
     home_group, serves, session_id, Epoch, GroupDescriptor, GroupInfo, PLACEMENT_GROUP_ID, ROOT_GROUP_ID, SESSION_SEQUENCE_BITS, SHARD_GROUP_ID_MAX,
 };
-pub use node::{NodeError, NodeInfo, ADDR_BYTES_MAX, ZONE_BYTES_MAX};
+pub use node::{NodeError, NodeInfo, NodeState, ADDR_BYTES_MAX, ZONE_BYTES_MAX};
 pub use paths::{
     is_at_or_below, is_strictly_below, join, parent, validate_path, validate_prefix, PathError, PrefixError, PATH_BYTES_MAX, PATH_DEPTH_MAX,
 };
+pub use schedule::{MoveReason, Operator, ScheduleLimits};
 pub use state::{Placement, PlacementConfig};
 
 #[cfg(test)]

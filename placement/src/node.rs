@@ -21,6 +21,41 @@ pub struct NodeInfo {
     pub last_heartbeat_ms: u64,
     /// Whether the node is live: set by registration and heartbeats, cleared by `MarkDown`.
     pub up: bool,
+    /// What the operator wants of it (independent of liveness): serving, being drained for
+    /// maintenance, being decommissioned, or gone for good.
+    #[serde(default)]
+    pub state: NodeState,
+}
+
+/// A node's administrative state (PD's store states: up, offline, tombstone), set by
+/// `warden admin drain|undrain|decommission`. Liveness (`NodeInfo::up`) is separate: a draining
+/// node may be down, a serving one may be up or down.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub enum NodeState {
+    /// Hosts replicas and leaders, and gets new ones.
+    #[default]
+    Serving,
+    /// Maintenance: its leaders, then its replicas, are moved to other nodes while it keeps
+    /// serving; it gets nothing new. `undrain` makes it `Serving` again (empty: balancing
+    /// fills it).
+    Draining,
+    /// Drained like `Draining`, then made a `Tombstone` once it hosts nothing.
+    Decommissioning,
+    /// Removed for good: it hosts nothing, may not register or heartbeat again, and its id is
+    /// never reused (the record stays so that it cannot be).
+    Tombstone,
+}
+
+impl NodeState {
+    /// Whether a node in this state may be given new replicas or leaders.
+    pub fn takes_replicas(self) -> bool {
+        self == NodeState::Serving
+    }
+
+    /// Whether the scheduler moves everything off a node in this state.
+    pub fn is_emptying(self) -> bool {
+        matches!(self, NodeState::Draining | NodeState::Decommissioning)
+    }
 }
 
 /// Why a node's registration is refused.

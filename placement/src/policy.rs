@@ -1,6 +1,6 @@
 //! The replica placement policy: which nodes host a new group's replicas.
 //!
-//! Only eligible (up) nodes are picked. Replicas are spread over zones round-robin, zones in
+//! Only eligible (up, `Serving`) nodes are picked. Replicas are spread over zones round-robin, zones in
 //! name order; within a zone the node hosting the fewest replicas (of all groups, ready or
 //! being created) goes first, ties to the lowest id. Nodes with an empty zone form one zone
 //! `""`. The result is a pure function of the state, so every replica picks the same nodes.
@@ -15,14 +15,14 @@ impl Placement {
     /// Picks `count` nodes for a new group's replicas among the up nodes, in pick order.
     /// Refuses with `NotEnoughNodes` if fewer than `count` nodes are up.
     pub fn pick_replicas(&self, count: usize) -> Result<Vec<u64>, PlacementError> {
-        self.pick_replicas_among(count, |node| node.up)
+        self.pick_replicas_among(count, |node| node.up && node.state.takes_replicas())
     }
 
     /// [`Placement::pick_replicas`] among the nodes `eligible` accepts.
     pub(crate) fn pick_replicas_among(&self, count: usize, eligible: impl Fn(&NodeInfo) -> bool) -> Result<Vec<u64>, PlacementError> {
         let mut load: BTreeMap<u64, usize> = BTreeMap::new();
-        for replica in self.groups.values().flat_map(|group| &group.replicas) {
-            *load.entry(*replica).or_default() += 1;
+        for replica in self.groups.values().flat_map(|group| group.members()) {
+            *load.entry(replica).or_default() += 1;
         }
         // Zone name → its eligible nodes as (replicas hosted, id), best first.
         let mut zones: BTreeMap<&str, Vec<(usize, u64)>> = BTreeMap::new();

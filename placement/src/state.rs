@@ -8,7 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PlacementError;
 use crate::group::{GroupInfo, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
-use crate::node::{validate_node, NodeInfo};
+use crate::node::{validate_node, NodeInfo, NodeState};
 use crate::paths::validate_prefix;
 
 /// Local settings of a placement replica. Not replicated state: every replica of the
@@ -19,11 +19,14 @@ pub struct PlacementConfig {
     pub replicas_per_group: usize,
     /// A node whose last heartbeat is this old may be marked down.
     pub heartbeat_timeout_ms: u64,
+    /// A node silent this long is given up on: the scheduler repairs every group with a
+    /// replica there (`warden node --down-after-ms`).
+    pub down_after_ms: u64,
 }
 
 impl Default for PlacementConfig {
     fn default() -> Self {
-        PlacementConfig { replicas_per_group: 5, heartbeat_timeout_ms: 10_000 }
+        PlacementConfig { replicas_per_group: 5, heartbeat_timeout_ms: 10_000, down_after_ms: 60_000 }
     }
 }
 
@@ -43,6 +46,9 @@ pub struct Placement {
     pub(crate) routes: BTreeMap<String, u64>,
     pub(crate) routing_version: u64,
     pub(crate) next_group_id: u64,
+    /// Balancing is paused (`warden admin scheduler pause`); repair and drains go on.
+    #[serde(default)]
+    pub(crate) scheduler_paused: bool,
 }
 
 impl Placement {
@@ -55,6 +61,7 @@ impl Placement {
             routes: BTreeMap::new(),
             routing_version: 0,
             next_group_id: ROOT_GROUP_ID + 1,
+            scheduler_paused: false,
         }
     }
 
@@ -97,6 +104,11 @@ impl Placement {
     /// only refresh a timestamp do not count). Routers compare it to refresh their cache.
     pub fn routing_version(&self) -> u64 {
         self.routing_version
+    }
+
+    /// Whether the balance schedulers are paused.
+    pub fn scheduler_paused(&self) -> bool {
+        self.scheduler_paused
     }
 
     /// The id the next `CreateGroup` allocates.
@@ -170,8 +182,14 @@ impl Placement {
             if group.replicas.is_empty() || distinct.len() != group.replicas.len() {
                 return fail(format!("group {id} has replicas {:?}", group.replicas));
             }
-            if let Some(unknown) = group.replicas.iter().find(|node| !self.nodes.contains_key(node)) {
+            if group.learners.len() > 1 || group.learners.iter().any(|learner| group.replicas.contains(learner)) {
+                return fail(format!("group {id} has learners {:?} beside voters {:?}", group.learners, group.replicas));
+            }
+            if let Some(unknown) = group.members().find(|node| !self.nodes.contains_key(node)) {
                 return fail(format!("group {id} has a replica on unknown node {unknown}"));
+            }
+            if let Some(gone) = group.members().find(|node| self.nodes.get(node).is_some_and(|n| n.state == NodeState::Tombstone)) {
+                return fail(format!("group {id} has a replica on tombstoned node {gone}"));
             }
         }
         Ok(())
@@ -216,7 +234,7 @@ mod tests {
         let placement = bootstrapped(3, 3);
         let text = String::from_utf8(placement.to_bytes()).unwrap();
         assert!(!text.contains("heartbeat_timeout_ms"), "{text}");
-        let other = PlacementConfig { replicas_per_group: 3, heartbeat_timeout_ms: 1 };
+        let other = PlacementConfig { replicas_per_group: 3, heartbeat_timeout_ms: 1, down_after_ms: 2 };
         let restored = Placement::from_bytes(placement.to_bytes().as_slice(), other.clone()).unwrap();
         assert_eq!(restored.config(), &other);
     }

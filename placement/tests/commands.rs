@@ -2,13 +2,14 @@
 //! must leave the state exactly as it was.
 
 use warden_placement::{
-    Command, Epoch, GroupInfo, NodeError, Outcome, PathError, Placement, PlacementConfig, PlacementError, PrefixError, ROOT_GROUP_ID,
+    Command, Epoch, GroupInfo, NodeError, NodeInfo, NodeState, Outcome, PathError, Placement, PlacementConfig, PlacementError, PrefixError,
+    ROOT_GROUP_ID,
 };
 
 const TIMEOUT_MS: u64 = 10_000;
 
 fn config(replicas_per_group: usize) -> PlacementConfig {
-    PlacementConfig { replicas_per_group, heartbeat_timeout_ms: TIMEOUT_MS }
+    PlacementConfig { replicas_per_group, heartbeat_timeout_ms: TIMEOUT_MS, ..PlacementConfig::default() }
 }
 
 fn node(id: u64, zone: &str) -> (u64, String, String) {
@@ -52,7 +53,7 @@ fn ids(groups: &[GroupInfo]) -> Vec<u64> {
 fn bootstrap_creates_the_root_group() {
     let mut placement = Placement::new(config(3));
     let outcome = placement.apply(&Command::Bootstrap { nodes: vec![node(3, "a"), node(1, "a"), node(2, "b"), node(4, "b")], now_ms: 7 });
-    let root = GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas: vec![1, 2, 3], epoch: Epoch::INITIAL, ready: true };
+    let root = GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas: vec![1, 2, 3], learners: Vec::new(), epoch: Epoch::INITIAL, ready: true };
     assert_eq!(outcome, Ok(Outcome::Bootstrapped(root.clone())));
     assert!(placement.is_bootstrapped());
     assert_eq!(placement.groups().values().cloned().collect::<Vec<_>>(), vec![root]);
@@ -407,4 +408,107 @@ fn commands_outcomes_and_errors_encode() {
     let bytes = serde_json::to_vec(&error).unwrap();
     assert_eq!(serde_json::from_slice::<PlacementError>(&bytes).unwrap(), error);
     assert_eq!(error.to_string(), "invalid prefix \"/a/\": path must not end with '/'");
+}
+
+#[test]
+fn replica_changes_record_the_learner_first_and_grow_conf_ver() {
+    let mut placement = bootstrapped(7, 5);
+    let root = placement.group(ROOT_GROUP_ID).unwrap().clone();
+    let spare = (1..=7).find(|id| !root.replicas.contains(id)).unwrap();
+    let voter = root.replicas[2];
+    refused(&mut placement, Command::AddLearner { group_id: 1, node: voter }, PlacementError::ReplicaExists { group: 1, node: voter });
+    refused(&mut placement, Command::AddLearner { group_id: 9, node: spare }, PlacementError::UnknownGroup(9));
+    refused(&mut placement, Command::AddLearner { group_id: 1, node: 99 }, PlacementError::UnknownNode(99));
+    refused(
+        &mut placement,
+        Command::PromoteLearner { group_id: 1, node: spare, replacing: None },
+        PlacementError::NotALearner { group: 1, node: spare },
+    );
+    let Ok(Outcome::ReplicasChanged(group)) = placement.apply(&Command::AddLearner { group_id: 1, node: spare }) else { panic!() };
+    assert_eq!(group.learners, vec![spare]);
+    assert_eq!(group.epoch, Epoch { conf_ver: 2, version: 1 });
+    let other = (1..=7).find(|id| !group.has_member(*id)).unwrap();
+    refused(&mut placement, Command::AddLearner { group_id: 1, node: other }, PlacementError::ChangeInProgress { group: 1, learner: spare });
+    refused(
+        &mut placement,
+        Command::PromoteLearner { group_id: 1, node: spare, replacing: Some(other) },
+        PlacementError::NotAVoter { group: 1, node: other },
+    );
+    let Ok(Outcome::ReplicasChanged(group)) = placement.apply(&Command::PromoteLearner { group_id: 1, node: spare, replacing: Some(voter) }) else {
+        panic!()
+    };
+    // The new voter takes the replaced one's place.
+    let mut expected = root.replicas.clone();
+    expected[2] = spare;
+    assert_eq!((group.replicas, group.learners, group.epoch.conf_ver), (expected, vec![], 3));
+    placement.apply(&Command::AddLearner { group_id: 1, node: voter }).unwrap();
+    let Ok(Outcome::ReplicasChanged(group)) = placement.apply(&Command::RemoveLearner { group_id: 1, node: voter }) else { panic!() };
+    assert!(!group.has_member(voter));
+    assert_eq!(group.epoch.conf_ver, 5);
+}
+
+#[test]
+fn node_states_move_as_allowed_and_a_tombstone_is_final() {
+    let mut placement = bootstrapped(6, 5);
+    let hosting = placement.group(ROOT_GROUP_ID).unwrap().replicas[0];
+    let draining = placement.apply(&Command::SetNodeState { id: hosting, state: NodeState::Draining }).unwrap();
+    assert!(matches!(draining, Outcome::NodeStateSet(NodeInfo { state: NodeState::Draining, .. })));
+    // A drained node re-registering stays drained; it gets no new group.
+    placement.apply(&Command::RegisterNode { id: hosting, addr: format!("n{hosting}:7000"), zone: "a".into(), now_ms: 1 }).unwrap();
+    assert_eq!(placement.node(hosting).unwrap().state, NodeState::Draining);
+    refused(&mut placement, Command::AddLearner { group_id: 1, node: hosting }, PlacementError::NodeNotServing(hosting));
+    refused(
+        &mut placement,
+        Command::SetNodeState { id: hosting, state: NodeState::Tombstone },
+        PlacementError::NodeStateChange { id: hosting, from: NodeState::Draining, to: NodeState::Tombstone },
+    );
+    placement.apply(&Command::SetNodeState { id: hosting, state: NodeState::Decommissioning }).unwrap();
+    refused(
+        &mut placement,
+        Command::SetNodeState { id: hosting, state: NodeState::Tombstone },
+        PlacementError::NodeNotEmpty { id: hosting, group: 1 },
+    );
+    let spare = (1..=6).find(|id| !placement.group(1).unwrap().has_member(*id)).unwrap();
+    refused(
+        &mut placement,
+        Command::SetNodeState { id: spare, state: NodeState::Tombstone },
+        PlacementError::NodeStateChange { id: spare, from: NodeState::Serving, to: NodeState::Tombstone },
+    );
+    placement.apply(&Command::SetNodeState { id: spare, state: NodeState::Decommissioning }).unwrap();
+    placement.apply(&Command::SetNodeState { id: spare, state: NodeState::Tombstone }).unwrap();
+    assert!(!placement.node(spare).unwrap().up);
+    for command in
+        [Command::RegisterNode { id: spare, addr: "x:1".into(), zone: String::new(), now_ms: 2 }, Command::Heartbeat { ids: vec![spare], now_ms: 2 }]
+    {
+        refused(&mut placement, command, PlacementError::NodeTombstoned(spare));
+    }
+    refused(
+        &mut placement,
+        Command::SetNodeState { id: spare, state: NodeState::Serving },
+        PlacementError::NodeStateChange { id: spare, from: NodeState::Tombstone, to: NodeState::Serving },
+    );
+}
+
+#[test]
+fn remove_group_gives_the_prefix_back_to_the_parent_path() {
+    let mut placement = bootstrapped(5, 5);
+    let a = create(&mut placement, "/a", 0);
+    ready(&mut placement, a.id);
+    let ab = create(&mut placement, "/a/b", 0);
+    ready(&mut placement, ab.id);
+    refused(&mut placement, Command::RemoveGroup { group_id: ROOT_GROUP_ID }, PlacementError::RootGroup);
+    let c = create(&mut placement, "/a/b/c", 0);
+    refused(&mut placement, Command::RemoveGroup { group_id: c.id }, PlacementError::GroupNotReady(c.id));
+    refused(&mut placement, Command::RemoveGroup { group_id: ab.id }, PlacementError::ChangeInProgress { group: c.id, learner: 0 });
+    placement.apply(&Command::DropGroup { group_id: c.id }).unwrap();
+    let version_before = placement.group(a.id).unwrap().epoch.version;
+    let Ok(Outcome::GroupRemoved { group, bumped }) = placement.apply(&Command::RemoveGroup { group_id: ab.id }) else { panic!() };
+    assert_eq!(group.id, ab.id);
+    assert_eq!(ids(&bumped), vec![a.id]);
+    assert_eq!(placement.group(a.id).unwrap().epoch.version, version_before + 1);
+    assert_eq!(placement.route("/a/b/x").map(|g| g.id), Some(a.id));
+    assert_eq!(placement.descriptor(a.id).unwrap().excluded, Vec::<String>::new());
+    assert!(placement.group(ab.id).is_none());
+    // Ids are never reused.
+    assert_eq!(create(&mut placement, "/a/b", 0).id, c.id + 1);
 }

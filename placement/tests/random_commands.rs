@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use warden_placement::{is_strictly_below, serves, Command, GroupInfo, Placement, PlacementConfig, ROOT_GROUP_ID};
+use warden_placement::{is_strictly_below, serves, Command, GroupInfo, NodeState, Placement, PlacementConfig, ROOT_GROUP_ID};
 
 /// One step of a run; times are filled in from a clock that moves forward.
 #[derive(Debug, Clone)]
@@ -67,6 +67,13 @@ fn op() -> impl Strategy<Value = Op> {
         4 => prop::sample::select(prefixes).prop_map(|prefix| Op::Apply(Command::CreateGroup { prefix, now_ms: 0 })),
         4 => (0u64..16).prop_map(|group_id| Op::Apply(Command::GroupReady { group_id })),
         1 => (0u64..16).prop_map(|group_id| Op::Apply(Command::DropGroup { group_id })),
+        2 => (node_id(), prop::sample::select(vec![NodeState::Serving, NodeState::Draining, NodeState::Decommissioning, NodeState::Tombstone]))
+            .prop_map(|(id, state)| Op::Apply(Command::SetNodeState { id, state })),
+        1 => any::<bool>().prop_map(|paused| Op::Apply(Command::SetSchedulerPaused { paused })),
+        3 => (0u64..16, node_id()).prop_map(|(group_id, node)| Op::Apply(Command::AddLearner { group_id, node })),
+        3 => (0u64..16, node_id(), prop::option::of(node_id())).prop_map(|(group_id, node, replacing)| Op::Apply(Command::PromoteLearner { group_id, node, replacing })),
+        1 => (0u64..16, node_id()).prop_map(|(group_id, node)| Op::Apply(Command::RemoveLearner { group_id, node })),
+        1 => (0u64..16).prop_map(|group_id| Op::Apply(Command::RemoveGroup { group_id })),
     ]
 }
 
@@ -105,21 +112,28 @@ fn command(placement: &Placement, op: &Op, now_ms: u64) -> Command {
         | Command::Heartbeat { now_ms: time, .. }
         | Command::MarkDown { now_ms: time, .. }
         | Command::CreateGroup { now_ms: time, .. } => *time = now_ms,
-        Command::GroupReady { .. } | Command::DropGroup { .. } => {}
+        Command::GroupReady { .. }
+        | Command::DropGroup { .. }
+        | Command::SetNodeState { .. }
+        | Command::SetSchedulerPaused { .. }
+        | Command::AddLearner { .. }
+        | Command::PromoteLearner { .. }
+        | Command::RemoveLearner { .. }
+        | Command::RemoveGroup { .. } => {}
     }
     command
 }
 
 /// Everything but liveness timestamps: what `routing_version` versions.
-type RoutingView = (BTreeMap<u64, (String, String, bool)>, BTreeMap<u64, GroupInfo>, BTreeMap<String, u64>, u64);
+type RoutingView = (BTreeMap<u64, (String, String, bool, NodeState)>, BTreeMap<u64, GroupInfo>, BTreeMap<String, u64>, u64, bool);
 
 fn routing_view(placement: &Placement) -> RoutingView {
-    let nodes = placement.nodes().iter().map(|(id, node)| (*id, (node.addr.clone(), node.zone.clone(), node.up))).collect();
-    (nodes, placement.groups().clone(), placement.routes().clone(), placement.next_group_id())
+    let nodes = placement.nodes().iter().map(|(id, node)| (*id, (node.addr.clone(), node.zone.clone(), node.up, node.state))).collect();
+    (nodes, placement.groups().clone(), placement.routes().clone(), placement.next_group_id(), placement.scheduler_paused())
 }
 
 fn config() -> PlacementConfig {
-    PlacementConfig { replicas_per_group: 3, heartbeat_timeout_ms: 10_000 }
+    PlacementConfig { replicas_per_group: 3, heartbeat_timeout_ms: 10_000, ..PlacementConfig::default() }
 }
 
 /// Checks every invariant of `after`, reached from `before` by `command` with `result`.
@@ -168,9 +182,17 @@ fn check_step(before: &Placement, after: &Placement, command: &Command, accepted
         }
     }
 
-    // Only MarkDown takes a node down, and only one silent for the timeout at its time.
+    // Only MarkDown takes a node down (and a decommission ending), and only one silent for
+    // the timeout at its time; a tombstone hosts nothing and stays one.
     for (id, old) in before.nodes() {
-        if old.up && !after.nodes()[id].up {
+        let new = &after.nodes()[id];
+        if old.state == NodeState::Tombstone {
+            prop_assert_eq!(old, new);
+        }
+        if new.state == NodeState::Tombstone {
+            prop_assert!(!after.groups().values().any(|group| group.has_member(*id)));
+        }
+        if old.up && !new.up && new.state != NodeState::Tombstone {
             let Command::MarkDown { now_ms, .. } = command else { return Err(TestCaseError::fail(format!("{command:?} took {id} down"))) };
             prop_assert!(old.last_heartbeat_ms + after.config().heartbeat_timeout_ms <= *now_ms);
         }

@@ -304,10 +304,18 @@ fn placement_status(error: PlacementError) -> Status {
         PlacementError::PrefixTaken { .. } | PlacementError::AlreadyBootstrapped | PlacementError::DuplicateNode(_) => Code::NodeExists,
         PlacementError::NotBootstrapped | PlacementError::NotEnoughNodes { .. } => Code::Unavailable,
         PlacementError::GroupIdsExhausted => Code::TooLarge,
+        PlacementError::NodeNotServing(_) | PlacementError::ChangeInProgress { .. } | PlacementError::GroupNotReady(_) => Code::Unavailable,
+        PlacementError::ReplicaExists { .. } => Code::NodeExists,
+        PlacementError::NodeNotEmpty { .. } => Code::NotEmpty,
         PlacementError::UnknownNode(_)
         | PlacementError::UnknownGroup(_)
         | PlacementError::GroupNotCreating(_)
-        | PlacementError::InvalidNode { .. } => Code::InvalidArgument,
+        | PlacementError::InvalidNode { .. }
+        | PlacementError::RootGroup
+        | PlacementError::NodeTombstoned(_)
+        | PlacementError::NodeStateChange { .. }
+        | PlacementError::NotALearner { .. }
+        | PlacementError::NotAVoter { .. } => Code::InvalidArgument,
         PlacementError::BadSnapshot(_) | PlacementError::Inconsistent(_) => Code::Unknown,
     };
     status(WardenError { code: code as i32, message: error.to_string(), ..WardenError::default() })
