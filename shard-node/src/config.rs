@@ -20,6 +20,10 @@ pub struct NodeConfig {
     pub election_tick: usize,
     /// Ticks between leader heartbeats.
     pub heartbeat_tick: usize,
+    /// Ticks a group's leader waits without a request before its group hibernates (stops
+    /// ticking and heartbeating on every replica until a request or a raft message wakes it;
+    /// `host/hibernate.rs`). 0: never.
+    pub hibernate_after_ticks: u64,
     /// Largest append message raft builds.
     pub raft_msg_bytes_max: u64,
     /// Append messages in flight to one follower.
@@ -84,6 +88,9 @@ impl NodeConfig {
             tick_ms: 100,
             election_tick: 10,
             heartbeat_tick: 2,
+            // Two election timeouts (of `election_tick`): a group asleep this soon after its
+            // last request costs one notice round when the next request comes.
+            hibernate_after_ticks: 20,
             raft_msg_bytes_max: 1 << 20,
             raft_inflight_msgs_max: 256,
             proposals_per_group_max: 8192,

@@ -459,6 +459,13 @@ impl StateMachine for NamespaceStateMachine {
         }
     }
 
+    /// The leader judges time for sessions (their leases), remote sessions (their home
+    /// groups' verdicts, asked for by the leader's checker), TTL nodes and locks in their
+    /// lock-delay: while the group holds any of them its leader keeps ticking.
+    fn needs_ticks(&self) -> bool {
+        !self.sessions.is_empty() || !self.remote_sessions.is_empty() || !self.ttl.is_empty() || !self.blocked_locks.is_empty()
+    }
+
     fn on_leadership(&mut self, leading: bool, clock: LeaderClock) {
         self.leases.set_leading(leading, &self.sessions, clock.monotonic_ms);
     }
