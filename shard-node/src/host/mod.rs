@@ -58,6 +58,9 @@ pub struct LeaderInfo {
     pub term: u64,
     /// Leader's node id (0: unknown).
     pub leader_id: u64,
+    /// The replica's state machine needs the leader's clock (`StateMachine::needs_ticks`):
+    /// a group that does not can hibernate, and holds nothing a timer must look after.
+    pub needs_ticks: bool,
 }
 
 impl LeaderTable {

@@ -301,7 +301,8 @@ impl Worker {
         for group in self.awake.iter().copied().chain(self.touched.drain()) {
             let Some(replica) = self.replicas.get_mut(&group) else { continue };
             replica.handle_ready(self.sender.as_ref(), &mut round)?;
-            let info = super::LeaderInfo { term: replica.raw.raft.term, leader_id: replica.raw.raft.leader_id };
+            let info =
+                super::LeaderInfo { term: replica.raw.raft.term, leader_id: replica.raw.raft.leader_id, needs_ticks: replica.sm.needs_ticks() };
             if info != replica.published_leader {
                 replica.published_leader = info;
                 self.leaders.set(replica.group, info);
