@@ -172,3 +172,37 @@ async fn an_active_group_never_sleeps() {
     assert!(written > 10, "the writer kept writing: {written}");
     wait_until("the idle group sleeps", Duration::from_secs(30), async || idle_slept || asleep_everywhere(&cluster, 2).await).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_while_its_groups_sleep_causes_no_election() {
+    let cluster = cluster();
+    let groups: Vec<u64> = (1..=6).collect();
+    create_groups(&cluster, &groups).await;
+    for &group in &groups {
+        put(&cluster, group, "k", "v").await.expect("write");
+    }
+    for &group in &groups {
+        wait_until(&format!("group {group} sleeps"), Duration::from_secs(30), async || asleep_everywhere(&cluster, group).await).await;
+    }
+    // Node 5 restarts; the groups it does not lead keep their leader and term.
+    let mut kept = Vec::new();
+    for &group in &groups {
+        let leader = cluster.statuses(group).await.into_iter().find(|s| s.is_leader).expect("leader");
+        if leader.node_id != 5 {
+            kept.push((group, leader.node_id, leader.term));
+        }
+    }
+    assert!(!kept.is_empty(), "node 5 leads every group");
+    cluster.restart(5).expect("node 5 restarts");
+    let restarted = cluster.handle(5).expect("running");
+    for &(group, leader, term) in &kept {
+        // Its replica hears the leader (woken by its start-up notice) instead of campaigning.
+        wait_until(&format!("node 5 follows the leader of group {group}"), Duration::from_secs(30), async || {
+            restarted.status(group).await.is_ok_and(|s| s.leader_id == leader)
+        })
+        .await;
+        for status in cluster.statuses(group).await {
+            assert_eq!(status.term, term, "group {group}: node {} moved to a new term: an election", status.node_id);
+        }
+    }
+}

@@ -16,18 +16,21 @@
 //! Waking: a request (anything but `Status`) or a raft message wakes a sleeping replica,
 //! except the routine ones that a sleeping group still exchanges when its leader is awake
 //! and its followers are not: heartbeats from the known leader at the current term, and
-//! their responses. A follower woken by a request sends its leader a wake notice, so the
-//! leader heartbeats again before the follower's election timer fires; a woken leader
-//! heartbeats at once. A woken follower that then misses its leader for an election timeout
+//! their responses. A follower woken by anything but its leader sends its leader a wake
+//! notice, so the leader heartbeats again before the follower's election timer fires; a woken
+//! leader heartbeats at once. A replica loaded when its node starts sends every member a wake
+//! notice (`announce_start`): it knows no leader, and would otherwise campaign against a
+//! sleeping one. A woken follower that then misses its leader for an election timeout
 //! campaigns as usual, so failover after a request is what it is in an awake group.
 //!
 //! Leases. raft-rs refuses a (pre)vote while it heard from a leader less than an election
 //! timeout ago (`in_lease`, counted in ticks by `election_elapsed`), so that a partitioned or
 //! removed replica cannot disrupt a healthy leader. A sleeping replica's count stopped when it
 //! fell asleep: it would claim to have heard from the leader moments ago however long it
-//! slept. A follower woken by a raft message that is not its leader's (in practice a vote or
+//! slept. A follower woken by a raft message of another member (in practice a vote or
 //! pre-vote of a replica that missed the leader) therefore counts the election timeout as
-//! passed, and the message is judged on terms and logs alone. That is safe: raft's safety
+//! passed, and the message is judged on terms and logs alone (one of a node outside its
+//! configuration, a replica removed while away, gets no such favour). That is safe: raft's safety
 //! comes from terms, one vote per term (persisted) and the log comparison, none of which this
 //! touches; the lease only prevents disruption, and a candidate here has missed the leader
 //! for a whole election timeout itself (a woken leader heartbeats at once, which ends a
@@ -121,12 +124,33 @@ impl Replica {
         if self.is_asleep() && !self.is_leader() {
             // See the module comment: a full randomized election timeout to hear the leader.
             self.raw.raft.election_elapsed = 0;
-            if let Some(leader) = self.leader_hint() {
-                let wake = self.local_message(leader, WAKE_NOTICE, 0, 0);
-                self.send(sender, vec![wake]);
-            }
+            self.wake_leader(sender);
         }
         self.resume_ticking();
+    }
+
+    /// Asks the leader this follower knows to heartbeat again.
+    fn wake_leader(&mut self, sender: &dyn RaftSender) {
+        if let Some(leader) = self.leader_hint().filter(|leader| *leader != self.raw.raft.id) {
+            let wake = self.local_message(leader, WAKE_NOTICE, 0, 0);
+            self.send(sender, vec![wake]);
+        }
+    }
+
+    /// Called once for each replica a node loads when it starts: the replica does not know
+    /// its leader, and its group may be asleep, so it asks every member to wake. A sleeping
+    /// leader then heartbeats before this replica's election timer fires; without this, a
+    /// node restarting among sleeping groups would have each of its replicas call a
+    /// (pre-)election that the sleeping followers, woken by it outside their old lease,
+    /// would grant: an election per group for nothing.
+    pub(crate) fn announce_start(&mut self, sender: &dyn RaftSender) {
+        let raft = &self.raw.raft;
+        let members: Vec<u64> = raft.prs().iter().map(|(id, _)| *id).filter(|id| *id != raft.id).collect();
+        if raft.prs().get(raft.id).is_none() {
+            return; // Not in its own configuration yet: it waits for a snapshot.
+        }
+        let notices = members.into_iter().map(|member| self.local_message(member, WAKE_NOTICE, 0, 0)).collect();
+        self.send(sender, notices);
     }
 
     /// Once per tick of an awake replica: a leader idle long enough, whose group is settled,
@@ -168,18 +192,29 @@ impl Replica {
                 None
             }
             Some(Notice::Wake) => {
-                if self.is_leader() && message.term == self.raw.raft.term {
+                // From a member of this term or an older one (a restarted replica that missed
+                // a term is told the new one by the heartbeat).
+                if self.is_leader() && message.term <= self.raw.raft.term && self.raw.raft.prs().get(message.from).is_some() {
                     self.resume_ticking();
                 }
                 None
             }
             None => {
                 if self.is_asleep() && !self.is_routine(&message) {
-                    let from_leader = message.from == self.raw.raft.leader_id && message.term == self.raw.raft.term;
-                    if !self.is_leader() && !from_leader {
-                        // See the module comment: judge this message on terms and logs.
-                        let timeout = self.raw.raft.election_timeout();
-                        self.raw.raft.election_elapsed = self.raw.raft.election_elapsed.max(timeout);
+                    let raft = &self.raw.raft;
+                    let from_leader = message.from == raft.leader_id && message.term == raft.term;
+                    if raft.state != StateRole::Leader && !from_leader {
+                        if raft.prs().get(message.from).is_some() {
+                            // See the module comment: judge this message on terms and logs.
+                            let timeout = raft.election_timeout();
+                            self.raw.raft.election_elapsed = self.raw.raft.election_elapsed.max(timeout);
+                        } else {
+                            // Not a member (a replica removed while away): it gets no lease
+                            // dropped for it; a full election timeout to hear the leader.
+                            self.raw.raft.election_elapsed = 0;
+                        }
+                        // Whoever woke it, the leader must heartbeat again now.
+                        self.wake_leader(sender);
                     }
                     self.resume_ticking();
                 }
@@ -434,12 +469,22 @@ mod tests {
         let heartbeat = raft_message(MessageType::MsgHeartbeat, 1, 5);
         assert!(follower.screen_hibernation(&config, heartbeat, &sent).is_some(), "raft steps the heartbeat");
         assert!(follower.is_asleep(), "the leader's heartbeat is routine");
-        // A pre-vote of another member wakes it, outside the lease it measured before sleeping.
+        // A pre-vote of another member wakes it, outside the lease it measured before sleeping,
+        // and it asks its leader to heartbeat.
+        sent.take();
         follower.raw.raft.election_elapsed = 1;
         let pre_vote = raft_message(MessageType::MsgRequestPreVote, 3, 6);
         assert!(follower.screen_hibernation(&config, pre_vote, &sent).is_some());
         assert!(!follower.is_asleep());
         assert!(follower.raw.raft.election_elapsed >= follower.raw.raft.election_timeout(), "not in the old leader's lease");
+        let wake: Vec<(u64, Vec<u8>)> = sent.take().iter().map(|m| (m.to, m.context.to_vec())).collect();
+        assert_eq!(wake, [(1, WAKE_NOTICE.to_vec())]);
+        // A node outside its configuration (a replica removed while away) gets no lease dropped.
+        follower.screen_hibernation(&config, notice(1, 5, 5, 5), &sent);
+        follower.raw.raft.election_elapsed = 3;
+        follower.screen_hibernation(&config, raft_message(MessageType::MsgRequestPreVote, 7, 6), &sent);
+        assert!(!follower.is_asleep());
+        assert_eq!(follower.raw.raft.election_elapsed, 0, "a full election timeout to hear its leader first");
         // An append from its leader wakes it too, lease untouched (raft resets it).
         follower.screen_hibernation(&config, notice(1, 5, 5, 5), &sent);
         follower.raw.raft.election_elapsed = 1;
@@ -523,6 +568,29 @@ mod tests {
         assert!(!leader.is_asleep());
         let heartbeats = leader.raw.raft.msgs.iter().filter(|m| m.get_msg_type() == MessageType::MsgHeartbeat).count();
         assert_eq!(heartbeats, 2, "a woken leader heartbeats at once");
+    }
+
+    #[test]
+    fn a_replica_starting_up_wakes_every_member_and_a_leader_wakes_for_an_older_term() {
+        let (mut restarted, _config, _dir) = replica(2);
+        let sent = Sent::default();
+        restarted.announce_start(&sent);
+        let mut to: Vec<u64> = sent.take().iter().filter(|m| m.context.as_ref() == WAKE_NOTICE).map(|m| m.to).collect();
+        to.sort_unstable();
+        assert_eq!(to, [1, 3]);
+        // The leader moved to term 6 while node 2 was down: its wake notice of term 5 still wakes it.
+        let (mut leader, config, _dir) = settled_leader();
+        leader.hibernation = Hibernation::Asleep;
+        let mut wake = raft_message(MessageType::MsgUnreachable, 2, 5);
+        wake.to = 1;
+        wake.context = WAKE_NOTICE.to_vec().into();
+        leader.screen_hibernation(&config, wake.clone(), &sent);
+        assert!(!leader.is_asleep());
+        // Not from a member: ignored.
+        leader.hibernation = Hibernation::Asleep;
+        wake.from = 7;
+        leader.screen_hibernation(&config, wake, &sent);
+        assert!(leader.is_asleep());
     }
 
     #[test]

@@ -76,6 +76,12 @@ impl Worker {
     }
 
     fn run_loop(&mut self) -> Result<(), StorageError> {
+        // Groups may have fallen asleep while this node was down (see `hibernate`).
+        if self.config.hibernate_after_ticks > 0 {
+            for replica in self.replicas.values_mut() {
+                replica.announce_start(self.sender.as_ref());
+            }
+        }
         let tick_interval = Duration::from_millis(self.config.tick_ms);
         let mut next_tick = Instant::now() + tick_interval;
         while !self.stop.load(Ordering::Relaxed) {
