@@ -52,7 +52,7 @@ impl Default for ClusterConfig {
             tick_ms: 50,
             election_tick: 10,
             heartbeat_tick: 2,
-            hibernate_after_ticks: 20,
+            hibernate_after_ticks: crate::config::HIBERNATE_AFTER_TICKS_DEFAULT,
             workers: 1,
             log_compact_entries: 10_000,
             base_port: None,

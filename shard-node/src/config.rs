@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use crate::storage::StorageLimits;
 
+/// Default of [`NodeConfig::hibernate_after_ticks`]: two election timeouts of the default
+/// `election_tick` (10), so a group sleeps 2 s after its last request at 100 ms ticks.
+pub const HIBERNATE_AFTER_TICKS_DEFAULT: u64 = 20;
+
 /// Everything a node needs to start. Names carry their unit last (`tick_ms`).
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -88,9 +92,7 @@ impl NodeConfig {
             tick_ms: 100,
             election_tick: 10,
             heartbeat_tick: 2,
-            // Two election timeouts (of `election_tick`): a group asleep this soon after its
-            // last request costs one notice round when the next request comes.
-            hibernate_after_ticks: 20,
+            hibernate_after_ticks: HIBERNATE_AFTER_TICKS_DEFAULT,
             raft_msg_bytes_max: 1 << 20,
             raft_inflight_msgs_max: 256,
             proposals_per_group_max: 8192,
