@@ -145,10 +145,10 @@ impl Replica {
     /// would grant: an election per group for nothing.
     pub(crate) fn announce_start(&mut self, sender: &dyn RaftSender) {
         let raft = &self.raw.raft;
-        let members: Vec<u64> = raft.prs().iter().map(|(id, _)| *id).filter(|id| *id != raft.id).collect();
         if raft.prs().get(raft.id).is_none() {
             return; // Not in its own configuration yet: it waits for a snapshot.
         }
+        let members: Vec<u64> = raft.prs().iter().map(|(id, _)| *id).filter(|id| *id != raft.id).collect();
         let notices = members.into_iter().map(|member| self.local_message(member, WAKE_NOTICE, 0, 0)).collect();
         self.send(sender, notices);
     }
