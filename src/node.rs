@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use warden_shard_node::config::HIBERNATE_AFTER_TICKS_DEFAULT;
 use warden_shard_node::node_services::ApiServices;
 use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::transport::{NetFaults, PeerDirectory};
@@ -15,8 +16,8 @@ use warden_shard_node::{FatalPolicy, Node, NodeConfig};
 /// Flags of `warden node`.
 #[derive(clap::Args, serde::Deserialize)]
 pub struct NodeArgs {
-    /// A JSON file with these settings (`id`, `listen`, `data_dir`, `peers`, `zone`); flags
-    /// given as well are ignored.
+    /// A JSON file with these settings (`id`, `listen`, `data_dir`, `peers`, `zone`,
+    /// `hibernate_after_ticks`); flags given as well are ignored.
     #[arg(long)]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -38,6 +39,15 @@ pub struct NodeArgs {
     #[arg(long, default_value = "")]
     #[serde(default)]
     zone: String,
+    /// Ticks (100 ms) a group's leader waits without a request before the group hibernates:
+    /// stops ticking and heartbeating on every replica until a request comes. 0: never.
+    #[arg(long, default_value_t = HIBERNATE_AFTER_TICKS_DEFAULT)]
+    #[serde(default = "hibernate_after_ticks_default")]
+    hibernate_after_ticks: u64,
+}
+
+fn hibernate_after_ticks_default() -> u64 {
+    HIBERNATE_AFTER_TICKS_DEFAULT
 }
 
 fn parse_peer(text: &str) -> Result<(u64, std::net::SocketAddr), String> {
@@ -63,6 +73,7 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     std::fs::create_dir_all(&args.data_dir)?;
     let mut config = NodeConfig::new(args.id, args.data_dir.clone());
     config.zone = args.zone.clone();
+    config.hibernate_after_ticks = args.hibernate_after_ticks;
     // A node that cannot go on ends the process, for its supervisor to restart.
     config.fatal = FatalPolicy::Abort;
     let listener = std::net::TcpListener::bind(args.listen)?;

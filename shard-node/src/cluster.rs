@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use crate::config::{FatalPolicy, NodeConfig};
 use crate::error::EngineError;
-use crate::host::{GroupStatus, Node, NodeError, NodeHandle, ReadConsistency};
+use crate::host::{GroupStatus, Node, NodeError, NodeHandle, RaftMetricsSnapshot, ReadConsistency};
 use crate::node_services::{ApiServices, ServingFactory};
 use crate::state_machine::ApplyOutput;
 use crate::store_writer::StoreMetricsSnapshot;
@@ -30,6 +30,8 @@ pub struct ClusterConfig {
     pub election_tick: usize,
     /// Ticks between heartbeats.
     pub heartbeat_tick: usize,
+    /// Idle ticks before a group hibernates (0: never; see `NodeConfig`).
+    pub hibernate_after_ticks: u64,
     /// Host-loop threads per node.
     pub workers: usize,
     /// Log length that triggers compaction.
@@ -50,6 +52,7 @@ impl Default for ClusterConfig {
             tick_ms: 50,
             election_tick: 10,
             heartbeat_tick: 2,
+            hibernate_after_ticks: crate::config::HIBERNATE_AFTER_TICKS_DEFAULT,
             workers: 1,
             log_compact_entries: 10_000,
             base_port: None,
@@ -121,6 +124,7 @@ impl Cluster {
         config.tick_ms = self.config.tick_ms;
         config.election_tick = self.config.election_tick;
         config.heartbeat_tick = self.config.heartbeat_tick;
+        config.hibernate_after_ticks = self.config.hibernate_after_ticks;
         config.workers = self.config.workers;
         config.log_compact_entries = self.config.log_compact_entries;
         config.fatal = self.config.fatal;
@@ -289,6 +293,13 @@ impl Cluster {
         leader.and_then(|leader| self.handle(leader))
     }
 
+    /// The `attempt`-th running node, round robin.
+    fn any_running(&self, attempt: usize) -> Option<NodeHandle> {
+        let nodes = self.nodes();
+        let count = nodes.len();
+        nodes.values().nth(attempt % count.max(1)).map(Node::handle)
+    }
+
     /// Sends one request to `group`'s leader like a client would: following hints and
     /// retrying what is safe to retry until `timeout`. An error whose outcome is unknown is
     /// returned at once (retrying a write could apply it twice).
@@ -298,16 +309,25 @@ impl Cluster {
         Fut: std::future::Future<Output = Result<T, EngineError>>,
     {
         let deadline = Instant::now() + timeout;
+        let mut attempt = 0usize;
         loop {
             let remaining = deadline.saturating_duration_since(Instant::now());
             if remaining.is_zero() {
                 return Err(EngineError::busy(format!("group {group}: no leader answered within {timeout:?}")));
             }
-            let Some(handle) = self.leader_handle(group).await else {
+            attempt += 1;
+            // With no leader known, ask the running nodes in turn, as a router does: the
+            // request wakes a hibernating group whose leader died (`host/hibernate.rs`) and
+            // is answered NOT_LEADER until a new leader is elected.
+            let known = self.leader_handle(group).await;
+            let guessed = known.is_none();
+            let Some(handle) = known.or_else(|| self.any_running(attempt)) else {
                 tokio::time::sleep(RETRY_PAUSE).await;
                 continue;
             };
             match request(handle.clone(), remaining).await {
+                // A node guessed at may host no replica of the group.
+                Err(EngineError::GroupNotFound(_)) if guessed => tokio::time::sleep(RETRY_PAUSE).await,
                 Err(EngineError::NotLeader { leader_hint, .. }) => {
                     let hint = leader_hint.filter(|hint| *hint != handle.node_id() && self.handle(*hint).is_some());
                     self.remember_leader(group, hint);
@@ -356,6 +376,11 @@ impl Cluster {
             bytes: sum.bytes + m.bytes,
             tasks: sum.tasks + m.tasks,
         })
+    }
+
+    /// Node `id`'s raft counters (`None` if it is not running).
+    pub fn raft_metrics(&self, id: u64) -> Option<RaftMetricsSnapshot> {
+        self.nodes().get(&id).map(Node::raft_metrics)
     }
 
     /// What node `id`'s remote-session checks found (`None` if it is not running).

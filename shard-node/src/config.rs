@@ -5,6 +5,10 @@ use std::time::Duration;
 
 use crate::storage::StorageLimits;
 
+/// Default of [`NodeConfig::hibernate_after_ticks`]: two election timeouts of the default
+/// `election_tick` (10), so a group sleeps 2 s after its last request at 100 ms ticks.
+pub const HIBERNATE_AFTER_TICKS_DEFAULT: u64 = 20;
+
 /// Everything a node needs to start. Names carry their unit last (`tick_ms`).
 #[derive(Clone, Debug)]
 pub struct NodeConfig {
@@ -20,6 +24,10 @@ pub struct NodeConfig {
     pub election_tick: usize,
     /// Ticks between leader heartbeats.
     pub heartbeat_tick: usize,
+    /// Ticks a group's leader waits without a request before its group hibernates (stops
+    /// ticking and heartbeating on every replica until a request or a raft message wakes it;
+    /// `host/hibernate.rs`). 0: never.
+    pub hibernate_after_ticks: u64,
     /// Largest append message raft builds.
     pub raft_msg_bytes_max: u64,
     /// Append messages in flight to one follower.
@@ -84,6 +92,7 @@ impl NodeConfig {
             tick_ms: 100,
             election_tick: 10,
             heartbeat_tick: 2,
+            hibernate_after_ticks: HIBERNATE_AFTER_TICKS_DEFAULT,
             raft_msg_bytes_max: 1 << 20,
             raft_inflight_msgs_max: 256,
             proposals_per_group_max: 8192,

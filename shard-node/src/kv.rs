@@ -76,6 +76,11 @@ impl StateMachine for KvStateMachine {
         Ok(KvResult { succeeded, previous, applied_index: index }.encode_to_vec())
     }
 
+    /// The test store never looks at a clock.
+    fn needs_ticks(&self) -> bool {
+        false
+    }
+
     fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError> {
         let query = KvQuery::decode(query).map_err(|e| EngineError::Invalid(format!("kv query: {e}")))?;
         Ok(KvValue { value: self.data.get(&query.key).cloned(), applied_index: self.applied_index }.encode_to_vec())

@@ -29,4 +29,4 @@ pub mod watch;
 
 pub use config::{FatalPolicy, NodeConfig};
 pub use error::{EngineError, StorageError};
-pub use host::{GroupStatus, Node, NodeHandle, ReadConsistency};
+pub use host::{GroupStatus, Node, NodeHandle, RaftMetricsSnapshot, ReadConsistency};

@@ -61,6 +61,15 @@ pub trait StateMachine: Send {
         Vec::new()
     }
 
+    /// True while the leader must keep its clock running for this state machine: while
+    /// [`Self::leader_proposals`] may ever propose something because of time (leases, TTLs,
+    /// delays). A group whose state machine needs ticks never hibernates (see
+    /// `host/hibernate.rs`). The default is the conservative answer; a state machine that
+    /// never looks at the clock says `false`.
+    fn needs_ticks(&self) -> bool {
+        true
+    }
+
     /// This replica became leader (`true`) or stopped leading. Leader-only state (lease
     /// deadlines) starts over here; it is never replicated.
     fn on_leadership(&mut self, _leading: bool, _clock: LeaderClock) {}

@@ -4,6 +4,7 @@ mod cgroup;
 mod cluster;
 mod election;
 mod engine;
+mod idle;
 mod load;
 mod locks;
 mod namespace;
@@ -37,6 +38,9 @@ pub enum BenchCommand {
     /// cgroup of its own with the same quota, under the load generator's workloads, by shard-group
     /// count (needs root for the cgroups).
     Cluster(cluster::ClusterArgs),
+    /// What idle groups cost: CPU per node and heartbeats per second with every group idle,
+    /// hibernation on and off.
+    Idle(idle::IdleArgs),
 }
 
 /// Runs a benchmark.
@@ -50,6 +54,7 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Election(args) => election::run(args).await,
         BenchCommand::Load(args) => load::run(args).await,
         BenchCommand::Cluster(args) => cluster::run(args).await,
+        BenchCommand::Idle(args) => idle::run(args).await,
     }
 }
 

@@ -4,6 +4,7 @@
 
 mod command;
 mod fatal;
+mod hibernate;
 mod membership;
 pub mod msg;
 mod query;
@@ -13,7 +14,7 @@ mod worker;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -32,7 +33,7 @@ use crate::state_machine::{ApplyOutput, StateMachineFactory};
 use crate::storage::{Db, PeerStorage};
 use crate::store_writer::{StoreMetricsSnapshot, StoreWriter};
 use crate::transport::server::RaftTransportService;
-use crate::transport::{NetFaults, PeerDirectory, Transport, TransportLimits};
+use crate::transport::{NetFaults, PeerDirectory, Transport, TransportLimits, TransportMetrics};
 
 /// Where the host loop sends raft messages. `Err` hands back a message that could not be
 /// queued; the host reports the peer unreachable.
@@ -57,6 +58,9 @@ pub struct LeaderInfo {
     pub term: u64,
     /// Leader's node id (0: unknown).
     pub leader_id: u64,
+    /// The replica's state machine needs the leader's clock (`StateMachine::needs_ticks`):
+    /// a group that does not can hibernate, and holds nothing a timer must look after.
+    pub needs_ticks: bool,
 }
 
 impl LeaderTable {
@@ -82,6 +86,28 @@ impl LeaderTable {
         led.sort_unstable();
         led
     }
+}
+
+/// Counters of a node's host loop, readable while it runs.
+#[derive(Debug, Default)]
+pub(crate) struct HostMetrics {
+    /// Replicas asleep now (see `hibernate`).
+    pub sleeping_replicas: AtomicU64,
+    /// Times a replica of this node fell asleep.
+    pub hibernations: AtomicU64,
+}
+
+/// A point-in-time copy of a node's raft counters.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct RaftMetricsSnapshot {
+    /// Raft messages this node handed to its transport.
+    pub messages_sent: u64,
+    /// Of those, leader heartbeats.
+    pub heartbeats_sent: u64,
+    /// Replicas of this node asleep now (hibernating groups).
+    pub sleeping_replicas: u64,
+    /// Times a replica of this node fell asleep.
+    pub hibernations: u64,
 }
 
 /// A cheap, cloneable handle for talking to a node's groups from any thread or task.
@@ -286,6 +312,8 @@ pub struct Node {
     store: Option<StoreWriter>,
     /// The node's store, so that stopping can wait for snapshot builds still reading it.
     db: Arc<Db>,
+    host_metrics: Arc<HostMetrics>,
+    transport_metrics: Arc<TransportMetrics>,
     runtime: Option<tokio::runtime::Runtime>,
     listen_addr: SocketAddr,
 }
@@ -330,8 +358,10 @@ impl Node {
         let handle =
             NodeHandle { node_id, leaders: leaders.clone(), workers: senders.into(), deadline_slack: Duration::from_millis(config.tick_ms * 2) };
         let limits = TransportLimits::default();
-        let transport: Arc<dyn RaftSender> =
-            Arc::new(Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits));
+        let transport = Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits);
+        let transport_metrics = transport.metrics();
+        let transport: Arc<dyn RaftSender> = Arc::new(transport);
+        let host_metrics = Arc::new(HostMetrics::default());
 
         // 2. Replicas from disk, each on the worker its id maps to.
         let mut replicas: Vec<HashMap<u64, Replica>> = (0..config.workers).map(|_| HashMap::new()).collect();
@@ -344,6 +374,7 @@ impl Node {
         let mut workers = Vec::new();
         for (index, (inbox, replicas)) in inboxes.into_iter().zip(replicas).enumerate() {
             let (persisted_tx, persisted_rx) = crossbeam_channel::bounded(config.write_tasks_in_flight_max);
+            let awake = replicas.keys().copied().collect();
             let worker = worker::Worker {
                 config: config.clone(),
                 db: db.clone(),
@@ -357,6 +388,9 @@ impl Node {
                 fatal: fatal.clone(),
                 leaders: leaders.clone(),
                 replicas,
+                awake,
+                touched: std::collections::HashSet::new(),
+                metrics: host_metrics.clone(),
                 tasks_in_flight: 0,
                 tick: 0,
                 next_read_ctx: 1,
@@ -410,7 +444,7 @@ impl Node {
                 Err(error) => fatal.fail(&format!("transport server stopped: {error}")),
             }
         });
-        Ok(Node { config, handle, stop, workers, store: Some(store), db, runtime: Some(runtime), listen_addr })
+        Ok(Node { config, handle, stop, workers, store: Some(store), db, host_metrics, transport_metrics, runtime: Some(runtime), listen_addr })
     }
 
     /// A handle to this node's groups.
@@ -431,6 +465,16 @@ impl Node {
     /// The store writer's counters.
     pub fn store_metrics(&self) -> StoreMetricsSnapshot {
         self.store.as_ref().map(|store| store.metrics().snapshot()).unwrap_or_default()
+    }
+
+    /// The node's raft counters: messages and heartbeats sent, replicas asleep.
+    pub fn raft_metrics(&self) -> RaftMetricsSnapshot {
+        RaftMetricsSnapshot {
+            messages_sent: self.transport_metrics.messages_sent.load(Ordering::Relaxed),
+            heartbeats_sent: self.transport_metrics.heartbeats_sent.load(Ordering::Relaxed),
+            sleeping_replicas: self.host_metrics.sleeping_replicas.load(Ordering::Relaxed),
+            hibernations: self.host_metrics.hibernations.load(Ordering::Relaxed),
+        }
     }
 
     /// Stops everything at once, as a crash would: workers stop between rounds, writes not

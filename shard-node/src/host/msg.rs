@@ -53,6 +53,26 @@ pub enum WorkerMsg {
     LeaderCall { group: u64, request: Vec<u8>, deadline: Instant, reply: Reply<Vec<u8>> },
 }
 
+impl WorkerMsg {
+    /// The group the message is for.
+    pub fn group(&self) -> u64 {
+        match self {
+            WorkerMsg::Raft { group, .. }
+            | WorkerMsg::Propose { group, .. }
+            | WorkerMsg::Read { group, .. }
+            | WorkerMsg::ConfChange { group, .. }
+            | WorkerMsg::TransferLeader { group, .. }
+            | WorkerMsg::Campaign { group, .. }
+            | WorkerMsg::CreateGroup { group, .. }
+            | WorkerMsg::Unreachable { group, .. }
+            | WorkerMsg::SnapshotStatus { group, .. }
+            | WorkerMsg::Status { group, .. }
+            | WorkerMsg::Await { group, .. }
+            | WorkerMsg::LeaderCall { group, .. } => *group,
+        }
+    }
+}
+
 /// A replica's view of its group.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct GroupStatus {
@@ -80,4 +100,6 @@ pub struct GroupStatus {
     pub voters: Vec<u64>,
     /// Learners.
     pub learners: Vec<u64>,
+    /// True while this replica hibernates (neither ticks nor heartbeats; `host/hibernate.rs`).
+    pub asleep: bool,
 }

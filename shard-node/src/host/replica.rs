@@ -1,6 +1,6 @@
 //! One group's replica on this node: its `RawNode`, state machine, and the requests waiting
-//! on it. Behaviour is grouped by feature in sibling modules (`command`, `query`, `ready`),
-//! all as `impl Replica` blocks; this file holds the state and its construction.
+//! on it. Behaviour is grouped by feature in sibling modules (`command`, `query`, `ready`,
+//! `hibernate`), all as `impl Replica` blocks; this file holds the state and its construction.
 
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -102,6 +102,8 @@ pub struct Replica {
     pub(crate) told_leading: bool,
     /// Callers waiting for a notification key (see `SmWrites::notify`).
     pub(crate) awaiting: HashMap<Vec<u8>, Vec<(Instant, Reply<()>)>>,
+    /// Ticking, asking to sleep, or asleep (see `hibernate`).
+    pub(crate) hibernation: super::hibernate::Hibernation,
 }
 
 /// Callers one replica lets wait for notifications at once.
@@ -137,6 +139,7 @@ impl Replica {
             published_leader: super::LeaderInfo::default(),
             told_leading: false,
             awaiting: HashMap::new(),
+            hibernation: super::hibernate::Hibernation::default(),
         })
     }
 
@@ -218,6 +221,7 @@ impl Replica {
             last_index: raft.raft_log.last_index(),
             voters: conf.voters,
             learners: conf.learners,
+            asleep: self.is_asleep(),
         }
     }
 

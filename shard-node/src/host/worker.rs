@@ -1,9 +1,11 @@
 //! A host-loop worker: one thread driving the replicas of the groups assigned to it.
 //!
 //! Threading is the only thing this file decides; what happens to a replica lives in the
-//! feature modules (`command`, `query`, `ready`).
+//! feature modules (`command`, `query`, `ready`, `hibernate`). A worker visits only the
+//! replicas that are awake, plus those a message touched this round: a sleeping group costs
+//! nothing per tick or per round.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -47,6 +49,13 @@ pub(crate) struct Worker {
     pub fatal: super::fatal::Fatal,
     pub leaders: Arc<super::LeaderTable>,
     pub replicas: HashMap<u64, Replica>,
+    /// Groups whose replica is awake: ticked and polled every round. Every other hosted
+    /// replica is asleep.
+    pub awake: HashSet<u64>,
+    /// Sleeping replicas that something touched (a stepped message, a durable write): their
+    /// readies are polled once, at the next round that polls readies.
+    pub touched: HashSet<u64>,
+    pub metrics: Arc<super::HostMetrics>,
     pub tasks_in_flight: usize,
     pub tick: u64,
     pub next_read_ctx: u64,
@@ -67,6 +76,12 @@ impl Worker {
     }
 
     fn run_loop(&mut self) -> Result<(), StorageError> {
+        // Groups may have fallen asleep while this node was down (see `hibernate`).
+        if self.config.hibernate_after_ticks > 0 {
+            for replica in self.replicas.values_mut() {
+                replica.announce_start(self.sender.as_ref());
+            }
+        }
         let tick_interval = Duration::from_millis(self.config.tick_ms);
         let mut next_tick = Instant::now() + tick_interval;
         while !self.stop.load(Ordering::Relaxed) {
@@ -105,8 +120,10 @@ impl Worker {
             //    every message of the round was stepped, so the batch is as large as the round
             //    allows, and before the readies, so this round's write carries it. A replica
             //    that stepped down meanwhile fails them as a single proposal would.
-            for replica in self.replicas.values_mut() {
-                replica.propose_batch();
+            for group in &self.awake {
+                if let Some(replica) = self.replicas.get_mut(group) {
+                    replica.propose_batch();
+                }
             }
             // 5. Durability notices before readies: they release withheld messages and let
             //    raft hand out the entries they made durable for apply in this same round.
@@ -114,8 +131,10 @@ impl Worker {
                 self.on_persisted(persisted)?;
             }
             // 6. One ReadIndex per group for the reads that queued up.
-            for replica in self.replicas.values_mut() {
-                replica.issue_read_index(self.tick, &mut self.next_read_ctx);
+            for group in &self.awake {
+                if let Some(replica) = self.replicas.get_mut(group) {
+                    replica.issue_read_index(self.tick, &mut self.next_read_ctx);
+                }
             }
             // 7. Readies of every group into one store task: one fsync serves them all. With
             //    too many tasks in flight the readies wait (raft keeps them) for a later round.
@@ -133,15 +152,52 @@ impl Worker {
         let retry_ticks = self.config.election_tick as u64;
         // Time-driven proposals (expiries) are judged by the leader's clock every tick.
         let clock = crate::state_machine::LeaderClock::now();
-        for replica in self.replicas.values_mut() {
+        let mut asleep = Vec::new();
+        for group in &self.awake {
+            let Some(replica) = self.replicas.get_mut(group) else { continue };
             replica.raw.tick();
             replica.retry_read_index(self.tick, retry_ticks);
             replica.expire_requests(now);
             replica.propose_leader_commands(&self.config, clock);
+            replica.tick_hibernation(&self.config, self.sender.as_ref());
+            if replica.is_asleep() {
+                asleep.push(*group);
+            }
+        }
+        for group in asleep {
+            self.sync_awake(group);
+        }
+    }
+
+    /// Puts `group` in the awake set or takes it out, as its replica now is; a replica that
+    /// falls asleep is polled once more (what put it to sleep may have left messages).
+    fn sync_awake(&mut self, group: u64) {
+        let Some(replica) = self.replicas.get(&group) else { return };
+        if replica.is_asleep() {
+            if self.awake.remove(&group) {
+                self.metrics.sleeping_replicas.fetch_add(1, Ordering::Relaxed);
+                self.metrics.hibernations.fetch_add(1, Ordering::Relaxed);
+            }
+            self.touched.insert(group);
+        } else if self.awake.insert(group) {
+            self.touched.remove(&group);
+            self.metrics.sleeping_replicas.fetch_sub(1, Ordering::Relaxed);
         }
     }
 
     fn handle(&mut self, message: WorkerMsg) -> Result<(), StorageError> {
+        let group = message.group();
+        if super::hibernate::request_wakes(&message) {
+            if let Some(replica) = self.replicas.get_mut(&group) {
+                replica.on_request(self.sender.as_ref());
+            }
+        }
+        self.handle_message(message)?;
+        self.sync_awake(group);
+        Ok(())
+    }
+
+    fn handle_message(&mut self, message: WorkerMsg) -> Result<(), StorageError> {
         let config = self.config.clone();
         match message {
             WorkerMsg::Raft { group, message } => self.step(group, *message),
@@ -208,6 +264,7 @@ impl Worker {
             tracing::warn!(group, to = message.to, "message addressed to another node");
             return;
         }
+        let Some(message) = replica.screen_hibernation(&self.config, message, self.sender.as_ref()) else { return };
         let Some(message) = replica.screen(message, self.sender.as_ref()) else { return };
         // Snapshot data is decoded only once the message is in the log; check it now, while a
         // bad one can still be dropped (the snapshot flow checked it already, but a peer may
@@ -241,14 +298,17 @@ impl Worker {
         let replica = Replica::load(&self.config, self.db.clone(), group, self.factory.as_ref())
             .map_err(|error| StorageError::Corrupt(format!("group {group} just created: {error}")))?;
         self.replicas.insert(group, replica);
+        self.awake.insert(group);
         Ok(Ok(()))
     }
 
     fn handle_readies(&mut self) -> Result<(), StorageError> {
         let mut round = RoundWrites::default();
-        for replica in self.replicas.values_mut() {
+        for group in self.awake.iter().copied().chain(self.touched.drain()) {
+            let Some(replica) = self.replicas.get_mut(&group) else { continue };
             replica.handle_ready(self.sender.as_ref(), &mut round)?;
-            let info = super::LeaderInfo { term: replica.raw.raft.term, leader_id: replica.raw.raft.leader_id };
+            let info =
+                super::LeaderInfo { term: replica.raw.raft.term, leader_id: replica.raw.raft.leader_id, needs_ticks: replica.sm.needs_ticks() };
             if info != replica.published_leader {
                 replica.published_leader = info;
                 self.leaders.set(replica.group, info);
@@ -272,14 +332,20 @@ impl Worker {
         for (group, number) in persisted.readies {
             if let Some(replica) = self.replicas.get_mut(&group) {
                 replica.on_persisted(number, self.sender.as_ref())?;
+                if replica.is_asleep() {
+                    self.touched.insert(group);
+                }
             }
         }
         Ok(())
     }
 
     fn destroy_removed(&mut self) -> Result<(), StorageError> {
-        let removable: Vec<u64> = self.replicas.iter().filter(|(_, r)| r.removed && r.unpersisted.is_empty()).map(|(group, _)| *group).collect();
+        // A removed replica never sleeps (see `hibernate`), so the awake ones are all to look at.
+        let removable: Vec<u64> =
+            self.awake.iter().filter(|group| self.replicas.get(group).is_some_and(|r| r.removed && r.unpersisted.is_empty())).copied().collect();
         for group in removable {
+            self.awake.remove(&group);
             if let Some(mut replica) = self.replicas.remove(&group) {
                 replica.fail_all(&EngineError::GroupNotFound(group));
                 self.leaders.remove(group);

@@ -459,6 +459,13 @@ impl StateMachine for NamespaceStateMachine {
         }
     }
 
+    /// The leader judges time for sessions (their leases), remote sessions (their home
+    /// groups' verdicts, asked for by the leader's checker), TTL nodes and locks in their
+    /// lock-delay: while the group holds any of them its leader keeps ticking.
+    fn needs_ticks(&self) -> bool {
+        !self.sessions.is_empty() || !self.remote_sessions.is_empty() || !self.ttl.is_empty() || !self.blocked_locks.is_empty()
+    }
+
     fn on_leadership(&mut self, leading: bool, clock: LeaderClock) {
         self.leases.set_leading(leading, &self.sessions, clock.monotonic_ms);
     }
@@ -565,6 +572,36 @@ mod tests {
 
     fn outcome(output: ApplyOutput) -> Option<CommandOutcome> {
         CommandResult::decode(output.expect("applied").as_slice()).expect("result").result
+    }
+
+    /// The leader keeps its clock (and its group awake: `host/hibernate.rs`) exactly while
+    /// the group holds something time ends: a session, a TTL node. Rebuilt on reload.
+    #[test]
+    fn the_group_needs_ticks_while_it_holds_a_session_or_a_ttl_node() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(dir.path()).expect("db");
+        let mut sm = NamespaceFactory::default().create(1, 1);
+        sm.reload(&SmReader::new(db.clone(), 1), 0).expect("load");
+        assert!(!sm.needs_ticks(), "an empty namespace");
+        let mut writes = SmWrites::new(1);
+        sm.apply(1, &txn(Op::Create(CreateRequest { path: "/plain".into(), ..CreateRequest::default() })), &mut writes).expect("applied");
+        assert!(!sm.needs_ticks(), "a plain node needs no clock");
+        let open = Command { now_ms: 1, op: Some(CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: 10_000 })) };
+        let Some(CommandOutcome::CreateSession(session)) = outcome(sm.apply(2, &open.encode_to_vec(), &mut writes)) else {
+            panic!("session not created")
+        };
+        assert!(sm.needs_ticks(), "a session's lease is judged by the leader's clock");
+        let close =
+            Command { now_ms: 1, op: Some(CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id: session.session_id })) };
+        assert!(matches!(outcome(sm.apply(3, &close.encode_to_vec(), &mut writes)), Some(CommandOutcome::CloseSession(_))));
+        assert!(!sm.needs_ticks(), "the session is gone");
+        let ttl = CreateRequest { path: "/ttl".into(), kind: NodeKind::Ttl as i32, ttl_ms: 60_000, ..CreateRequest::default() };
+        assert!(matches!(outcome(sm.apply(4, &txn(Op::Create(ttl)), &mut writes)), Some(CommandOutcome::Txn(_))));
+        assert!(sm.needs_ticks(), "a TTL node expires by the leader's clock");
+        db.write_ops(&writes.into_ops(), false).expect("write");
+        let mut reloaded = NamespaceFactory::default().create(2, 1);
+        reloaded.reload(&SmReader::new(db, 1), 4).expect("reload");
+        assert!(reloaded.needs_ticks(), "rebuilt from disk");
     }
 
     /// Entries applied in one batch (group commit) see each other's writes before the batch

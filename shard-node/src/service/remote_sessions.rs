@@ -120,7 +120,13 @@ impl WardenService {
         loop {
             ticker.tick().await;
             let mut total = RoundOutcome::default();
-            for group in self.node.led_groups().into_iter().filter(|g| *g != PLACEMENT_GROUP_ID) {
+            // A group whose state machine needs no clock has no remote session (one that has
+            // keeps its leader ticking), so it is not asked: asking would wake it, and keep an
+            // idle group from ever hibernating (`host/hibernate.rs`). The flag is published
+            // in the round that applied the change, so a new remote session waits at most one
+            // more interval for its first check.
+            let led = self.node.led_groups().into_iter().filter(|g| *g != PLACEMENT_GROUP_ID && self.node.leader_info(*g).needs_ticks);
+            for group in led {
                 let outcome = self.check_group(group, interval).await;
                 total.sessions += outcome.sessions;
                 total.unreachable_homes += outcome.unreachable_homes;

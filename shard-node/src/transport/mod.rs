@@ -112,6 +112,15 @@ struct Outgoing {
     message: Message,
 }
 
+/// Counters of a node's sending side, readable while it runs.
+#[derive(Debug, Default)]
+pub struct TransportMetrics {
+    /// Raft messages handed to the transport (snapshots included).
+    pub messages_sent: AtomicU64,
+    /// Of those, leader heartbeats (`MsgHeartbeat`): what an idle group costs its peers.
+    pub heartbeats_sent: AtomicU64,
+}
+
 /// The sending side of a node's transport.
 pub struct Transport {
     node_id: u64,
@@ -124,6 +133,7 @@ pub struct Transport {
     next_message_id: Arc<AtomicU64>,
     /// Snapshots being sent.
     snapshots: Arc<snapshot::Transfers>,
+    metrics: Arc<TransportMetrics>,
 }
 
 impl Transport {
@@ -145,7 +155,13 @@ impl Transport {
             peers: Mutex::new(HashMap::new()),
             next_message_id: Arc::new(AtomicU64::new(1)),
             snapshots: snapshot::Transfers::new(limits.snapshots_per_peer_max, limits.snapshot_bytes_in_flight_max),
+            metrics: Arc::default(),
         }
+    }
+
+    /// The transport's counters.
+    pub fn metrics(&self) -> Arc<TransportMetrics> {
+        self.metrics.clone()
     }
 
     /// Sends a snapshot on a call of its own (see `snapshot.rs`).
@@ -187,6 +203,10 @@ impl Transport {
 
 impl RaftSender for Transport {
     fn send(&self, group: u64, message: Message) -> Result<(), Message> {
+        self.metrics.messages_sent.fetch_add(1, Ordering::Relaxed);
+        if message.get_msg_type() == MessageType::MsgHeartbeat {
+            self.metrics.heartbeats_sent.fetch_add(1, Ordering::Relaxed);
+        }
         if message.get_msg_type() == MessageType::MsgSnapshot {
             // Handed back when too many are in flight: the host reports the failure to raft,
             // which tries again later.
