@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::config::HIBERNATE_AFTER_TICKS_ON;
 use warden_shard_node::kv::{self, KvFactory};
 use warden_shard_node::{EngineError, ReadConsistency};
 
@@ -14,8 +15,7 @@ const TIMEOUT: Duration = Duration::from_secs(15);
 const ALL: [u64; 5] = [1, 2, 3, 4, 5];
 
 fn cluster() -> Arc<Cluster> {
-    let config = ClusterConfig::default();
-    assert!(config.hibernate_after_ticks > 0, "hibernation is on by default");
+    let config = ClusterConfig { hibernate_after_ticks: HIBERNATE_AFTER_TICKS_ON, ..ClusterConfig::default() };
     Arc::new(Cluster::start(config, Arc::new(KvFactory)).expect("cluster starts"))
 }
 

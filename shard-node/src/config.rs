@@ -5,9 +5,14 @@ use std::time::Duration;
 
 use crate::storage::StorageLimits;
 
-/// Default of [`NodeConfig::hibernate_after_ticks`]: two election timeouts of the default
+/// Default of [`NodeConfig::hibernate_after_ticks`]: off. With hibernation on, the pause test
+/// (`tests/crash_cycles.rs`, `a_paused_leader_lets_no_stale_holder_act`) saw a stale lock
+/// holder act in 2 of 5 runs (0 of 5 with it off), so it stays off until that is understood.
+pub const HIBERNATE_AFTER_TICKS_DEFAULT: u64 = 0;
+
+/// The idle time to use when hibernation is turned on: two election timeouts of the default
 /// `election_tick` (10), so a group sleeps 2 s after its last request at 100 ms ticks.
-pub const HIBERNATE_AFTER_TICKS_DEFAULT: u64 = 20;
+pub const HIBERNATE_AFTER_TICKS_ON: u64 = 20;
 
 /// Everything a node needs to start. Names carry their unit last (`tick_ms`).
 #[derive(Clone, Debug)]

@@ -74,7 +74,7 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
 async fn run_one(args: &IdleArgs, root: &std::path::Path, hibernate: bool) -> anyhow::Result<serde_json::Value> {
     let setting = if hibernate { "on" } else { "off" };
     let dir = super::fresh_dir(root, &format!("idle-g{}-{setting}", args.groups))?;
-    let hibernate_after_ticks = if hibernate { ClusterConfig::default().hibernate_after_ticks } else { 0 };
+    let hibernate_after_ticks = if hibernate { warden_shard_node::config::HIBERNATE_AFTER_TICKS_ON } else { 0 };
     let config = ClusterConfig { nodes: NODES, tick_ms: TICK_MS, serve_api: true, hibernate_after_ticks, ..ClusterConfig::default() };
     let factory = Arc::new(warden_shard_node::namespace::NamespaceFactory::default());
     let cluster = Arc::new(Cluster::start_at(config, factory, &dir)?);
