@@ -383,7 +383,8 @@ mod tests {
     fn replica(node: u64) -> (Replica, NodeConfig, tempfile::TempDir) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = crate::storage::Db::open(dir.path()).expect("db");
-        let config = NodeConfig::new(node, dir.path().to_path_buf());
+        let mut config = NodeConfig::new(node, dir.path().to_path_buf());
+        config.hibernate_after_ticks = crate::config::HIBERNATE_AFTER_TICKS_ON;
         db.write_ops(&crate::storage::PeerStorage::bootstrap_ops(GROUP, &[1, 2, 3]), true).expect("bootstrap");
         let replica = Replica::load(&config, db, GROUP, &crate::kv::KvFactory).expect("replica");
         (replica, config, dir)
