@@ -290,22 +290,11 @@ impl Placement {
 
     fn group_ready(&mut self, group_id: u64) -> Result<Outcome, PlacementError> {
         let mut group = self.creating_group(group_id)?.clone();
-        // Only groups whose prefix is an ancestor of the new one can lose paths to it.
-        let ancestors: Vec<u64> =
-            self.groups.values().filter(|other| is_strictly_below(&group.prefix, &other.prefix)).map(|other| other.id).collect();
-        let before: Vec<_> = ancestors.iter().map(|id| self.descriptor(*id)).collect();
         group.ready = true;
-        self.routes.insert(group.prefix.clone(), group_id);
-        self.groups.insert(group_id, group.clone());
-        let mut bumped = Vec::new();
-        for (id, old) in ancestors.iter().zip(before) {
-            if self.descriptor(*id) != old {
-                if let Some(ancestor) = self.groups.get_mut(id) {
-                    ancestor.epoch.version += 1;
-                    bumped.push(ancestor.clone());
-                }
-            }
-        }
+        let bumped = self.bump_ancestors_changed_by(&group.prefix, |placement| {
+            placement.routes.insert(group.prefix.clone(), group_id);
+            placement.groups.insert(group_id, group.clone());
+        });
         self.bump_routing_version();
         Ok(Outcome::GroupReady { group, bumped })
     }
@@ -421,11 +410,21 @@ impl Placement {
             // Its descriptor was computed with this group carving paths out of it.
             return Err(PlacementError::ChangeInProgress { group: below.id, learner: 0 });
         }
-        let ancestors: Vec<u64> =
-            self.groups.values().filter(|other| is_strictly_below(&group.prefix, &other.prefix)).map(|other| other.id).collect();
+        let bumped = self.bump_ancestors_changed_by(&group.prefix, |placement| {
+            placement.routes.remove(&group.prefix);
+            placement.groups.remove(&group_id);
+        });
+        self.bump_routing_version();
+        Ok(Outcome::GroupRemoved { group, bumped })
+    }
+
+    /// Applies `change` (which routes or unroutes `prefix`) and grows the version of every
+    /// group above `prefix` whose served paths it changed; answers those groups. Only groups
+    /// whose prefix is an ancestor of `prefix` can gain or lose paths by it.
+    fn bump_ancestors_changed_by(&mut self, prefix: &str, change: impl FnOnce(&mut Placement)) -> Vec<GroupInfo> {
+        let ancestors: Vec<u64> = self.groups.values().filter(|other| is_strictly_below(prefix, &other.prefix)).map(|other| other.id).collect();
         let before: Vec<_> = ancestors.iter().map(|id| self.descriptor(*id)).collect();
-        self.routes.remove(&group.prefix);
-        self.groups.remove(&group_id);
+        change(self);
         let mut bumped = Vec::new();
         for (id, old) in ancestors.iter().zip(before) {
             if self.descriptor(*id) != old {
@@ -435,8 +434,7 @@ impl Placement {
                 }
             }
         }
-        self.bump_routing_version();
-        Ok(Outcome::GroupRemoved { group, bumped })
+        bumped
     }
 
     /// The group `group_id` if it exists and is ready.
