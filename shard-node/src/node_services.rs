@@ -11,12 +11,13 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use warden_placement::{PlacementConfig, ScheduleLimits};
 
 use crate::group_links::GroupLinks;
 use crate::host::{NodeError, NodeServices, ServiceContext};
 use crate::kv::KvFactory;
 use crate::namespace::NamespaceFactory;
-use crate::placement::service::{PlacementService, SETTLE_CREATIONS_INTERVAL};
+use crate::placement::service::{PlacementService, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
 use crate::placement::ShardNodeFactory;
 use crate::service::{RemoteSessionMetrics, WardenService};
 use crate::state_machine::StateMachineFactory;
@@ -33,6 +34,12 @@ pub trait ServingFactory: StateMachineFactory {
 
     /// The routing version node `node_id`'s placement replica has applied, as it changes.
     fn routing_versions(&self, _node_id: u64) -> Option<watch::Receiver<u64>> {
+        None
+    }
+
+    /// The placement group's configuration, when this factory makes placement state machines
+    /// (then the node runs the placement leader's scheduler while it leads).
+    fn placement_config(&self) -> Option<PlacementConfig> {
         None
     }
 }
@@ -52,6 +59,10 @@ impl ServingFactory for ShardNodeFactory {
 
     fn routing_versions(&self, node_id: u64) -> Option<watch::Receiver<u64>> {
         Some(self.routing_versions.sender(node_id).subscribe())
+    }
+
+    fn placement_config(&self) -> Option<PlacementConfig> {
+        Some(self.placement.clone())
     }
 }
 
@@ -96,8 +107,19 @@ impl NodeServices for ApiServices {
         }
         // 2. Placement: its API on every node (any node answers for the placement group it
         //    may host) and heartbeats that keep this node's address and liveness known.
-        let placement = PlacementService::new(context.handle.clone(), context.directory.clone(), timeout, self.factory.routing_versions(node_id));
+        //    While it leads placement, the node also runs the scheduler (repair, drain, balance).
+        let placement_config = self.factory.placement_config();
+        let placement = PlacementService::new(
+            context.handle.clone(),
+            context.directory.clone(),
+            timeout,
+            self.factory.routing_versions(node_id),
+            placement_config.clone().unwrap_or_default(),
+        );
         context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
+        if placement_config.is_some() {
+            context.runtime.spawn(placement.clone().schedule_periodically(SCHEDULE_INTERVAL, ScheduleLimits::default()));
+        }
         if config.placement_heartbeat_ms > 0 {
             let interval = Duration::from_millis(config.placement_heartbeat_ms);
             let heartbeat = crate::placement::heartbeat::run(

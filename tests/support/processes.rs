@@ -325,7 +325,7 @@ impl ProcessCluster {
             }
             let spec = self.spec(id);
             let mut placement = PlacementClient::new(channel(&spec.listen, Duration::from_secs(1)));
-            let heartbeat = HeartbeatRequest { node_id: id, addr: spec.listen.clone(), zone: String::new() };
+            let heartbeat = HeartbeatRequest { node_id: id, addr: spec.listen.clone(), zone: String::new(), ..HeartbeatRequest::default() };
             match placement.heartbeat(heartbeat).await {
                 Ok(_) => return Some(id),
                 Err(status) => {

@@ -1,7 +1,10 @@
 //! A node's heartbeats to the placement group: every `placement_heartbeat_ms` the node sends
 //! `Heartbeat` (which also registers it) to the placement leader as best it knows it: the
 //! leader its own placement replica sees, else the last NOT_LEADER hint, else each known
-//! node in turn. Failures are expected (no placement yet, elections) and only logged.
+//! node in turn. Failures are expected (no placement yet, elections) and only logged. The
+//! heartbeat names the groups the node leads (the placement leader balances leaders by them);
+//! the answer lists every registered node, whose addresses the node learns (a node that joined
+//! after this one started is reachable for raft messages once placement knows it).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -42,9 +45,23 @@ pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAd
             }
         };
         let mut client = PlacementClient::new(channel);
-        let request = HeartbeatRequest { node_id: node.node_id(), addr: addr.to_string(), zone: zone.clone() };
+        let led_groups = node.led_groups().into_iter().filter(|group| *group != PLACEMENT_GROUP_ID).collect();
+        let request = HeartbeatRequest { node_id: node.node_id(), addr: addr.to_string(), zone: zone.clone(), led_groups };
         match client.heartbeat(request).await {
-            Ok(_) => hint = target,
+            Ok(response) => {
+                hint = target;
+                for peer in response.into_inner().nodes {
+                    // This node's own address is what it listens on, whatever placement says.
+                    if peer.id == node.node_id() || peer.id == 0 {
+                        continue;
+                    }
+                    match peer.addr.parse::<SocketAddr>() {
+                        Ok(peer_addr) if directory.get(peer.id) != Some(peer_addr) => directory.insert(peer.id, peer_addr),
+                        Ok(_) => {}
+                        Err(error) => tracing::debug!(peer = peer.id, addr = %peer.addr, %error, "placement lists an address that does not parse"),
+                    }
+                }
+            }
             Err(status) => {
                 hint = error_of(&status).map(|e| e.leader_id).filter(|id| *id != 0);
                 tracing::debug!(node = node.node_id(), %status, "placement heartbeat");

@@ -2,7 +2,8 @@
 //! same engine using the placement crate's state machine"): [`state_machine`] puts
 //! `warden_placement::Placement` behind the engine's `StateMachine` trait; [`service`] is the
 //! `warden.placement.Placement` gRPC service every node serves; [`heartbeat`] tells the
-//! placement group a node is alive; [`factory`] gives each group its state machine (the
+//! placement group a node is alive (and which groups it leads); [`scheduler`] is the placement
+//! leader carrying out repair, drain and balance operators; [`factory`] gives each group its state machine (the
 //! placement group's, or a namespace).
 //!
 //! Architecture invariant: the routing table changes only through commands applied by the
@@ -10,6 +11,7 @@
 
 pub mod factory;
 pub mod heartbeat;
+pub mod scheduler;
 pub mod service;
 pub mod state_machine;
 

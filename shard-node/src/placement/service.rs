@@ -24,19 +24,22 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use prost::Message as _;
+use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
-use warden_placement::{Command, GroupDescriptor, Outcome, Placement, PlacementConfig, PlacementError, PLACEMENT_GROUP_ID};
+use warden_placement::{Command, GroupDescriptor, NodeState, Outcome, Placement, PlacementConfig, PlacementError, PLACEMENT_GROUP_ID};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::{Command as NamespaceCommand, CommandResult, SetDescriptor};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::placement_server::{Placement as PlacementApi, PlacementServer};
+use warden_proto::placement::NodeState as ProtoNodeState;
 use warden_proto::placement::*;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{Routing, SyncRequest, WardenError};
 
+use super::scheduler::{LeadersHeard, Running};
 use super::state_machine::{decode_result, decode_state, encode_command};
 use crate::error::EngineError;
 use crate::host::{NodeHandle, ReadConsistency};
@@ -47,6 +50,8 @@ use crate::transport::PeerDirectory;
 const GROUP_LEADER_WAIT: Duration = Duration::from_secs(10);
 /// Pause between checks for that leader.
 const GROUP_LEADER_POLL: Duration = Duration::from_millis(50);
+/// How often the placement leader runs a scheduling round.
+pub const SCHEDULE_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the placement leader looks for group creations left half-way.
 pub const SETTLE_CREATIONS_INTERVAL: Duration = Duration::from_secs(5);
 
@@ -59,8 +64,14 @@ pub struct PlacementService {
     /// The routing version this node's placement replica applied (`None`: no placement
     /// state machines on this node's factory).
     routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
+    /// The placement group's configuration (what its leader's scheduler judges by).
+    config: PlacementConfig,
     /// Held through every group lifecycle change this node runs as placement leader.
     lifecycle: Arc<tokio::sync::Mutex<()>>,
+    /// The groups each node said it leads (heard while this node led placement).
+    pub(super) leaders_heard: Arc<LeadersHeard>,
+    /// Groups with a scheduler operator running from this node.
+    pub(super) running: Arc<Running>,
 }
 
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
@@ -73,8 +84,18 @@ impl PlacementService {
         directory: Arc<PeerDirectory>,
         timeout: Duration,
         routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
+        config: PlacementConfig,
     ) -> PlacementService {
-        PlacementService { node, directory, timeout, routing_versions, lifecycle: Arc::default() }
+        PlacementService {
+            node,
+            directory,
+            timeout,
+            routing_versions,
+            config,
+            lifecycle: Arc::default(),
+            leaders_heard: Arc::default(),
+            running: Arc::default(),
+        }
     }
 
     /// The service, wrapped for tonic.
@@ -113,7 +134,7 @@ impl PlacementService {
     }
 
     /// Proposes `command` to the placement group (this node must lead it).
-    async fn propose(&self, command: &Command) -> Result<Outcome, Status> {
+    pub(super) async fn propose(&self, command: &Command) -> Result<Outcome, Status> {
         let output = self
             .node
             .propose(PLACEMENT_GROUP_ID, encode_command(command), self.timeout)
@@ -123,14 +144,14 @@ impl PlacementService {
     }
 
     /// The placement state as committed (linearizable).
-    async fn state(&self) -> Result<Placement, Status> {
+    pub(super) async fn state(&self) -> Result<Placement, Status> {
         let bytes = self
             .node
             .read(PLACEMENT_GROUP_ID, Vec::new(), ReadConsistency::Linearizable, self.timeout)
             .await
             .map_err(|e| engine_status(&self.directory, PLACEMENT_GROUP_ID, e))?;
         // The configuration only steers the leader's decisions, not what the table says.
-        decode_state(&bytes, PlacementConfig::default()).map_err(internal)
+        decode_state(&bytes, self.config.clone()).map_err(internal)
     }
 
     /// Steps 2 and 3: the replicas exist and the group has a leader.
@@ -168,7 +189,7 @@ impl PlacementService {
 
     /// Refuses NOT_LEADER unless this node leads the placement group as far as it knows, so a
     /// lifecycle change never runs on two nodes that both know the true leader.
-    fn ensure_leader(&self) -> Result<(), Status> {
+    pub(super) fn ensure_leader(&self) -> Result<(), Status> {
         let leader = self.node.leader_info(PLACEMENT_GROUP_ID).leader_id;
         if leader == self.node.node_id() {
             return Ok(());
@@ -255,17 +276,41 @@ impl PlacementService {
     }
 
     /// Has the leader of `descriptor`'s group apply it (its revision raised to at least
-    /// `revision_floor` first), trying its replicas in turn and following NOT_LEADER hints.
-    /// Answers the group's revision once applied.
+    /// `revision_floor` first). Answers the group's revision once applied.
     async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor, revision_floor: u64) -> Result<u64, Status> {
+        let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)), revision_floor };
+        let answer = self
+            .at_replicas(state, &descriptor.replicas, |mut client| {
+                let request = request.clone();
+                async move { client.set_descriptor(request).await }
+            })
+            .await?;
+        Ok(answer.revision)
+    }
+
+    /// Calls the leader of `group` (see [`Self::at_replicas`]).
+    pub(super) async fn at_group_leader<T, F, Fut>(&self, state: &Placement, group: &warden_placement::GroupInfo, call: F) -> Result<T, Status>
+    where
+        F: Fn(PlacementClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
+        self.at_replicas(state, &group.replicas, call).await
+    }
+
+    /// Makes a call only a group's leader answers, trying the group's `replicas` in turn and
+    /// following NOT_LEADER hints, until the timeout.
+    async fn at_replicas<T, F, Fut>(&self, state: &Placement, replicas: &[u64], call: F) -> Result<T, Status>
+    where
+        F: Fn(PlacementClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<Response<T>, Status>>,
+    {
         let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut target = descriptor.replicas.first().copied();
+        let mut target = replicas.first().copied();
         let mut turn = 0usize;
         loop {
             let addr = target.and_then(|id| state.node(id)).map(|n| n.addr.clone()).unwrap_or_default();
-            let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)), revision_floor };
-            let status = match PlacementClient::new(channel(&addr)?).set_descriptor(request).await {
-                Ok(response) => return Ok(response.into_inner().revision),
+            let status = match call(PlacementClient::new(channel(&addr)?)).await {
+                Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
             };
             let error = crate::service::error_of(&status);
@@ -274,26 +319,26 @@ impl PlacementService {
                 return Err(status);
             }
             turn += 1;
-            let hint = error.map(|e| e.leader_id).filter(|id| *id != 0 && descriptor.replicas.contains(id));
-            target = hint.or_else(|| descriptor.replicas.get(turn % descriptor.replicas.len()).copied());
+            let hint = error.map(|e| e.leader_id).filter(|id| *id != 0 && replicas.contains(id));
+            target = hint.or_else(|| replicas.get(turn % replicas.len().max(1)).copied());
             tokio::time::sleep(GROUP_LEADER_POLL).await;
         }
     }
 }
 
-fn now_ms() -> u64 {
+pub(super) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
 /// A lazily connected channel to `addr` (`host:port`).
-fn channel(addr: &str) -> Result<Channel, Status> {
+pub(super) fn channel(addr: &str) -> Result<Channel, Status> {
     Ok(Channel::from_shared(format!("http://{addr}"))
         .map_err(|e| internal(format!("address {addr}: {e}")))?
         .connect_timeout(Duration::from_secs(1))
         .connect_lazy())
 }
 
-fn internal(error: impl std::fmt::Display) -> Status {
+pub(super) fn internal(error: impl std::fmt::Display) -> Status {
     status(WardenError { code: Code::Unknown as i32, message: error.to_string(), ..WardenError::default() })
 }
 
@@ -335,17 +380,37 @@ pub fn descriptor_proto(descriptor: &GroupDescriptor) -> warden_proto::v1::Group
 
 /// The routing table of a placement state.
 pub fn routing_table(state: &Placement) -> RoutingTable {
-    let nodes = state
-        .nodes()
-        .values()
-        .map(|n| NodeEntry { id: n.id, addr: n.addr.clone(), zone: n.zone.clone(), up: n.up, last_heartbeat_ms: n.last_heartbeat_ms })
-        .collect();
+    let nodes = state.nodes().values().map(node_entry).collect();
     let groups = state
         .groups()
         .values()
-        .filter_map(|g| state.descriptor(g.id).map(|d| GroupEntry { descriptor: Some(descriptor_proto(&d)), ready: g.ready }))
+        .filter_map(|g| {
+            state.descriptor(g.id).map(|d| GroupEntry { descriptor: Some(descriptor_proto(&d)), ready: g.ready, learners: g.learners.clone() })
+        })
         .collect();
-    RoutingTable { version: state.routing_version(), nodes, groups }
+    RoutingTable { version: state.routing_version(), nodes, groups, scheduler_paused: state.scheduler_paused() }
+}
+
+/// The wire form of a node.
+fn node_entry(node: &warden_placement::NodeInfo) -> NodeEntry {
+    let state = match node.state {
+        NodeState::Serving => ProtoNodeState::Serving,
+        NodeState::Draining => ProtoNodeState::Draining,
+        NodeState::Decommissioning => ProtoNodeState::Decommissioning,
+        NodeState::Tombstone => ProtoNodeState::Tombstone,
+    };
+    NodeEntry {
+        id: node.id,
+        addr: node.addr.clone(),
+        zone: node.zone.clone(),
+        up: node.up,
+        last_heartbeat_ms: node.last_heartbeat_ms,
+        state: state as i32,
+    }
+}
+
+fn invalid_argument(message: impl Into<String>) -> Status {
+    status(WardenError { code: Code::InvalidArgument as i32, message: message.into(), ..WardenError::default() })
 }
 
 #[tonic::async_trait]
@@ -386,18 +451,22 @@ impl PlacementApi for PlacementService {
             return Err(error);
         }
         let state = self.state().await?;
-        let entry = state
-            .descriptor(group.id)
-            .map(|d| GroupEntry { descriptor: Some(descriptor_proto(&d)), ready: state.group(group.id).is_some_and(|g| g.ready) });
+        let entry = state.descriptor(group.id).map(|d| GroupEntry {
+            descriptor: Some(descriptor_proto(&d)),
+            ready: state.group(group.id).is_some_and(|g| g.ready),
+            learners: Vec::new(),
+        });
         Ok(Response::new(CreateGroupResponse { group: entry, routing_version: state.routing_version() }))
     }
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
         let request = request.into_inner();
-        let command = Command::RegisterNode { id: request.node_id, addr: request.addr, zone: request.zone, now_ms: now_ms() };
+        let node_id = request.node_id;
+        let command = Command::RegisterNode { id: node_id, addr: request.addr, zone: request.zone, now_ms: now_ms() };
         self.propose(&command).await?;
-        let version = self.state().await?.routing_version();
-        Ok(Response::new(HeartbeatResponse { routing_version: version }))
+        self.leaders_heard.record(node_id, request.led_groups);
+        let state = self.state().await?;
+        Ok(Response::new(HeartbeatResponse { routing_version: state.routing_version(), nodes: state.nodes().values().map(node_entry).collect() }))
     }
 
     async fn bootstrap(&self, _request: Request<BootstrapRequest>) -> Result<Response<BootstrapResponse>, Status> {
@@ -411,7 +480,9 @@ impl PlacementApi for PlacementService {
         self.start_group(&root, &state).await?;
         let descriptor = state.descriptor(root.id).ok_or_else(|| internal("the root group has no descriptor"))?;
         self.set_descriptor_at(&state, &descriptor, 0).await?;
-        Ok(Response::new(BootstrapResponse { root: Some(GroupEntry { descriptor: Some(descriptor_proto(&descriptor)), ready: true }) }))
+        Ok(Response::new(BootstrapResponse {
+            root: Some(GroupEntry { descriptor: Some(descriptor_proto(&descriptor)), ready: true, learners: Vec::new() }),
+        }))
     }
 
     async fn set_descriptor(&self, request: Request<SetDescriptorRequest>) -> Result<Response<SetDescriptorResponse>, Status> {
@@ -429,15 +500,83 @@ impl PlacementApi for PlacementService {
         }
     }
 
+    async fn change_peers(&self, request: Request<ChangePeersRequest>) -> Result<Response<ChangePeersResponse>, Status> {
+        let ChangePeersRequest { group_id, changes } = request.into_inner();
+        if changes.is_empty() || group_id == PLACEMENT_GROUP_ID {
+            return Err(invalid_argument("a peer change names at least one change of a shard group"));
+        }
+        let mut singles = Vec::with_capacity(changes.len());
+        for change in changes {
+            let kind = match peer_change::Kind::try_from(change.kind) {
+                Ok(peer_change::Kind::AddLearner) => ConfChangeType::AddLearnerNode,
+                Ok(peer_change::Kind::AddVoter) => ConfChangeType::AddNode,
+                Ok(peer_change::Kind::Remove) => ConfChangeType::RemoveNode,
+                Err(_) => return Err(invalid_argument(format!("unknown peer change kind {}", change.kind))),
+            };
+            if change.node_id == 0 {
+                return Err(invalid_argument("node id 0 is raft's no-peer"));
+            }
+            let mut single = ConfChangeSingle::default();
+            single.set_change_type(kind);
+            single.node_id = change.node_id;
+            singles.push(single);
+        }
+        let change = ConfChangeV2 { changes: singles.into(), ..ConfChangeV2::default() };
+        let conf = self.node.conf_change(group_id, change, self.timeout).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
+        Ok(Response::new(ChangePeersResponse { voters: conf.voters, learners: conf.learners }))
+    }
+
+    async fn transfer_leader(&self, request: Request<TransferLeaderRequest>) -> Result<Response<TransferLeaderResponse>, Status> {
+        let TransferLeaderRequest { group_id, to } = request.into_inner();
+        self.node.transfer_leader(group_id, to).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
+        Ok(Response::new(TransferLeaderResponse {}))
+    }
+
+    async fn replica_status(&self, request: Request<ReplicaStatusRequest>) -> Result<Response<ReplicaStatusResponse>, Status> {
+        let group_id = request.into_inner().group_id;
+        let s = self.node.status(group_id).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
+        Ok(Response::new(ReplicaStatusResponse {
+            group_id,
+            node_id: s.node_id,
+            term: s.term,
+            leader_id: s.leader_id,
+            commit: s.commit,
+            applied: s.applied,
+            last_index: s.last_index,
+            voters: s.voters,
+            learners: s.learners,
+            hibernating: s.asleep,
+        }))
+    }
+
+    async fn set_node_state(&self, request: Request<SetNodeStateRequest>) -> Result<Response<SetNodeStateResponse>, Status> {
+        let SetNodeStateRequest { node_id, state } = request.into_inner();
+        let state = match ProtoNodeState::try_from(state) {
+            Ok(ProtoNodeState::Serving) => NodeState::Serving,
+            Ok(ProtoNodeState::Draining) => NodeState::Draining,
+            Ok(ProtoNodeState::Decommissioning) => NodeState::Decommissioning,
+            // Only the scheduler makes a tombstone, once the node hosts nothing.
+            Ok(ProtoNodeState::Tombstone) | Err(_) => return Err(invalid_argument("a node can be set serving, draining or decommissioning")),
+        };
+        self.ensure_leader()?;
+        match self.propose(&Command::SetNodeState { id: node_id, state }).await? {
+            Outcome::NodeStateSet(node) => Ok(Response::new(SetNodeStateResponse { node: Some(node_entry(&node)) })),
+            other => Err(internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
+    async fn set_scheduler_paused(&self, request: Request<SetSchedulerPausedRequest>) -> Result<Response<SetSchedulerPausedResponse>, Status> {
+        let paused = request.into_inner().paused;
+        self.propose(&Command::SetSchedulerPaused { paused }).await?;
+        Ok(Response::new(SetSchedulerPausedResponse {}))
+    }
+
     async fn create_replica(&self, request: Request<CreateReplicaRequest>) -> Result<Response<CreateReplicaResponse>, Status> {
         let request = request.into_inner();
-        if request.voters.is_empty() {
-            return Err(status(WardenError {
-                code: Code::InvalidArgument as i32,
-                message: "a new group needs voters".into(),
-                ..WardenError::default()
-            }));
+        if request.campaign && request.voters.is_empty() {
+            return Err(invalid_argument("a replica without voters waits for a snapshot and cannot campaign"));
         }
+        // No voters: a replica added to a running group, empty until its snapshot arrives.
         match self.node.create_group(request.group_id, request.voters).await {
             // Idempotent: a retried creation finds its replica.
             Ok(()) | Err(EngineError::GroupExists(_)) => {}

@@ -1,0 +1,196 @@
+//! Issue 15: the placement leader's scheduler on a real in-process cluster of six nodes. A
+//! node killed for good has its replicas replaced on the others after `down_after_ms`; a
+//! drained node ends up hosting nothing while the groups keep serving, and a decommissioned
+//! one becomes a tombstone.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tonic::transport::Channel;
+use warden_placement::PlacementConfig;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::*;
+use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::*;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::placement::ShardNodeFactory;
+use warden_shard_node::service::error_of;
+
+const TIMEOUT: Duration = Duration::from_secs(20);
+/// How long a repair may take once the node counts as gone (the issue allows 60 s).
+const REPAIR_WAIT: Duration = Duration::from_secs(60);
+const DOWN_AFTER_MS: u64 = 3_000;
+
+/// Six nodes, placement on 1–3, a group for `/a` beside the root group.
+async fn fleet() -> Arc<Cluster> {
+    let placement = PlacementConfig { heartbeat_timeout_ms: 1_500, down_after_ms: DOWN_AFTER_MS, ..PlacementConfig::default() };
+    let factory = ShardNodeFactory { placement, ..ShardNodeFactory::default() };
+    let config = ClusterConfig { nodes: 6, serve_api: true, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
+    cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
+    at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/a".into() }).await }).await.expect("group /a");
+    cluster
+}
+
+fn client(cluster: &Cluster, node: u64) -> PlacementClient<Channel> {
+    let addr = cluster.addr(node).expect("addr");
+    PlacementClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy())
+}
+
+/// Calls `call` on the running nodes in turn (following NOT_LEADER hints) until it succeeds
+/// or is refused with something other than NOT_LEADER / UNAVAILABLE.
+async fn at_leader<T, F, Fut>(cluster: &Cluster, call: F) -> Result<T, WardenError>
+where
+    F: Fn(PlacementClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    let mut turn = 0;
+    let mut node = cluster.running()[0];
+    loop {
+        let status = match call(client(cluster, node)).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) => status,
+        };
+        let error =
+            error_of(&status).unwrap_or(WardenError { code: Code::Unavailable as i32, message: status.to_string(), ..WardenError::default() });
+        let retry = error.code == Code::NotLeader as i32 || error.code == Code::Unavailable as i32;
+        if !retry || Instant::now() > deadline {
+            return Err(error);
+        }
+        turn += 1;
+        let running = cluster.running();
+        node = Some(error.leader_id).filter(|id| running.contains(id) && *id != node).unwrap_or(running[turn % running.len()]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn table(cluster: &Cluster) -> RoutingTable {
+    at_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table")
+}
+
+fn replicas_of(table: &RoutingTable) -> Vec<(u64, Vec<u64>, Vec<u64>)> {
+    table.groups.iter().filter_map(|g| g.descriptor.as_ref().map(|d| (d.group_id, d.replicas.clone(), g.learners.clone()))).collect()
+}
+
+/// Waits until every group has five voters, none on `away`, and no move in flight; then checks
+/// each group's leader has applied the same voters.
+async fn wait_groups_leave(cluster: &Cluster, away: u64, wait: Duration) {
+    let deadline = Instant::now() + wait;
+    loop {
+        let groups = replicas_of(&table(cluster).await);
+        if groups.iter().all(|(_, voters, learners)| voters.len() == 5 && !voters.contains(&away) && learners.is_empty()) {
+            for (group, voters, _) in groups {
+                let leader = cluster.wait_leader(group, TIMEOUT).await.expect("leader");
+                let status = client(cluster, leader).replica_status(ReplicaStatusRequest { group_id: group }).await.expect("status").into_inner();
+                let (mut applied, mut listed) = (status.voters.clone(), voters.clone());
+                applied.sort_unstable();
+                listed.sort_unstable();
+                assert_eq!(applied, listed, "group {group}: the leader's voters are what placement lists");
+            }
+            return;
+        }
+        assert!(Instant::now() < deadline, "groups still on node {away}: {groups:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
+async fn write(cluster: &Cluster, path: &str) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let group = if path.starts_with("/a/") { 2 } else { 1 };
+        let leader = cluster.wait_leader(group, TIMEOUT).await.expect("leader");
+        let addr = cluster.addr(leader).expect("addr");
+        let mut api = WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy());
+        let routing = Some(Routing { group_id: group, ..Routing::default() });
+        let create = CreateRequest { path: path.into(), data: path.as_bytes().to_vec(), create_parents: true, routing, ..CreateRequest::default() };
+        match api.create(create).await {
+            Ok(_) => return,
+            Err(status) if error_of(&status).is_some_and(|e| e.code == Code::NodeExists as i32) => return,
+            Err(status) => assert!(Instant::now() < deadline, "write {path}: {status}"),
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+async fn read(cluster: &Cluster, path: &str) -> Vec<u8> {
+    let group = if path.starts_with("/a/") { 2 } else { 1 };
+    let leader = cluster.wait_leader(group, TIMEOUT).await.expect("leader");
+    let addr = cluster.addr(leader).expect("addr");
+    let mut api = WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy());
+    let routing = Some(Routing { group_id: group, ..Routing::default() });
+    api.get(GetRequest { path: path.into(), routing, ..GetRequest::default() }).await.expect("read").into_inner().data
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_gone_for_good_has_its_replicas_replaced_and_no_write_is_lost() {
+    let cluster = fleet().await;
+    let paths: Vec<String> = (0..20).flat_map(|i| [format!("/k{i}"), format!("/a/k{i}")]).collect();
+    for path in &paths[..20] {
+        write(&cluster, path).await;
+    }
+    // A node outside placement that hosts a replica of the root group.
+    let before = table(&cluster).await;
+    let root = replicas_of(&before).into_iter().find(|(id, _, _)| *id == 1).expect("root group");
+    let victim = [4, 5, 6].into_iter().find(|id| root.1.contains(id)).expect("a victim");
+    cluster.kill(victim);
+    let killed = Instant::now();
+    for path in &paths[20..] {
+        write(&cluster, path).await;
+    }
+    wait_groups_leave(&cluster, victim, Duration::from_millis(DOWN_AFTER_MS) + REPAIR_WAIT).await;
+    eprintln!("repaired {:?} after the kill", killed.elapsed());
+    for path in &paths {
+        assert_eq!(read(&cluster, path).await, path.as_bytes(), "{path} survived the repair");
+    }
+    let after = table(&cluster).await;
+    for (id, group) in after.groups.iter().filter_map(|g| g.descriptor.as_ref()).map(|d| (d.group_id, d)) {
+        let old = before.groups.iter().filter_map(|g| g.descriptor.as_ref()).find(|d| d.group_id == id).expect("same groups");
+        assert!(group.conf_ver > old.conf_ver && group.version >= old.version, "group {id}: epochs only grow");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drained_node_hosts_nothing_and_a_decommissioned_one_becomes_a_tombstone() {
+    let cluster = fleet().await;
+    for i in 0..10 {
+        write(&cluster, &format!("/a/d{i}")).await;
+    }
+    let drained = 4;
+    let set = |state: NodeState| {
+        let cluster = cluster.clone();
+        async move {
+            at_leader(&cluster, |mut c| async move { c.set_node_state(SetNodeStateRequest { node_id: drained, state: state as i32 }).await })
+                .await
+                .expect("state set")
+        }
+    };
+    set(NodeState::Draining).await;
+    // Writes go on while the node is drained.
+    for i in 10..20 {
+        write(&cluster, &format!("/a/d{i}")).await;
+    }
+    wait_groups_leave(&cluster, drained, REPAIR_WAIT).await;
+    for i in 0..20 {
+        let path = format!("/a/d{i}");
+        assert_eq!(read(&cluster, &path).await, path.as_bytes());
+    }
+    let node = |table: &RoutingTable| table.nodes.iter().find(|n| n.id == drained).cloned().expect("node");
+    assert_eq!(node(&table(&cluster).await).state, NodeState::Draining as i32, "a drained node stays until undrained");
+    set(NodeState::Decommissioning).await;
+    let deadline = Instant::now() + TIMEOUT;
+    while node(&table(&cluster).await).state != NodeState::Tombstone as i32 {
+        assert!(Instant::now() < deadline, "never became a tombstone");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let refused =
+        at_leader(
+            &cluster,
+            |mut c| async move { c.set_node_state(SetNodeStateRequest { node_id: drained, state: NodeState::Serving as i32 }).await },
+        )
+        .await;
+    assert_eq!(refused.err().map(|e| e.code), Some(Code::InvalidArgument as i32), "a tombstone is final");
+}
