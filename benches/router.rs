@@ -28,6 +28,7 @@ fn table() -> Table {
     let entry = |group_id: u64, prefix: String| GroupEntry {
         descriptor: Some(GroupDescriptor { group_id, prefix, replicas: vec![1, 2, 3, 4, 5], version: 1, ..GroupDescriptor::default() }),
         ready: true,
+        learners: Vec::new(),
     };
     let mut groups = vec![entry(1, "/".into())];
     for tenant in 0..TENANTS {
@@ -35,7 +36,7 @@ fn table() -> Table {
             groups.push(entry(2 + tenant * SERVICES + service, prefix(tenant, service)));
         }
     }
-    Table::from_proto(RoutingTable { version: 1, nodes: Vec::new(), groups })
+    Table::from_proto(RoutingTable { version: 1, nodes: Vec::new(), groups, scheduler_paused: false })
 }
 
 /// Paths to route, with the group each must route to.
