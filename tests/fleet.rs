@@ -1,7 +1,8 @@
 //! Issue 15: the placement leader's scheduler on a real in-process cluster of six nodes. A
 //! node killed for good has its replicas replaced on the others after `down_after_ms`; a
 //! drained node ends up hosting nothing while the groups keep serving, and a decommissioned
-//! one becomes a tombstone.
+//! one becomes a tombstone; a removed group gives its prefix back to the root group and its
+//! replicas are destroyed.
 
 mod support;
 
@@ -99,9 +100,13 @@ async fn wait_groups_leave(cluster: &Cluster, away: u64, wait: Duration) {
 }
 
 async fn write(cluster: &Cluster, path: &str) {
+    create_in(cluster, if path.starts_with("/a/") { 2 } else { 1 }, path).await;
+}
+
+/// Creates `path` (holding its own name) at the leader of `group`.
+async fn create_in(cluster: &Cluster, group: u64, path: &str) {
     let deadline = Instant::now() + TIMEOUT;
     loop {
-        let group = if path.starts_with("/a/") { 2 } else { 1 };
         let leader = cluster.wait_leader(group, TIMEOUT).await.expect("leader");
         let addr = cluster.addr(leader).expect("addr");
         let mut api = WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy());
@@ -193,4 +198,44 @@ async fn a_drained_node_hosts_nothing_and_a_decommissioned_one_becomes_a_tombsto
         )
         .await;
     assert_eq!(refused.err().map(|e| e.code), Some(Code::InvalidArgument as i32), "a tombstone is final");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drop_group_gives_an_empty_prefix_back_to_the_parent_and_destroys_the_replicas() {
+    let cluster = fleet().await;
+    let drop_a = || at_leader(&cluster, |mut c| async move { c.remove_group(RemoveGroupRequest { prefix: "/a".into() }).await });
+    write(&cluster, "/a/x").await;
+    let refused = drop_a().await.err().map(|e| e.code);
+    assert_eq!(refused, Some(Code::NotEmpty as i32), "a group whose prefix has children stays");
+    assert_eq!(read(&cluster, "/a/x").await, b"/a/x", "a refused removal changes nothing");
+    let leader = cluster.wait_leader(2, TIMEOUT).await.expect("leader of /a");
+    let mut api = WardenClient::new(Channel::from_shared(format!("http://{}", cluster.addr(leader).expect("addr"))).expect("uri").connect_lazy());
+    let routing = || Some(Routing { group_id: 2, ..Routing::default() });
+    api.delete(DeleteRequest { path: "/a/x".into(), routing: routing(), ..DeleteRequest::default() }).await.expect("delete /a/x");
+    let last_revision = api.sync(SyncRequest { routing: routing() }).await.expect("sync").into_inner().header.expect("header").revision;
+
+    let removed = drop_a().await.expect("an empty group is removed");
+    assert_eq!((removed.group_id, removed.parent_group_id), (2, 1));
+    assert!(table(&cluster).await.groups.iter().all(|g| g.descriptor.as_ref().is_some_and(|d| d.group_id != 2)), "group 2 left the table");
+    // The root group serves the prefix now, with revisions above every one group 2 issued.
+    create_in(&cluster, 1, "/a/y").await;
+    let leader = cluster.wait_leader(1, TIMEOUT).await.expect("root leader");
+    let mut root = WardenClient::new(Channel::from_shared(format!("http://{}", cluster.addr(leader).expect("addr"))).expect("uri").connect_lazy());
+    let got = root
+        .get(GetRequest { path: "/a/y".into(), routing: Some(Routing { group_id: 1, ..Routing::default() }), ..GetRequest::default() })
+        .await
+        .expect("/a/y in the root group")
+        .into_inner();
+    let stat = got.stat.expect("stat");
+    assert!(stat.create_revision > last_revision, "revision {} of /a/y is above group 2's last {last_revision}", stat.create_revision);
+    // Every node destroys its replica of group 2 (told by its heartbeats).
+    let deadline = Instant::now() + TIMEOUT;
+    for node in cluster.running() {
+        while client(&cluster, node).replica_status(ReplicaStatusRequest { group_id: 2 }).await.is_ok() {
+            assert!(Instant::now() < deadline, "node {node} still hosts group 2");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    // Removed is removed: asking again finds no group.
+    assert_eq!(drop_a().await.err().map(|e| e.code), Some(Code::NoNode as i32));
 }

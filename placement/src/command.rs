@@ -406,6 +406,10 @@ impl Placement {
             return Err(PlacementError::RootGroup);
         }
         let group = self.ready_group(group_id)?.clone();
+        if let Some(learner) = group.learners.first() {
+            // A replica move in flight would add a replica to a group that is gone.
+            return Err(PlacementError::ChangeInProgress { group: group_id, learner: *learner });
+        }
         if let Some(below) = self.groups.values().find(|other| !other.ready && is_strictly_below(&other.prefix, &group.prefix)) {
             // Its descriptor was computed with this group carving paths out of it.
             return Err(PlacementError::ChangeInProgress { group: below.id, learner: 0 });

@@ -501,6 +501,12 @@ fn remove_group_gives_the_prefix_back_to_the_parent_path() {
     refused(&mut placement, Command::RemoveGroup { group_id: c.id }, PlacementError::GroupNotReady(c.id));
     refused(&mut placement, Command::RemoveGroup { group_id: ab.id }, PlacementError::ChangeInProgress { group: c.id, learner: 0 });
     placement.apply(&Command::DropGroup { group_id: c.id }).unwrap();
+    // Not while a replica move is adding a learner to it.
+    let spare = 6;
+    placement.apply(&Command::RegisterNode { id: spare, addr: "n6:1".into(), zone: String::new(), now_ms: 0 }).unwrap();
+    placement.apply(&Command::AddLearner { group_id: ab.id, node: spare }).unwrap();
+    refused(&mut placement, Command::RemoveGroup { group_id: ab.id }, PlacementError::ChangeInProgress { group: ab.id, learner: spare });
+    placement.apply(&Command::RemoveLearner { group_id: ab.id, node: spare }).unwrap();
     let version_before = placement.group(a.id).unwrap().epoch.version;
     let Ok(Outcome::GroupRemoved { group, bumped }) = placement.apply(&Command::RemoveGroup { group_id: ab.id }) else { panic!() };
     assert_eq!(group.id, ab.id);

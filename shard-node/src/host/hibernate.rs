@@ -102,6 +102,8 @@ pub(crate) fn request_wakes(message: &WorkerMsg) -> bool {
         | WorkerMsg::ConfChange { .. }
         | WorkerMsg::TransferLeader { .. }
         | WorkerMsg::Campaign { .. }
+        // Woken so it is destroyed by the loop's step that looks at awake replicas.
+        | WorkerMsg::DestroyGroup { .. }
         | WorkerMsg::Await { .. }
         | WorkerMsg::LeaderCall { .. } => true,
         WorkerMsg::Raft { .. }

@@ -45,7 +45,8 @@ pub trait RaftSender: Send + Sync {
 
 /// What this node knows of each hosted group's leadership, updated by the workers when a
 /// replica's soft state changes; read by services for response headers and leader hints
-/// without a round trip to the worker.
+/// without a round trip to the worker. Every hosted group has an entry, from its replica's
+/// creation (or load at start) until the replica is destroyed.
 #[derive(Debug, Default)]
 pub struct LeaderTable {
     groups: std::sync::RwLock<HashMap<u64, LeaderInfo>>,
@@ -77,6 +78,13 @@ impl LeaderTable {
     /// `group`'s leadership as last seen.
     pub fn get(&self, group: u64) -> LeaderInfo {
         self.groups.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&group).copied().unwrap_or_default()
+    }
+
+    /// Every hosted group, in id order.
+    pub fn groups(&self) -> Vec<u64> {
+        let mut groups: Vec<u64> = self.groups.read().unwrap_or_else(std::sync::PoisonError::into_inner).keys().copied().collect();
+        groups.sort_unstable();
+        groups
     }
 
     /// The groups whose leader is `node`, as last seen, in id order.
@@ -135,6 +143,11 @@ impl NodeHandle {
     /// The hosted groups this node leads (as last seen), in id order.
     pub fn led_groups(&self) -> Vec<u64> {
         self.leaders.led_by(self.node_id)
+    }
+
+    /// Every group this node hosts a replica of, in id order.
+    pub fn hosted_groups(&self) -> Vec<u64> {
+        self.leaders.groups()
     }
 
     fn worker(&self, group: u64) -> &Sender<WorkerMsg> {
@@ -217,6 +230,12 @@ impl NodeHandle {
     /// Creates a replica of `group` here (see [`WorkerMsg::CreateGroup`]).
     pub async fn create_group(&self, group: u64, voters: Vec<u64>) -> Result<(), EngineError> {
         self.ask(group, Duration::from_secs(10), |reply| WorkerMsg::CreateGroup { group, voters, reply }).await
+    }
+
+    /// Destroys this node's replica of `group`, which placement no longer has (see
+    /// [`WorkerMsg::DestroyGroup`]).
+    pub async fn destroy_group(&self, group: u64) -> Result<(), EngineError> {
+        self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::DestroyGroup { group, reply }).await
     }
 
     /// Asks this node's replica (the leader) to hand leadership to `to`.
@@ -367,6 +386,7 @@ impl Node {
         let mut replicas: Vec<HashMap<u64, Replica>> = (0..config.workers).map(|_| HashMap::new()).collect();
         for group in PeerStorage::list_groups(&db)? {
             let replica = Replica::load(&config, db.clone(), group, factory.as_ref()).map_err(|source| NodeError::Replica { group, source })?;
+            leaders.set(group, LeaderInfo::default());
             replicas[(group % config.workers as u64) as usize].insert(group, replica);
         }
 

@@ -37,6 +37,9 @@ pub enum WorkerMsg {
     /// Create a replica; `voters` empty creates an uninitialized replica that waits for a
     /// snapshot.
     CreateGroup { group: u64, voters: Vec<u64>, reply: Reply<()> },
+    /// Destroy the replica: placement no longer has its group (removed, or its creation
+    /// rolled back), so no member is left to tell it it was removed.
+    DestroyGroup { group: u64, reply: Reply<()> },
     /// The transport could not deliver a message of `group` to `to` (snapshots report
     /// their outcome with `SnapshotStatus`).
     Unreachable { group: u64, to: u64 },
@@ -64,6 +67,7 @@ impl WorkerMsg {
             | WorkerMsg::TransferLeader { group, .. }
             | WorkerMsg::Campaign { group, .. }
             | WorkerMsg::CreateGroup { group, .. }
+            | WorkerMsg::DestroyGroup { group, .. }
             | WorkerMsg::Unreachable { group, .. }
             | WorkerMsg::SnapshotStatus { group, .. }
             | WorkerMsg::Status { group, .. }

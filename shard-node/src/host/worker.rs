@@ -246,6 +246,14 @@ impl Worker {
             WorkerMsg::CreateGroup { group, voters, reply } => {
                 let _ = reply.send(self.create_group(group, &voters)?);
             }
+            WorkerMsg::DestroyGroup { group, reply } => {
+                let answer = self.replica(group).map(|replica| {
+                    tracing::info!(group, "placement no longer has this group; destroying its replica");
+                    // Step 8 of the loop destroys it once nothing of its is in flight.
+                    replica.removed = true;
+                });
+                let _ = reply.send(answer);
+            }
         }
         Ok(())
     }
@@ -299,6 +307,7 @@ impl Worker {
             .map_err(|error| StorageError::Corrupt(format!("group {group} just created: {error}")))?;
         self.replicas.insert(group, replica);
         self.awake.insert(group);
+        self.leaders.set(group, super::LeaderInfo::default());
         Ok(Ok(()))
     }
 

@@ -33,6 +33,12 @@ pub fn check_deletable(descriptor: Option<&GroupDescriptor>, path: &str) -> Resu
     }
 }
 
+/// Whether `descriptor` retires its group: it excludes its own prefix, so the group serves
+/// nothing (placement is removing it and gives the prefix back to the parent path's group).
+pub fn is_retiring(descriptor: &GroupDescriptor) -> bool {
+    descriptor.excluded.contains(&descriptor.prefix)
+}
+
 /// The group's root: its prefix (`/` without a descriptor). It always exists and cannot be
 /// deleted or locked.
 pub fn root(descriptor: Option<&GroupDescriptor>) -> &str {

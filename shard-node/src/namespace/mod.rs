@@ -279,6 +279,17 @@ impl NamespaceStateMachine {
                 txn.release_lock(&release.sequencer.unwrap_or_default(), release.attempt).map(|()| CommandOutcome::Txn(empty()))
             }
             Some(CommandOp::LockDelayEnded(ended)) => txn.end_lock_delay(&ended.path).map(|()| CommandOutcome::Txn(empty())),
+            // A group that homes sessions is not removed: their ephemerals elsewhere would lose
+            // their home (the sessions must close or expire first).
+            Some(CommandOp::SetDescriptor(set)) if set.descriptor.as_ref().is_some_and(descriptor::is_retiring) && !self.sessions.is_empty() => {
+                let prefix = set.descriptor.as_ref().map_or("", |d| d.prefix.as_str());
+                let homed = self.sessions.len();
+                Err(Failure::Refused(error::error(
+                    warden_proto::v1::warden_error::Code::NotEmpty,
+                    prefix,
+                    format!("{homed} sessions are homed in this group: only an empty group is removed"),
+                )))
+            }
             Some(CommandOp::SetDescriptor(set)) => txn.set_descriptor(self.group, self.descriptor.as_ref(), set.descriptor).map(|descriptor| {
                 new_descriptor = Some(descriptor);
                 CommandOutcome::Txn(empty())

@@ -12,6 +12,7 @@ use warden_proto::v1::{
     LockResponse, NodeKind, Sequencer, SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
 };
 
+use super::descriptor::is_retiring;
 use super::error::{error, invalid, invalid_path, no_node, too_large};
 use super::error::{session_expired, Failure};
 use super::locks;
@@ -576,6 +577,9 @@ impl Txn<'_, '_> {
                 return Err(invalid(&new.prefix, "the group already has this descriptor version with other contents").into());
             }
         }
+        if is_retiring(&new) {
+            return self.retire(new);
+        }
         for excluded in &new.excluded {
             path::validate(excluded, true).map_err(|e| invalid_path(excluded, &e))?;
             if !warden_placement::is_strictly_below(excluded, &new.prefix) {
@@ -597,6 +601,22 @@ impl Txn<'_, '_> {
                 ..Stat::default()
             };
             self.view.put_node(&new.prefix, &NodeRecord { stat: Some(stat), ..NodeRecord::default() });
+        }
+        self.view.put_descriptor(&new);
+        Ok(new)
+    }
+
+    /// Takes a retiring descriptor (see [`is_retiring`]): the group stops serving anything,
+    /// so placement can give its prefix back to the parent's group and remove it. Refused
+    /// for the root group and while the prefix node has children (the caller refuses while
+    /// the group homes sessions).
+    fn retire(&mut self, new: GroupDescriptor) -> Result<GroupDescriptor, Failure> {
+        if new.prefix == "/" || new.excluded.len() != 1 {
+            return Err(invalid(&new.prefix, "only a group below the root retires, and its one exclusion is its prefix").into());
+        }
+        let children = self.node(&new.prefix)?.and_then(|node| node.stat).map_or(0, |stat| stat.num_children);
+        if children > 0 {
+            return Err(error(Code::NotEmpty, &new.prefix, format!("{} has {children} children: only an empty group is removed", new.prefix)).into());
         }
         self.view.put_descriptor(&new);
         Ok(new)

@@ -4,7 +4,10 @@
 //! node in turn. Failures are expected (no placement yet, elections) and only logged. The
 //! heartbeat names the groups the node leads (the placement leader balances leaders by them);
 //! the answer lists every registered node, whose addresses the node learns (a node that joined
-//! after this one started is reachable for raft messages once placement knows it).
+//! after this one started is reachable for raft messages once placement knows it). The
+//! heartbeat also lists the groups the node hosts; the answer names those placement no longer
+//! has (a removed group, a creation rolled back), and the node destroys its replicas of them:
+//! such a group has no member left to tell a replica it was removed.
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -17,6 +20,9 @@ use warden_proto::placement::HeartbeatRequest;
 use crate::host::NodeHandle;
 use crate::service::error_of;
 use crate::transport::PeerDirectory;
+
+/// Groups listed in one heartbeat, at most (led and hosted each).
+pub const GROUPS_PER_HEARTBEAT_MAX: usize = 100_000;
 
 /// Sends heartbeats until the runtime it runs on stops.
 pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAddr, zone: String, interval: Duration) {
@@ -45,12 +51,21 @@ pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAd
             }
         };
         let mut client = PlacementClient::new(channel);
-        let led_groups = node.led_groups().into_iter().filter(|group| *group != PLACEMENT_GROUP_ID).collect();
-        let request = HeartbeatRequest { node_id: node.node_id(), addr: addr.to_string(), zone: zone.clone(), led_groups };
+        let shard_groups = |groups: Vec<u64>| -> Vec<u64> {
+            groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID).take(GROUPS_PER_HEARTBEAT_MAX).collect()
+        };
+        let (led_groups, hosted_groups) = (shard_groups(node.led_groups()), shard_groups(node.hosted_groups()));
+        let request = HeartbeatRequest { node_id: node.node_id(), addr: addr.to_string(), zone: zone.clone(), led_groups, hosted_groups };
         match client.heartbeat(request).await {
             Ok(response) => {
                 hint = target;
-                for peer in response.into_inner().nodes {
+                let response = response.into_inner();
+                for group in response.removed_groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID) {
+                    if let Err(error) = node.destroy_group(group).await {
+                        tracing::debug!(group, %error, "could not destroy the replica of a removed group");
+                    }
+                }
+                for peer in response.nodes {
                     // This node's own address is what it listens on, whatever placement says.
                     if peer.id == node.node_id() || peer.id == 0 {
                         continue;

@@ -73,11 +73,11 @@ pub struct Running {
 
 impl Running {
     /// Claims `group`; `false` if an operator already runs on it.
-    fn claim(&self, group: u64) -> bool {
+    pub(super) fn claim(&self, group: u64) -> bool {
         self.groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(group)
     }
 
-    fn release(&self, group: u64) {
+    pub(super) fn release(&self, group: u64) {
         self.groups.lock().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&group);
     }
 }

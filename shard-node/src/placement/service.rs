@@ -275,6 +275,46 @@ impl PlacementService {
         Ok(())
     }
 
+    /// Removes `group` (claimed by the caller, so no replica move runs on it), a sequence
+    /// that can be run again from the start if any step fails (each step is idempotent):
+    ///
+    /// 1. Placement as it will be once the group is removed gives the descriptors (and
+    ///    refuses here the root group, a group not ready, a move in flight).
+    /// 2. The group retires: it serves nothing from then on (refused NOT_EMPTY while its
+    ///    prefix node has children or sessions are homed in it). Its revision then bounds
+    ///    every fencing token it issued.
+    /// 3. The group serving the parent path takes the prefix back, its revision first raised
+    ///    above the retired group's (tokens never go backwards, DESIGN.md rule 5).
+    /// 4. `RemoveGroup` is committed: the route is gone.
+    /// 5. The nodes destroy their replicas when their heartbeats learn placement no longer
+    ///    has the group.
+    ///
+    /// Between 2 and 4 requests for the prefix are answered WRONG_GROUP (routers retry).
+    async fn remove_claimed(&self, state: &Placement, group: &warden_placement::GroupInfo) -> Result<RemoveGroupResponse, Status> {
+        // 1.
+        let mut next = state.clone();
+        let gainers = match next.apply(&Command::RemoveGroup { group_id: group.id }).map_err(placement_status)? {
+            Outcome::GroupRemoved { bumped, .. } => bumped,
+            other => return Err(internal(format!("unexpected outcome {other:?}"))),
+        };
+        // 2.
+        let current = state.descriptor(group.id).ok_or_else(|| internal(format!("group {} has no descriptor", group.id)))?;
+        let mut retiring = current.clone();
+        retiring.epoch.version += 1;
+        retiring.excluded = vec![current.prefix.clone()];
+        let retired_at = self.set_descriptor_at(state, &retiring, 0).await?;
+        // 3.
+        for gainer in &gainers {
+            let descriptor = next.descriptor(gainer.id).ok_or_else(|| internal(format!("group {} has no descriptor", gainer.id)))?;
+            self.set_descriptor_at(state, &descriptor, retired_at).await?;
+        }
+        // 4.
+        self.propose(&Command::RemoveGroup { group_id: group.id }).await?;
+        tracing::info!(group = group.id, prefix = %group.prefix, "group removed");
+        let parent_group_id = next.route(&group.prefix).map_or(0, |parent| parent.id);
+        Ok(RemoveGroupResponse { group_id: group.id, parent_group_id })
+    }
+
     /// Has the leader of `descriptor`'s group apply it (its revision raised to at least
     /// `revision_floor` first). Answers the group's revision once applied.
     async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor, revision_floor: u64) -> Result<u64, Status> {
@@ -466,7 +506,18 @@ impl PlacementApi for PlacementService {
         self.propose(&command).await?;
         self.leaders_heard.record(node_id, request.led_groups);
         let state = self.state().await?;
-        Ok(Response::new(HeartbeatResponse { routing_version: state.routing_version(), nodes: state.nodes().values().map(node_entry).collect() }))
+        // Placement records a group before any replica of it exists and never reuses an id:
+        // a hosted group below the next id that placement does not have is gone for good.
+        let removed_groups = request
+            .hosted_groups
+            .into_iter()
+            .filter(|group| *group != PLACEMENT_GROUP_ID && *group < state.next_group_id() && state.group(*group).is_none())
+            .collect();
+        Ok(Response::new(HeartbeatResponse {
+            routing_version: state.routing_version(),
+            nodes: state.nodes().values().map(node_entry).collect(),
+            removed_groups,
+        }))
     }
 
     async fn bootstrap(&self, _request: Request<BootstrapRequest>) -> Result<Response<BootstrapResponse>, Status> {
@@ -569,6 +620,33 @@ impl PlacementApi for PlacementService {
         let paused = request.into_inner().paused;
         self.propose(&Command::SetSchedulerPaused { paused }).await?;
         Ok(Response::new(SetSchedulerPausedResponse {}))
+    }
+
+    async fn remove_group(&self, request: Request<RemoveGroupRequest>) -> Result<Response<RemoveGroupResponse>, Status> {
+        let prefix = request.into_inner().prefix;
+        self.ensure_leader()?;
+        // One lifecycle change at a time (a creation below this prefix is refused in step 1).
+        let _lifecycle = self.lifecycle.lock().await;
+        let state = self.state().await?;
+        let Some(group) = state.groups().values().find(|g| g.prefix == prefix).cloned() else {
+            return Err(status(WardenError {
+                code: Code::NoNode as i32,
+                path: prefix.clone(),
+                message: format!("no group has the prefix {prefix}"),
+                ..WardenError::default()
+            }));
+        };
+        if !self.running.claim(group.id) {
+            let busy = WardenError {
+                code: Code::Unavailable as i32,
+                message: format!("group {} is moving a replica; try again", group.id),
+                ..WardenError::default()
+            };
+            return Err(status(busy));
+        }
+        let removed = self.remove_claimed(&state, &group).await;
+        self.running.release(group.id);
+        Ok(Response::new(removed?))
     }
 
     async fn create_replica(&self, request: Request<CreateReplicaRequest>) -> Result<Response<CreateReplicaResponse>, Status> {
