@@ -7,7 +7,9 @@ use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::*;
 
-use crate::cli::status::{group_json, group_text, route_json, route_text, routes};
+use warden_proto::v1::warden_error::Code;
+
+use crate::cli::status::{group_json, group_text, node_json, node_text, route_json, route_text, routes};
 use crate::cli::Output;
 
 /// Default `--seeds`: the placement replicas of `warden dev`.
@@ -46,6 +48,60 @@ pub enum AdminCommand {
         #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
         seeds: Vec<String>,
     },
+    /// Move every leader, then every replica, off a node (for maintenance); it keeps serving
+    /// meanwhile. The scheduler does the moves; `warden status` shows them.
+    Drain {
+        /// The node's id.
+        node: u64,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Make a draining (or decommissioning) node serving again; balancing may fill it.
+    Undrain {
+        /// The node's id.
+        node: u64,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Drain a node, then remove it from placement for good: once it hosts nothing it becomes
+    /// a tombstone, and its id is never used again.
+    Decommission {
+        /// The node's id.
+        node: u64,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Remove the group serving exactly PREFIX, whose subtree must be empty (no children
+    /// under the prefix node, no sessions homed in the group): the prefix (without its node)
+    /// returns to the group serving the parent path and the group's replicas are destroyed.
+    /// Safe to run again if it was interrupted.
+    DropGroup {
+        /// The group's prefix.
+        prefix: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Pause or resume the balance schedulers (repair, drain and decommission keep running).
+    Scheduler {
+        /// `pause` or `resume`.
+        action: SchedulerAction,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+}
+
+/// What `warden admin scheduler` does.
+#[derive(Clone, Copy, Debug, clap::ValueEnum)]
+pub enum SchedulerAction {
+    /// Stop starting balance moves and leader transfers.
+    Pause,
+    /// Start them again.
+    Resume,
 }
 
 /// How long the listings ask for the routing table before giving up.
@@ -88,11 +144,21 @@ where
         let addr = &addrs[turn % addrs.len().max(1)];
         match call(client(addr)?).await {
             Ok(response) => return Ok(response.into_inner()),
-            Err(status) if Instant::now() < deadline => tracing::debug!(%addr, %status, "retrying"),
+            Err(status) if Instant::now() < deadline && retryable(&status) => tracing::debug!(%addr, %status, "retrying"),
             Err(status) => anyhow::bail!("{addr}: {}", status.message()),
         }
         turn += 1;
         tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Whether another node (or the same one later) may answer `status` differently: not the
+/// placement leader, unreachable, or busy. Anything else (an invalid request, a refused
+/// state change) is final.
+fn retryable(status: &tonic::Status) -> bool {
+    match warden_proto::error_of(status) {
+        Some(error) => matches!(Code::try_from(error.code), Ok(Code::NotLeader | Code::Unavailable | Code::OutcomeUnknown)),
+        None => true,
     }
 }
 
@@ -110,7 +176,7 @@ pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
         AdminCommand::Groups { seeds } => {
             let table = routing_table(&seeds, LISTING_PATIENCE).await?;
             for group in &table.groups {
-                out.emit(group_json(group, None), || group_text(group, None))?;
+                out.emit(group_json(group, None, &table.nodes), || group_text(group, None, &table.nodes))?;
             }
         }
         AdminCommand::Routes { seeds } => {
@@ -119,7 +185,33 @@ pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
                 out.emit(route_json(group), || route_text(group))?;
             }
         }
+        AdminCommand::Drain { node, seeds } => set_node_state(&seeds, node, NodeState::Draining, out).await?,
+        AdminCommand::Undrain { node, seeds } => set_node_state(&seeds, node, NodeState::Serving, out).await?,
+        AdminCommand::Decommission { node, seeds } => set_node_state(&seeds, node, NodeState::Decommissioning, out).await?,
+        AdminCommand::DropGroup { prefix, seeds } => {
+            let answer = at_any(&seeds, |mut c| {
+                let prefix = prefix.clone();
+                async move { c.remove_group(RemoveGroupRequest { prefix }).await }
+            })
+            .await?;
+            println!("group {} removed; {prefix} is served by group {} now", answer.group_id, answer.parent_group_id);
+        }
+        AdminCommand::Scheduler { action, seeds } => {
+            let paused = matches!(action, SchedulerAction::Pause);
+            at_any(&seeds, |mut c| async move { c.set_scheduler_paused(SetSchedulerPausedRequest { paused }).await }).await?;
+            println!("balance schedulers {}", if paused { "paused" } else { "resumed" });
+        }
     }
+    Ok(())
+}
+
+/// Has the placement leader (asked through any of `seeds`) set node `node_id`'s state, and
+/// prints the node as placement now describes it.
+async fn set_node_state(seeds: &[String], node_id: u64, state: NodeState, out: Output) -> anyhow::Result<()> {
+    let request = SetNodeStateRequest { node_id, state: state as i32 };
+    let answer = at_any(seeds, |mut c| async move { c.set_node_state(request).await }).await?;
+    let node = answer.node.unwrap_or_default();
+    out.emit(node_json(&node), || node_text(&node))?;
     Ok(())
 }
 

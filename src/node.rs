@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use warden_placement::PlacementConfig;
 use warden_shard_node::config::HIBERNATE_AFTER_TICKS_DEFAULT;
 use warden_shard_node::node_services::ApiServices;
 use warden_shard_node::placement::ShardNodeFactory;
@@ -17,7 +18,7 @@ use warden_shard_node::{FatalPolicy, Node, NodeConfig};
 #[derive(clap::Args, serde::Deserialize)]
 pub struct NodeArgs {
     /// A JSON file with these settings (`id`, `listen`, `data_dir`, `peers`, `zone`,
-    /// `hibernate_after_ticks`); flags given as well are ignored.
+    /// `hibernate_after_ticks`, `down_after_ms`); flags given as well are ignored.
     #[arg(long)]
     #[serde(skip)]
     config: Option<PathBuf>,
@@ -46,10 +47,20 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = HIBERNATE_AFTER_TICKS_DEFAULT)]
     #[serde(default = "hibernate_after_ticks_default")]
     hibernate_after_ticks: u64,
+    /// Milliseconds a node may go without a heartbeat before the placement leader replaces
+    /// its replicas on other nodes (read only while this node leads placement: give every
+    /// node the same value).
+    #[arg(long, default_value_t = down_after_ms_default())]
+    #[serde(default = "down_after_ms_default")]
+    down_after_ms: u64,
 }
 
 fn hibernate_after_ticks_default() -> u64 {
     HIBERNATE_AFTER_TICKS_DEFAULT
+}
+
+fn down_after_ms_default() -> u64 {
+    PlacementConfig::default().down_after_ms
 }
 
 fn parse_peer(text: &str) -> Result<(u64, std::net::SocketAddr), String> {
@@ -82,7 +93,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     // Peers reach this node at its advertised address (its `--peers` entry).
     // One factory for the state machines and the services: the placement API follows the
     // routing version the placement replica publishes through it.
-    let factory = Arc::new(ShardNodeFactory::default());
+    let placement = PlacementConfig { down_after_ms: args.down_after_ms, ..PlacementConfig::default() };
+    let factory = Arc::new(ShardNodeFactory { placement, ..ShardNodeFactory::default() });
     let services = ApiServices::new(factory.clone());
     let node = Node::start(config, listener, directory.clone(), Arc::new(NetFaults::new()), factory, Some(&services))?;
     directory.insert(args.id, peers[&args.id]);

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 use tonic::transport::Endpoint;
-use warden_proto::placement::{GroupEntry, NodeEntry, RoutingTable};
+use warden_proto::placement::{GroupEntry, NodeEntry, NodeState, RoutingTable};
 use warden_proto::v1 as pb;
 use warden_proto::v1::warden_client::WardenClient;
 
@@ -40,21 +40,30 @@ pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::
     let table = crate::admin::routing_table(&args.nodes, TABLE_PATIENCE).await?;
     let health = group_health(&global.endpoints, &table.groups).await;
     let routes = routes(&table);
+    // Replica moves in flight (repairs, drains, balancing): the learner each is adding.
+    let moves: Vec<(u64, u64)> =
+        table.groups.iter().flat_map(|g| g.learners.iter().map(move |learner| (g.descriptor.as_ref().map_or(0, |d| d.group_id), *learner))).collect();
     let value = json!({
         "routing_version": table.version,
         "nodes": table.nodes.iter().map(node_json).collect::<Vec<_>>(),
-        "groups": table.groups.iter().zip(&health).map(|(g, h)| group_json(g, Some(*h))).collect::<Vec<_>>(),
+        "groups": table.groups.iter().zip(&health).map(|(g, h)| group_json(g, Some(*h), &table.nodes)).collect::<Vec<_>>(),
         "routes": routes.iter().copied().map(route_json).collect::<Vec<_>>(),
+        "moves": moves.iter().map(|(group, learner)| json!({ "group": group, "learner": learner })).collect::<Vec<_>>(),
+        "scheduler_paused": table.scheduler_paused,
     });
     Ok(out.emit(value, || {
         let mut lines = vec![format!("routing version {}", table.version), String::new(), format!("nodes ({}):", table.nodes.len())];
         lines.extend(table.nodes.iter().map(|n| format!("  {}", node_text(n))));
         lines.push(String::new());
         lines.push(format!("groups ({}):", table.groups.len()));
-        lines.extend(table.groups.iter().zip(&health).map(|(g, h)| format!("  {}", group_text(g, Some(*h)))));
+        lines.extend(table.groups.iter().zip(&health).map(|(g, h)| format!("  {}", group_text(g, Some(*h), &table.nodes))));
         lines.push(String::new());
         lines.push(format!("routes ({}):", routes.len()));
         lines.extend(routes.iter().map(|g| format!("  {}", route_text(g))));
+        lines.push(String::new());
+        let paused = if table.scheduler_paused { " (balancing paused)" } else { "" };
+        lines.push(format!("replica moves running ({}){paused}:", moves.len()));
+        lines.extend(moves.iter().map(|(group, learner)| format!("  group {group}: adding a replica on node {learner}")));
         lines.join("\n")
     })?)
 }
@@ -94,7 +103,25 @@ fn prefix(group: &GroupEntry) -> &str {
 
 /// A node of the table as JSON.
 pub fn node_json(node: &NodeEntry) -> Value {
-    json!({ "id": node.id, "addr": node.addr, "zone": node.zone, "up": node.up, "last_heartbeat_ms": node.last_heartbeat_ms })
+    json!({
+        "id": node.id,
+        "addr": node.addr,
+        "zone": node.zone,
+        "up": node.up,
+        "state": node_state_name(node),
+        "last_heartbeat_ms": node.last_heartbeat_ms,
+    })
+}
+
+/// A node's operator state in lower case (`serving`, `draining`, `decommissioning`, `tombstone`).
+fn node_state_name(node: &NodeEntry) -> &'static str {
+    match NodeState::try_from(node.state) {
+        Ok(NodeState::Serving) => "serving",
+        Ok(NodeState::Draining) => "draining",
+        Ok(NodeState::Decommissioning) => "decommissioning",
+        Ok(NodeState::Tombstone) => "tombstone",
+        Err(_) => "unknown",
+    }
 }
 
 /// A node of the table as one line.
@@ -104,17 +131,28 @@ pub fn node_text(node: &NodeEntry) -> String {
         0 => "never".to_string(),
         ms => rfc3339(std::time::UNIX_EPOCH + Duration::from_millis(ms)),
     };
-    format!("node {:<3} {:<21} zone {:<6} {:<4} last heartbeat {heartbeat}", node.id, node.addr, zone, if node.up { "up" } else { "DOWN" })
+    let up = if node.up { "up" } else { "DOWN" };
+    format!("node {:<3} {:<21} zone {:<6} {up:<4} {:<15} last heartbeat {heartbeat}", node.id, node.addr, zone, node_state_name(node))
 }
 
-/// A group of the table as JSON (with its leader and revision when asked for and known).
-pub fn group_json(group: &GroupEntry, health: Option<GroupHealth>) -> Value {
+/// The voters of `group` on nodes the table reports down (or does not know).
+fn dead_replicas(group: &GroupEntry, nodes: &[NodeEntry]) -> Vec<u64> {
+    let voters = group.descriptor.as_ref().map_or(&[][..], |d| d.replicas.as_slice());
+    voters.iter().copied().filter(|id| !nodes.iter().any(|n| n.id == *id && n.up)).collect()
+}
+
+/// A group of the table as JSON (with its leader and revision when asked for and known):
+/// its voters (`replicas`), those on down nodes (`dead`) and the `learners` a move or repair
+/// is adding.
+pub fn group_json(group: &GroupEntry, health: Option<GroupHealth>, nodes: &[NodeEntry]) -> Value {
     let descriptor = group.descriptor.clone().unwrap_or_default();
     let mut value = json!({
         "id": descriptor.group_id,
         "prefix": descriptor.prefix,
         "excluded": descriptor.excluded,
         "replicas": descriptor.replicas,
+        "dead": dead_replicas(group, nodes),
+        "learners": group.learners,
         "conf_ver": descriptor.conf_ver,
         "version": descriptor.version,
         "ready": group.ready,
@@ -126,10 +164,14 @@ pub fn group_json(group: &GroupEntry, health: Option<GroupHealth>) -> Value {
     value
 }
 
-/// A group of the table as one line (with its leader and revision when asked for).
-pub fn group_text(group: &GroupEntry, health: Option<GroupHealth>) -> String {
+/// A group of the table as one line (with its leader and revision when asked for): voters on
+/// down nodes are marked `!dead`, learners being added `+learner`.
+pub fn group_text(group: &GroupEntry, health: Option<GroupHealth>, nodes: &[NodeEntry]) -> String {
     let descriptor = group.descriptor.clone().unwrap_or_default();
-    let replicas = descriptor.replicas.iter().map(u64::to_string).collect::<Vec<_>>().join(",");
+    let dead = dead_replicas(group, nodes);
+    let voters = descriptor.replicas.iter().map(|id| if dead.contains(id) { format!("{id}!dead") } else { id.to_string() });
+    let learners = group.learners.iter().map(|id| format!("{id}+learner"));
+    let replicas = voters.chain(learners).collect::<Vec<_>>().join(",");
     let leader = health.map_or(String::new(), |h| {
         let revision = h.revision.map_or(String::new(), |r| format!(" revision {r}"));
         format!(" leader {}{revision}", h.leader.map_or("?".to_string(), |id| id.to_string()))

@@ -7,3 +7,4 @@ pub mod processes;
 pub mod proxy;
 pub mod routed;
 pub mod watch;
+pub mod workload;

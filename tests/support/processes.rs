@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
 use warden_proto::placement::placement_client::PlacementClient;
-use warden_proto::placement::{GetRoutingTableRequest, HeartbeatRequest};
+use warden_proto::placement::{GetRoutingTableRequest, ReplicaStatusRequest};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{Routing, SyncRequest};
 
@@ -105,12 +105,41 @@ struct NodeSpec {
     listen: String,
     data_dir: PathBuf,
     log: PathBuf,
+    /// `--peers`: the nodes known when it was first started, itself included.
+    peers: String,
 }
 
-/// Five node processes and a router, bootstrapped, each node restartable on its data.
+impl NodeSpec {
+    fn new(dir: &Path, id: u64) -> NodeSpec {
+        NodeSpec {
+            id,
+            listen: format!("127.0.0.1:{}", free_port()),
+            data_dir: dir.join(format!("node-{id}")),
+            log: dir.join(format!("node-{id}.log")),
+            peers: String::new(),
+        }
+    }
+}
+
+/// How a [`ProcessCluster`] is made.
+pub struct ClusterOptions {
+    /// Node processes at the start (ids 1 to `nodes`).
+    pub nodes: u64,
+    /// Flags every `warden node` gets besides its identity (e.g. `--down-after-ms`).
+    pub node_args: Vec<String>,
+}
+
+impl Default for ClusterOptions {
+    fn default() -> ClusterOptions {
+        ClusterOptions { nodes: NODES, node_args: Vec::new() }
+    }
+}
+
+/// Node processes (five unless told otherwise) and a router, bootstrapped, each node
+/// restartable on its data.
 pub struct ProcessCluster {
-    peers: String,
     seeds: String,
+    node_args: Vec<String>,
     specs: Vec<NodeSpec>,
     nodes: Vec<Option<Process>>,
     _router: Process,
@@ -123,21 +152,19 @@ impl ProcessCluster {
     /// Starts the nodes, bootstraps placement on nodes 1-3 and the root group, creates a
     /// group for each of `prefixes`, starts a router and waits until it answers.
     pub async fn start(prefixes: &[&str]) -> ProcessCluster {
+        ProcessCluster::start_with(ClusterOptions::default(), prefixes).await
+    }
+
+    /// [`ProcessCluster::start`] with `options`.
+    pub async fn start_with(options: ClusterOptions, prefixes: &[&str]) -> ProcessCluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let ports: Vec<u16> = (0..NODES).map(|_| free_port()).collect();
-        let specs: Vec<NodeSpec> = ports
-            .iter()
-            .zip(1..)
-            .map(|(port, id)| NodeSpec {
-                id,
-                listen: format!("127.0.0.1:{port}"),
-                data_dir: dir.path().join(format!("node-{id}")),
-                log: dir.path().join(format!("node-{id}.log")),
-            })
-            .collect();
+        let mut specs: Vec<NodeSpec> = (1..=options.nodes).map(|id| NodeSpec::new(dir.path(), id)).collect();
         let peers = specs.iter().map(|s| format!("{}={}", s.id, s.listen)).collect::<Vec<_>>().join(",");
+        for spec in &mut specs {
+            spec.peers = peers.clone();
+        }
         let seeds = specs.iter().map(|s| s.listen.clone()).collect::<Vec<_>>().join(",");
-        let nodes = specs.iter().map(|spec| Some(spawn_node(spec, &peers))).collect();
+        let nodes = specs.iter().map(|spec| Some(spawn_node(spec, &options.node_args))).collect();
         let placement = PLACEMENT_NODES.map(|id| id.to_string()).join(",");
         admin(&["bootstrap", "--nodes", &peers, "--placement", &placement]);
         for prefix in prefixes {
@@ -145,7 +172,7 @@ impl ProcessCluster {
         }
         let router_addr = format!("127.0.0.1:{}", free_port());
         let router = spawn(&["router", "--listen", &router_addr, "--seeds", &seeds], &dir.path().join("router.log"));
-        let cluster = ProcessCluster { peers, seeds, specs, nodes, _router: router, router_addr, dir: Some(dir) };
+        let cluster = ProcessCluster { seeds, node_args: options.node_args, specs, nodes, _router: router, router_addr, dir: Some(dir) };
         let router = cluster.router();
         wait_for("the router answers", STEP_TIMEOUT, || {
             let mut router = router.clone();
@@ -165,7 +192,21 @@ impl ProcessCluster {
         WardenClient::new(channel(&self.router_addr, Duration::from_secs(10)))
     }
 
-    /// The node ids, 1 to 5.
+    /// Starts one more node (the next id) that knows every node so far; it registers with
+    /// placement through its heartbeats, and the others learn its address from placement.
+    /// Returns its id.
+    pub fn add_node(&mut self) -> u64 {
+        let dir = self.dir.as_ref().expect("the cluster's directory").path().to_path_buf();
+        let id = self.specs.iter().map(|s| s.id).max().unwrap_or(0) + 1;
+        let mut spec = NodeSpec::new(&dir, id);
+        let peers = self.specs.iter().chain(std::iter::once(&spec)).map(|s| format!("{}={}", s.id, s.listen)).collect::<Vec<_>>().join(",");
+        spec.peers = peers;
+        self.nodes.push(Some(spawn_node(&spec, &self.node_args)));
+        self.specs.push(spec);
+        id
+    }
+
+    /// The node ids (1 to 5 unless told otherwise, then any added).
     pub fn node_ids(&self) -> Vec<u64> {
         self.specs.iter().map(|s| s.id).collect()
     }
@@ -204,7 +245,7 @@ impl ProcessCluster {
     /// `--peers`), once it is down.
     pub fn restart(&mut self, id: u64) {
         assert!(self.process(id).is_none(), "node {id} is still running");
-        let process = spawn_node(self.spec(id), &self.peers);
+        let process = spawn_node(self.spec(id), &self.node_args);
         *self.process(id) = Some(process);
     }
 
@@ -315,28 +356,27 @@ impl ProcessCluster {
     }
 
     /// The placement group's leader as the running placement nodes other than `except` see
-    /// it (`None`: none of them knows one now). Asked with the heartbeat a placement node
-    /// sends every second anyway (the node's own id and address): a follower answers
-    /// NOT_LEADER naming the leader, the leader answers it.
+    /// it (`None`: none of them knows one now), from each one's raft view of its replica.
     pub async fn placement_leader(&self, except: Option<u64>) -> Option<u64> {
         for id in PLACEMENT_NODES {
             if !self.is_up(id) || Some(id) == except {
                 continue;
             }
-            let spec = self.spec(id);
-            let mut placement = PlacementClient::new(channel(&spec.listen, Duration::from_secs(1)));
-            let heartbeat = HeartbeatRequest { node_id: id, addr: spec.listen.clone(), zone: String::new(), ..HeartbeatRequest::default() };
-            match placement.heartbeat(heartbeat).await {
-                Ok(_) => return Some(id),
-                Err(status) => {
-                    let hint = warden_shard_node::service::error_of(&status).map_or(0, |e| e.leader_id);
-                    if PLACEMENT_NODES.contains(&hint) && Some(hint) != except {
-                        return Some(hint);
-                    }
+            let mut placement = self.placement(id, Duration::from_secs(1));
+            let request = ReplicaStatusRequest { group_id: warden_placement::PLACEMENT_GROUP_ID };
+            if let Ok(status) = placement.replica_status(request).await {
+                let leader = status.into_inner().leader_id;
+                if PLACEMENT_NODES.contains(&leader) && Some(leader) != except {
+                    return Some(leader);
                 }
             }
         }
         None
+    }
+
+    /// A client of node `id`'s placement API; calls give up after `timeout`.
+    pub fn placement(&self, id: u64, timeout: Duration) -> PlacementClient<Channel> {
+        PlacementClient::new(channel(&self.spec(id).listen, timeout))
     }
 }
 
@@ -353,8 +393,10 @@ impl Drop for ProcessCluster {
     }
 }
 
-fn spawn_node(spec: &NodeSpec, peers: &str) -> Process {
+fn spawn_node(spec: &NodeSpec, node_args: &[String]) -> Process {
     let id = spec.id.to_string();
     let data = spec.data_dir.to_str().expect("utf8 data dir");
-    spawn(&["node", "--id", &id, "--listen", &spec.listen, "--data-dir", data, "--peers", peers], &spec.log)
+    let mut args = vec!["node", "--id", &id, "--listen", &spec.listen, "--data-dir", data, "--peers", &spec.peers];
+    args.extend(node_args.iter().map(String::as_str));
+    spawn(&args, &spec.log)
 }
