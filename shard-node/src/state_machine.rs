@@ -74,6 +74,13 @@ pub trait StateMachine: Send {
     /// deadlines) starts over here; it is never replicated.
     fn on_leadership(&mut self, _leading: bool, _clock: LeaderClock) {}
 
+    /// The leader's clock as it is about to apply committed entries (called on the leader
+    /// only). Leader-only time that starts at an apply (a new session's lease) counts from
+    /// here, never from an older reading: a leader whose group hibernated has not ticked
+    /// (`host/hibernate.rs`), so the clock last handed to [`Self::leader_proposals`] may be
+    /// older than a whole TTL, and a lease counted from it would be due at once.
+    fn leader_clock(&mut self, _clock: LeaderClock) {}
+
     /// A request only the leader answers from its own memory (session keepalives). Called
     /// only on a leader that has applied every entry committed before its term, after a
     /// ReadIndex round confirmed that no other leader was elected before `clock`, the moment

@@ -269,6 +269,10 @@ impl Replica {
             return Ok(Vec::new());
         }
         assert!(!self.installing_snapshot, "group {}: committed entries while installing a snapshot", self.group);
+        if self.is_leader() {
+            // Leases that start at this apply count from now (see `StateMachine::leader_clock`).
+            self.sm.leader_clock(crate::state_machine::LeaderClock::now());
+        }
         let mut writes = SmWrites::new(self.group);
         let mut replies = Vec::new();
         for entry in entries {

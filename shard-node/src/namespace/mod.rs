@@ -481,6 +481,10 @@ impl StateMachine for NamespaceStateMachine {
         self.leases.set_leading(leading, &self.sessions, clock.monotonic_ms);
     }
 
+    fn leader_clock(&mut self, clock: LeaderClock) {
+        self.leases.observe(clock.monotonic_ms);
+    }
+
     fn leader_call(&mut self, request: &[u8], clock: LeaderClock) -> Result<Vec<u8>, EngineError> {
         let request = LeaderRequest::decode(request).map_err(|e| EngineError::Invalid(format!("leader request: {e}")))?;
         let now_ms = clock.monotonic_ms;

@@ -60,7 +60,13 @@ impl LeaseTable {
         self.leading
     }
 
-    /// A session appeared (applied): on the leader it gets a full TTL from now.
+    /// The leader's clock now (before an apply): what [`Self::add`] counts from.
+    pub fn observe(&mut self, now_ms: u64) {
+        self.now_ms = self.now_ms.max(now_ms);
+    }
+
+    /// A session appeared (applied): on the leader it gets a full TTL from now (the latest
+    /// time seen: the host reports its clock before every apply on the leader).
     pub fn add(&mut self, id: u64, ttl_ms: u64) {
         if self.leading {
             let deadline = self.now_ms + ttl_ms;
@@ -161,6 +167,26 @@ mod tests {
         assert_eq!(leases.renew(1, 10_000, 5_000), Some(10_000));
         assert!(leases.take_expired(10_000, 10).is_empty(), "renewed to 15 s");
         assert_eq!(leases.take_expired(15_000, 10), vec![1]);
+    }
+
+    /// The bug hibernation exposed: a leader that slept for longer than a TTL (no ticks, so
+    /// no `take_expired` to move its clock) granted a session created on waking a lease that
+    /// had ended already, expired it at its next tick and freed its locks, while the client
+    /// counted a full TTL from its request (a stale holder acted in `tests/crash_cycles.rs`).
+    #[test]
+    fn a_session_created_after_the_clock_stood_still_gets_a_full_ttl_from_its_creation() {
+        let mut leases = LeaseTable::default();
+        leases.set_leading(true, &BTreeMap::new(), 1_000);
+        assert!(leases.take_expired(1_100, 10).is_empty());
+        // Asleep from here: no tick for 60 s. The request that wakes it creates a session.
+        leases.observe(61_100);
+        leases.add(1, 3_000);
+        assert!(leases.take_expired(61_200, 10).is_empty(), "a full TTL from its creation, not from the last tick");
+        assert_eq!(leases.remaining(1, 61_200), Some(2_900));
+        assert_eq!(leases.take_expired(64_100, 10), vec![1]);
+        leases.observe(50_000);
+        leases.add(2, 3_000);
+        assert_eq!(leases.remaining(2, 64_100), Some(3_000), "the clock never goes back");
     }
 
     #[test]
