@@ -6,9 +6,16 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use prost::Message as _;
+use warden_proto::namespace::command::Op as CommandOp;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
+use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
+use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
+use warden_proto::namespace::{Command, CommandResult, CreateSession, LeaderRequest, LeaderResponse};
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::config::HIBERNATE_AFTER_TICKS_ON;
 use warden_shard_node::kv::{self, KvFactory};
+use warden_shard_node::namespace::{Limits, NamespaceFactory};
 use warden_shard_node::{EngineError, ReadConsistency};
 
 const TIMEOUT: Duration = Duration::from_secs(15);
@@ -205,4 +212,36 @@ async fn a_node_restarted_while_its_groups_sleep_causes_no_election() {
             assert_eq!(status.term, term, "group {group}: node {} moved to a new term: an election", status.node_id);
         }
     }
+}
+
+/// A session opened by the request that wakes a group asleep for longer than a TTL gets a
+/// full TTL from its creation. The sleeping leader did not tick, so the clock its lease table
+/// counts from stood still: the session was born expired, its expiry proposed at the next
+/// tick and its lock holds freed while the client counted a whole TTL from its request (a
+/// stale holder acted in `tests/crash_cycles.rs` with hibernation on).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_opened_on_waking_a_long_sleep_gets_a_full_ttl() {
+    let config = ClusterConfig { hibernate_after_ticks: HIBERNATE_AFTER_TICKS_ON, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(NamespaceFactory::default())).expect("cluster starts"));
+    create_groups(&cluster, &[1]).await;
+    wait_until("group 1 sleeps", Duration::from_secs(30), async || asleep_everywhere(&cluster, 1).await).await;
+    // Time must pass here (the property is about a sleep longer than the TTL); nothing is
+    // synchronised by it.
+    let ttl_ms = Limits::default().session_ttl_ms_min;
+    tokio::time::sleep(Duration::from_millis(ttl_ms + 500)).await;
+
+    let command = Command { now_ms: 0, op: Some(CommandOp::CreateSession(CreateSession { ttl_ms })) }.encode_to_vec();
+    let output = cluster.propose(1, command, TIMEOUT).await.expect("the session is created");
+    let result = CommandResult::decode(output.as_slice()).expect("a command result");
+    let Some(CommandOutcome::CreateSession(created)) = result.result else { panic!("not a session: {result:?}") };
+
+    let leader = cluster.leader(1).await.expect("group 1 has a leader");
+    let handle = cluster.handle(leader).expect("the leader runs");
+    let request = LeaderRequest { request: Some(LeaderRequestKind::SessionInfo(created.session_id)) }.encode_to_vec();
+    let answer = handle.leader_call(1, request, TIMEOUT).await.expect("session info from the leader");
+    let response = LeaderResponse::decode(answer.as_slice()).expect("a leader response");
+    let Some(LeaderResponseKind::SessionInfo(info)) = response.response else { panic!("not session info: {response:?}") };
+    let lease = info.lease.expect("a lease");
+    // The old code counted from when the group fell asleep: the lease had already run out.
+    assert!(lease.alive && lease.remaining_ms > 0, "a session just opened has time left: {lease:?}");
 }
