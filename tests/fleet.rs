@@ -9,9 +9,10 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::routed::{at_placement_leader, placement_client};
+
 use tonic::transport::Channel;
 use warden_placement::PlacementConfig;
-use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::*;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
@@ -32,45 +33,12 @@ async fn fleet() -> Arc<Cluster> {
     let config = ClusterConfig { nodes: 6, serve_api: true, ..ClusterConfig::default() };
     let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
     cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
-    at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/a".into() }).await }).await.expect("group /a");
+    at_placement_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/a".into() }).await }).await.expect("group /a");
     cluster
 }
 
-fn client(cluster: &Cluster, node: u64) -> PlacementClient<Channel> {
-    let addr = cluster.addr(node).expect("addr");
-    PlacementClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy())
-}
-
-/// Calls `call` on the running nodes in turn (following NOT_LEADER hints) until it succeeds
-/// or is refused with something other than NOT_LEADER / UNAVAILABLE.
-async fn at_leader<T, F, Fut>(cluster: &Cluster, call: F) -> Result<T, WardenError>
-where
-    F: Fn(PlacementClient<Channel>) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    let mut turn = 0;
-    let mut node = cluster.running()[0];
-    loop {
-        let status = match call(client(cluster, node)).await {
-            Ok(response) => return Ok(response.into_inner()),
-            Err(status) => status,
-        };
-        let error =
-            error_of(&status).unwrap_or(WardenError { code: Code::Unavailable as i32, message: status.to_string(), ..WardenError::default() });
-        let retry = error.code == Code::NotLeader as i32 || error.code == Code::Unavailable as i32;
-        if !retry || Instant::now() > deadline {
-            return Err(error);
-        }
-        turn += 1;
-        let running = cluster.running();
-        node = Some(error.leader_id).filter(|id| running.contains(id) && *id != node).unwrap_or(running[turn % running.len()]);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 async fn table(cluster: &Cluster) -> RoutingTable {
-    at_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table")
+    at_placement_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table")
 }
 
 fn replicas_of(table: &RoutingTable) -> Vec<(u64, Vec<u64>, Vec<u64>)> {
@@ -86,7 +54,8 @@ async fn wait_groups_leave(cluster: &Cluster, away: u64, wait: Duration) {
         if groups.iter().all(|(_, voters, learners)| voters.len() == 5 && !voters.contains(&away) && learners.is_empty()) {
             for (group, voters, _) in groups {
                 let leader = cluster.wait_leader(group, TIMEOUT).await.expect("leader");
-                let status = client(cluster, leader).replica_status(ReplicaStatusRequest { group_id: group }).await.expect("status").into_inner();
+                let status =
+                    placement_client(cluster, leader).replica_status(ReplicaStatusRequest { group_id: group }).await.expect("status").into_inner();
                 let (mut applied, mut listed) = (status.voters.clone(), voters.clone());
                 applied.sort_unstable();
                 listed.sort_unstable();
@@ -168,9 +137,12 @@ async fn a_drained_node_hosts_nothing_and_a_decommissioned_one_becomes_a_tombsto
     let set = |state: NodeState| {
         let cluster = cluster.clone();
         async move {
-            at_leader(&cluster, |mut c| async move { c.set_node_state(SetNodeStateRequest { node_id: drained, state: state as i32 }).await })
-                .await
-                .expect("state set")
+            at_placement_leader(
+                &cluster,
+                |mut c| async move { c.set_node_state(SetNodeStateRequest { node_id: drained, state: state as i32 }).await },
+            )
+            .await
+            .expect("state set")
         }
     };
     set(NodeState::Draining).await;
@@ -191,19 +163,17 @@ async fn a_drained_node_hosts_nothing_and_a_decommissioned_one_becomes_a_tombsto
         assert!(Instant::now() < deadline, "never became a tombstone");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let refused =
-        at_leader(
-            &cluster,
-            |mut c| async move { c.set_node_state(SetNodeStateRequest { node_id: drained, state: NodeState::Serving as i32 }).await },
-        )
-        .await;
+    let refused = at_placement_leader(&cluster, |mut c| async move {
+        c.set_node_state(SetNodeStateRequest { node_id: drained, state: NodeState::Serving as i32 }).await
+    })
+    .await;
     assert_eq!(refused.err().map(|e| e.code), Some(Code::InvalidArgument as i32), "a tombstone is final");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drop_group_gives_an_empty_prefix_back_to_the_parent_and_destroys_the_replicas() {
     let cluster = fleet().await;
-    let drop_a = || at_leader(&cluster, |mut c| async move { c.remove_group(RemoveGroupRequest { prefix: "/a".into() }).await });
+    let drop_a = || at_placement_leader(&cluster, |mut c| async move { c.remove_group(RemoveGroupRequest { prefix: "/a".into() }).await });
     write(&cluster, "/a/x").await;
     let refused = drop_a().await.err().map(|e| e.code);
     assert_eq!(refused, Some(Code::NotEmpty as i32), "a group whose prefix has children stays");
@@ -231,7 +201,7 @@ async fn drop_group_gives_an_empty_prefix_back_to_the_parent_and_destroys_the_re
     // Every node destroys its replica of group 2 (told by its heartbeats).
     let deadline = Instant::now() + TIMEOUT;
     for node in cluster.running() {
-        while client(&cluster, node).replica_status(ReplicaStatusRequest { group_id: 2 }).await.is_ok() {
+        while placement_client(&cluster, node).replica_status(ReplicaStatusRequest { group_id: 2 }).await.is_ok() {
             assert!(Instant::now() < deadline, "node {node} still hosts group 2");
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

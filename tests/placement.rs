@@ -7,9 +7,10 @@ mod support;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use support::routed::{at_placement_leader, placement_client};
+
 use tonic::transport::Channel;
 use warden_placement::PlacementConfig;
-use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::*;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
@@ -30,46 +31,13 @@ async fn placement_cluster(heartbeat_timeout_ms: u64) -> Arc<Cluster> {
     cluster
 }
 
-fn client(cluster: &Cluster, node: u64) -> PlacementClient<Channel> {
-    let addr = cluster.addr(node).expect("addr");
-    PlacementClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy())
-}
-
-/// Calls `call` on each node in turn (following NOT_LEADER hints) until it succeeds or is
-/// refused with something other than NOT_LEADER / UNAVAILABLE.
-async fn at_leader<T, F, Fut>(cluster: &Cluster, call: F) -> Result<T, WardenError>
-where
-    F: Fn(PlacementClient<Channel>) -> Fut,
-    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
-{
-    let deadline = Instant::now() + TIMEOUT;
-    let ids = cluster.node_ids();
-    let mut node = ids[0];
-    let mut turn = 0;
-    loop {
-        let status = match call(client(cluster, node)).await {
-            Ok(response) => return Ok(response.into_inner()),
-            Err(status) => status,
-        };
-        let error =
-            error_of(&status).unwrap_or(WardenError { code: Code::Unavailable as i32, message: status.to_string(), ..WardenError::default() });
-        let retry = error.code == Code::NotLeader as i32 || error.code == Code::Unavailable as i32;
-        if !retry || Instant::now() > deadline {
-            return Err(error);
-        }
-        turn += 1;
-        node = Some(error.leader_id).filter(|id| ids.contains(id) && *id != node).unwrap_or(ids[turn % ids.len()]);
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-}
-
 fn api(cluster: &Cluster, node: u64) -> WardenClient<Channel> {
     let addr = cluster.addr(node).expect("addr");
     WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy())
 }
 
 async fn table(cluster: &Cluster) -> RoutingTable {
-    at_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table")
+    at_placement_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table")
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -79,7 +47,7 @@ async fn a_prefix_group_is_placed_created_and_routed_once_it_has_a_leader() {
     api(&cluster, root_leader).create(CreateRequest { path: "/teams".into(), ..CreateRequest::default() }).await.expect("create /teams");
     let before = table(&cluster).await;
     assert_eq!(before.groups.len(), 1);
-    let created = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/teams/payments".into() }).await })
+    let created = at_placement_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/teams/payments".into() }).await })
         .await
         .expect("group created");
     let entry = created.group.expect("group");
@@ -123,16 +91,17 @@ async fn a_prefix_group_is_placed_created_and_routed_once_it_has_a_leader() {
     // A prefix where the owner already holds nodes cannot be given away (no subtree moves).
     let mut root_api = api(&cluster, cluster.wait_leader(1, TIMEOUT).await.expect("root leader"));
     root_api.create(CreateRequest { path: "/busy/x".into(), create_parents: true, ..CreateRequest::default() }).await.expect("create");
-    let busy = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/busy".into() }).await }).await;
+    let busy = at_placement_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/busy".into() }).await }).await;
     assert_eq!(busy.err().map(|e| e.code), Some(Code::NotEmpty as i32));
     let after_busy = table(&cluster).await;
     assert!(after_busy.groups.iter().all(|g| g.descriptor.as_ref().is_some_and(|d| d.prefix != "/busy")), "the failed group is dropped");
 
     // The same prefix again, and a malformed one, are refused, typed, changing nothing.
     let after = table(&cluster).await;
-    let again = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/teams/payments".into() }).await }).await;
+    let again =
+        at_placement_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/teams/payments".into() }).await }).await;
     assert_eq!(again.err().map(|e| e.code), Some(Code::NodeExists as i32));
-    let bad = at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "teams//x".into() }).await }).await;
+    let bad = at_placement_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "teams//x".into() }).await }).await;
     assert_eq!(bad.err().map(|e| e.code), Some(Code::InvalidPath as i32));
     assert_eq!(table(&cluster).await.version, after.version);
 }
@@ -163,10 +132,13 @@ async fn a_silent_node_is_marked_down_and_comes_back_up_when_it_heartbeats() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_routing_table_is_pushed_to_watchers_as_it_changes() {
     let cluster = placement_cluster(10_000).await;
-    let mut tables = client(&cluster, 2).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect("watch").into_inner();
+    let mut tables =
+        placement_client(&cluster, 2).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect("watch").into_inner();
     let first = tables.message().await.expect("stream").expect("the current table");
     assert!(first.groups.iter().any(|g| g.descriptor.as_ref().is_some_and(|d| d.prefix == "/")));
-    at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/w".into() }).await }).await.expect("create group");
+    at_placement_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/w".into() }).await })
+        .await
+        .expect("create group");
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
         let remaining = deadline.saturating_duration_since(Instant::now());
@@ -176,8 +148,10 @@ async fn the_routing_table_is_pushed_to_watchers_as_it_changes() {
             break;
         }
     }
-    let refused =
-        client(&cluster, 5).watch_routing_table(WatchRoutingTableRequest { after_version: 0 }).await.expect_err("no placement replica on node 5");
+    let refused = placement_client(&cluster, 5)
+        .watch_routing_table(WatchRoutingTableRequest { after_version: 0 })
+        .await
+        .expect_err("no placement replica on node 5");
     assert_eq!(error_of(&refused).map(|e| e.code), Some(Code::WrongGroup as i32), "{refused}");
 }
 
@@ -221,8 +195,9 @@ async fn item_7_fencing_tokens_keep_growing_when_a_path_moves_to_a_new_group() {
     // Nothing is left under /t in the root group, so it can be given away.
     let delete = DeleteRequest { path: "/t".into(), recursive: true, routing, ..DeleteRequest::default() };
     root.delete(delete).await.expect("delete /t");
-    let created =
-        at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/t".into() }).await }).await.expect("group for /t");
+    let created = at_placement_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/t".into() }).await })
+        .await
+        .expect("group for /t");
     let group = created.group.and_then(|g| g.descriptor).expect("descriptor").group_id;
     let after = lock_token(&cluster, group, "/t/x").await;
     assert!(after > before, "the token of /t/x went backwards when /t moved to group {group}: {after} after {before}");
@@ -275,7 +250,7 @@ async fn item_8_concurrent_group_creations_leave_every_path_served_by_exactly_on
             let cluster = cluster.clone();
             let prefix = prefix.to_string();
             tokio::spawn(async move {
-                at_leader(&cluster, |mut c| {
+                at_placement_leader(&cluster, |mut c| {
                     let prefix = prefix.clone();
                     async move { c.create_group(CreateGroupRequest { prefix }).await }
                 })
@@ -348,5 +323,5 @@ async fn item_8_a_creation_left_half_way_is_resumed_or_rolled_back() {
     assert!(table(&cluster).await.groups.iter().all(|g| g.descriptor.as_ref().is_some_and(|d| d.prefix != "/busy")), "/busy dropped");
     assert_eq!(groups_serving(&cluster, &[1, group], "/busy/x").await, vec![1], "the root group still serves /busy");
     // Nothing is left blocking the next creation.
-    at_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/s".into() }).await }).await.expect("create /s");
+    at_placement_leader(&cluster, |mut c| async move { c.create_group(CreateGroupRequest { prefix: "/s".into() }).await }).await.expect("create /s");
 }

@@ -8,8 +8,11 @@ use tonic::transport::Channel;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::CreateGroupRequest;
 use warden_proto::v1::warden_client::WardenClient;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::WardenError;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
+use warden_shard_node::service::error_of;
 
 /// How long any one step may take.
 pub const TIMEOUT: Duration = Duration::from_secs(20);
@@ -129,4 +132,38 @@ fn serve_router(cluster: &Cluster, listener: std::net::TcpListener, watch_placem
 /// A `warden.v1.Warden` client of the router at `addr`.
 pub fn client(addr: std::net::SocketAddr) -> WardenClient<Channel> {
     WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").timeout(TIMEOUT).connect_lazy())
+}
+
+/// A lazily connected client of node `node`'s placement API.
+pub fn placement_client(cluster: &Cluster, node: u64) -> PlacementClient<Channel> {
+    let addr = cluster.addr(node).expect("addr");
+    PlacementClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy())
+}
+
+/// Calls `call` on the running nodes in turn (following NOT_LEADER hints) until it succeeds
+/// or is refused with something other than NOT_LEADER / UNAVAILABLE, for up to [`TIMEOUT`].
+pub async fn at_placement_leader<T, F, Fut>(cluster: &Cluster, call: F) -> Result<T, WardenError>
+where
+    F: Fn(PlacementClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
+    let deadline = Instant::now() + TIMEOUT;
+    let mut turn = 0;
+    let mut node = cluster.running()[0];
+    loop {
+        let status = match call(placement_client(cluster, node)).await {
+            Ok(response) => return Ok(response.into_inner()),
+            Err(status) => status,
+        };
+        let error =
+            error_of(&status).unwrap_or(WardenError { code: Code::Unavailable as i32, message: status.to_string(), ..WardenError::default() });
+        let retry = error.code == Code::NotLeader as i32 || error.code == Code::Unavailable as i32;
+        if !retry || Instant::now() > deadline {
+            return Err(error);
+        }
+        turn += 1;
+        let running = cluster.running();
+        node = Some(error.leader_id).filter(|id| running.contains(id) && *id != node).unwrap_or(running[turn % running.len()]);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
