@@ -41,9 +41,8 @@ pub struct NodeArgs {
     #[serde(default)]
     zone: String,
     /// Ticks (100 ms) a group's leader waits without a request before the group hibernates:
-    /// stops ticking and heartbeating on every replica until a request comes. 0 (the
-    /// default): never; 20 is the suggested value once hibernation is trusted (see
-    /// `HIBERNATE_AFTER_TICKS_DEFAULT`).
+    /// stops ticking and heartbeating on every replica until a request comes. 0: never; the
+    /// default is 20 (`HIBERNATE_AFTER_TICKS_DEFAULT`).
     #[arg(long, default_value_t = HIBERNATE_AFTER_TICKS_DEFAULT)]
     #[serde(default = "hibernate_after_ticks_default")]
     hibernate_after_ticks: u64,

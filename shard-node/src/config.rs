@@ -5,10 +5,11 @@ use std::time::Duration;
 
 use crate::storage::StorageLimits;
 
-/// Default of [`NodeConfig::hibernate_after_ticks`]: off. With hibernation on, the pause test
-/// (`tests/crash_cycles.rs`, `a_paused_leader_lets_no_stale_holder_act`) saw a stale lock
-/// holder act in 2 of 5 runs (0 of 5 with it off), so it stays off until that is understood.
-pub const HIBERNATE_AFTER_TICKS_DEFAULT: u64 = 0;
+/// Default of [`NodeConfig::hibernate_after_ticks`]: on. (It was off while the pause test of
+/// `tests/crash_cycles.rs` saw a stale lock holder act with it on: a session opened by the
+/// request that woke a group asleep longer than its TTL was born expired; see
+/// `StateMachine::leader_clock`.)
+pub const HIBERNATE_AFTER_TICKS_DEFAULT: u64 = HIBERNATE_AFTER_TICKS_ON;
 
 /// The idle time to use when hibernation is turned on: two election timeouts of the default
 /// `election_tick` (10), so a group sleeps 2 s after its last request at 100 ms ticks.
