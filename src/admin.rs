@@ -85,6 +85,16 @@ pub enum AdminCommand {
         #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
         seeds: Vec<String>,
     },
+    /// Give the existing subtree at PREFIX, with its data, locks and ephemerals, to a new
+    /// shard group while clients use it: writes to the subtree pause while it moves
+    /// (routers retry them); nothing else pauses. Safe to run again if it was interrupted.
+    Split {
+        /// The subtree's root (an absolute path below the prefix of the group serving it).
+        prefix: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
     /// Pause or resume the balance schedulers (repair, drain and decommission keep running).
     Scheduler {
         /// `pause` or `resume`.
@@ -195,6 +205,15 @@ pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
             })
             .await?;
             println!("group {} removed; {prefix} is served by group {} now", answer.group_id, answer.parent_group_id);
+        }
+        AdminCommand::Split { prefix, seeds } => {
+            let answer = at_any(&seeds, |mut c| {
+                let prefix = prefix.clone();
+                async move { c.split_group(CreateGroupRequest { prefix }).await }
+            })
+            .await?;
+            let descriptor = answer.group.and_then(|g| g.descriptor).unwrap_or_default();
+            println!("group {} serves {} on nodes {:?} (split with its data)", descriptor.group_id, descriptor.prefix, descriptor.replicas);
         }
         AdminCommand::Scheduler { action, seeds } => {
             let paused = matches!(action, SchedulerAction::Pause);

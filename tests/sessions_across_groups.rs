@@ -16,20 +16,10 @@ use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::Cluster;
 
-use support::routed::{client, cluster_with_groups, start_router, TIMEOUT};
+use support::routed::{client, cluster_with_groups, group_serving, session_homed_at, start_router, TIMEOUT};
 
 /// Shortest TTL granted (3 s): what these sessions ask for.
 const TTL_MS: u64 = 3_000;
-
-async fn group_serving(router: &mut WardenClient<Channel>, path: &str) -> u64 {
-    let exists = router.exists(ExistsRequest { path: path.into(), ..ExistsRequest::default() }).await.expect("exists").into_inner();
-    exists.header.expect("header").group_id
-}
-
-async fn session_homed_at(router: &mut WardenClient<Channel>, hint: &str) -> u64 {
-    let request = CreateSessionRequest { ttl_ms: TTL_MS, path_hint: hint.into(), ..CreateSessionRequest::default() };
-    router.create_session(request).await.expect("create session").into_inner().session_id
-}
 
 fn home_of(session: u64) -> u64 {
     warden_placement::home_group(session)
@@ -78,7 +68,7 @@ async fn a_lock_held_in_another_group_is_released_only_on_the_home_groups_verdic
     assert_ne!(group_a, group_b);
 
     // A session homed in A (its hint) takes a lock in B.
-    let session = session_homed_at(&mut router, "/a/app").await;
+    let session = session_homed_at(&mut router, "/a/app", TTL_MS).await;
     assert_eq!(home_of(session), group_a, "the hint's group is the home");
     let renewals = keep_alive(router.clone(), session);
     let held = lock(&mut router, "/b/lock", session).await.expect("lock in B");
@@ -113,7 +103,7 @@ async fn a_lock_held_in_another_group_is_released_only_on_the_home_groups_verdic
     assert!(leader_metrics(&cluster, group_b).await.ended.load(Ordering::Relaxed) >= 1, "ended on A's verdict");
 
     // Another session can take the lock now.
-    let next = session_homed_at(&mut router, "/b").await;
+    let next = session_homed_at(&mut router, "/b", TTL_MS).await;
     assert!(lock(&mut router, "/b/lock", next).await.expect("lock").acquired);
 }
 
@@ -124,7 +114,7 @@ async fn a_group_cut_off_from_the_home_group_keeps_the_lock_until_the_verdict_ar
     let mut router = client(router_process.addr);
     let (group_a, group_b) = (group_serving(&mut router, "/a").await, group_serving(&mut router, "/b").await);
 
-    let session = session_homed_at(&mut router, "/a").await;
+    let session = session_homed_at(&mut router, "/a", TTL_MS).await;
     let renewals = keep_alive(router.clone(), session);
     assert!(lock(&mut router, "/b/lock", session).await.expect("lock in B").acquired);
 
@@ -143,7 +133,7 @@ async fn a_group_cut_off_from_the_home_group_keeps_the_lock_until_the_verdict_ar
     assert!(metrics.unreachable_homes.load(Ordering::Relaxed) >= 1, "B reports its home group unreachable");
     assert_eq!(metrics.unconfirmed_sessions.load(Ordering::Relaxed), 1);
     // A new ephemeral of a session homed in A cannot be confirmed either: refused, unchanged.
-    let other = session_homed_at(&mut router, "/a/x").await;
+    let other = session_homed_at(&mut router, "/a/x", TTL_MS).await;
     let refused = lock(&mut router, "/b/other", other).await.expect_err("A cannot confirm");
     assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused}");
     assert!(holders(&mut router, "/b/other").await.is_empty());
@@ -165,7 +155,7 @@ async fn ephemerals_of_ended_sessions_are_refused_and_sessions_spread_over_group
     let mut router = client(router_process.addr);
 
     // A closed session homed in A cannot create an ephemeral in B: B asks A first.
-    let closed = session_homed_at(&mut router, "/a").await;
+    let closed = session_homed_at(&mut router, "/a", TTL_MS).await;
     router.close_session(CloseSessionRequest { session_id: closed, ..CloseSessionRequest::default() }).await.expect("close");
     let create = CreateRequest { path: "/b/e".into(), session_id: closed, ..CreateRequest::default() };
     let refused = router.create(create).await.expect_err("the session ended");
@@ -174,7 +164,7 @@ async fn ephemerals_of_ended_sessions_are_refused_and_sessions_spread_over_group
     assert!(exists.stat.is_none(), "nothing was created");
 
     // A live one can, and closing it at home removes the ephemeral in B.
-    let live = session_homed_at(&mut router, "/a").await;
+    let live = session_homed_at(&mut router, "/a", TTL_MS).await;
     let create = CreateRequest { path: "/b/e".into(), session_id: live, ..CreateRequest::default() };
     router.create(create).await.expect("ephemeral in B");
     // B refuses to close a session it only records as remote.

@@ -58,6 +58,16 @@ pub enum Command {
         /// Leader time: nodes silent for the heartbeat timeout by then get no replica.
         now_ms: u64,
     },
+    /// Creates a group for `prefix`, an existing subtree of the ready group serving it now,
+    /// which the new group takes over with its data (the split sequence of
+    /// `shard-node/src/placement/split.rs`). Routed only once `GroupReady`; `DropGroup` rolls
+    /// it back.
+    SplitGroup {
+        /// The subtree it will own.
+        prefix: String,
+        /// Leader time: nodes silent for the heartbeat timeout by then get no replica.
+        now_ms: u64,
+    },
     /// The group's replicas exist and it has a leader: commit its route.
     GroupReady {
         /// The group being created.
@@ -177,7 +187,8 @@ impl Placement {
             Command::RegisterNode { id, addr, zone, now_ms } => self.register_node(*id, addr, zone, *now_ms),
             Command::Heartbeat { ids, now_ms } => self.heartbeat(ids, *now_ms),
             Command::MarkDown { ids, now_ms } => self.mark_down(ids, *now_ms),
-            Command::CreateGroup { prefix, now_ms } => self.create_group(prefix, *now_ms),
+            Command::CreateGroup { prefix, now_ms } => self.create_group(prefix, *now_ms, false),
+            Command::SplitGroup { prefix, now_ms } => self.create_group(prefix, *now_ms, true),
             Command::GroupReady { group_id } => self.group_ready(*group_id),
             Command::DropGroup { group_id } => self.drop_group(*group_id),
             Command::SetNodeState { id, state } => self.set_node_state(*id, *state),
@@ -212,7 +223,8 @@ impl Placement {
             }
         }
         let replicas = next.pick_replicas(self.replicas_wanted().min(nodes.len()))?;
-        let root = GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas, learners: Vec::new(), epoch: Epoch::INITIAL, ready: true };
+        let root =
+            GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas, learners: Vec::new(), epoch: Epoch::INITIAL, ready: true, split_from: None };
         next.groups.insert(ROOT_GROUP_ID, root.clone());
         next.routes.insert(root.prefix.clone(), ROOT_GROUP_ID);
         next.bump_routing_version();
@@ -270,18 +282,33 @@ impl Placement {
         Ok(Outcome::NodesDown(silent.into_iter().collect()))
     }
 
-    fn create_group(&mut self, prefix: &str, now_ms: u64) -> Result<Outcome, PlacementError> {
+    fn create_group(&mut self, prefix: &str, now_ms: u64, split: bool) -> Result<Outcome, PlacementError> {
         validate_prefix(prefix).map_err(|reason| PlacementError::InvalidPrefix { prefix: prefix.to_string(), reason })?;
         if let Some(owner) = self.groups.values().find(|group| group.prefix == prefix) {
             return Err(PlacementError::PrefixTaken { prefix: prefix.to_string(), group: owner.id });
         }
+        // A split takes its subtree from the ready group serving it, one creation at a time:
+        // the source's descriptor changes only through this split until it is settled.
+        let split_from = match split {
+            false => None,
+            true => {
+                if let Some(creating) = self.groups.values().find(|group| !group.ready) {
+                    return Err(PlacementError::ChangeInProgress { group: creating.id, learner: 0 });
+                }
+                let source = self.route(prefix).ok_or(PlacementError::NotBootstrapped)?;
+                if let Some(learner) = source.learners.first() {
+                    return Err(PlacementError::ChangeInProgress { group: source.id, learner: *learner });
+                }
+                Some(source.id)
+            }
+        };
         let id = self.next_group_id;
         if id > SHARD_GROUP_ID_MAX {
             return Err(PlacementError::GroupIdsExhausted);
         }
         let replicas =
             self.pick_replicas_among(self.replicas_wanted(), |node| node.up && node.state.takes_replicas() && !self.is_stale(node, now_ms))?;
-        let group = GroupInfo { id, prefix: prefix.to_string(), replicas, learners: Vec::new(), epoch: Epoch::INITIAL, ready: false };
+        let group = GroupInfo { id, prefix: prefix.to_string(), replicas, learners: Vec::new(), epoch: Epoch::INITIAL, ready: false, split_from };
         self.groups.insert(id, group.clone());
         self.next_group_id += 1;
         self.bump_routing_version();
@@ -291,6 +318,7 @@ impl Placement {
     fn group_ready(&mut self, group_id: u64) -> Result<Outcome, PlacementError> {
         let mut group = self.creating_group(group_id)?.clone();
         group.ready = true;
+        group.split_from = None;
         let bumped = self.bump_ancestors_changed_by(&group.prefix, |placement| {
             placement.routes.insert(group.prefix.clone(), group_id);
             placement.groups.insert(group_id, group.clone());

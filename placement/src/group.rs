@@ -67,6 +67,10 @@ pub struct GroupInfo {
     pub epoch: Epoch,
     /// The group has a leader and its route is committed; until then no path routes to it.
     pub ready: bool,
+    /// While it is being created by a split (`Command::SplitGroup`): the group whose existing
+    /// subtree it takes over, with its data. `None` once ready, and for an empty new group.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub split_from: Option<u64>,
 }
 
 impl GroupInfo {

@@ -53,7 +53,15 @@ fn ids(groups: &[GroupInfo]) -> Vec<u64> {
 fn bootstrap_creates_the_root_group() {
     let mut placement = Placement::new(config(3));
     let outcome = placement.apply(&Command::Bootstrap { nodes: vec![node(3, "a"), node(1, "a"), node(2, "b"), node(4, "b")], now_ms: 7 });
-    let root = GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas: vec![1, 2, 3], learners: Vec::new(), epoch: Epoch::INITIAL, ready: true };
+    let root = GroupInfo {
+        id: ROOT_GROUP_ID,
+        prefix: "/".into(),
+        replicas: vec![1, 2, 3],
+        learners: Vec::new(),
+        epoch: Epoch::INITIAL,
+        ready: true,
+        split_from: None,
+    };
     assert_eq!(outcome, Ok(Outcome::Bootstrapped(root.clone())));
     assert!(placement.is_bootstrapped());
     assert_eq!(placement.groups().values().cloned().collect::<Vec<_>>(), vec![root]);
@@ -517,4 +525,32 @@ fn remove_group_gives_the_prefix_back_to_the_parent_path() {
     assert!(placement.group(ab.id).is_none());
     // Ids are never reused.
     assert_eq!(create(&mut placement, "/a/b", 0).id, c.id + 1);
+}
+
+#[test]
+fn split_group_records_its_source_until_ready_and_waits_for_other_creations() {
+    let mut placement = bootstrapped(5, 3);
+    let pending = create(&mut placement, "/pending", 0);
+    refused(
+        &mut placement,
+        Command::SplitGroup { prefix: "/team".into(), now_ms: 0 },
+        PlacementError::ChangeInProgress { group: pending.id, learner: 0 },
+    );
+    ready(&mut placement, pending.id);
+    let split = match placement.apply(&Command::SplitGroup { prefix: "/team".into(), now_ms: 0 }) {
+        Ok(Outcome::GroupCreated(group)) => group,
+        other => panic!("split: {other:?}"),
+    };
+    assert_eq!(split.split_from, Some(ROOT_GROUP_ID), "the group serving the subtree now is the source");
+    assert_eq!(placement.route("/team/x").map(|g| g.id), Some(ROOT_GROUP_ID), "not routed before it is ready");
+    refused(
+        &mut placement,
+        Command::SplitGroup { prefix: "/other".into(), now_ms: 0 },
+        PlacementError::ChangeInProgress { group: split.id, learner: 0 },
+    );
+    assert_eq!(ids(&ready(&mut placement, split.id)), vec![ROOT_GROUP_ID], "the source gives the subtree away");
+    let ready_group = placement.group(split.id).expect("group");
+    assert_eq!((ready_group.ready, ready_group.split_from), (true, None));
+    assert_eq!(placement.route("/team/x").map(|g| g.id), Some(split.id));
+    placement.check_invariants().expect("consistent");
 }

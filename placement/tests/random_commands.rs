@@ -64,7 +64,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => Just(Op::MarkDownDue),
         4 => Just(Op::HeartbeatAll),
         4 => any::<usize>().prop_map(Op::ReadyNth),
-        4 => prop::sample::select(prefixes).prop_map(|prefix| Op::Apply(Command::CreateGroup { prefix, now_ms: 0 })),
+        4 => prop::sample::select(prefixes.clone()).prop_map(|prefix| Op::Apply(Command::CreateGroup { prefix, now_ms: 0 })),
+        2 => prop::sample::select(prefixes).prop_map(|prefix| Op::Apply(Command::SplitGroup { prefix, now_ms: 0 })),
         4 => (0u64..16).prop_map(|group_id| Op::Apply(Command::GroupReady { group_id })),
         1 => (0u64..16).prop_map(|group_id| Op::Apply(Command::DropGroup { group_id })),
         2 => (node_id(), prop::sample::select(vec![NodeState::Serving, NodeState::Draining, NodeState::Decommissioning, NodeState::Tombstone]))
@@ -111,7 +112,8 @@ fn command(placement: &Placement, op: &Op, now_ms: u64) -> Command {
         | Command::RegisterNode { now_ms: time, .. }
         | Command::Heartbeat { now_ms: time, .. }
         | Command::MarkDown { now_ms: time, .. }
-        | Command::CreateGroup { now_ms: time, .. } => *time = now_ms,
+        | Command::CreateGroup { now_ms: time, .. }
+        | Command::SplitGroup { now_ms: time, .. } => *time = now_ms,
         Command::GroupReady { .. }
         | Command::DropGroup { .. }
         | Command::SetNodeState { .. }

@@ -101,9 +101,10 @@ fn refusal(code: Code, path: &str, message: impl Into<String>) -> Status {
     warden_proto::status(warden_proto::warden_error(code, path, message))
 }
 
-/// Where a sequencer's lock lives.
+/// Where a sequencer's lock lives: the group serving its path now. The group the sequencer
+/// names is where it was issued, which a split or merge may have moved the lock away from.
 fn sequencer_target(sequencer: &Sequencer) -> Target<'_> {
-    if sequencer.group_id != 0 {
+    if sequencer.path.is_empty() {
         Target::Group(sequencer.group_id)
     } else {
         Target::Path(&sequencer.path)

@@ -167,3 +167,16 @@ where
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The group serving `path`, as the router's answer names it.
+pub async fn group_serving(router: &mut WardenClient<Channel>, path: &str) -> u64 {
+    let request = warden_proto::v1::ExistsRequest { path: path.into(), ..Default::default() };
+    let exists = router.exists(request).await.expect("exists").into_inner();
+    exists.header.expect("header").group_id
+}
+
+/// A session of `ttl_ms` homed in the group serving `hint`.
+pub async fn session_homed_at(router: &mut WardenClient<Channel>, hint: &str, ttl_ms: u64) -> u64 {
+    let request = warden_proto::v1::CreateSessionRequest { ttl_ms, path_hint: hint.into(), ..Default::default() };
+    router.create_session(request).await.expect("create session").into_inner().session_id
+}

@@ -20,7 +20,6 @@ use crate::error::EngineError;
 use crate::state_machine::{ApplyOutput, LeaderClock, SmReader, SmWrites, StateMachine, StateMachineFactory};
 use crate::storage::Db;
 
-const GROUP: u64 = 1;
 const NODE: u64 = 1;
 
 /// A namespace state machine applied to directly.
@@ -29,6 +28,7 @@ pub struct Harness {
     db: Arc<Db>,
     factory: NamespaceFactory,
     sm: Box<dyn StateMachine>,
+    group: u64,
     index: u64,
     /// Leader time stamped into the next command.
     pub now_ms: u64,
@@ -38,27 +38,32 @@ pub struct Harness {
 pub type Outcome<T> = Result<T, WardenError>;
 
 impl Harness {
-    /// A fresh, empty namespace with `limits`.
+    /// A fresh, empty namespace with `limits` (group 1).
     pub fn new(limits: Limits) -> Result<Harness, EngineError> {
+        Harness::for_group(limits, 1)
+    }
+
+    /// A fresh, empty namespace of `group` with `limits` (session ids name their home group).
+    pub fn for_group(limits: Limits, group: u64) -> Result<Harness, EngineError> {
         let dir = tempfile::tempdir().map_err(|e| EngineError::Invalid(e.to_string()))?;
         let db = Db::open(dir.path()).map_err(|e| EngineError::Invalid(e.to_string()))?;
         let factory = NamespaceFactory { limits, ..NamespaceFactory::default() };
-        let mut sm = factory.create(NODE, GROUP);
-        sm.reload(&SmReader::new(db.clone(), GROUP), 0).map_err(|e| EngineError::Invalid(e.to_string()))?;
-        Ok(Harness { _dir: dir, db, factory, sm, index: 0, now_ms: 1_000_000 })
+        let mut sm = factory.create(NODE, group);
+        sm.reload(&SmReader::new(db.clone(), group), 0).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        Ok(Harness { _dir: dir, db, factory, sm, group, index: 0, now_ms: 1_000_000 })
     }
 
     /// Rebuilds the state machine from disk, as a restart does.
     pub fn reopen(&mut self) -> Result<(), EngineError> {
-        let mut sm = self.factory.create(NODE, GROUP);
-        sm.reload(&SmReader::new(self.db.clone(), GROUP), self.index).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let mut sm = self.factory.create(NODE, self.group);
+        sm.reload(&SmReader::new(self.db.clone(), self.group), self.index).map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.sm = sm;
         Ok(())
     }
 
     /// The watch hub of the harness's replica (events are published after each apply).
     pub fn watch_hub(&self) -> Option<Arc<crate::watch::WatchHub>> {
-        self.factory.hubs.get(NODE, GROUP)
+        self.factory.hubs.get(NODE, self.group)
     }
 
     /// Applies raw command bytes as the next entry (bad bytes come back as `Err`).
@@ -71,7 +76,7 @@ impl Harness {
     /// ready's committed entries: into one set of writes, written once, then published. Each
     /// command's output, in order; `Err` only when the write fails.
     pub fn apply_batch<C: AsRef<[u8]>>(&mut self, commands: &[C]) -> Result<Vec<ApplyOutput>, EngineError> {
-        let mut writes = SmWrites::new(GROUP);
+        let mut writes = SmWrites::new(self.group);
         let mut outputs = Vec::with_capacity(commands.len());
         for command in commands {
             self.index += 1;
@@ -84,7 +89,7 @@ impl Harness {
 
     /// A reader of the harness's group, for reads below the state machine (`store`, `locks`).
     pub fn reader(&self) -> SmReader {
-        SmReader::new(self.db.clone(), GROUP)
+        SmReader::new(self.db.clone(), self.group)
     }
 
     fn apply_result(&mut self, op: CommandOp) -> Outcome<CommandOutcome> {
@@ -153,12 +158,12 @@ impl Harness {
     /// For tests of states too expensive to reach through operations (a sequential counter
     /// near its end).
     pub fn rewrite_record(&mut self, path: &str, edit: impl FnOnce(&mut warden_proto::namespace::NodeRecord)) -> Result<(), EngineError> {
-        let reader = SmReader::new(self.db.clone(), GROUP);
+        let reader = SmReader::new(self.db.clone(), self.group);
         let mut record = super::store::read_node(&reader, path)
             .map_err(|e| EngineError::Invalid(e.to_string()))?
             .ok_or_else(|| EngineError::Invalid(format!("{path} does not exist")))?;
         edit(&mut record);
-        let mut writes = SmWrites::new(GROUP);
+        let mut writes = SmWrites::new(self.group);
         writes.put(&super::store::node_key(path), &record.encode_to_vec());
         self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.reopen()
@@ -329,6 +334,24 @@ impl Harness {
             if !page.more {
                 return Ok(names);
             }
+        }
+    }
+
+    /// Applies a placement command (a descriptor, a split step); the group's revision after it.
+    pub fn placement_step(&mut self, op: CommandOp) -> Outcome<u64> {
+        Ok(self.apply(op)?.header.map_or(0, |h| h.revision))
+    }
+
+    /// Serves `descriptor` (its revision raised to `revision_floor` first).
+    pub fn set_descriptor(&mut self, descriptor: GroupDescriptor, revision_floor: u64) -> Outcome<u64> {
+        self.placement_step(CommandOp::SetDescriptor(warden_proto::namespace::SetDescriptor { descriptor: Some(descriptor), revision_floor }))
+    }
+
+    /// A page of a frozen subtree's export.
+    pub fn export_page(&self, export: warden_proto::namespace::ExportSubtree) -> Outcome<warden_proto::namespace::SubtreePage> {
+        match self.query(QueryKind::ExportSubtree(export))?.result {
+            Some(QueryOutcome::SubtreePage(page)) => Ok(page),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }
 

@@ -12,6 +12,7 @@ pub mod locks;
 pub mod path;
 pub mod query;
 pub mod sessions;
+pub mod split;
 pub mod store;
 pub mod txn;
 
@@ -24,7 +25,7 @@ use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
 use warden_proto::namespace::{Command, CommandResult, EndRemoteSessions, ExpireSessions, ExpireTtl, SessionIds};
-use warden_proto::namespace::{LeaderRequest, LeaderResponse};
+use warden_proto::namespace::{LeaderRequest, LeaderResponse, SplitState};
 use warden_proto::v1::{
     CloseSessionResponse, CreateSessionResponse, GroupDescriptor, KeepAliveResponse, LockResponse, NodeKind, SessionInfoResponse, SessionLease,
     TxnResponse,
@@ -115,6 +116,7 @@ impl StateMachineFactory for NamespaceFactory {
             leases: LeaseTable::default(),
             blocked_locks: BTreeMap::new(),
             descriptor: None,
+            split: SplitState::default(),
         })
     }
 }
@@ -157,6 +159,8 @@ pub struct NamespaceStateMachine {
     blocked_locks: BTreeMap<String, u64>,
     /// What the group serves (replicated state, rebuilt from disk; `None`: every path).
     descriptor: Option<GroupDescriptor>,
+    /// The subtree frozen for a split, and splits settled (replicated state, rebuilt from disk).
+    split: SplitState,
 }
 
 impl NamespaceStateMachine {
@@ -192,6 +196,12 @@ impl NamespaceStateMachine {
             writes.notify(key);
         }
         Ok(())
+    }
+
+    /// The watch events of a transaction's node changes, in path order.
+    fn events_of(&self, view: &TxnView<'_>) -> Result<Vec<Event>, StorageError> {
+        let state = |record: Option<warden_proto::namespace::NodeRecord>| record.map(|r| node_state(r.stat, r.data));
+        Ok(view.node_changes()?.into_iter().flat_map(|change| Event::of_change(&change.path, state(change.before), state(change.after))).collect())
     }
 
     /// Refuses a command touching a path this group does not serve (WRONG_GROUP), or
@@ -233,6 +243,23 @@ impl NamespaceStateMachine {
         let mut new_descriptor = None;
         let mut lock_attempt = 0;
         let mut view = TxnView::new(&reader, Some(writes));
+        let mut command = command;
+        match split::check_frozen(&self.split, &view, command.op.as_ref()) {
+            Ok(()) => {}
+            Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
+            Err(Failure::Storage(error)) => return Err(error),
+        }
+        // Ends of sessions owning nodes in a frozen subtree wait until it has moved.
+        if let Some(CommandOp::ExpireSessions(ExpireSessions { session_ids }) | CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids })) =
+            command.op.as_mut()
+        {
+            *session_ids = split::deferred(&self.split, &view, session_ids)?;
+        }
+        // A moved subtree's records are not changes of its nodes: no watch events.
+        let moves_records = matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::HandSubtree(_)));
+        // An ingested page takes no revision: the target's first comes with its descriptor.
+        let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_)));
+        let mut new_split = None;
         // A new descriptor may raise the revision first (placement's floor: tokens of paths
         // that move here never go backwards, DESIGN.md rule 5).
         let floor = match &command.op {
@@ -294,6 +321,22 @@ impl NamespaceStateMachine {
                 new_descriptor = Some(descriptor);
                 CommandOutcome::Txn(empty())
             }),
+            Some(CommandOp::FreezeSubtree(freeze)) => txn.freeze_subtree(self.descriptor.as_ref(), &freeze).map(|state| {
+                new_split = Some(state);
+                CommandOutcome::Txn(empty())
+            }),
+            Some(CommandOp::AbortSplit(abort)) => txn.abort_split(&abort).map(|state| {
+                new_split = Some(state);
+                CommandOutcome::Txn(empty())
+            }),
+            Some(CommandOp::HandSubtree(hand)) => txn.hand_subtree(self.group, self.descriptor.as_ref(), hand).map(|(state, descriptor)| {
+                new_split = Some(state);
+                new_descriptor = descriptor;
+                CommandOutcome::Txn(empty())
+            }),
+            Some(CommandOp::IngestSubtree(ingest)) => {
+                txn.ingest_subtree(self.group, self.descriptor.as_ref(), &ingest).map(|()| CommandOutcome::Txn(empty()))
+            }
             None => Err(Failure::Refused(error::invalid("", "command without an operation"))),
         };
         let ttl_changes = std::mem::take(&mut txn.ttl_changes);
@@ -308,15 +351,10 @@ impl NamespaceStateMachine {
         };
         // Only a transaction that changed something takes a revision.
         if !view.is_unchanged() {
-            self.revision = revision;
-            let events: Vec<Event> = view
-                .node_changes()?
-                .into_iter()
-                .flat_map(|change| {
-                    let state = |record: Option<warden_proto::namespace::NodeRecord>| record.map(|r| node_state(r.stat, r.data));
-                    Event::of_change(&change.path, state(change.before), state(change.after))
-                })
-                .collect();
+            if takes_revision {
+                self.revision = revision;
+            }
+            let events: Vec<Event> = if moves_records { Vec::new() } else { self.events_of(&view)? };
             if !events.is_empty() {
                 self.unpublished.push(EventBatch { revision: self.revision, events });
             }
@@ -324,6 +362,9 @@ impl NamespaceStateMachine {
             view.into_changes().commit_into(writes);
             if new_descriptor.is_some() {
                 self.descriptor = new_descriptor;
+            }
+            if let Some(state) = new_split {
+                self.split = state;
             }
             for change in ttl_changes {
                 match change {
@@ -392,7 +433,7 @@ impl StateMachine for NamespaceStateMachine {
 
     fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError> {
         let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
-        query::run(reader, &self.limits, self.revision, self.descriptor.as_ref(), query).map(|result| result.encode_to_vec())
+        query::run(reader, &self.limits, self.revision, self.descriptor.as_ref(), &self.split, query).map(|result| result.encode_to_vec())
     }
 
     fn publish(&mut self) {
@@ -402,6 +443,7 @@ impl StateMachine for NamespaceStateMachine {
     fn reload(&mut self, reader: &SmReader, _applied_index: u64) -> Result<(), StorageError> {
         self.revision = store::read_revision(reader)?;
         self.descriptor = store::read_descriptor(reader)?;
+        self.split = store::read_split(reader)?;
         self.unpublished.clear();
         self.hub.reset(self.revision);
         self.ttl.clear();
@@ -454,6 +496,9 @@ impl StateMachine for NamespaceStateMachine {
             Some(CommandOp::AddRemoteSessions(add)) if add.session_ids.len() > self.limits.txn_ops_max => {
                 Err(EngineError::Invalid(format!("more than {} sessions added at once", self.limits.txn_ops_max)))
             }
+            Some(CommandOp::IngestSubtree(ingest)) if ingest.records.len() > split::INGEST_RECORDS_MAX => {
+                Err(EngineError::Invalid(format!("more than {} records in one ingested page", split::INGEST_RECORDS_MAX)))
+            }
             Some(
                 CommandOp::ExpireTtl(_)
                 | CommandOp::CreateSession(_)
@@ -464,7 +509,11 @@ impl StateMachine for NamespaceStateMachine {
                 | CommandOp::AcquireLock(_)
                 | CommandOp::ReleaseLock(_)
                 | CommandOp::LockDelayEnded(_)
-                | CommandOp::SetDescriptor(_),
+                | CommandOp::SetDescriptor(_)
+                | CommandOp::FreezeSubtree(_)
+                | CommandOp::IngestSubtree(_)
+                | CommandOp::HandSubtree(_)
+                | CommandOp::AbortSplit(_),
             ) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }
@@ -526,7 +575,11 @@ impl StateMachine for NamespaceStateMachine {
     fn leader_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
         let now_ms = clock.wall_ms;
         let mut due = Vec::new();
-        for (path, _) in self.blocked_locks.iter().filter(|(_, until)| **until <= now_ms).take(self.limits.ttl_expiries_per_scan_max) {
+        // Nothing in a frozen subtree changes until it has moved (its new group ends these).
+        let frozen = |path: &str| split::frozen(&self.split).is_some_and(|prefix| warden_placement::is_at_or_below(path, prefix));
+        for (path, _) in
+            self.blocked_locks.iter().filter(|(path, until)| **until <= now_ms && !frozen(path)).take(self.limits.ttl_expiries_per_scan_max)
+        {
             let op = CommandOp::LockDelayEnded(warden_proto::namespace::LockDelayEnded { path: path.clone() });
             due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
         }
@@ -547,6 +600,10 @@ impl StateMachine for NamespaceStateMachine {
                 break;
             }
             let expires_at = entry.mtime_ms.saturating_add(entry.ttl_ms);
+            if frozen(path) {
+                recheck_at_ms = 0;
+                continue;
+            }
             if expires_at > now_ms {
                 recheck_at_ms = recheck_at_ms.min(expires_at);
                 continue;

@@ -17,6 +17,7 @@ pub fn run(
     limits: &Limits,
     revision: u64,
     descriptor: Option<&GroupDescriptor>,
+    split: &warden_proto::namespace::SplitState,
     query: &[u8],
 ) -> Result<QueryResult, EngineError> {
     let query = Query::decode(query).map_err(|e| EngineError::Invalid(format!("namespace query: {e}")))?;
@@ -25,12 +26,12 @@ pub fn run(
         Some(QueryKind::Exists(exists)) => Some(exists.path.as_str()),
         Some(QueryKind::Children(children)) => Some(children.path.as_str()),
         Some(QueryKind::LockInfo(lock) | QueryKind::CheckSequencer(lock) | QueryKind::Waiter(lock)) => Some(lock.path.as_str()),
-        Some(QueryKind::Revision(_) | QueryKind::Sessions(_)) | None => None,
+        Some(QueryKind::Revision(_) | QueryKind::Sessions(_) | QueryKind::ExportSubtree(_)) | None => None,
     };
     if let Some(Err(error)) = path.map(|path| descriptor::check_served(descriptor, path)) {
         return Ok(QueryResult { revision, result: Some(QueryOutcome::Error(error)) });
     }
-    let outcome = match answer(reader, limits, query) {
+    let outcome = match answer(reader, limits, split, query) {
         Ok(outcome) => outcome,
         Err(Failure::Refused(error)) => QueryOutcome::Error(error),
         Err(Failure::Storage(error)) => return Err(EngineError::busy(error.to_string())),
@@ -54,8 +55,9 @@ fn lock_state(reader: &SmReader, lock_path: &str) -> Result<(Vec<locks::Waiter>,
     Ok((locks::waiters(&view, lock_path)?, Some(meta)))
 }
 
-fn answer(reader: &SmReader, limits: &Limits, query: Query) -> Result<QueryOutcome, Failure> {
+fn answer(reader: &SmReader, limits: &Limits, split: &warden_proto::namespace::SplitState, query: Query) -> Result<QueryOutcome, Failure> {
     Ok(match query.query {
+        Some(QueryKind::ExportSubtree(export)) => QueryOutcome::SubtreePage(super::split::export(reader, split, &export)?),
         Some(QueryKind::Get(get)) => {
             let record = node(reader, &get.path)?.ok_or_else(|| no_node(&get.path))?;
             QueryOutcome::Get(GetResponse { header: None, data: record.data, stat: record.stat })

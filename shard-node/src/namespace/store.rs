@@ -6,12 +6,12 @@
 //! (each session's ephemeral nodes, in path order); `l<path>` → `LockMeta` (a lock's
 //! metadata, removed with its node); `mrevision` → the group revision and
 //! `mnext_session` → the next session sequence (8 bytes, big-endian each); `mdescriptor` →
-//! the group's descriptor (what it serves).
+//! the group's descriptor (what it serves); `msplit` → `SplitState` (subtree moves).
 
 use std::collections::BTreeMap;
 
 use prost::Message as _;
-use warden_proto::namespace::{LockMeta, NodeRecord, SessionRecord};
+use warden_proto::namespace::{LockMeta, NodeRecord, SessionRecord, SplitState};
 use warden_proto::v1::GroupDescriptor;
 
 use crate::error::StorageError;
@@ -25,6 +25,7 @@ const LOCK: u8 = b'l';
 const REVISION_KEY: &[u8] = b"mrevision";
 const NEXT_SESSION_KEY: &[u8] = b"mnext_session";
 const DESCRIPTOR_KEY: &[u8] = b"mdescriptor";
+const SPLIT_KEY: &[u8] = b"msplit";
 
 /// Key of a node's record.
 pub fn node_key(path: &str) -> Vec<u8> {
@@ -130,6 +131,59 @@ pub fn read_descriptor(reader: &SmReader) -> Result<Option<GroupDescriptor>, Sto
         .get(DESCRIPTOR_KEY)?
         .map(|bytes| GroupDescriptor::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("descriptor: {e}"))))
         .transpose()
+}
+
+/// The group's record of subtree moves on disk (default: none ever).
+pub fn read_split(reader: &SmReader) -> Result<SplitState, StorageError> {
+    TxnView::new(reader, None).split()
+}
+
+/// The key ranges `[from, to)` holding a subtree's own records — its nodes, the children
+/// index of its nodes, its locks' metadata — in key order. The subtree's root entry in its
+/// parent's children index is not among them (it belongs to the parent), nor are session
+/// records and the ephemeral index (they belong to sessions).
+pub fn subtree_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let key = |family: u8, tail: &[u8]| {
+        let mut key = vec![family];
+        key.extend_from_slice(prefix.as_bytes());
+        key.extend_from_slice(tail);
+        key
+    };
+    // Descendants are `prefix/…`: every key from `prefix/` up to `prefix0` ('0' follows '/').
+    vec![
+        (key(CHILD, b"\0"), key(CHILD, b"\x01")),
+        (key(CHILD, b"/"), key(CHILD, b"0")),
+        (key(LOCK, b""), key(LOCK, b"\0")),
+        (key(LOCK, b"/"), key(LOCK, b"0")),
+        (key(NODE, b""), key(NODE, b"\0")),
+        (key(NODE, b"/"), key(NODE, b"0")),
+    ]
+}
+
+/// A stored key and its value, as moved between groups.
+pub type RawRecord = (Vec<u8>, Vec<u8>);
+
+/// What a key of a subtree's records is: a node's record, a children-index entry (of its
+/// parent), or a lock's metadata; `None` for any other key.
+pub enum SubtreeKey<'k> {
+    /// `n<path>`.
+    Node(&'k str),
+    /// `c<parent>\0<name>`.
+    Child(&'k str, &'k str),
+    /// `l<path>`.
+    Lock(&'k str),
+}
+
+/// Parses a key of [`subtree_ranges`].
+pub fn parse_subtree_key(key: &[u8]) -> Option<SubtreeKey<'_>> {
+    let (family, rest) = key.split_first()?;
+    let rest = std::str::from_utf8(rest).ok()?;
+    match *family {
+        NODE => Some(SubtreeKey::Node(rest)),
+        LOCK => Some(SubtreeKey::Lock(rest)),
+        CHILD => rest.split_once('\0').map(|(parent, name)| SubtreeKey::Child(parent, name)),
+        _ => None,
+    }
 }
 
 /// Every session record on disk, by id.
@@ -277,6 +331,66 @@ impl<'a> TxnView<'a> {
     /// Up to `limit` ephemeral paths of `session`, in path order; the flag says whether more follow.
     pub fn ephemerals(&self, session: u64, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
         self.scan_names(&ephemeral_prefix(session), "", limit)
+    }
+
+    /// The group's record of subtree moves.
+    pub fn split(&self) -> Result<SplitState, StorageError> {
+        self.get(SPLIT_KEY)?
+            .map(|bytes| SplitState::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("split state: {e}"))))
+            .transpose()
+            .map(Option::unwrap_or_default)
+    }
+
+    /// Writes the group's record of subtree moves.
+    pub fn put_split(&mut self, state: &SplitState) {
+        self.local.insert(SPLIT_KEY.to_vec(), Some(state.encode_to_vec()));
+    }
+
+    /// Whether `session` owns an ephemeral node at or below `prefix`.
+    pub fn has_ephemeral_at_or_below(&self, session: u64, prefix: &str) -> Result<bool, StorageError> {
+        let mut exact = ephemeral_prefix(session);
+        exact.extend_from_slice(prefix.as_bytes());
+        if self.get(&exact)?.is_some() {
+            return Ok(true);
+        }
+        let below = format!("{prefix}/");
+        let (names, _) = self.scan_names(&ephemeral_prefix(session), &below, 1)?;
+        Ok(names.first().is_some_and(|name| name.starts_with(&below)))
+    }
+
+    /// A raw key's value (subtree records being moved).
+    pub fn get_raw(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        self.get(key)
+    }
+
+    /// Sets a raw key (subtree records being moved in).
+    pub fn put_raw(&mut self, key: &[u8], value: &[u8]) {
+        self.local.insert(key.to_vec(), Some(value.to_vec()));
+    }
+
+    /// Removes a raw key (subtree records moved out).
+    pub fn delete_raw(&mut self, key: &[u8]) {
+        self.local.insert(key.to_vec(), None);
+    }
+
+    /// Every record in `[from, to)` as the batch will leave it (disk under the batch's
+    /// pending writes), in key order: a replica that applies a freeze and a hand-over in one
+    /// batch still sees the subtree's last writes.
+    pub fn base_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<RawRecord>, StorageError> {
+        let mut records = BTreeMap::new();
+        self.reader.scan_range(from, Some(to), |key, value| {
+            records.insert(key.to_vec(), value.to_vec());
+            true
+        })?;
+        if let Some(batch) = self.batch {
+            for (key, value) in batch.pending_range(from, to) {
+                match value {
+                    Some(value) => records.insert(key.to_vec(), value.to_vec()),
+                    None => records.remove(key),
+                };
+            }
+        }
+        Ok(records.into_iter().collect())
     }
 
     /// Writes the group's descriptor.

@@ -426,7 +426,8 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
-    fn detach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
+    /// `session` no longer owns `path` here: its index entry goes and its count drops.
+    pub(super) fn detach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
         self.view.remove_ephemeral(session, path);
         if let Some(mut record) = self.view.session(session)? {
             record.ephemerals = record.ephemerals.saturating_sub(1);

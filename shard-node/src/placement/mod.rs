@@ -3,7 +3,8 @@
 //! `warden_placement::Placement` behind the engine's `StateMachine` trait; [`service`] is the
 //! `warden.placement.Placement` gRPC service every node serves; [`heartbeat`] tells the
 //! placement group a node is alive (and which groups it leads); [`scheduler`] is the placement
-//! leader carrying out repair, drain and balance operators; [`factory`] gives each group its state machine (the
+//! leader carrying out repair, drain and balance operators; [`split`] moves a live subtree
+//! into a new group; [`factory`] gives each group its state machine (the
 //! placement group's, or a namespace).
 //!
 //! Architecture invariant: the routing table changes only through commands applied by the
@@ -13,6 +14,7 @@ pub mod factory;
 pub mod heartbeat;
 pub mod scheduler;
 pub mod service;
+pub mod split;
 pub mod state_machine;
 
 pub use factory::ShardNodeFactory;

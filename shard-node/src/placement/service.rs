@@ -155,7 +155,7 @@ impl PlacementService {
     }
 
     /// Steps 2 and 3: the replicas exist and the group has a leader.
-    async fn start_group(&self, group: &warden_placement::GroupInfo, state: &Placement) -> Result<(), Status> {
+    pub(super) async fn start_group(&self, group: &warden_placement::GroupInfo, state: &Placement) -> Result<(), Status> {
         for (position, replica) in group.replicas.iter().enumerate() {
             let addr = state.node(*replica).map(|n| n.addr.clone()).ok_or_else(|| internal(format!("node {replica} has no address")))?;
             let request = CreateReplicaRequest { group_id: group.id, voters: group.replicas.clone(), campaign: position == 0 };
@@ -202,7 +202,7 @@ impl PlacementService {
     /// of their descriptor again (a newer version, which replaces any the failed hand-over
     /// delivered), so they serve those paths again. Best effort: failures are logged, and
     /// a group still excluding the prefix answers WRONG_GROUP (never serves it twice).
-    async fn roll_back(&self, group_id: u64) {
+    pub(super) async fn roll_back(&self, group_id: u64) {
         let bumped = match self.propose(&Command::DropGroup { group_id }).await {
             Ok(Outcome::GroupDropped { bumped, .. }) => bumped,
             Ok(other) => return tracing::warn!(group = group_id, ?other, "unexpected outcome of dropping a group"),
@@ -226,6 +226,10 @@ impl PlacementService {
         let state = self.state().await?;
         for group in state.groups().values().filter(|g| !g.ready) {
             tracing::info!(group = group.id, prefix = %group.prefix, "resuming a group creation left half-way");
+            if group.split_from.is_some() {
+                self.finish_or_settle_split(group).await?;
+                continue;
+            }
             if let Err(error) = self.finish_creation(group).await {
                 tracing::warn!(group = group.id, %error, "rolling back a group creation that cannot be finished");
                 self.roll_back(group.id).await;
@@ -315,9 +319,32 @@ impl PlacementService {
         Ok(RemoveGroupResponse { group_id: group.id, parent_group_id })
     }
 
+    /// The answer to a group creation or split: the group as placement has it now.
+    async fn created(&self, group_id: u64) -> Result<Response<CreateGroupResponse>, Status> {
+        let state = self.state().await?;
+        let entry = state.descriptor(group_id).map(|d| GroupEntry {
+            descriptor: Some(descriptor_proto(&d)),
+            ready: state.group(group_id).is_some_and(|g| g.ready),
+            learners: Vec::new(),
+        });
+        Ok(Response::new(CreateGroupResponse { group: entry, routing_version: state.routing_version() }))
+    }
+
+    /// Proposes a namespace command of placement's (a descriptor, a split step) to `group`,
+    /// which this node must lead; answers the group's revision once it applied.
+    async fn propose_namespace(&self, group: u64, op: CommandOp) -> Result<u64, Status> {
+        let command = NamespaceCommand { now_ms: now_ms(), op: Some(op) };
+        let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
+        match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
+            Some(CommandOutcome::Error(error)) => Err(status(error)),
+            Some(CommandOutcome::Txn(txn)) => Ok(txn.header.map_or(0, |h| h.revision)),
+            other => Err(internal(format!("unexpected outcome of a placement command: {other:?}"))),
+        }
+    }
+
     /// Has the leader of `descriptor`'s group apply it (its revision raised to at least
     /// `revision_floor` first). Answers the group's revision once applied.
-    async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor, revision_floor: u64) -> Result<u64, Status> {
+    pub(super) async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor, revision_floor: u64) -> Result<u64, Status> {
         let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)), revision_floor };
         let answer = self
             .at_replicas(state, &descriptor.replicas, |mut client| {
@@ -378,12 +405,12 @@ pub(super) fn channel(addr: &str) -> Result<Channel, Status> {
         .connect_lazy())
 }
 
-pub(super) fn internal(error: impl std::fmt::Display) -> Status {
+pub(crate) fn internal(error: impl std::fmt::Display) -> Status {
     status(WardenError { code: Code::Unknown as i32, message: error.to_string(), ..WardenError::default() })
 }
 
 /// The typed status of a refused placement command.
-fn placement_status(error: PlacementError) -> Status {
+pub(super) fn placement_status(error: PlacementError) -> Status {
     let code = match &error {
         PlacementError::InvalidPrefix { .. } => Code::InvalidPath,
         PlacementError::PrefixTaken { .. } | PlacementError::AlreadyBootstrapped | PlacementError::DuplicateNode(_) => Code::NodeExists,
@@ -490,13 +517,47 @@ impl PlacementApi for PlacementService {
             self.roll_back(group.id).await;
             return Err(error);
         }
-        let state = self.state().await?;
-        let entry = state.descriptor(group.id).map(|d| GroupEntry {
-            descriptor: Some(descriptor_proto(&d)),
-            ready: state.group(group.id).is_some_and(|g| g.ready),
-            learners: Vec::new(),
-        });
-        Ok(Response::new(CreateGroupResponse { group: entry, routing_version: state.routing_version() }))
+        self.created(group.id).await
+    }
+
+    async fn split_group(&self, request: Request<CreateGroupRequest>) -> Result<Response<CreateGroupResponse>, Status> {
+        let prefix = request.into_inner().prefix;
+        let _lifecycle = self.lifecycle.lock().await;
+        self.ensure_leader()?;
+        self.settle_creations().await?;
+        let group = self.split(prefix).await?;
+        self.created(group.id).await
+    }
+
+    async fn split_step(&self, request: Request<SplitStepRequest>) -> Result<Response<SplitStepResponse>, Status> {
+        let SplitStepRequest { group_id, step } = request.into_inner();
+        let op = match step {
+            Some(split_step_request::Step::Freeze(freeze)) => CommandOp::FreezeSubtree(freeze),
+            Some(split_step_request::Step::Ingest(ingest)) => CommandOp::IngestSubtree(ingest),
+            Some(split_step_request::Step::Hand(hand)) => CommandOp::HandSubtree(hand),
+            Some(split_step_request::Step::Abort(abort)) => CommandOp::AbortSplit(abort),
+            None => return Err(invalid_argument("a split step names its step")),
+        };
+        let revision = self.propose_namespace(group_id, op).await?;
+        Ok(Response::new(SplitStepResponse { revision }))
+    }
+
+    async fn export_subtree(&self, request: Request<ExportSubtreeRequest>) -> Result<Response<ExportSubtreeResponse>, Status> {
+        use warden_proto::namespace::query::Query as QueryKind;
+        use warden_proto::namespace::query_result::Result as QueryOutcome;
+        let ExportSubtreeRequest { group_id, export } = request.into_inner();
+        let export = export.ok_or_else(|| invalid_argument("an export request names what to export"))?;
+        let query = warden_proto::namespace::Query { query: Some(QueryKind::ExportSubtree(export)) };
+        let bytes = self
+            .node
+            .read(group_id, query.encode_to_vec(), ReadConsistency::Linearizable, self.timeout)
+            .await
+            .map_err(|e| engine_status(&self.directory, group_id, e))?;
+        match warden_proto::namespace::QueryResult::decode(bytes.as_slice()).map_err(internal)?.result {
+            Some(QueryOutcome::SubtreePage(page)) => Ok(Response::new(ExportSubtreeResponse { page: Some(page) })),
+            Some(QueryOutcome::Error(error)) => Err(status(error)),
+            other => Err(internal(format!("unexpected answer to an export: {other:?}"))),
+        }
     }
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
@@ -542,13 +603,8 @@ impl PlacementApi for PlacementService {
             .ok_or_else(|| status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() }))?;
         let group = descriptor.group_id;
         let set = SetDescriptor { descriptor: Some(descriptor), revision_floor };
-        let command = NamespaceCommand { now_ms: now_ms(), op: Some(CommandOp::SetDescriptor(set)) };
-        let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
-        match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
-            Some(CommandOutcome::Error(error)) => Err(status(error)),
-            Some(CommandOutcome::Txn(txn)) => Ok(Response::new(SetDescriptorResponse { revision: txn.header.map_or(0, |h| h.revision) })),
-            other => Err(internal(format!("unexpected outcome of a descriptor change: {other:?}"))),
-        }
+        let revision = self.propose_namespace(group, CommandOp::SetDescriptor(set)).await?;
+        Ok(Response::new(SetDescriptorResponse { revision }))
     }
 
     async fn change_peers(&self, request: Request<ChangePeersRequest>) -> Result<Response<ChangePeersResponse>, Status> {

@@ -336,6 +336,16 @@ impl Drop for ReleaseOnDrop {
     }
 }
 
+/// The group a sequencer is checked or released in: the one the caller routed to (a router
+/// routes by the lock's path, which a split may have moved since the sequencer was issued),
+/// else the group that issued it.
+fn sequencer_group(sequencer: &Sequencer, routing: Option<&Routing>) -> u64 {
+    match routing.map_or(0, |r| r.group_id) {
+        0 if sequencer.group_id != 0 => sequencer.group_id,
+        _ => group_of(routing),
+    }
+}
+
 fn group_of(routing: Option<&Routing>) -> u64 {
     match routing.map_or(0, |r| r.group_id) {
         0 => DEFAULT_GROUP,
@@ -566,7 +576,7 @@ impl Warden for WardenService {
         let timeout = self.timeout(&request);
         let request = request.into_inner();
         let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "unlock needs a sequencer")))?;
-        let group = if sequencer.group_id != 0 { sequencer.group_id } else { group_of(request.routing.as_ref()) };
+        let group = sequencer_group(&sequencer, request.routing.as_ref());
         let header = self.release(group, sequencer, 0, timeout).await?;
         Ok(Response::new(UnlockResponse { header: Some(header) }))
     }
@@ -575,7 +585,7 @@ impl Warden for WardenService {
         let timeout = self.timeout(&request);
         let request = request.into_inner();
         let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "no sequencer")))?;
-        let group = if sequencer.group_id != 0 { sequencer.group_id } else { group_of(request.routing.as_ref()) };
+        let group = sequencer_group(&sequencer, request.routing.as_ref());
         let (holds, header) = self.holds(group, sequencer, timeout).await?;
         Ok(Response::new(CheckSequencerResponse { header: Some(header), holds }))
     }

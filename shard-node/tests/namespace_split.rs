@@ -1,0 +1,225 @@
+//! Moving a subtree between two groups' state machines (issue 16), step by step as the
+//! placement leader drives it: freeze at the source, export pages, ingest at the target,
+//! hand-over (or abort) at the source, descriptor at the target. What must survive exactly:
+//! data and stat, sequential counters, locks with their holders, waiters and tokens, TTL
+//! nodes, ephemerals of sessions homed anywhere (as remote records at the target).
+
+mod support;
+
+use support::code;
+use warden_proto::namespace::command::Op as CommandOp;
+use warden_proto::namespace::{AbortSplit, AcquireLock, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, SubtreeRecord};
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::*;
+use warden_shard_node::namespace::harness::{Harness, Outcome};
+use warden_shard_node::namespace::sessions::session_id;
+use warden_shard_node::namespace::Limits;
+
+const SOURCE: u64 = 1;
+const TARGET: u64 = 7;
+
+fn descriptor(group_id: u64, prefix: &str, excluded: &[&str], version: u64) -> GroupDescriptor {
+    GroupDescriptor {
+        group_id,
+        prefix: prefix.into(),
+        excluded: excluded.iter().map(|e| e.to_string()).collect(),
+        replicas: vec![1],
+        conf_ver: 1,
+        version,
+    }
+}
+
+fn leading(group: u64) -> Harness {
+    let mut ns = Harness::for_group(Limits::default(), group).expect("harness");
+    ns.set_leading(true, 0);
+    ns
+}
+
+fn freeze(ns: &mut Harness, prefix: &str, target: u64) -> Outcome<u64> {
+    ns.placement_step(CommandOp::FreezeSubtree(FreezeSubtree { prefix: prefix.into(), target_group: target }))
+}
+
+fn hand(ns: &mut Harness, target: u64, served: GroupDescriptor) -> Outcome<u64> {
+    ns.placement_step(CommandOp::HandSubtree(HandSubtree { target_group: target, descriptor: Some(served) }))
+}
+
+fn abort(ns: &mut Harness, target: u64) -> Outcome<u64> {
+    ns.placement_step(CommandOp::AbortSplit(AbortSplit { target_group: target }))
+}
+
+fn ingest(ns: &mut Harness, prefix: &str, records: Vec<SubtreeRecord>) -> Outcome<u64> {
+    ns.placement_step(CommandOp::IngestSubtree(IngestSubtree { prefix: prefix.into(), source_group: SOURCE, records }))
+}
+
+/// Every page of the export, `bytes_max` each.
+fn export_all(ns: &Harness, prefix: &str, target: u64, bytes_max: u32) -> Vec<Vec<SubtreeRecord>> {
+    let mut pages = Vec::new();
+    let mut after_key = Vec::new();
+    loop {
+        let page = ns
+            .export_page(ExportSubtree { prefix: prefix.into(), target_group: target, after_key: after_key.clone(), bytes_max })
+            .expect("export page");
+        let done = page.next_after_key.is_empty();
+        after_key = page.next_after_key;
+        pages.push(page.records);
+        if done {
+            return pages;
+        }
+    }
+}
+
+fn create(ns: &mut Harness, path: &str, data: &[u8], session_id: u64) -> CreateResponse {
+    ns.create(CreateRequest { path: path.into(), data: data.to_vec(), session_id, ..CreateRequest::default() }).expect(path)
+}
+
+fn acquire(path: &str, session_id: u64, request_id: u64) -> AcquireLock {
+    AcquireLock { path: path.into(), session_id, mode: LockMode::Exclusive as i32, request_id, ..AcquireLock::default() }
+}
+
+/// The subtree every test moves: plain nodes, a sequential counter, a TTL node, ephemerals
+/// of a session homed in the source and of one homed in a third group, and a lock held by
+/// one and waited for by the other.
+struct Team {
+    own_session: u64,
+    remote_session: u64,
+    holder: Sequencer,
+    waiter: Sequencer,
+}
+
+fn populate(ns: &mut Harness) -> Team {
+    ns.set_descriptor(descriptor(SOURCE, "/", &[], 1), 0).expect("source descriptor");
+    let own_session = ns.create_session(10_000).expect("session").session_id;
+    let remote_session = session_id(3, 1);
+    ns.add_remote_sessions(&[remote_session]).expect("remote session");
+    create(ns, "/team", b"", 0);
+    create(ns, "/team/a", b"root of the move", 0);
+    create(ns, "/team/a/x", b"x data", 0);
+    ns.set("/team/a/x", b"x data v2", None).expect("set");
+    create(ns, "/team/a/x/deep", b"deep", 0);
+    ns.create(CreateRequest { path: "/team/a/seq-".into(), sequential: true, ..CreateRequest::default() }).expect("sequential");
+    ns.create(CreateRequest { path: "/team/a/ttl".into(), kind: NodeKind::Ttl as i32, ttl_ms: 60_000, ..CreateRequest::default() }).expect("ttl");
+    create(ns, "/team/a/own-e", b"", own_session);
+    create(ns, "/team/a/remote-e", b"", remote_session);
+    create(ns, "/team/a-sibling", b"stays", own_session);
+    create(ns, "/other", b"stays", 0);
+    let holder = ns.lock(acquire("/team/a/lock", own_session, 1)).expect("lock").sequencer.expect("holder");
+    let waiter = ns.lock(acquire("/team/a/lock", remote_session, 2)).expect("lock").sequencer.expect("waiter");
+    Team { own_session, remote_session, holder, waiter }
+}
+
+/// Every node of the subtree with its data and stat, by path.
+fn snapshot(ns: &Harness, root: &str) -> Vec<(String, Vec<u8>, Stat)> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_string()];
+    while let Some(path) = stack.pop() {
+        let node = ns.get(&path).expect("get");
+        out.push((path.clone(), node.data, node.stat.expect("stat")));
+        for name in ns.all_children(&path).expect("children") {
+            stack.push(format!("{path}/{name}"));
+        }
+    }
+    out.sort_by(|a, b| a.0.cmp(&b.0));
+    out
+}
+
+#[test]
+fn a_split_moves_data_stat_locks_and_ephemerals_exactly() {
+    let mut source = leading(SOURCE);
+    let team = populate(&mut source);
+    let before = snapshot(&source, "/team/a");
+    assert!(before.len() >= 9, "{before:?}");
+    let frozen_at = freeze(&mut source, "/team/a", TARGET).expect("freeze");
+
+    // Frozen: writes into the subtree are retryable refusals that change nothing; reads and
+    // writes elsewhere go on.
+    let revision = source.revision().expect("revision");
+    assert_eq!(code(source.set("/team/a/x", b"no", None)), Code::Unavailable);
+    assert_eq!(code(source.create_simple("/team/a/new", b"")), Code::Unavailable);
+    assert_eq!(code(source.delete("/team", None, true)), Code::Unavailable, "a recursive delete above it");
+    assert_eq!(code(source.lock(acquire("/team/a/lock", team.own_session, 3))), Code::Unavailable);
+    assert_eq!(code(source.unlock(team.holder.clone())), Code::Unavailable);
+    assert_eq!(code(source.close_session(team.own_session)), Code::Unavailable, "it owns a node in the subtree");
+    assert_eq!(source.revision().expect("revision"), revision, "refusals change nothing");
+    assert_eq!(source.get("/team/a/x").expect("read").data, b"x data v2");
+    source.set("/other", b"changed", None).expect("a write elsewhere");
+    source.set("/team/a-sibling", b"changed", None).expect("a sibling sharing the name's start is not frozen");
+    assert_eq!(freeze(&mut source, "/team/a", TARGET).expect("again"), source.revision().expect("revision"), "idempotent");
+    assert_eq!(code(freeze(&mut source, "/other", TARGET + 1)), Code::Unavailable, "one split at a time");
+
+    // The copy, in small pages, ingested twice (a retried page changes nothing).
+    let mut target = leading(TARGET);
+    let pages = export_all(&source, "/team/a", TARGET, 64);
+    assert!(pages.len() > 5, "small pages: {}", pages.len());
+    for page in pages.iter().chain(&pages) {
+        ingest(&mut target, "/team/a", page.clone()).expect("ingest");
+    }
+    let outside = SubtreeRecord { key: b"n/other".to_vec(), value: Vec::new() };
+    assert_eq!(code(ingest(&mut target, "/team/a", vec![outside])), Code::InvalidArgument, "a record outside the subtree");
+
+    let handed_at = hand(&mut source, TARGET, descriptor(SOURCE, "/", &["/team/a"], 2)).expect("hand over");
+    assert!(handed_at > frozen_at);
+    assert_eq!(code(abort(&mut source, TARGET)), Code::NodeExists, "handed over: it can only finish");
+    assert_eq!(hand(&mut source, TARGET, descriptor(SOURCE, "/", &["/team/a"], 2)).expect("again"), handed_at, "idempotent");
+    assert_eq!(code(source.get("/team/a/x")), Code::WrongGroup);
+    assert_eq!(source.all_children("/team").expect("children"), vec!["a-sibling".to_string()], "the moved root left its parent");
+    assert_eq!(source.get("/team/a-sibling").expect("sibling").data, b"changed");
+    assert_eq!(source.sessions_known(&[team.own_session]).expect("known"), vec![team.own_session], "the session lives on at home");
+    source.close_session(team.own_session).expect("no node of it is frozen any more");
+
+    target.set_descriptor(descriptor(TARGET, "/team/a", &[], 1), handed_at).expect("target descriptor");
+    assert_eq!(snapshot(&target, "/team/a"), before, "every node with its data and stat");
+    let info = target.lock_info("/team/a/lock").expect("lock info");
+    assert_eq!(info.holders.iter().map(|h| h.token).collect::<Vec<_>>(), vec![team.holder.token], "the same holder");
+    assert_eq!(info.waiters.iter().map(|w| w.token).collect::<Vec<_>>(), vec![team.waiter.token], "the same waiter");
+    assert!(target.check_sequencer(&team.holder).expect("check"), "a pre-move sequencer still holds");
+    let next = target.create(CreateRequest { path: "/team/a/seq-".into(), sequential: true, ..CreateRequest::default() }).expect("seq");
+    assert_eq!(next.path, "/team/a/seq-0000000001", "the counter goes on");
+    assert!(next.stat.expect("stat").create_revision > handed_at, "revisions (tokens) start above the source's");
+    let mut remote = target.remote_sessions().expect("remote");
+    remote.sort_unstable();
+    assert_eq!(remote, vec![team.own_session, team.remote_session], "both owners are remote sessions here");
+    assert_eq!(code(ingest(&mut target, "/team/a", pages[0].clone())), Code::InvalidArgument, "no page after the descriptor");
+
+    // The home group's verdict still ends the moved ephemerals, and the waiter's session
+    // going makes nobody else hold.
+    target.end_remote_sessions(&[team.own_session]).expect("ended at home");
+    assert!(target.exists("/team/a/own-e").expect("exists").is_none());
+    let info = target.lock_info("/team/a/lock").expect("lock info");
+    assert_eq!(info.holders.iter().map(|h| h.token).collect::<Vec<_>>(), vec![team.waiter.token], "the waiter holds now");
+}
+
+#[test]
+fn an_aborted_split_unfreezes_and_refuses_its_late_steps() {
+    let mut source = leading(SOURCE);
+    let team = populate(&mut source);
+    freeze(&mut source, "/team/a", TARGET).expect("freeze");
+    abort(&mut source, TARGET).expect("abort");
+    source.set("/team/a/x", b"writable again", None).expect("unfrozen");
+    assert_eq!(code(hand(&mut source, TARGET, descriptor(SOURCE, "/", &["/team/a"], 2))), Code::InvalidArgument, "a late hand-over");
+    assert_eq!(code(freeze(&mut source, "/team/a", TARGET)), Code::InvalidArgument, "a late freeze");
+    abort(&mut source, TARGET).expect("abort is idempotent");
+    assert!(source.check_sequencer(&team.holder).expect("check"));
+    // A later split (a new target id) goes ahead.
+    freeze(&mut source, "/team/a", TARGET + 1).expect("a new split");
+}
+
+#[test]
+fn a_replica_applying_freeze_and_hand_over_in_one_batch_moves_the_last_writes_too() {
+    let mut lagging = leading(SOURCE);
+    populate(&mut lagging);
+    let command = |op: CommandOp| warden_proto::namespace::Command { now_ms: 1, op: Some(op) };
+    use prost::Message as _;
+    let write = CreateRequest { path: "/team/a/last".into(), ..CreateRequest::default() };
+    let batch = [
+        command(CommandOp::Txn(TxnRequest { then: vec![TxnOp { op: Some(txn_op::Op::Create(write)) }], ..TxnRequest::default() })),
+        command(CommandOp::FreezeSubtree(FreezeSubtree { prefix: "/team/a".into(), target_group: TARGET })),
+        command(CommandOp::HandSubtree(HandSubtree { target_group: TARGET, descriptor: Some(descriptor(SOURCE, "/", &["/team/a"], 2)) })),
+    ]
+    .map(|c| c.encode_to_vec());
+    lagging.apply_batch(&batch).expect("applied");
+    let reader = lagging.reader();
+    for path in ["/team/a/last", "/team/a", "/team/a/x"] {
+        assert!(warden_shard_node::namespace::store::read_node(&reader, path).expect("read").is_none(), "{path} left");
+    }
+    assert!(warden_shard_node::namespace::store::read_node(&reader, "/team/a-sibling").expect("read").is_some());
+}
