@@ -4,7 +4,9 @@
 //! 10,000 nodes to a new group: no acknowledged write is lost, every node keeps its data and
 //! stat, writes beside the subtree never fail, the lock keeps its holder, waiter and tokens
 //! (and tokens after the move are larger), a pre-move sequencer still checks through the
-//! router, and the sessions' home groups still end the moved ephemerals.
+//! router, the sessions' home groups still end the moved ephemerals, and watchers of the
+//! subtree and of its parent (client library `Watcher`s through the router) see every write
+//! once, in order, across the move (MOVED, then resumed at the new group).
 
 mod support;
 
@@ -144,6 +146,27 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let before: Vec<GetResponse> = futures_nodes(&mut router).await;
+    let library = ::warden_client::Client::connect(::warden_client::ClientConfig::new([router_process.addr.to_string()])).await.expect("client");
+    let mut watchers = Vec::new();
+    for path in [SUBTREE, "/team"] {
+        // Registered before the writers start: every write is after it.
+        let options = ::warden_client::WatchOptions { recursive: true, ..::warden_client::WatchOptions::new(path) };
+        let mut watcher = library.watch(options).await.expect("watch");
+        watchers.push(tokio::spawn(async move {
+            let mut seen = Vec::new();
+            // Every value of the written node, until the writer's last one (set once it stopped).
+            loop {
+                let event = watcher.next().await.expect("the watch goes on across the move").expect("not ended");
+                if event.node.path == "/team/t/w" {
+                    let value = counter(&event.node.data);
+                    seen.push(value);
+                    if value == u64::MAX {
+                        return seen;
+                    }
+                }
+            }
+        }));
+    }
 
     // Writers in and beside the subtree run through the split.
     let stop = Arc::new(AtomicBool::new(false));
@@ -165,6 +188,14 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
         beside_longest.as_millis()
     );
     assert_eq!(beside_failed, 0, "writes beside the moving subtree never fail");
+    // The watchers: every acknowledged value once, in order (the last write ends them).
+    let last = SetRequest { path: "/team/t/w".into(), data: u64::MAX.to_be_bytes().to_vec(), ..SetRequest::default() };
+    router.set(last).await.expect("last write");
+    for (path, watcher) in [SUBTREE, "/team"].into_iter().zip(watchers) {
+        let seen = tokio::time::timeout(TIMEOUT, watcher).await.expect("the watcher saw the last write").expect("watcher");
+        let written: Vec<u64> = (1..=inside_acked.load(Ordering::Relaxed)).chain([u64::MAX]).collect();
+        assert_eq!(seen, written, "the watch of {path} saw every write once, in order");
+    }
     assert_eq!(inside_failed, 0, "writes into the moving subtree are retried by the router, not failed");
 
     // Routed to the new group; nothing acknowledged is lost.

@@ -80,6 +80,15 @@ pub enum Error {
         /// The server's explanation.
         message: String,
     },
+    /// A watch's subtree moved to another group (a split or merge): the [`crate::Watcher`]
+    /// resumes there by itself; a caller sees this only from a raw stream.
+    #[error("{path} moved to group {to_group}")]
+    Moved {
+        /// The root of the subtree that moved.
+        path: String,
+        /// The group serving it now.
+        to_group: u64,
+    },
     /// The request was malformed or not allowed (for example a transaction spanning groups).
     #[error("invalid argument: {message}")]
     InvalidArgument {
@@ -150,7 +159,7 @@ impl Error {
 
     /// The typed form of a Warden error.
     pub(crate) fn from_detail(error: WardenError) -> Error {
-        let WardenError { code, message, path, compact_revision, limit, .. } = error;
+        let WardenError { code, message, path, compact_revision, limit, moved_to_group: error_moved_to, .. } = error;
         match Code::try_from(code) {
             Ok(Code::NoNode) => Error::NoNode { path },
             Ok(Code::NodeExists) => Error::NodeExists { path },
@@ -163,6 +172,7 @@ impl Error {
             Ok(Code::Compacted) => Error::Compacted { revision: compact_revision },
             Ok(Code::SequenceExhausted) => Error::SequenceExhausted { path },
             Ok(Code::SlowWatcher) => Error::SlowWatcher { message },
+            Ok(Code::Moved) => Error::Moved { path, to_group: error_moved_to },
             Ok(Code::InvalidArgument) => Error::InvalidArgument { message },
             Ok(Code::WrongGroup) => Error::WrongGroup { message },
             Ok(Code::NotLeader) => Error::NotLeader { message },

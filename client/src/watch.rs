@@ -231,10 +231,19 @@ impl Watcher {
             };
             return match Error::from_detail(error) {
                 // The server says where to watch again from to miss nothing.
-                Error::SlowWatcher { .. } | Error::Unavailable { .. } | Error::NotLeader { .. } => {
+                resumable @ (Error::SlowWatcher { .. } | Error::Unavailable { .. } | Error::NotLeader { .. } | Error::Moved { .. }) => {
                     self.advance(self.owner, canceled.resume_revision);
                     for (group, revision) in canceled.resume_revisions {
                         self.advance(group, revision);
+                    }
+                    // Nothing in a moved subtree changed between the move's revision in the
+                    // old group and the new group's first one, so the new group resumes from
+                    // it too, and owns the watched path if that moved.
+                    if let Error::Moved { path, to_group } = resumable {
+                        self.advance(to_group, canceled.resume_revision);
+                        if warden_placement::is_at_or_below(&self.options.path, &path) {
+                            self.owner = to_group;
+                        }
                     }
                     Ok(())
                 }

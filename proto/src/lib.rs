@@ -66,7 +66,7 @@ pub fn status(error: v1::WardenError) -> tonic::Status {
     use tonic::Code as GrpcCode;
     use v1::warden_error::Code;
     let grpc = match Code::try_from(error.code).unwrap_or(Code::Unknown) {
-        Code::NotLeader | Code::Unavailable => GrpcCode::Unavailable,
+        Code::NotLeader | Code::Unavailable | Code::Moved => GrpcCode::Unavailable,
         Code::WrongGroup | Code::BadVersion | Code::NotEmpty | Code::NoChildrenForEphemerals | Code::SessionExpired => GrpcCode::FailedPrecondition,
         Code::NoNode => GrpcCode::NotFound,
         Code::NodeExists => GrpcCode::AlreadyExists,

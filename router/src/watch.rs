@@ -28,6 +28,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::pin::Pin;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use prost::Message as _;
@@ -63,6 +64,11 @@ const REQUESTS_WAITING_MAX: usize = 1024;
 const HELD_BYTES_MAX: usize = 4 << 20;
 /// Watches one client stream carries at once (as a node's default).
 pub const WATCHES_PER_STREAM_MAX: usize = 100_000;
+/// Longest a watch moved with its subtree waits for the new group's route before it ends
+/// (the client re-creates it, and the router spans the groups its table knows).
+const MOVED_ROUTE_WAIT: Duration = Duration::from_secs(10);
+/// Pause between routing-table reads while waiting for a moved subtree's route.
+const MOVED_ROUTE_POLL: Duration = Duration::from_millis(50);
 /// Groups one watch may span (a recursive watch of a subtree holding more groups is
 /// refused: watch smaller subtrees).
 pub const WATCH_GROUPS_MAX: usize = 64;
@@ -149,10 +155,23 @@ impl Watches {
         }
         response.watch_id = watch.client_id;
         if let Some(ended) = response.canceled {
-            let Some(watch) = self.remove(upstream_id) else { return Step::Hold };
+            let Some(mut watch) = self.remove(upstream_id) else { return Step::Hold };
             let others = watch.parts.keys().copied().filter(|g| *g != group).map(|g| (g, upstream_id)).collect();
             let header = response.header;
-            return Step::End(Box::new(WatchResponse { header, ..watch.canceled(ended.error) }), others);
+            let moved_to = ended.error.as_ref().filter(|e| e.code == Code::Moved as i32).map(|e| e.moved_to_group);
+            if moved_to.is_some() {
+                // The node sent every event of the part before the move's revision ahead of
+                // the cancellation: the part resumes after it, not at its last event.
+                if let Some(part) = watch.parts.get_mut(&group) {
+                    part.next_revision = part.next_revision.max(ended.resume_revision);
+                }
+            }
+            let mut end = WatchResponse { header, ..watch.canceled(ended.error) };
+            // A moved subtree resumes at its new group from the move (MOVED, warden.proto).
+            if let (Some(group), Some(canceled)) = (moved_to.filter(|g| *g != 0), end.canceled.as_mut()) {
+                canceled.resume_revisions.entry(group).or_insert(ended.resume_revision);
+            }
+            return Step::End(Box::new(end), others);
         }
         if let Some(created) = &response.created {
             let Some(part) = watch.parts.get_mut(&group) else { return Step::Hold };
@@ -477,11 +496,27 @@ impl Proxy {
     }
 
     /// One upstream response; false when the client went away.
-    async fn upstream_response(&mut self, group: u64, stream: u64, response: WatchResponse) -> bool {
+    async fn upstream_response(&mut self, group: u64, stream: u64, mut response: WatchResponse) -> bool {
+        let wrong_group = response.canceled.as_mut().and_then(|c| c.error.as_mut()).filter(|e| e.code == Code::WrongGroup as i32);
+        if let Some(error) = wrong_group {
+            // Routed by a stale table (a subtree moved, or is moving): the table is read again
+            // and the client watches again (UNAVAILABLE is retried), as unary calls are.
+            error.code = Code::Unavailable as i32;
+            let upstreams = self.upstreams.clone();
+            tokio::spawn(async move {
+                if let Err(refresh) = upstreams.refresh().await {
+                    tracing::debug!(%refresh, "routing table refresh after a watch's WRONG_GROUP");
+                }
+            });
+        }
         let out = match self.watches.step(group, stream, response) {
             Step::Send(out) => out,
             Step::End(response, others) => {
                 self.cancel_parts(others);
+                let moved = response.canceled.as_ref().and_then(|c| c.error.as_ref()).filter(|e| e.code == Code::Moved as i32);
+                if let Some(group) = moved.map(|e| e.moved_to_group) {
+                    self.await_routed(group).await;
+                }
                 vec![*response]
             }
             Step::Hold => return true,
@@ -492,6 +527,24 @@ impl Proxy {
             }
         }
         true
+    }
+
+    /// Waits (at most [`MOVED_ROUTE_WAIT`]) until the routing table routes `group`: a subtree
+    /// that moved is routed to its new group a moment after the old one let it go, and a
+    /// watch re-created before this router knows the new route would not span it.
+    async fn await_routed(&self, group: u64) {
+        let deadline = tokio::time::Instant::now() + MOVED_ROUTE_WAIT;
+        loop {
+            let table = self.upstreams.table();
+            let routed = table.group(group).is_some_and(|g| table.route(&g.descriptor.prefix).is_some_and(|r| r.id() == group));
+            if routed || tokio::time::Instant::now() >= deadline {
+                return;
+            }
+            if let Err(refresh) = self.upstreams.refresh().await {
+                tracing::debug!(%refresh, "routing table refresh for a moved subtree");
+            }
+            tokio::time::sleep(MOVED_ROUTE_POLL).await;
+        }
     }
 
     /// `group`'s upstream stream `stream` ended: every watch with a part on it ends, with

@@ -106,6 +106,7 @@ impl StateMachineFactory for NamespaceFactory {
             hubs: self.hubs.clone(),
             hub,
             unpublished: Vec::new(),
+            unpublished_move: None,
             limits: self.limits.clone(),
             reader: None,
             revision: 0,
@@ -138,6 +139,9 @@ pub struct NamespaceStateMachine {
     hub: Arc<WatchHub>,
     /// Events of revisions applied but not yet in the store (published by `publish`).
     unpublished: Vec<EventBatch>,
+    /// A subtree handed over to another group, not yet told to the hub: `(prefix, group,
+    /// revision)` (its watches end with MOVED once the hand-over is in the store).
+    unpublished_move: Option<(String, u64, u64)>,
     limits: Limits,
     reader: Option<SmReader>,
     revision: u64,
@@ -260,6 +264,7 @@ impl NamespaceStateMachine {
         // An ingested page takes no revision: the target's first comes with its descriptor.
         let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_)));
         let mut new_split = None;
+        let mut moved = None;
         // A new descriptor may raise the revision first (placement's floor: tokens of paths
         // that move here never go backwards, DESIGN.md rule 5).
         let floor = match &command.op {
@@ -329,11 +334,18 @@ impl NamespaceStateMachine {
                 new_split = Some(state);
                 CommandOutcome::Txn(empty())
             }),
-            Some(CommandOp::HandSubtree(hand)) => txn.hand_subtree(self.group, self.descriptor.as_ref(), hand).map(|(state, descriptor)| {
-                new_split = Some(state);
-                new_descriptor = descriptor;
-                CommandOutcome::Txn(empty())
-            }),
+            Some(CommandOp::HandSubtree(hand)) => {
+                let (prefix, target) = (self.split.frozen_prefix.clone(), hand.target_group);
+                txn.hand_subtree(self.group, self.descriptor.as_ref(), hand).map(|(state, descriptor)| {
+                    // A hand-over done again (idempotent) moves nothing.
+                    if descriptor.is_some() {
+                        moved = Some((prefix, target, revision));
+                    }
+                    new_split = Some(state);
+                    new_descriptor = descriptor;
+                    CommandOutcome::Txn(empty())
+                })
+            }
             Some(CommandOp::IngestSubtree(ingest)) => {
                 txn.ingest_subtree(self.group, self.descriptor.as_ref(), &ingest).map(|()| CommandOutcome::Txn(empty()))
             }
@@ -365,6 +377,9 @@ impl NamespaceStateMachine {
             }
             if let Some(state) = new_split {
                 self.split = state;
+            }
+            if moved.is_some() {
+                self.unpublished_move = moved;
             }
             for change in ttl_changes {
                 match change {
@@ -438,6 +453,9 @@ impl StateMachine for NamespaceStateMachine {
 
     fn publish(&mut self) {
         self.hub.publish(std::mem::take(&mut self.unpublished), self.revision);
+        if let Some((prefix, group, revision)) = self.unpublished_move.take() {
+            self.hub.moved(&prefix, group, revision);
+        }
     }
 
     fn reload(&mut self, reader: &SmReader, _applied_index: u64) -> Result<(), StorageError> {
@@ -445,6 +463,7 @@ impl StateMachine for NamespaceStateMachine {
         self.descriptor = store::read_descriptor(reader)?;
         self.split = store::read_split(reader)?;
         self.unpublished.clear();
+        self.unpublished_move = None;
         self.hub.reset(self.revision);
         self.ttl.clear();
         let mut ttl = BTreeMap::new();

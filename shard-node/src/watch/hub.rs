@@ -5,6 +5,11 @@
 //! indexed by watched path. A watch that starts in the past first catches up from the
 //! history (driven by its stream, a budget at a time), then joins the index under the same
 //! lock, so it sees every revision exactly once.
+//!
+//! A subtree that moves to another group (a split) produces no events here: its watches end
+//! with MOVED at the move's revision instead ([`WatchHub::moved`]), live ones at once and
+//! catching-up ones once they have every event up to it, so a watch resumed at the new group
+//! from the revision after misses nothing and repeats nothing.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -40,6 +45,36 @@ struct HubState {
     recursive: usize,
     /// The replica is gone: no watch starts or goes on here.
     closed: bool,
+    /// The latest subtrees moved away (at most [`MOVES_REMEMBERED`]), for watches still
+    /// catching up from before a move.
+    moves: VecDeque<Move>,
+}
+
+/// Moves a hub remembers: a watch catching up from before an older one (a move's history is
+/// bounded like every other) ends COMPACTED instead.
+const MOVES_REMEMBERED: usize = 16;
+
+/// A subtree that left the group.
+struct Move {
+    prefix: String,
+    to_group: u64,
+    /// The revision of the hand-over: the last one whose events this hub has for it.
+    revision: u64,
+}
+
+impl Move {
+    /// Whether a watch of `path` with `spec` watches into the moved subtree.
+    fn concerns(&self, path: &str, spec: WatchSpec) -> bool {
+        warden_placement::is_at_or_below(path, &self.prefix) || (spec.is_recursive() && warden_placement::is_strictly_below(&self.prefix, path))
+    }
+
+    /// The cancellation of a watch it concerns.
+    fn error(&self) -> WardenError {
+        WardenError {
+            moved_to_group: self.to_group,
+            ..error(Code::Moved, &self.prefix, format!("{} moved to group {}: watch again from the resume revision", self.prefix, self.to_group))
+        }
+    }
 }
 
 /// How a catch-up step ended.
@@ -74,6 +109,7 @@ impl WatchHub {
                 watchers: HashMap::new(),
                 recursive: 0,
                 closed: false,
+                moves: VecDeque::new(),
             }),
         })
     }
@@ -191,12 +227,18 @@ impl WatchHub {
             stream.cancel(watch_id, Some(error), next_revision);
             return CatchUp::Ended;
         }
+        // A move this watch has not passed yet: it catches up to the move, then ends MOVED.
+        let pending_move = state.moves.iter().find(|m| m.revision >= next_revision && m.concerns(&watch.path, watch.spec));
+        let (stop_at, move_error) = match pending_move {
+            Some(m) => (m.revision, Some((m.error(), m.revision + 1))),
+            None => (u64::MAX, None),
+        };
         let first = state.history.partition_point(|batch| batch.revision < next_revision);
         let mut batches = Vec::new();
         let mut bytes = 0;
         let mut next = next_revision;
         let mut exhausted = true;
-        for batch in state.history.range(first..) {
+        for batch in state.history.range(first..).take_while(|batch| batch.revision <= stop_at) {
             if watch.spec.is_one_shot() && !batches.is_empty() {
                 exhausted = false;
                 break;
@@ -218,6 +260,20 @@ impl WatchHub {
             // Every revision up to the present was looked at (revisions without events are
             // not in the history); a start in the future stays where it is.
             next = next.max(state.revision + 1);
+        }
+        if let (true, Some((error, resume_revision))) = (exhausted, move_error) {
+            // Every event up to the move is queued first (the queue keeps order).
+            return match stream.push_events(watch_id, self.group, batches, Some(Phase::CatchingUp { next_revision: resume_revision })) {
+                Pushed::Queued => {
+                    stream.cancel(watch_id, Some(error), resume_revision);
+                    CatchUp::Ended
+                }
+                Pushed::Fired | Pushed::Gone => CatchUp::Ended,
+                Pushed::Full => {
+                    stream.push_events(watch_id, self.group, Vec::new(), Some(Phase::CatchingUp { next_revision }));
+                    CatchUp::More
+                }
+            };
         }
         let phase = if exhausted { Phase::Live } else { Phase::CatchingUp { next_revision: next } };
         match stream.push_events(watch_id, self.group, batches, Some(phase)) {
@@ -284,6 +340,33 @@ impl WatchHub {
         state.history_bytes = 0;
         state.compact_revision = revision;
         state.revision = revision;
+    }
+
+    /// The subtree at `prefix` moved to `to_group` at `revision` (published already): every
+    /// live watch into it ends with MOVED, to resume from `revision + 1` — in `to_group` for
+    /// paths in the subtree, here for the rest (the subtree did not change between this
+    /// group's move revision and the new group's first one).
+    pub fn moved(&self, prefix: &str, to_group: u64, revision: u64) {
+        let mut state = self.lock();
+        let m = Move { prefix: prefix.to_string(), to_group, revision };
+        let error = m.error();
+        let mut removed_recursive = 0;
+        state.watchers.retain(|path, watchers| {
+            watchers.retain(|watcher| {
+                if !m.concerns(path, watcher.spec) {
+                    return true;
+                }
+                removed_recursive += usize::from(watcher.spec.is_recursive());
+                watcher.stream.cancel(watcher.watch_id, Some(error.clone()), (revision + 1).max(watcher.from_revision));
+                false
+            });
+            !watchers.is_empty()
+        });
+        state.recursive -= removed_recursive;
+        if state.moves.len() == MOVES_REMEMBERED {
+            state.moves.pop_front();
+        }
+        state.moves.push_back(m);
     }
 
     /// The replica is gone: every watch ends with UNAVAILABLE (resume elsewhere).
@@ -415,6 +498,42 @@ mod tests {
         let next = last.last().map_or(1, |(_, revs)| revs[0] + 1);
         assert_eq!(cancel, &[(1, vec![0, next])], "resume exactly after the last delivered revision");
         assert_eq!(hub.stats().2, 0);
+    }
+
+    /// A moved subtree ends the watches into it with MOVED at the move's revision + 1: live
+    /// ones at once, catching-up ones once they have every event up to the move; watches
+    /// beside it, and ones that start after the move, go on.
+    #[test]
+    fn a_moved_subtree_ends_its_watches_after_every_event_up_to_the_move() {
+        let hub = WatchHub::new(1, limits());
+        hub.publish(vec![batch(1, &["/t/a"]), batch(2, &["/t/b"]), batch(3, &["/u"])], 3);
+        let stream = WatchStream::new(stream_limit());
+        add(&stream, 1, "/t/a", WatchKind::Persistent, false, 4);
+        add(&stream, 2, "/", WatchKind::Persistent, true, 4);
+        add(&stream, 3, "/u", WatchKind::Persistent, false, 4);
+        add(&stream, 4, "/t", WatchKind::Persistent, true, 1);
+        for live in 1..=3 {
+            assert_eq!(hub.catch_up(&stream, live, 1 << 20), CatchUp::Live);
+        }
+        hub.publish(Vec::new(), 5);
+        hub.moved("/t", 9, 5);
+        let moved = |watch_id: u64| (watch_id, vec![0, 6]);
+        let mut cancelled = drain(&stream);
+        cancelled.sort();
+        assert_eq!(cancelled, vec![moved(1), moved(2)], "live watches into the subtree, and above it recursively");
+        assert_eq!(hub.stats().2, 1, "the watch beside it stays");
+        // Catching up from before the move: its events up to the move, then MOVED, in as
+        // many steps as its budget takes.
+        assert_eq!(hub.catch_up(&stream, 4, 1), CatchUp::More);
+        assert_eq!(hub.catch_up(&stream, 4, 1 << 20), CatchUp::Ended);
+        assert_eq!(drain(&stream), vec![(4, vec![1]), (4, vec![2]), moved(4)]);
+        // A recursive watch above it that starts after the move goes live.
+        add(&stream, 5, "/", WatchKind::Persistent, true, 6);
+        assert_eq!(hub.catch_up(&stream, 5, 1 << 20), CatchUp::Live);
+        hub.publish(vec![batch(6, &["/u"])], 6);
+        let mut delivered = drain(&stream);
+        delivered.sort();
+        assert_eq!(delivered, vec![(3, vec![6]), (5, vec![6])]);
     }
 
     #[test]
