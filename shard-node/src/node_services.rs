@@ -115,6 +115,7 @@ impl NodeServices for ApiServices {
             timeout,
             self.factory.routing_versions(node_id),
             placement_config.clone().unwrap_or_default(),
+            context.faults.clone(),
         );
         context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
         if placement_config.is_some() {

@@ -72,6 +72,8 @@ pub struct PlacementService {
     pub(super) leaders_heard: Arc<LeadersHeard>,
     /// Groups with a scheduler operator running from this node.
     pub(super) running: Arc<Running>,
+    /// Fault injection (tests): where a split stops (`split.rs`).
+    pub(super) faults: Arc<crate::transport::NetFaults>,
 }
 
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
@@ -85,6 +87,7 @@ impl PlacementService {
         timeout: Duration,
         routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
         config: PlacementConfig,
+        faults: Arc<crate::transport::NetFaults>,
     ) -> PlacementService {
         PlacementService {
             node,
@@ -95,6 +98,7 @@ impl PlacementService {
             lifecycle: Arc::default(),
             leaders_heard: Arc::default(),
             running: Arc::default(),
+            faults,
         }
     }
 

@@ -1,6 +1,8 @@
 //! Network fault injection for tests: partitions (symmetric and one-way), message drop rate
 //! and delay. Every node's transport consults the same `NetFaults` before sending; calls
-//! between groups (`GroupLinks`) consult its cut group links.
+//! between groups (`GroupLinks`) consult its cut group links; a placement leader running a
+//! split stops before a held step until it is released (`placement/split.rs`), so a test can
+//! crash a participant at that exact step.
 
 use std::collections::HashSet;
 use std::sync::RwLock;
@@ -22,6 +24,10 @@ struct FaultState {
     delay: Duration,
     /// Directed group links `(from group, to group)` whose calls fail as unreachable.
     cut_group_links: HashSet<(u64, u64)>,
+    /// A split stops before this step of its sequence (numbered as in `placement/split.rs`).
+    split_hold: Option<u8>,
+    /// The held step a split reached (and waits at).
+    split_reached: Option<u8>,
 }
 
 /// What the transport does with one message.
@@ -87,6 +93,34 @@ impl NetFaults {
     /// Whether calls from group `from` to group `to` are cut.
     pub fn group_link_cut(&self, from: u64, to: u64) -> bool {
         self.read().cut_group_links.contains(&(from, to))
+    }
+
+    /// Splits stop before step `step` of their sequence until [`Self::release_split`].
+    pub fn hold_split_at(&self, step: u8) {
+        let mut state = self.write();
+        state.split_hold = Some(step);
+        state.split_reached = None;
+    }
+
+    /// Lets held splits go on.
+    pub fn release_split(&self) {
+        self.write().split_hold = None;
+    }
+
+    /// The held step a split reached, if any.
+    pub fn split_reached(&self) -> Option<u8> {
+        self.read().split_reached
+    }
+
+    /// Called by a split before step `step`: true while it must wait there (and records that
+    /// it got there).
+    pub fn split_held(&self, step: u8) -> bool {
+        let mut state = self.write();
+        let held = state.split_hold == Some(step);
+        if held {
+            state.split_reached = Some(step);
+        }
+        held
     }
 
     /// Removes every fault.
