@@ -91,9 +91,17 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
     router.create(CreateRequest { path: SUBTREE.into(), create_parents: true, ..CreateRequest::default() }).await.expect("subtree root");
     router.create(CreateRequest { path: format!("{SUBTREE}/w"), ..CreateRequest::default() }).await.expect("written node");
     router.create(CreateRequest { path: "/beside".into(), ..CreateRequest::default() }).await.expect("node beside");
-    for batch in 0..NODES / NODES_PER_TXN {
-        let then = (0..NODES_PER_TXN)
-            .map(|i| create_op(format!("{SUBTREE}/n{:05}", batch * NODES_PER_TXN + i), format!("data {batch} {i}").into_bytes()))
+    // WARDEN_SPLIT_VALUE_BYTES pads each node's data (10,240: a 100 MiB subtree, the
+    // issue's pause goal; README "Moving a subtree" has the figures).
+    let value_bytes: usize = std::env::var("WARDEN_SPLIT_VALUE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+    let per_txn = NODES_PER_TXN.min((1 << 20) / value_bytes.max(1)).max(1);
+    for batch in 0..NODES.div_ceil(per_txn) {
+        let then = (batch * per_txn..((batch + 1) * per_txn).min(NODES))
+            .map(|n| {
+                let mut data = format!("data {n}").into_bytes();
+                data.resize(data.len().max(value_bytes), b'.');
+                create_op(format!("{SUBTREE}/n{n:05}"), data)
+            })
             .collect();
         router.txn(TxnRequest { then, ..TxnRequest::default() }).await.expect("fill");
     }
@@ -174,16 +182,18 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
     let inside = writer(router.clone(), "/team/t/w", inside_acked.clone(), stop.clone());
     let beside = writer(router.clone(), "/beside", beside_acked.clone(), stop.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
+    let split_started = Instant::now();
     let split = at_placement_leader(&cluster, |mut c| async move { c.split_group(CreateGroupRequest { prefix: SUBTREE.into() }).await })
         .await
         .expect("split");
+    let split_ms = split_started.elapsed().as_millis();
     let new_group = split.group.and_then(|g| g.descriptor).expect("descriptor").group_id;
     tokio::time::sleep(Duration::from_millis(500)).await;
     stop.store(true, Ordering::Relaxed);
     let ((inside_failed, inside_longest), (beside_failed, beside_longest)) = (inside.await.expect("writer"), beside.await.expect("writer"));
     // Figures, not assertions (a loaded machine stretches them): how long writes paused.
     println!(
-        "{{\"split_nodes\": {NODES}, \"write_pause_inside_ms\": {}, \"write_longest_beside_ms\": {}}}",
+        "{{\"split_nodes\": {NODES}, \"value_bytes\": {value_bytes}, \"split_ms\": {split_ms}, \"write_pause_inside_ms\": {}, \"write_longest_beside_ms\": {}}}",
         inside_longest.as_millis(),
         beside_longest.as_millis()
     );
