@@ -45,15 +45,7 @@ async fn crash_at(
     crashed: Crashed,
 ) {
     let subtree = format!("/s{step}-{crashed:?}").to_lowercase();
-    router.create(CreateRequest { path: subtree.clone(), ..CreateRequest::default() }).await.expect("subtree");
-    let then = (0..NODES)
-        .map(|i| TxnOp {
-            op: Some(txn_op::Op::Create(CreateRequest { path: format!("{subtree}/n{i}"), data: vec![i as u8], ..CreateRequest::default() })),
-        })
-        .collect::<Vec<_>>();
-    for chunk in then.chunks(100) {
-        router.txn(TxnRequest { then: chunk.to_vec(), ..TxnRequest::default() }).await.expect("fill");
-    }
+    fill(router, &subtree).await;
 
     cluster.faults().hold_split_at(step);
     let placement_leader = cluster.wait_leader(PLACEMENT_GROUP_ID, TIMEOUT).await.expect("placement leader");
@@ -77,16 +69,7 @@ async fn crash_at(
     // The call's own answer does not matter (its node may be gone); the outcome does.
     let _ = tokio::time::timeout(SETTLE_WAIT, call).await;
 
-    let deadline = Instant::now() + SETTLE_WAIT;
-    let table = loop {
-        let table = table(cluster).await;
-        if table.groups.iter().all(|g| g.ready) {
-            break table;
-        }
-        assert!(Instant::now() < deadline, "step {step}, {crashed:?}: the split never settled: {table:?}");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
-    let finished = table.groups.iter().any(|g| g.descriptor.as_ref().is_some_and(|d| d.group_id == target));
+    let finished = settled_owner(cluster, &format!("{subtree}/n0")).await == target;
     let owner = if finished { target } else { 1 };
     let other = if finished { 1 } else { target };
     eprintln!("step {step}, {crashed:?} crashed: the split {}", if finished { "finished" } else { "rolled back" });
@@ -155,4 +138,77 @@ async fn a_crash_after_the_hand_over_finishes_the_split() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_the_route_finishes_the_split() {
     crash_every_participant_at(7).await;
+}
+
+/// Fills `subtree` with [`NODES`] nodes through the router.
+async fn fill(router: &mut warden_proto::v1::warden_client::WardenClient<tonic::transport::Channel>, subtree: &str) {
+    router.create(CreateRequest { path: subtree.into(), ..CreateRequest::default() }).await.expect("subtree");
+    let then = (0..NODES)
+        .map(|i| TxnOp {
+            op: Some(txn_op::Op::Create(CreateRequest { path: format!("{subtree}/n{i}"), data: vec![i as u8], ..CreateRequest::default() })),
+        })
+        .collect::<Vec<_>>();
+    for chunk in then.chunks(100) {
+        router.txn(TxnRequest { then: chunk.to_vec(), ..TxnRequest::default() }).await.expect("fill");
+    }
+}
+
+/// The group the routing table sends `path` to, once no creation is pending.
+async fn settled_owner(cluster: &Cluster, path: &str) -> u64 {
+    let deadline = Instant::now() + SETTLE_WAIT;
+    loop {
+        let table = table(cluster).await;
+        if table.groups.iter().all(|g| g.ready) {
+            let owner = table
+                .groups
+                .iter()
+                .filter_map(|g| g.descriptor.as_ref())
+                .filter(|d| {
+                    warden_placement::is_at_or_below(path, &d.prefix) && !d.excluded.iter().any(|e| warden_placement::is_at_or_below(path, e))
+                })
+                .map(|d| d.group_id)
+                .collect::<Vec<_>>();
+            assert_eq!(owner.len(), 1, "exactly one descriptor serves {path}: {table:?}");
+            return owner[0];
+        }
+        assert!(Instant::now() < deadline, "the split never settled: {table:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// A split whose copy fails is rolled back (the source serves the subtree again, unfrozen,
+/// and a later split of it works); one that fails after the hand-over cannot roll back and
+/// finishes once its steps go through again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_split_failing_before_the_hand_over_rolls_back_and_after_it_finishes() {
+    let cluster = cluster_with_groups(&[]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    let split = |prefix: &'static str| {
+        at_placement_leader(&cluster, move |mut c| async move { c.split_group(CreateGroupRequest { prefix: prefix.into() }).await })
+    };
+
+    fill(&mut router, "/r").await;
+    cluster.faults().fail_split_at(4);
+    let failed = split("/r").await.expect_err("the copy fails");
+    assert_eq!(settled_owner(&cluster, "/r/n0").await, 1, "rolled back to the source: {failed:?}");
+    router.set(SetRequest { path: "/r/n0".into(), data: b"unfrozen".to_vec(), ..SetRequest::default() }).await.expect("writable again");
+    cluster.faults().heal();
+    let again = split("/r").await.expect("a later split of the same subtree").group.and_then(|g| g.descriptor).expect("descriptor");
+    assert_eq!(settled_owner(&cluster, "/r/n0").await, again.group_id);
+    assert_eq!(router.get(GetRequest { path: "/r/n0".into(), ..GetRequest::default() }).await.expect("moved").into_inner().data, b"unfrozen");
+
+    fill(&mut router, "/f").await;
+    cluster.faults().fail_split_at(6);
+    split("/f").await.expect_err("the target's descriptor fails");
+    // Handed over: the source no longer serves it, and nothing rolls it back.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(table(&cluster).await.groups.iter().any(|g| !g.ready), "still pending while the step fails");
+    cluster.faults().heal();
+    let owner = settled_owner(&cluster, "/f/n0").await;
+    assert_ne!(owner, 1, "finished: the new group serves it");
+    for i in 0..NODES {
+        let node = router.get(GetRequest { path: format!("/f/n{i}"), ..GetRequest::default() }).await.expect("node").into_inner();
+        assert_eq!(node.data, vec![i as u8]);
+    }
 }

@@ -54,12 +54,12 @@ impl PlacementService {
         // 2.
         self.start_group(group, &state).await?;
         // 3.
-        self.fault_point(3).await;
+        self.fault_point(3).await?;
         let freeze = Step::Freeze(FreezeSubtree { prefix: group.prefix.clone(), target_group: group.id });
         match self.split_step(&state, source_group, freeze).await {
             Ok(_) => {
                 // 4.
-                self.fault_point(4).await;
+                self.fault_point(4).await?;
                 self.copy_subtree(&state, source_group, group).await?;
             }
             // Handed over already (by an earlier attempt): only 5's answer, 6 and 7 are left.
@@ -77,24 +77,28 @@ impl PlacementService {
         next.apply(&Command::GroupReady { group_id: group.id }).map_err(placement_status)?;
         let descriptor_of = |id: u64| next.descriptor(id).ok_or_else(|| internal(format!("group {id} has no descriptor")));
         // 5.
-        self.fault_point(5).await;
+        self.fault_point(5).await?;
         let hand = Step::Hand(HandSubtree { target_group: group.id, descriptor: Some(descriptor_proto(&descriptor_of(source.id)?)) });
         let handed_at = self.split_step(&state, source, hand).await?;
         // 6.
-        self.fault_point(6).await;
+        self.fault_point(6).await?;
         self.set_descriptor_at(&state, &descriptor_of(group.id)?, handed_at).await?;
         // 7.
-        self.fault_point(7).await;
+        self.fault_point(7).await?;
         self.propose(&Command::GroupReady { group_id: group.id }).await?;
         tracing::info!(group = group.id, source = source.id, prefix = %group.prefix, "subtree split into its own group");
         Ok(())
     }
 
-    /// Waits while fault injection (tests) holds splits before `step`, so a test can crash a
-    /// participant exactly there.
-    async fn fault_point(&self, step: u8) {
+    /// Fault injection (tests): waits while splits are held before `step`, so a test can
+    /// crash a participant exactly there; fails the step when splits are set to fail there.
+    async fn fault_point(&self, step: u8) -> Result<(), Status> {
         while self.faults.split_held(step) {
             tokio::time::sleep(FAULT_POLL).await;
+        }
+        match self.faults.split_fails(step) {
+            true => Err(internal(format!("step {step} of the split failed (fault injection)"))),
+            false => Ok(()),
         }
     }
 

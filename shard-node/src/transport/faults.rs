@@ -28,6 +28,8 @@ struct FaultState {
     split_hold: Option<u8>,
     /// The held step a split reached (and waits at).
     split_reached: Option<u8>,
+    /// Splits fail at this step of their sequence (as a call to a participant that failed).
+    split_fail: Option<u8>,
 }
 
 /// What the transport does with one message.
@@ -100,6 +102,16 @@ impl NetFaults {
         let mut state = self.write();
         state.split_hold = Some(step);
         state.split_reached = None;
+    }
+
+    /// Splits fail when they reach step `step` (until [`Self::heal`]).
+    pub fn fail_split_at(&self, step: u8) {
+        self.write().split_fail = Some(step);
+    }
+
+    /// Whether a split reaching step `step` must fail there.
+    pub fn split_fails(&self, step: u8) -> bool {
+        self.read().split_fail == Some(step)
     }
 
     /// Lets held splits go on.
