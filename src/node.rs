@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use warden_placement::PlacementConfig;
+use warden_placement::{AutoSplit, PlacementConfig};
 use warden_shard_node::config::HIBERNATE_AFTER_TICKS_DEFAULT;
 use warden_shard_node::node_services::ApiServices;
 use warden_shard_node::placement::ShardNodeFactory;
@@ -52,6 +52,16 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = down_after_ms_default())]
     #[serde(default = "down_after_ms_default")]
     down_after_ms: u64,
+    /// Propose the split of a top-level child of a group's prefix that takes at least this
+    /// many writes per second for three 10 s windows in a row (logged; 0: off). Read while
+    /// this node leads placement: give every node the same value.
+    #[arg(long, default_value_t = 0)]
+    #[serde(default)]
+    auto_split: u64,
+    /// Perform the splits `--auto-split` proposes (`warden admin split` otherwise).
+    #[arg(long)]
+    #[serde(default)]
+    auto_split_perform: bool,
 }
 
 fn hibernate_after_ticks_default() -> u64 {
@@ -92,7 +102,8 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     // Peers reach this node at its advertised address (its `--peers` entry).
     // One factory for the state machines and the services: the placement API follows the
     // routing version the placement replica publishes through it.
-    let placement = PlacementConfig { down_after_ms: args.down_after_ms, ..PlacementConfig::default() };
+    let auto_split = (args.auto_split > 0).then(|| AutoSplit::new(args.auto_split, args.auto_split_perform));
+    let placement = PlacementConfig { down_after_ms: args.down_after_ms, auto_split, ..PlacementConfig::default() };
     let factory = Arc::new(ShardNodeFactory { placement, ..ShardNodeFactory::default() });
     let services = ApiServices::new(factory.clone());
     let node = Node::start(config, listener, directory.clone(), Arc::new(NetFaults::new()), factory, Some(&services))?;

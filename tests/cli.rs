@@ -448,6 +448,18 @@ fn status(c: &Cluster) {
     assert!(listed.lines().any(|l| l.starts_with("/teams/search")), "{listed}");
     let groups = c.ok(&["--json", "admin", "groups", "--seeds", &c.nodes]);
     assert!(groups.lines().all(|l| serde_json::from_str::<Value>(l).is_ok()) && groups.lines().count() >= 4, "{groups}");
+    let hot = c.json(&["status", "--hot", "--hot-window-ms", "200", "--nodes", &c.nodes]);
+    assert!(hot["hot"].is_array() && hot["window_ms"] == 200, "{hot}");
+}
+
+/// `warden admin split` moves a subtree with its nodes to a new group, served at once.
+fn split(c: &Cluster) {
+    c.ok(&["create", "-p", "/cli/split/a/x", "kept"]);
+    let answer = c.ok(&["admin", "split", "/cli/split/a", "--seeds", &c.nodes]);
+    assert!(answer.contains("serves /cli/split/a"), "{answer}");
+    assert_eq!(c.ok(&["get", "/cli/split/a/x"]), "kept");
+    let routes = c.ok(&["admin", "routes", "--seeds", &c.nodes]);
+    assert!(routes.lines().any(|l| l.starts_with("/cli/split/a ")), "{routes}");
 }
 
 fn elect(c: &Cluster) {
@@ -470,7 +482,7 @@ type Step = (&'static str, fn(&Cluster));
 #[test]
 fn the_command_line_against_a_dev_cluster() {
     let mut cluster = Cluster::start();
-    let steps: [Step; 13] = [
+    let steps: [Step; 14] = [
         ("nodes_commands", nodes_commands),
         ("nonexistent_node", nonexistent_node),
         ("json_output", json_output),
@@ -483,6 +495,7 @@ fn the_command_line_against_a_dev_cluster() {
         ("item_20_servers_log_leader_changes_by_default", item_20_servers_log_leader_changes_by_default),
         ("sessions", sessions),
         ("status", status),
+        ("split", split),
         ("elect", elect),
     ];
     let mut failed = Vec::new();

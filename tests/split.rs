@@ -256,3 +256,62 @@ async fn futures_nodes(router: &mut WardenClient<Channel>) -> Vec<GetResponse> {
     out.push(get(router, SUBTREE).await.expect("subtree root"));
     out
 }
+
+/// Hot subtrees: each replica counts the writes it applies per top-level child of its
+/// group's prefix (`GroupWrites`, what `warden status --hot` reads twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn writes_are_counted_per_top_level_child_for_hot_subtrees() {
+    let cluster = cluster_with_groups(&[]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    for (child, writes) in [("hot", 30u64), ("cold", 3)] {
+        router.create(CreateRequest { path: format!("/{child}"), ..CreateRequest::default() }).await.expect("create");
+        for n in 0..writes {
+            let set = SetRequest { path: format!("/{child}"), data: n.to_be_bytes().to_vec(), ..SetRequest::default() };
+            router.set(set).await.expect("write");
+        }
+    }
+    // Every replica counts what it applied: ask the leader's node (it applied all of them).
+    let leader = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
+    let mut placement = support::routed::placement_client(&cluster, leader);
+    let counts = placement.group_writes(warden_proto::placement::GroupWritesRequest { group_id: 1 }).await.expect("counts").into_inner();
+    let writes = counts.writes.expect("writes").writes;
+    assert_eq!((writes.get("hot"), writes.get("cold")), (Some(&31), Some(&4)), "a create and the sets of each: {writes:?}");
+}
+
+/// Auto-split: with `auto_split` set to perform, a child of the root that stays above the
+/// threshold becomes its own group, with its data; a calm one stays where it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_subtree_that_stays_hot_is_split_automatically() {
+    use warden_placement::{AutoSplit, PlacementConfig};
+    let auto_split = AutoSplit { writes_per_s: 10, window_ms: 500, windows: 2, perform: true };
+    let placement = PlacementConfig { auto_split: Some(auto_split), ..PlacementConfig::default() };
+    let factory = warden_shard_node::placement::ShardNodeFactory { placement, ..warden_shard_node::placement::ShardNodeFactory::default() };
+    let config = warden_shard_node::cluster::ClusterConfig { serve_api: true, ..warden_shard_node::cluster::ClusterConfig::default() };
+    let cluster = Arc::new(warden_shard_node::cluster::Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
+    cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    for path in ["/busy", "/calm"] {
+        router.create(CreateRequest { path: path.into(), data: b"0".to_vec(), ..CreateRequest::default() }).await.expect("create");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut n = 0u64;
+    // The calm subtree takes a write a second: far below the threshold however fast the
+    // busy one goes.
+    let mut calm_at = Instant::now();
+    while group_serving(&mut router, "/busy").await == 1 {
+        assert!(Instant::now() < deadline, "the hot subtree was never split");
+        n += 1;
+        let set = SetRequest { path: "/busy".into(), data: n.to_be_bytes().to_vec(), ..SetRequest::default() };
+        router.set(set).await.expect("a write to the hot subtree");
+        if calm_at.elapsed() >= Duration::from_secs(1) {
+            calm_at = Instant::now();
+            router.set(SetRequest { path: "/calm".into(), data: n.to_be_bytes().to_vec(), ..SetRequest::default() }).await.expect("calm write");
+        }
+    }
+    assert_eq!(counter(&get(&mut router, "/busy").await.expect("moved with its data").data), n);
+    let table = at_placement_leader(&cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table");
+    let prefixes: Vec<&str> = table.groups.iter().filter_map(|g| g.descriptor.as_ref()).map(|d| d.prefix.as_str()).collect();
+    assert_eq!(group_serving(&mut router, "/calm").await, 1, "a calm subtree stays: {prefixes:?}");
+}

@@ -49,7 +49,7 @@ pub use paths::{
     is_at_or_below, is_strictly_below, join, parent, validate_path, validate_prefix, PathError, PrefixError, PATH_BYTES_MAX, PATH_DEPTH_MAX,
 };
 pub use schedule::{MoveReason, Operator, ScheduleLimits};
-pub use state::{Placement, PlacementConfig};
+pub use state::{AutoSplit, Placement, PlacementConfig};
 
 #[cfg(test)]
 mod testutil {

@@ -22,11 +22,36 @@ pub struct PlacementConfig {
     /// A node silent this long is given up on: the scheduler repairs every group with a
     /// replica there (`warden node --down-after-ms`).
     pub down_after_ms: u64,
+    /// Auto-split (`warden node --auto-split`): a top-level child of a group's prefix taking
+    /// at least this many writes per second for [`AutoSplit::windows`] windows in a row is
+    /// proposed for a split. `None`: off.
+    #[serde(default)]
+    pub auto_split: Option<AutoSplit>,
+}
+
+/// When the placement leader proposes (and maybe performs) the split of a hot subtree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AutoSplit {
+    /// Writes per second a subtree must take to count as hot.
+    pub writes_per_s: u64,
+    /// How long each measurement lasts.
+    pub window_ms: u64,
+    /// Windows in a row a subtree must be hot before its split is proposed.
+    pub windows: u32,
+    /// Perform the proposed split (otherwise it is only logged).
+    pub perform: bool,
+}
+
+impl AutoSplit {
+    /// Hot above `writes_per_s` for three 10 s windows in a row.
+    pub fn new(writes_per_s: u64, perform: bool) -> AutoSplit {
+        AutoSplit { writes_per_s, window_ms: 10_000, windows: 3, perform }
+    }
 }
 
 impl Default for PlacementConfig {
     fn default() -> Self {
-        PlacementConfig { replicas_per_group: 5, heartbeat_timeout_ms: 10_000, down_after_ms: 60_000 }
+        PlacementConfig { replicas_per_group: 5, heartbeat_timeout_ms: 10_000, down_after_ms: 60_000, auto_split: None }
     }
 }
 
@@ -234,7 +259,7 @@ mod tests {
         let placement = bootstrapped(3, 3);
         let text = String::from_utf8(placement.to_bytes()).unwrap();
         assert!(!text.contains("heartbeat_timeout_ms"), "{text}");
-        let other = PlacementConfig { replicas_per_group: 3, heartbeat_timeout_ms: 1, down_after_ms: 2 };
+        let other = PlacementConfig { replicas_per_group: 3, heartbeat_timeout_ms: 1, down_after_ms: 2, auto_split: None };
         let restored = Placement::from_bytes(placement.to_bytes().as_slice(), other.clone()).unwrap();
         assert_eq!(restored.config(), &other);
     }

@@ -121,6 +121,9 @@ impl NodeServices for ApiServices {
         if placement_config.is_some() {
             context.runtime.spawn(placement.clone().schedule_periodically(SCHEDULE_INTERVAL, ScheduleLimits::default()));
         }
+        if let Some(auto_split) = placement_config.as_ref().and_then(|c| c.auto_split.clone()) {
+            context.runtime.spawn(placement.clone().auto_split_periodically(auto_split));
+        }
         if config.placement_heartbeat_ms > 0 {
             let interval = Duration::from_millis(config.placement_heartbeat_ms);
             let heartbeat = crate::placement::heartbeat::run(

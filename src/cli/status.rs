@@ -24,6 +24,17 @@ pub struct StatusArgs {
     /// Shard-node addresses to read the routing table from (any node with a placement replica).
     #[arg(long, value_delimiter = ',', default_value = "127.0.0.1:7101,127.0.0.1:7102,127.0.0.1:7103")]
     nodes: Vec<String>,
+    /// List the hottest subtrees instead: writes per second per top-level child of each
+    /// group's prefix, read twice from one replica of each group `--hot-window-ms` apart
+    /// (this wakes hibernating groups). `warden admin split` moves a hot one to its own group.
+    #[arg(long)]
+    hot: bool,
+    /// How long `--hot` measures.
+    #[arg(long, default_value_t = 1000)]
+    hot_window_ms: u64,
+    /// How many subtrees `--hot` lists.
+    #[arg(long, default_value_t = 10)]
+    hot_top: usize,
 }
 
 /// What a router says about one group: its leader and revision.
@@ -38,6 +49,9 @@ pub struct GroupHealth {
 /// Prints the overview: one JSON object, or sections of text.
 pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::Result<()> {
     let table = crate::admin::routing_table(&args.nodes, TABLE_PATIENCE).await?;
+    if args.hot {
+        return hot(&table, &args, out).await;
+    }
     let health = group_health(&global.endpoints, &table.groups).await;
     let routes = routes(&table);
     // Replica moves in flight (repairs, drains, balancing): the learner each is adding.
@@ -64,6 +78,64 @@ pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::
         let paused = if table.scheduler_paused { " (balancing paused)" } else { "" };
         lines.push(format!("replica moves running ({}){paused}:", moves.len()));
         lines.extend(moves.iter().map(|(group, learner)| format!("  group {group}: adding a replica on node {learner}")));
+        lines.join("\n")
+    })?)
+}
+
+/// A subtree and how many writes per second it took.
+struct Hot {
+    path: String,
+    group: u64,
+    writes_per_s: f64,
+}
+
+/// `warden status --hot`: reads each ready group's write counts twice from one of its
+/// replicas on an up node, and lists the children of group prefixes that took the most writes
+/// per second in between.
+async fn hot(table: &RoutingTable, args: &StatusArgs, out: Output) -> anyhow::Result<()> {
+    let groups: Vec<(u64, String, String)> = routes(table)
+        .into_iter()
+        .filter_map(|group| {
+            let descriptor = group.descriptor.as_ref()?;
+            let node = descriptor.replicas.iter().find_map(|id| table.nodes.iter().find(|n| n.id == *id && n.up))?;
+            Some((descriptor.group_id, descriptor.prefix.clone(), node.addr.clone()))
+        })
+        .collect();
+    let read = |(group_id, _, addr): &(u64, String, String)| {
+        let (group_id, addr) = (*group_id, addr.clone());
+        async move {
+            let channel = Endpoint::from_shared(format!("http://{addr}")).ok()?.connect_lazy();
+            let mut client = warden_proto::placement::placement_client::PlacementClient::new(channel);
+            let request = warden_proto::placement::GroupWritesRequest { group_id };
+            let answer = tokio::time::timeout(LEADER_PATIENCE, client.group_writes(request)).await.ok()?.ok()?;
+            answer.into_inner().writes
+        }
+    };
+    let before = futures::future::join_all(groups.iter().map(read)).await;
+    let started = std::time::Instant::now();
+    tokio::time::sleep(Duration::from_millis(args.hot_window_ms)).await;
+    let after = futures::future::join_all(groups.iter().map(read)).await;
+    let seconds = started.elapsed().as_secs_f64().max(0.001);
+    let mut hot: Vec<Hot> = Vec::new();
+    for ((group, prefix, _), (before, after)) in groups.iter().zip(before.into_iter().zip(after)) {
+        let (Some(before), Some(after)) = (before, after) else { continue };
+        for (child, writes) in &after.writes {
+            let delta = writes.saturating_sub(before.writes.get(child).copied().unwrap_or(0));
+            if delta > 0 {
+                let path = if prefix == "/" { format!("/{child}") } else { format!("{prefix}/{child}") };
+                hot.push(Hot { path, group: *group, writes_per_s: delta as f64 / seconds });
+            }
+        }
+    }
+    hot.sort_by(|a, b| b.writes_per_s.total_cmp(&a.writes_per_s));
+    hot.truncate(args.hot_top);
+    let value = json!({
+        "window_ms": args.hot_window_ms,
+        "hot": hot.iter().map(|h| json!({ "path": h.path, "group": h.group, "writes_per_s": h.writes_per_s })).collect::<Vec<_>>(),
+    });
+    Ok(out.emit(value, || {
+        let mut lines = vec![format!("hottest subtrees over {} ms ({}):", args.hot_window_ms, hot.len())];
+        lines.extend(hot.iter().map(|h| format!("  {:<30} {:>10.1} writes/s  group {}", h.path, h.writes_per_s, h.group)));
         lines.join("\n")
     })?)
 }

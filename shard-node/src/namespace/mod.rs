@@ -8,6 +8,7 @@
 pub mod descriptor;
 pub mod error;
 pub mod harness;
+pub mod hot;
 pub mod locks;
 pub mod path;
 pub mod query;
@@ -118,6 +119,7 @@ impl StateMachineFactory for NamespaceFactory {
             blocked_locks: BTreeMap::new(),
             descriptor: None,
             split: SplitState::default(),
+            writes: hot::WriteCounts::default(),
         })
     }
 }
@@ -165,6 +167,8 @@ pub struct NamespaceStateMachine {
     descriptor: Option<GroupDescriptor>,
     /// The subtree frozen for a split, and splits settled (replicated state, rebuilt from disk).
     split: SplitState,
+    /// Writes applied per top-level child of the prefix (in memory only: hot subtrees).
+    writes: hot::WriteCounts,
 }
 
 impl NamespaceStateMachine {
@@ -367,6 +371,7 @@ impl NamespaceStateMachine {
                 self.revision = revision;
             }
             let events: Vec<Event> = if moves_records { Vec::new() } else { self.events_of(&view)? };
+            self.writes.record(&root, events.iter().map(|event| event.path.as_str()));
             if !events.is_empty() {
                 self.unpublished.push(EventBatch { revision: self.revision, events });
             }
@@ -448,6 +453,11 @@ impl StateMachine for NamespaceStateMachine {
 
     fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError> {
         let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
+        let query = warden_proto::namespace::Query::decode(query).map_err(|e| EngineError::Invalid(format!("namespace query: {e}")))?;
+        if let Some(warden_proto::namespace::query::Query::ChildWrites(_)) = query.query {
+            let result = warden_proto::namespace::query_result::Result::ChildWrites(self.writes.to_proto());
+            return Ok(warden_proto::namespace::QueryResult { revision: self.revision, result: Some(result) }.encode_to_vec());
+        }
         query::run(reader, &self.limits, self.revision, self.descriptor.as_ref(), &self.split, query).map(|result| result.encode_to_vec())
     }
 
@@ -464,6 +474,7 @@ impl StateMachine for NamespaceStateMachine {
         self.split = store::read_split(reader)?;
         self.unpublished.clear();
         self.unpublished_move = None;
+        self.writes.clear();
         self.hub.reset(self.revision);
         self.ttl.clear();
         let mut ttl = BTreeMap::new();

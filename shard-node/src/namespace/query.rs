@@ -1,6 +1,5 @@
 //! Reads of the namespace, answered from the applied state on disk.
 
-use prost::Message as _;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::{Query, QueryResult, SessionIds, WaiterState};
@@ -18,15 +17,14 @@ pub fn run(
     revision: u64,
     descriptor: Option<&GroupDescriptor>,
     split: &warden_proto::namespace::SplitState,
-    query: &[u8],
+    query: Query,
 ) -> Result<QueryResult, EngineError> {
-    let query = Query::decode(query).map_err(|e| EngineError::Invalid(format!("namespace query: {e}")))?;
     let path = match &query.query {
         Some(QueryKind::Get(get)) => Some(get.path.as_str()),
         Some(QueryKind::Exists(exists)) => Some(exists.path.as_str()),
         Some(QueryKind::Children(children)) => Some(children.path.as_str()),
         Some(QueryKind::LockInfo(lock) | QueryKind::CheckSequencer(lock) | QueryKind::Waiter(lock)) => Some(lock.path.as_str()),
-        Some(QueryKind::Revision(_) | QueryKind::Sessions(_) | QueryKind::ExportSubtree(_)) | None => None,
+        Some(QueryKind::Revision(_) | QueryKind::Sessions(_) | QueryKind::ExportSubtree(_) | QueryKind::ChildWrites(_)) | None => None,
     };
     if let Some(Err(error)) = path.map(|path| descriptor::check_served(descriptor, path)) {
         return Ok(QueryResult { revision, result: Some(QueryOutcome::Error(error)) });
@@ -58,6 +56,8 @@ fn lock_state(reader: &SmReader, lock_path: &str) -> Result<(Vec<locks::Waiter>,
 fn answer(reader: &SmReader, limits: &Limits, split: &warden_proto::namespace::SplitState, query: Query) -> Result<QueryOutcome, Failure> {
     Ok(match query.query {
         Some(QueryKind::ExportSubtree(export)) => QueryOutcome::SubtreePage(super::split::export(reader, split, &export)?),
+        // Counted in the state machine's memory, not stored: it answers these itself.
+        Some(QueryKind::ChildWrites(_)) => return Err(invalid("", "child writes are not stored").into()),
         Some(QueryKind::Get(get)) => {
             let record = node(reader, &get.path)?.ok_or_else(|| no_node(&get.path))?;
             QueryOutcome::Get(GetResponse { header: None, data: record.data, stat: record.stat })

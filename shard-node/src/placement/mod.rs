@@ -4,12 +4,13 @@
 //! `warden.placement.Placement` gRPC service every node serves; [`heartbeat`] tells the
 //! placement group a node is alive (and which groups it leads); [`scheduler`] is the placement
 //! leader carrying out repair, drain and balance operators; [`split`] moves a live subtree
-//! into a new group; [`factory`] gives each group its state machine (the
+//! into a new group, [`auto_split`] proposes (or performs) the split of a hot one; [`factory`] gives each group its state machine (the
 //! placement group's, or a namespace).
 //!
 //! Architecture invariant: the routing table changes only through commands applied by the
 //! placement group; nodes and routers hold copies read from it.
 
+pub mod auto_split;
 pub mod factory;
 pub mod heartbeat;
 pub mod scheduler;

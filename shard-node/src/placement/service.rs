@@ -30,6 +30,8 @@ use tonic::{Request, Response, Status};
 use warden_placement::{Command, GroupDescriptor, NodeState, Outcome, Placement, PlacementConfig, PlacementError, PLACEMENT_GROUP_ID};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
+use warden_proto::namespace::query::Query as NamespaceQuery;
+use warden_proto::namespace::query_result::Result as NamespaceAnswer;
 use warden_proto::namespace::{Command as NamespaceCommand, CommandResult, SetDescriptor};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::placement_server::{Placement as PlacementApi, PlacementServer};
@@ -67,7 +69,7 @@ pub struct PlacementService {
     /// The placement group's configuration (what its leader's scheduler judges by).
     config: PlacementConfig,
     /// Held through every group lifecycle change this node runs as placement leader.
-    lifecycle: Arc<tokio::sync::Mutex<()>>,
+    pub(super) lifecycle: Arc<tokio::sync::Mutex<()>>,
     /// The groups each node said it leads (heard while this node led placement).
     pub(super) leaders_heard: Arc<LeadersHeard>,
     /// Groups with a scheduler operator running from this node.
@@ -226,7 +228,7 @@ impl PlacementService {
 
     /// Finishes, or else rolls back, every group placement records as being created. The
     /// caller holds `lifecycle`, so none of them is being created by this node right now.
-    async fn settle_creations(&self) -> Result<(), Status> {
+    pub(super) async fn settle_creations(&self) -> Result<(), Status> {
         let state = self.state().await?;
         for group in state.groups().values().filter(|g| !g.ready) {
             tracing::info!(group = group.id, prefix = %group.prefix, "resuming a group creation left half-way");
@@ -332,6 +334,18 @@ impl PlacementService {
             learners: Vec::new(),
         });
         Ok(Response::new(CreateGroupResponse { group: entry, routing_version: state.routing_version() }))
+    }
+
+    /// Asks a namespace query of a group this node hosts; its answer, or the typed refusal.
+    async fn query_namespace(&self, group: u64, query: NamespaceQuery, consistency: ReadConsistency) -> Result<NamespaceAnswer, Status> {
+        let query = warden_proto::namespace::Query { query: Some(query) };
+        let bytes =
+            self.node.read(group, query.encode_to_vec(), consistency, self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
+        match warden_proto::namespace::QueryResult::decode(bytes.as_slice()).map_err(internal)?.result {
+            Some(NamespaceAnswer::Error(error)) => Err(status(error)),
+            Some(answer) => Ok(answer),
+            None => Err(internal("a namespace query without an answer")),
+        }
     }
 
     /// Proposes a namespace command of placement's (a descriptor, a split step) to `group`,
@@ -547,20 +561,20 @@ impl PlacementApi for PlacementService {
     }
 
     async fn export_subtree(&self, request: Request<ExportSubtreeRequest>) -> Result<Response<ExportSubtreeResponse>, Status> {
-        use warden_proto::namespace::query::Query as QueryKind;
-        use warden_proto::namespace::query_result::Result as QueryOutcome;
         let ExportSubtreeRequest { group_id, export } = request.into_inner();
         let export = export.ok_or_else(|| invalid_argument("an export request names what to export"))?;
-        let query = warden_proto::namespace::Query { query: Some(QueryKind::ExportSubtree(export)) };
-        let bytes = self
-            .node
-            .read(group_id, query.encode_to_vec(), ReadConsistency::Linearizable, self.timeout)
-            .await
-            .map_err(|e| engine_status(&self.directory, group_id, e))?;
-        match warden_proto::namespace::QueryResult::decode(bytes.as_slice()).map_err(internal)?.result {
-            Some(QueryOutcome::SubtreePage(page)) => Ok(Response::new(ExportSubtreeResponse { page: Some(page) })),
-            Some(QueryOutcome::Error(error)) => Err(status(error)),
+        match self.query_namespace(group_id, NamespaceQuery::ExportSubtree(export), ReadConsistency::Linearizable).await? {
+            NamespaceAnswer::SubtreePage(page) => Ok(Response::new(ExportSubtreeResponse { page: Some(page) })),
             other => Err(internal(format!("unexpected answer to an export: {other:?}"))),
+        }
+    }
+
+    async fn group_writes(&self, request: Request<GroupWritesRequest>) -> Result<Response<GroupWritesResponse>, Status> {
+        let group_id = request.into_inner().group_id;
+        // This replica's own counts: no leader needed (each reading compares with the last).
+        match self.query_namespace(group_id, NamespaceQuery::ChildWrites(true), ReadConsistency::Stale).await? {
+            NamespaceAnswer::ChildWrites(writes) => Ok(Response::new(GroupWritesResponse { writes: Some(writes) })),
+            other => Err(internal(format!("unexpected answer to child writes: {other:?}"))),
         }
     }
 

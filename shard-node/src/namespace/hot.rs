@@ -1,0 +1,85 @@
+//! Hot subtrees (issue 16 item 4): how many writes each replica applied per top-level child
+//! of its group's prefix, so an operator (`warden status --hot`) sees which subtree to split.
+//!
+//! Counted in memory on every replica as entries apply (not replicated, never read by apply:
+//! determinism is untouched), cumulative since the replica loaded; rates come from two
+//! readings. Bounded: the first [`CHILDREN_MAX`] children seen get a counter each, the rest
+//! share one.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use warden_placement::is_strictly_below;
+use warden_proto::namespace::ChildWrites;
+
+/// Children of the prefix counted one by one.
+pub const CHILDREN_MAX: usize = 256;
+
+/// Writes per top-level child of a group's prefix.
+#[derive(Debug, Default)]
+pub struct WriteCounts {
+    writes: BTreeMap<String, u64>,
+    /// Writes to children beyond the bound, and to the prefix node itself.
+    other: u64,
+}
+
+impl WriteCounts {
+    /// Counts one applied write touching `paths` below `root`: once per child it touches.
+    pub fn record<'p>(&mut self, root: &str, paths: impl IntoIterator<Item = &'p str>) {
+        let children: BTreeSet<Option<&str>> = paths.into_iter().map(|path| child_of(root, path)).collect();
+        for child in children {
+            match child {
+                Some(name) if self.writes.contains_key(name) || self.writes.len() < CHILDREN_MAX => {
+                    *self.writes.entry(name.to_string()).or_insert(0) += 1;
+                }
+                _ => self.other += 1,
+            }
+        }
+    }
+
+    /// The counts as the API answers them.
+    pub fn to_proto(&self) -> ChildWrites {
+        ChildWrites { writes: self.writes.iter().map(|(name, writes)| (name.clone(), *writes)).collect(), other: self.other }
+    }
+
+    /// Forgets every count (the replica's state was replaced).
+    pub fn clear(&mut self) {
+        self.writes.clear();
+        self.other = 0;
+    }
+}
+
+/// The name of the top-level child of `root` that `path` is in (`None`: `root` itself, or a
+/// path outside it).
+fn child_of<'p>(root: &str, path: &'p str) -> Option<&'p str> {
+    if !is_strictly_below(path, root) {
+        return None;
+    }
+    let rest = path[root.len()..].trim_start_matches('/');
+    rest.split('/').next().filter(|name| !name.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn writes_count_once_per_top_level_child_within_a_bound() {
+        let mut counts = WriteCounts::default();
+        counts.record("/", ["/a/x", "/a/y", "/b"]);
+        counts.record("/", ["/a"]);
+        counts.record("/", ["/"]);
+        let proto = counts.to_proto();
+        assert_eq!(proto.writes, [("a".to_string(), 2), ("b".to_string(), 1)].into_iter().collect());
+        assert_eq!(proto.other, 1, "the root itself");
+        let mut team = WriteCounts::default();
+        team.record("/team", ["/team/svc/lock", "/teams/x"]);
+        assert_eq!(team.to_proto().writes, [("svc".to_string(), 1)].into_iter().collect(), "a sibling sharing the name's start is outside");
+        let mut bounded = WriteCounts::default();
+        for n in 0..CHILDREN_MAX + 10 {
+            bounded.record("/", [format!("/c{n}").as_str()]);
+        }
+        bounded.record("/", ["/c0"]);
+        let proto = bounded.to_proto();
+        assert_eq!((proto.writes.len(), proto.other, proto.writes["c0"]), (CHILDREN_MAX, 10, 2));
+    }
+}
