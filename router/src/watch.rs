@@ -75,10 +75,14 @@ pub const WATCH_GROUPS_MAX: usize = 64;
 
 /// One group's part of a watch: the upstream stream it is on, the next revision it needs,
 /// and its `created` once seen.
+#[derive(Default)]
 struct Part {
     stream: u64,
     next_revision: u64,
     created: Option<WatchCreated>,
+    /// The header of the group's `created` (the client takes the serving group's as the
+    /// watch's owner).
+    created_header: Option<ResponseHeader>,
 }
 
 /// A watch the proxy carries: the client's id for it, its parts by group, which group
@@ -177,14 +181,17 @@ impl Watches {
             let Some(part) = watch.parts.get_mut(&group) else { return Step::Hold };
             part.next_revision = created.start_revision;
             part.created = Some(created.clone());
+            part.created_header = response.header;
             if watch.parts.values().any(|p| p.created.is_none()) {
                 return Step::Hold;
             }
-            // Every part is created: one `created` for the client (the serving group's,
-            // with each group's start), then the events held meanwhile.
+            // Every part is created: one `created` for the client (the serving group's, with
+            // its header whichever group answered last, and each group's start), then the
+            // events held meanwhile.
             let start_revisions = watch.parts.iter().map(|(g, p)| (*g, p.created.as_ref().map_or(0, |c| c.start_revision))).collect();
-            let owner = watch.parts.get(&watch.owner).and_then(|p| p.created.clone()).unwrap_or_default();
-            let mut out = vec![WatchResponse { created: Some(WatchCreated { start_revisions, ..owner }), ..response }];
+            let (owner, header) =
+                watch.parts.get(&watch.owner).map(|p| (p.created.clone().unwrap_or_default(), p.created_header)).unwrap_or_default();
+            let mut out = vec![WatchResponse { created: Some(WatchCreated { start_revisions, ..owner }), header, ..response }];
             watch.announced = true;
             self.held_bytes -= watch.held_bytes();
             let fired = watch.one_shot && watch.held.iter().any(|(_, held)| !held.events.is_empty());
@@ -477,7 +484,7 @@ impl Proxy {
             .map(|(route, stream)| {
                 let next_revision =
                     if route.id() == owner { create.start_revision } else { create.group_start_revisions.get(&route.id()).copied().unwrap_or(0) };
-                (route.id(), Part { stream: *stream, next_revision, created: None })
+                (route.id(), Part { stream: *stream, next_revision, created: None, created_header: None })
             })
             .collect();
         let one_shot = create.kind != Kind::Persistent as i32;
@@ -514,8 +521,8 @@ impl Proxy {
             Step::End(response, others) => {
                 self.cancel_parts(others);
                 let moved = response.canceled.as_ref().and_then(|c| c.error.as_ref()).filter(|e| e.code == Code::Moved as i32);
-                if let Some(group) = moved.map(|e| e.moved_to_group) {
-                    self.await_routed(group).await;
+                if let Some((group, path)) = moved.map(|e| (e.moved_to_group, e.path.clone())) {
+                    self.await_routed(group, &path).await;
                 }
                 vec![*response]
             }
@@ -529,14 +536,15 @@ impl Proxy {
         true
     }
 
-    /// Waits (at most [`MOVED_ROUTE_WAIT`]) until the routing table routes `group`: a subtree
-    /// that moved is routed to its new group a moment after the old one let it go, and a
-    /// watch re-created before this router knows the new route would not span it.
-    async fn await_routed(&self, group: u64) {
+    /// Waits (at most [`MOVED_ROUTE_WAIT`]) until the routing table routes the moved subtree
+    /// at `path` to `group`: it is routed to its new group (a split's new one, a merge's
+    /// parent) a moment after the old one let it go, and a watch re-created before this
+    /// router knows the new route would not span it (or would span the old group).
+    async fn await_routed(&self, group: u64, path: &str) {
         let deadline = tokio::time::Instant::now() + MOVED_ROUTE_WAIT;
         loop {
             let table = self.upstreams.table();
-            let routed = table.group(group).is_some_and(|g| table.route(&g.descriptor.prefix).is_some_and(|r| r.id() == group));
+            let routed = table.route(path).is_some_and(|r| r.id() == group);
             if routed || tokio::time::Instant::now() >= deadline {
                 return;
             }
@@ -610,8 +618,10 @@ mod tests {
 
     /// Watch 9 of the client, upstream id 90, with parts in groups 1 (serving its path) and 2.
     fn two_parts() -> Watches {
-        let parts =
-            BTreeMap::from([(1, Part { stream: 1, next_revision: 0, created: None }), (2, Part { stream: 2, next_revision: 7, created: None })]);
+        let parts = BTreeMap::from([
+            (1, Part { stream: 1, next_revision: 0, ..Part::default() }),
+            (2, Part { stream: 2, next_revision: 7, ..Part::default() }),
+        ]);
         let carried = Carried { client_id: 9, owner: 1, parts, ..Carried::default() };
         Watches { carried: HashMap::from([(90, carried)]), ids: HashMap::from([(9, 90)]), held_bytes: 0 }
     }
@@ -648,6 +658,22 @@ mod tests {
     }
 
     #[test]
+    fn the_created_of_a_spanning_watch_names_the_serving_group_whichever_part_answers_last() {
+        let mut watches = two_parts();
+        let created_by = |group_id: u64, start_revision: u64| WatchResponse {
+            header: Some(ResponseHeader { group_id, revision: start_revision, ..ResponseHeader::default() }),
+            ..created(start_revision)
+        };
+        assert!(matches!(watches.step(1, 1, created_by(1, 40)), Step::Hold));
+        match watches.step(2, 2, created_by(2, 7)) {
+            // The client takes the header's group as the watch's owner, whose start revision
+            // is `start_revision`: another group's would resume the owner from its revision.
+            Step::Send(out) => assert_eq!(out[0].header.as_ref().map(|h| (h.group_id, h.revision)), Some((1, 40))),
+            _ => panic!("the last part's created is forwarded"),
+        }
+    }
+
+    #[test]
     fn one_part_ending_ends_the_watch_with_every_groups_resume_revision() {
         let mut watches = two_parts();
         assert!(matches!(watches.step(1, 1, created(0)), Step::Hold));
@@ -669,7 +695,7 @@ mod tests {
 
     #[test]
     fn item_12_a_fired_one_shot_watch_leaves_no_record() {
-        let parts = BTreeMap::from([(1, Part { stream: 1, next_revision: 0, created: None })]);
+        let parts = BTreeMap::from([(1, Part { stream: 1, next_revision: 0, ..Part::default() })]);
         let carried = Carried { client_id: 9, owner: 1, one_shot: true, parts, ..Carried::default() };
         let mut watches = Watches { carried: HashMap::from([(90, carried)]), ids: HashMap::from([(9, 90)]), held_bytes: 0 };
         assert!(matches!(watches.step(1, 1, created(5)), Step::Send(_)));
