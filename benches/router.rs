@@ -29,6 +29,7 @@ fn table() -> Table {
         descriptor: Some(GroupDescriptor { group_id, prefix, replicas: vec![1, 2, 3, 4, 5], version: 1, ..GroupDescriptor::default() }),
         ready: true,
         learners: Vec::new(),
+        merging_into: 0,
     };
     let mut groups = vec![entry(1, "/".into())];
     for tenant in 0..TENANTS {

@@ -95,6 +95,17 @@ pub enum AdminCommand {
         #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
         seeds: Vec<String>,
     },
+    /// Give the whole subtree of the group serving exactly PREFIX, with its data, locks and
+    /// ephemerals, back to the group serving the parent path while clients use it, and
+    /// remove the group: the reverse of `split`. Refused while sessions are homed in the
+    /// group (they must close or expire first). Safe to run again if it was interrupted.
+    Merge {
+        /// The merging group's prefix.
+        prefix: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
     /// Pause or resume the balance schedulers (repair, drain and decommission keep running).
     Scheduler {
         /// `pause` or `resume`.
@@ -174,6 +185,7 @@ fn retryable(status: &tonic::Status) -> bool {
 
 /// Runs an admin command (the listings print JSON lines with `--json`).
 pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
+    let merge = matches!(command, AdminCommand::Merge { .. });
     match command {
         AdminCommand::Bootstrap { nodes, placement } => {
             let root = bootstrap(&nodes, &placement).await?;
@@ -198,13 +210,19 @@ pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
         AdminCommand::Drain { node, seeds } => set_node_state(&seeds, node, NodeState::Draining, out).await?,
         AdminCommand::Undrain { node, seeds } => set_node_state(&seeds, node, NodeState::Serving, out).await?,
         AdminCommand::Decommission { node, seeds } => set_node_state(&seeds, node, NodeState::Decommissioning, out).await?,
-        AdminCommand::DropGroup { prefix, seeds } => {
+        AdminCommand::DropGroup { prefix, seeds } | AdminCommand::Merge { prefix, seeds } => {
             let answer = at_any(&seeds, |mut c| {
-                let prefix = prefix.clone();
-                async move { c.remove_group(RemoveGroupRequest { prefix }).await }
+                let request = RemoveGroupRequest { prefix: prefix.clone() };
+                async move {
+                    match merge {
+                        true => c.merge_group(request).await,
+                        false => c.remove_group(request).await,
+                    }
+                }
             })
             .await?;
-            println!("group {} removed; {prefix} is served by group {} now", answer.group_id, answer.parent_group_id);
+            let how = if merge { " with its data" } else { "" };
+            println!("group {} removed; {prefix} is served by group {}{how} now", answer.group_id, answer.parent_group_id);
         }
         AdminCommand::Split { prefix, seeds } => {
             let answer = at_any(&seeds, |mut c| {

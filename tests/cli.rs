@@ -452,7 +452,8 @@ fn status(c: &Cluster) {
     assert!(hot["hot"].is_array() && hot["window_ms"] == 200, "{hot}");
 }
 
-/// `warden admin split` moves a subtree with its nodes to a new group, served at once.
+/// `warden admin split` moves a subtree with its nodes to a new group, served at once, and
+/// `warden admin merge` moves it back.
 fn split(c: &Cluster) {
     c.ok(&["create", "-p", "/cli/split/a/x", "kept"]);
     let answer = c.ok(&["admin", "split", "/cli/split/a", "--seeds", &c.nodes]);
@@ -460,6 +461,13 @@ fn split(c: &Cluster) {
     assert_eq!(c.ok(&["get", "/cli/split/a/x"]), "kept");
     let routes = c.ok(&["admin", "routes", "--seeds", &c.nodes]);
     assert!(routes.lines().any(|l| l.starts_with("/cli/split/a ")), "{routes}");
+    // `warden admin merge` gives it back to the parent path's group and removes the group.
+    c.ok(&["set", "/cli/split/a/x", "written between"]);
+    let answer = c.ok(&["admin", "merge", "/cli/split/a", "--seeds", &c.nodes]);
+    assert!(answer.contains("is served by group") && answer.contains("with its data"), "{answer}");
+    assert_eq!(c.ok(&["get", "/cli/split/a/x"]), "written between");
+    let routes = c.ok(&["admin", "routes", "--seeds", &c.nodes]);
+    assert!(!routes.lines().any(|l| l.starts_with("/cli/split/a ")), "{routes}");
 }
 
 fn elect(c: &Cluster) {

@@ -10,74 +10,23 @@
 
 mod support;
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::transport::Channel;
+use warden_loadgen::watch_check;
 use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
 
-use support::routed::{at_placement_leader, client, cluster_with_groups, group_serving, session_homed_at, start_router, TIMEOUT};
+use support::moving::{check_moved_ephemerals_follow_their_sessions, counter, counter_writer, ephemerals_of_three_homes, fill, filled, get};
+use support::routed::{at_placement_leader, client, cluster_with_groups, group_serving, start_router, TIMEOUT};
 
 const TTL_MS: u64 = 10_000;
 const SUBTREE: &str = "/team/t";
 const NODES: usize = 10_000;
-/// Nodes created per transaction while filling the subtree.
-const NODES_PER_TXN: usize = 125;
-
-/// Renews `sessions` every second until the returned task is aborted.
-fn keep_alive(mut router: WardenClient<Channel>, sessions: Vec<u64>) -> tokio::task::JoinHandle<()> {
-    tokio::spawn(async move {
-        loop {
-            let _ = router.keep_alive(KeepAliveRequest { session_ids: sessions.clone(), ..KeepAliveRequest::default() }).await;
-            tokio::time::sleep(Duration::from_millis(1_000)).await;
-        }
-    })
-}
-
-fn create_op(path: String, data: Vec<u8>) -> TxnOp {
-    TxnOp { op: Some(txn_op::Op::Create(CreateRequest { path, data, ..CreateRequest::default() })) }
-}
-
-async fn get(router: &mut WardenClient<Channel>, path: &str) -> Result<GetResponse, tonic::Status> {
-    router.get(GetRequest { path: path.into(), ..GetRequest::default() }).await.map(tonic::Response::into_inner)
-}
-
-/// Keeps setting `path` to a growing counter until `stop`; every value acknowledged is
-/// recorded in `acked` (the highest). Returns how many writes failed and the longest a write
-/// took (how long writes paused).
-fn writer(
-    mut router: WardenClient<Channel>,
-    path: &'static str,
-    acked: Arc<AtomicU64>,
-    stop: Arc<AtomicBool>,
-) -> tokio::task::JoinHandle<(u64, Duration)> {
-    tokio::spawn(async move {
-        let (mut failed, mut longest) = (0, Duration::ZERO);
-        let mut value = 0u64;
-        while !stop.load(Ordering::Relaxed) {
-            value += 1;
-            let set = SetRequest { path: path.into(), data: value.to_be_bytes().to_vec(), ..SetRequest::default() };
-            let started = Instant::now();
-            match router.set(set).await {
-                Ok(_) => acked.store(value, Ordering::Relaxed),
-                Err(status) => {
-                    failed += 1;
-                    eprintln!("write to {path} failed: {status}");
-                }
-            }
-            longest = longest.max(started.elapsed());
-        }
-        (failed, longest)
-    })
-}
-
-fn counter(data: &[u8]) -> u64 {
-    data.try_into().map(u64::from_be_bytes).unwrap_or(0)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
@@ -94,29 +43,8 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
     // WARDEN_SPLIT_VALUE_BYTES pads each node's data (10,240: a 100 MiB subtree, the
     // issue's pause goal; README "Moving a subtree" has the figures).
     let value_bytes: usize = std::env::var("WARDEN_SPLIT_VALUE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
-    let per_txn = NODES_PER_TXN.min((1 << 20) / value_bytes.max(1)).max(1);
-    for batch in 0..NODES.div_ceil(per_txn) {
-        let then = (batch * per_txn..((batch + 1) * per_txn).min(NODES))
-            .map(|n| {
-                let mut data = format!("data {n}").into_bytes();
-                data.resize(data.len().max(value_bytes), b'.');
-                create_op(format!("{SUBTREE}/n{n:05}"), data)
-            })
-            .collect();
-        router.txn(TxnRequest { then, ..TxnRequest::default() }).await.expect("fill");
-    }
-    let sessions = [
-        session_homed_at(&mut router, "/", TTL_MS).await,
-        session_homed_at(&mut router, "/g2", TTL_MS).await,
-        session_homed_at(&mut router, "/g3", TTL_MS).await,
-    ];
-    let homes: std::collections::BTreeSet<u64> = sessions.iter().map(|s| warden_placement::home_group(*s)).collect();
-    assert_eq!(homes.len(), 3, "sessions homed in three groups");
-    let renewals = keep_alive(router.clone(), sessions.to_vec());
-    for (i, session) in sessions.iter().enumerate() {
-        let ephemeral = CreateRequest { path: format!("{SUBTREE}/eph{i}"), session_id: *session, ..CreateRequest::default() };
-        router.create(ephemeral).await.expect("ephemeral");
-    }
+    fill(&mut router, SUBTREE, NODES, value_bytes).await;
+    let (sessions, renewals) = ephemerals_of_three_homes(&mut router, SUBTREE, ["/", "/g2", "/g3"], TTL_MS).await;
     let lock = |session: u64, wait: bool| LockRequest {
         path: format!("{SUBTREE}/lock"),
         session_id: session,
@@ -153,7 +81,7 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
         assert!(Instant::now() < deadline, "the second session never queued");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let before: Vec<GetResponse> = futures_nodes(&mut router).await;
+    let before = subtree_nodes(&mut router).await;
     let library = ::warden_client::Client::connect(::warden_client::ClientConfig::new([router_process.addr.to_string()])).await.expect("client");
     let mut watchers = Vec::new();
     for path in [SUBTREE, "/team"] {
@@ -178,9 +106,9 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
 
     // Writers in and beside the subtree run through the split.
     let stop = Arc::new(AtomicBool::new(false));
-    let (inside_acked, beside_acked) = (Arc::new(AtomicU64::new(0)), Arc::new(AtomicU64::new(0)));
-    let inside = writer(router.clone(), "/team/t/w", inside_acked.clone(), stop.clone());
-    let beside = writer(router.clone(), "/beside", beside_acked.clone(), stop.clone());
+    let (inside_acked, beside_acked) = (Arc::new(Mutex::new(Vec::new())), Arc::new(Mutex::new(Vec::new())));
+    let inside = counter_writer(router.clone(), "/team/t/w", inside_acked.clone(), stop.clone());
+    let beside = counter_writer(router.clone(), "/beside", beside_acked.clone(), stop.clone());
     tokio::time::sleep(Duration::from_millis(300)).await;
     let split_started = Instant::now();
     let split = at_placement_leader(&cluster, |mut c| async move { c.split_group(CreateGroupRequest { prefix: SUBTREE.into() }).await })
@@ -203,7 +131,7 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
     router.set(last).await.expect("last write");
     for (path, watcher) in [SUBTREE, "/team"].into_iter().zip(watchers) {
         let seen = tokio::time::timeout(TIMEOUT, watcher).await.expect("the watcher saw the last write").expect("watcher");
-        let written: Vec<u64> = (1..=inside_acked.load(Ordering::Relaxed)).chain([u64::MAX]).collect();
+        let written: Vec<u64> = inside_acked.lock().expect("acked").iter().map(|w| counter(&w.data)).chain([u64::MAX]).collect();
         assert_eq!(seen, written, "the watch of {path} saw every write once, in order");
     }
     assert_eq!(inside_failed, 0, "writes into the moving subtree are retried by the router, not failed");
@@ -213,9 +141,10 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
     assert_eq!(group_serving(&mut router, SUBTREE).await, new_group);
     assert_eq!(group_serving(&mut router, "/team").await, root_group);
     let w = get(&mut router, "/team/t/w").await.expect("written node");
-    assert!(counter(&w.data) >= inside_acked.load(Ordering::Relaxed), "the last acknowledged write survived the move");
-    assert!(counter(&get(&mut router, "/beside").await.expect("beside").data) >= beside_acked.load(Ordering::Relaxed));
-    let after = futures_nodes(&mut router).await;
+    let last_acked = |acked: &Mutex<Vec<watch_check::AckedWrite>>| acked.lock().expect("acked").last().map_or(0, |w| counter(&w.data));
+    assert!(counter(&w.data) >= last_acked(&inside_acked), "the last acknowledged write survived the move");
+    assert!(counter(&get(&mut router, "/beside").await.expect("beside").data) >= last_acked(&beside_acked));
+    let after = subtree_nodes(&mut router).await;
     assert_eq!(after.len(), before.len());
     for (b, a) in before.iter().zip(&after) {
         assert_eq!((&b.data, &b.stat), (&a.data, &a.stat), "every node keeps its data and stat");
@@ -234,25 +163,13 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
     let fresh = router.create(CreateRequest { path: format!("{SUBTREE}/fresh"), ..CreateRequest::default() }).await.expect("fresh");
     assert!(fresh.into_inner().stat.expect("stat").create_revision > holder.token.max(granted_token), "tokens keep growing");
 
-    // The moved ephemerals stay while their sessions live, and go when their home ends one.
-    router.close_session(CloseSessionRequest { session_id: sessions[1], ..Default::default() }).await.expect("close at home");
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while get(&mut router, &format!("{SUBTREE}/eph1")).await.is_ok() {
-        assert!(Instant::now() < deadline, "the closed session's moved ephemeral was never deleted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    for i in [0, 2] {
-        get(&mut router, &format!("{SUBTREE}/eph{i}")).await.expect("a live session's moved ephemeral stays");
-    }
+    check_moved_ephemerals_follow_their_sessions(&mut router, SUBTREE, sessions).await;
     renewals.abort();
 }
 
-/// Every node of the subtree that no writer touches, in path order.
-async fn futures_nodes(router: &mut WardenClient<Channel>) -> Vec<GetResponse> {
-    let mut out = Vec::with_capacity(NODES + 1);
-    for i in 0..NODES {
-        out.push(get(router, &format!("{SUBTREE}/n{i:05}")).await.expect("node"));
-    }
+/// Every node of the subtree that no writer touches, in path order, then its root.
+async fn subtree_nodes(router: &mut WardenClient<Channel>) -> Vec<GetResponse> {
+    let mut out = filled(router, SUBTREE, NODES).await;
     out.push(get(router, SUBTREE).await.expect("subtree root"));
     out
 }

@@ -1,9 +1,11 @@
 //! Issue 16: a split crashed at each step of its sequence (a test per step, numbered as in
 //! `shard-node/src/placement/split.rs`: 3 freeze, 4 copy, 5 hand-over, 6 target descriptor,
-//! 7 route). At the held step the source group's leader, the target group's leader, or the
-//! placement leader is killed (a crash: its in-process node stops at once) and restarted
-//! on its data; the split then finishes or rolls back, and afterwards every path of the
-//! subtree is served by exactly one group with its data, and takes writes.
+//! 7 route), and a merge crashed at its steps (`shard-node/src/placement/merge.rs`: 3 copy,
+//! 4 hand-over, 5 parent's descriptor, 6 route). At the held step the source group's leader,
+//! the target group's leader, or the placement leader is killed (a crash: its in-process
+//! node stops at once) and restarted on its data; the operation then finishes or rolls back,
+//! and afterwards every path of the subtree is served by exactly one group with its data,
+//! and takes writes.
 
 mod support;
 
@@ -11,18 +13,37 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use warden_placement::PLACEMENT_GROUP_ID;
-use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest, RoutingTable};
+use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest, RemoveGroupRequest, RoutingTable};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::Cluster;
 use warden_shard_node::service::error_of;
 
-use support::routed::{at_placement_leader, client, cluster_with_groups, placement_client, start_router, TIMEOUT};
+use support::routed::{at_placement_leader, client, cluster_with_groups, create_group, group_serving, placement_client, start_router, TIMEOUT};
 
 /// Nodes in each moved subtree.
 const NODES: usize = 200;
 /// How long a crashed split may take to settle (a new placement leader looks every 5 s).
 const SETTLE_WAIT: Duration = Duration::from_secs(60);
+
+/// The operation crashed.
+#[derive(Clone, Copy, Debug)]
+enum Operation {
+    /// A subtree of the root group split into a new group.
+    Split,
+    /// A group of its own merged into the root group.
+    Merge,
+}
+
+impl Operation {
+    /// The first step held after the hand-over: from there the operation only finishes.
+    fn decided_at(self) -> u8 {
+        match self {
+            Operation::Split => 6,
+            Operation::Merge => 5,
+        }
+    }
+}
 
 /// Whose node is crashed at the held step.
 #[derive(Clone, Copy, Debug)]
@@ -36,30 +57,47 @@ async fn table(cluster: &Cluster) -> RoutingTable {
     at_placement_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table")
 }
 
-/// Splits a fresh subtree, holds the split before `step`, crashes `crashed`'s node there,
-/// lets it go on, and checks the outcome.
+/// Splits a fresh subtree of the root group (or merges a fresh group into it), holds the
+/// operation before `step`, crashes `crashed`'s node there, lets it go on, and checks the
+/// outcome.
 async fn crash_at(
     cluster: &Cluster,
     router: &mut warden_proto::v1::warden_client::WardenClient<tonic::transport::Channel>,
+    operation: Operation,
     step: u8,
     crashed: Crashed,
 ) {
-    let subtree = format!("/s{step}-{crashed:?}").to_lowercase();
+    let subtree = format!("/{operation:?}{step}-{crashed:?}").to_lowercase();
+    if let Operation::Merge = operation {
+        create_group(cluster, &subtree).await;
+    }
     fill(router, &subtree).await;
+    let serving = group_serving(router, &subtree).await;
 
     cluster.faults().hold_split_at(step);
     let placement_leader = cluster.wait_leader(PLACEMENT_GROUP_ID, TIMEOUT).await.expect("placement leader");
     let mut placement = placement_client(cluster, placement_leader);
     let prefix = subtree.clone();
-    let call = tokio::spawn(async move { placement.split_group(CreateGroupRequest { prefix }).await });
+    let call = tokio::spawn(async move {
+        match operation {
+            Operation::Split => placement.split_group(CreateGroupRequest { prefix }).await.map(drop),
+            Operation::Merge => placement.merge_group(RemoveGroupRequest { prefix }).await.map(drop),
+        }
+    });
     let deadline = Instant::now() + TIMEOUT;
     while cluster.faults().split_reached() != Some(step) {
-        assert!(Instant::now() < deadline, "the split never reached step {step}");
+        assert!(Instant::now() < deadline, "the {operation:?} never reached step {step}");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let target = table(cluster).await.groups.iter().find(|g| !g.ready).and_then(|g| g.descriptor.as_ref()).map(|d| d.group_id).expect("target");
+    let (source, target) = match operation {
+        Operation::Split => {
+            let created = table(cluster).await.groups.iter().find(|g| !g.ready).and_then(|g| g.descriptor.as_ref()).map(|d| d.group_id);
+            (serving, created.expect("target"))
+        }
+        Operation::Merge => (serving, 1),
+    };
     let victim = match crashed {
-        Crashed::Source => cluster.wait_leader(1, TIMEOUT).await.expect("source leader"),
+        Crashed::Source => cluster.wait_leader(source, TIMEOUT).await.expect("source leader"),
         Crashed::Target => cluster.wait_leader(target, TIMEOUT).await.expect("target leader"),
         Crashed::Placement => placement_leader,
     };
@@ -69,11 +107,15 @@ async fn crash_at(
     // The call's own answer does not matter (its node may be gone); the outcome does.
     let _ = tokio::time::timeout(SETTLE_WAIT, call).await;
 
-    let finished = settled_owner(cluster, &format!("{subtree}/n0")).await == target;
-    let owner = if finished { target } else { 1 };
-    let other = if finished { 1 } else { target };
-    eprintln!("step {step}, {crashed:?} crashed: the split {}", if finished { "finished" } else { "rolled back" });
-    assert!(finished || step < 6, "step {step}, {crashed:?}: after the hand-over a split only finishes");
+    let owner = settled_owner(cluster, &format!("{subtree}/n0")).await;
+    let finished = owner == target;
+    assert!(finished || owner == source, "{operation:?} step {step}, {crashed:?}: {subtree} is served by group {owner}");
+    let other = if finished { source } else { target };
+    eprintln!("{operation:?} step {step}, {crashed:?} crashed: {}", if finished { "finished" } else { "rolled back" });
+    assert!(finished || step < operation.decided_at(), "{operation:?} step {step}, {crashed:?}: after the hand-over it only finishes");
+    // A group merged away (or a split's target rolled back) is gone: only a group placement
+    // still has is asked whether it refuses the subtree.
+    let other_exists = table(cluster).await.groups.iter().any(|g| g.descriptor.as_ref().is_some_and(|d| d.group_id == other));
 
     // Exactly one group serves the subtree: its owner answers, the other refuses.
     for i in [0, NODES / 2, NODES - 1] {
@@ -92,7 +134,7 @@ async fn crash_at(
         };
         let answer = at(owner).await.expect("the owner's leader");
         assert_eq!(answer.expect("the owner serves it").into_inner().data, vec![i as u8], "step {step}, {crashed:?}: {path}'s data");
-        if let Some(refused) = at(other).await {
+        if let Some(refused) = if other_exists { at(other).await } else { None } {
             let code = refused.err().and_then(|status| error_of(&status)).map(|e| e.code);
             assert_eq!(code, Some(Code::WrongGroup as i32), "step {step}, {crashed:?}: group {other} must not serve {path}");
         }
@@ -106,43 +148,58 @@ async fn crash_at(
     cluster.faults().heal();
 }
 
-async fn crash_every_participant_at(step: u8) {
+async fn crash_every_participant_at(operation: Operation, steps: &[u8]) {
     let cluster = cluster_with_groups(&[]).await;
     let router_process = start_router(&cluster, 0);
     let mut router = client(router_process.addr);
-    for crashed in [Crashed::Source, Crashed::Target, Crashed::Placement] {
-        crash_at(&cluster, &mut router, step, crashed).await;
+    for step in steps {
+        for crashed in [Crashed::Source, Crashed::Target, Crashed::Placement] {
+            crash_at(&cluster, &mut router, operation, *step, crashed).await;
+        }
     }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_the_freeze_settles_the_split() {
-    crash_every_participant_at(3).await;
+    crash_every_participant_at(Operation::Split, &[3]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_the_copy_settles_the_split() {
-    crash_every_participant_at(4).await;
+    crash_every_participant_at(Operation::Split, &[4]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_the_hand_over_settles_the_split() {
-    crash_every_participant_at(5).await;
+    crash_every_participant_at(Operation::Split, &[5]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_after_the_hand_over_finishes_the_split() {
-    crash_every_participant_at(6).await;
+    crash_every_participant_at(Operation::Split, &[6]).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crash_before_the_route_finishes_the_split() {
-    crash_every_participant_at(7).await;
+    crash_every_participant_at(Operation::Split, &[7]).await;
 }
 
-/// Fills `subtree` with [`NODES`] nodes through the router.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_before_a_merge_hands_over_settles_it() {
+    crash_every_participant_at(Operation::Merge, &[3, 4]).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crash_after_a_merge_handed_over_finishes_it() {
+    crash_every_participant_at(Operation::Merge, &[5, 6]).await;
+}
+
+/// Fills `subtree` with [`NODES`] nodes through the router (its root node may exist: a
+/// group's prefix node is created with the group).
 async fn fill(router: &mut warden_proto::v1::warden_client::WardenClient<tonic::transport::Channel>, subtree: &str) {
-    router.create(CreateRequest { path: subtree.into(), ..CreateRequest::default() }).await.expect("subtree");
+    if let Err(status) = router.create(CreateRequest { path: subtree.into(), ..CreateRequest::default() }).await {
+        assert_eq!(error_of(&status).map(|e| e.code), Some(Code::NodeExists as i32), "subtree root: {status}");
+    }
     let then = (0..NODES)
         .map(|i| TxnOp {
             op: Some(txn_op::Op::Create(CreateRequest { path: format!("{subtree}/n{i}"), data: vec![i as u8], ..CreateRequest::default() })),
@@ -158,7 +215,7 @@ async fn settled_owner(cluster: &Cluster, path: &str) -> u64 {
     let deadline = Instant::now() + SETTLE_WAIT;
     loop {
         let table = table(cluster).await;
-        if table.groups.iter().all(|g| g.ready) {
+        if table.groups.iter().all(|g| g.ready && g.merging_into == 0) {
             let owner = table
                 .groups
                 .iter()
@@ -171,7 +228,7 @@ async fn settled_owner(cluster: &Cluster, path: &str) -> u64 {
             assert_eq!(owner.len(), 1, "exactly one descriptor serves {path}: {table:?}");
             return owner[0];
         }
-        assert!(Instant::now() < deadline, "the split never settled: {table:?}");
+        assert!(Instant::now() < deadline, "the split or merge never settled: {table:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
@@ -207,6 +264,50 @@ async fn a_split_failing_before_the_hand_over_rolls_back_and_after_it_finishes()
     cluster.faults().heal();
     let owner = settled_owner(&cluster, "/f/n0").await;
     assert_ne!(owner, 1, "finished: the new group serves it");
+    for i in 0..NODES {
+        let node = router.get(GetRequest { path: format!("/f/n{i}"), ..GetRequest::default() }).await.expect("node").into_inner();
+        assert_eq!(node.data, vec![i as u8]);
+    }
+}
+
+/// A merge whose hand-over fails after the copy is rolled back: the merging group serves its
+/// subtree again, unfrozen, and the parent's group drops the pages it ingested, so a node
+/// deleted before the next merge stays deleted after it. One failing after the hand-over
+/// cannot roll back and finishes once its steps go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_merge_failing_before_the_hand_over_rolls_back_and_after_it_finishes() {
+    let cluster = cluster_with_groups(&["/r", "/f"]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    let merge = |prefix: &'static str| {
+        at_placement_leader(&cluster, move |mut c| async move { c.merge_group(RemoveGroupRequest { prefix: prefix.into() }).await })
+    };
+    let merging = group_serving(&mut router, "/r").await;
+
+    fill(&mut router, "/r").await;
+    cluster.faults().fail_split_at(4);
+    let failed = merge("/r").await.expect_err("the hand-over fails");
+    assert_eq!(settled_owner(&cluster, "/r/n0").await, merging, "rolled back to the merging group: {failed:?}");
+    router.set(SetRequest { path: "/r/n0".into(), data: b"unfrozen".to_vec(), ..SetRequest::default() }).await.expect("writable again");
+    router.delete(DeleteRequest { path: "/r/n1".into(), ..DeleteRequest::default() }).await.expect("delete before the next merge");
+    cluster.faults().heal();
+    let merged = merge("/r").await.expect("a later merge of the same group");
+    assert_eq!((merged.group_id, merged.parent_group_id), (merging, 1));
+    assert_eq!(settled_owner(&cluster, "/r/n0").await, 1);
+    assert_eq!(router.get(GetRequest { path: "/r/n0".into(), ..GetRequest::default() }).await.expect("moved").into_inner().data, b"unfrozen");
+    let gone = router.get(GetRequest { path: "/r/n1".into(), ..GetRequest::default() }).await.expect_err("deleted before the merge");
+    assert_eq!(error_of(&gone).map(|e| e.code), Some(Code::NoNode as i32), "nothing the first attempt copied is left behind");
+    let root = router.get(GetRequest { path: "/r".into(), ..GetRequest::default() }).await.expect("root").into_inner();
+    assert_eq!(root.stat.expect("stat").num_children, NODES as u64 - 1, "the subtree root keeps its children");
+
+    fill(&mut router, "/f").await;
+    cluster.faults().fail_split_at(5);
+    merge("/f").await.expect_err("the parent's descriptor fails");
+    // Handed over: the merging group no longer serves it, and nothing rolls it back.
+    tokio::time::sleep(Duration::from_secs(6)).await;
+    assert!(table(&cluster).await.groups.iter().any(|g| g.merging_into != 0), "still pending while the step fails");
+    cluster.faults().heal();
+    assert_eq!(settled_owner(&cluster, "/f/n0").await, 1, "finished: the parent's group serves it");
     for i in 0..NODES {
         let node = router.get(GetRequest { path: format!("/f/n{i}"), ..GetRequest::default() }).await.expect("node").into_inner();
         assert_eq!(node.data, vec![i as u8]);

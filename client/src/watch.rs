@@ -238,9 +238,13 @@ impl Watcher {
                     }
                     // Nothing in a moved subtree changed between the move's revision in the
                     // old group and the new group's first one, so the new group resumes from
-                    // it too, and owns the watched path if that moved.
+                    // it too, and owns the watched path if that moved. A group watched
+                    // already (a merge's parent under a recursive watch) keeps its own place:
+                    // it had no event in the subtree before it took it.
                     if let Error::Moved { path, to_group } = resumable {
-                        self.advance(to_group, canceled.resume_revision);
+                        if !self.next_revisions.contains_key(&to_group) {
+                            self.advance(to_group, canceled.resume_revision);
+                        }
                         if warden_placement::is_at_or_below(&self.options.path, &path) {
                             self.owner = to_group;
                         }

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PlacementError;
-use crate::group::{Epoch, GroupInfo, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
+use crate::group::{Epoch, GroupInfo, Merging, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
 use crate::node::{validate_node, NodeInfo, NodeState};
 use crate::paths::{is_strictly_below, validate_prefix};
 use crate::state::Placement;
@@ -121,6 +121,20 @@ pub enum Command {
         /// The group.
         group_id: u64,
     },
+    /// Starts the merge of the ready group with exactly `prefix` (not the root) into the
+    /// group serving its parent path: an operation id is allocated and recorded in the group
+    /// (`GroupInfo::merging`). One lifecycle change at a time: refused while a group is
+    /// being created or merged, or either group moves a replica. `RemoveGroup` finishes it,
+    /// `MergeAborted` rolls it back.
+    MergeGroup {
+        /// The merging group's prefix.
+        prefix: String,
+    },
+    /// The merge of the group will not happen (its source group aborted it): forgotten.
+    MergeAborted {
+        /// The group that was merging.
+        group_id: u64,
+    },
     /// Forgets a group whose creation failed (never ready). The groups it would have carved
     /// paths out of get a newer epoch, so their current descriptor can be sent again over one
     /// an aborted hand-over may have given them (the creation is rolled back).
@@ -166,6 +180,10 @@ pub enum Outcome {
         /// The groups whose served paths grew, with their new epoch.
         bumped: Vec<GroupInfo>,
     },
+    /// `MergeGroup`: the merging group, with its operation.
+    MergeStarted(GroupInfo),
+    /// `MergeAborted`: the group, no longer merging.
+    MergeAborted(GroupInfo),
     /// The group that was dropped.
     GroupDropped {
         /// The group, forgotten.
@@ -203,6 +221,16 @@ impl Placement {
             Command::PromoteLearner { group_id, node, replacing } => self.promote_learner(*group_id, *node, *replacing),
             Command::RemoveLearner { group_id, node } => self.remove_learner(*group_id, *node),
             Command::RemoveGroup { group_id } => self.remove_group(*group_id),
+            Command::MergeGroup { prefix } => self.merge_group(prefix),
+            Command::MergeAborted { group_id } => {
+                let group = self.groups.get_mut(group_id).ok_or(PlacementError::UnknownGroup(*group_id))?;
+                if group.merging.take().is_none() {
+                    return Err(PlacementError::NotMerging(*group_id));
+                }
+                let group = group.clone();
+                self.bump_routing_version();
+                Ok(Outcome::MergeAborted(group))
+            }
         }
     }
 
@@ -223,8 +251,16 @@ impl Placement {
             }
         }
         let replicas = next.pick_replicas(self.replicas_wanted().min(nodes.len()))?;
-        let root =
-            GroupInfo { id: ROOT_GROUP_ID, prefix: "/".into(), replicas, learners: Vec::new(), epoch: Epoch::INITIAL, ready: true, split_from: None };
+        let root = GroupInfo {
+            id: ROOT_GROUP_ID,
+            prefix: "/".into(),
+            replicas,
+            learners: Vec::new(),
+            epoch: Epoch::INITIAL,
+            ready: true,
+            split_from: None,
+            merging: None,
+        };
         next.groups.insert(ROOT_GROUP_ID, root.clone());
         next.routes.insert(root.prefix.clone(), ROOT_GROUP_ID);
         next.bump_routing_version();
@@ -287,6 +323,7 @@ impl Placement {
         if let Some(owner) = self.groups.values().find(|group| group.prefix == prefix) {
             return Err(PlacementError::PrefixTaken { prefix: prefix.to_string(), group: owner.id });
         }
+        self.check_no_merge()?;
         // A split takes its subtree from the ready group serving it, one creation at a time:
         // the source's descriptor changes only through this split until it is settled.
         let split_from = match split {
@@ -308,7 +345,16 @@ impl Placement {
         }
         let replicas =
             self.pick_replicas_among(self.replicas_wanted(), |node| node.up && node.state.takes_replicas() && !self.is_stale(node, now_ms))?;
-        let group = GroupInfo { id, prefix: prefix.to_string(), replicas, learners: Vec::new(), epoch: Epoch::INITIAL, ready: false, split_from };
+        let group = GroupInfo {
+            id,
+            prefix: prefix.to_string(),
+            replicas,
+            learners: Vec::new(),
+            epoch: Epoch::INITIAL,
+            ready: false,
+            split_from,
+            merging: None,
+        };
         self.groups.insert(id, group.clone());
         self.next_group_id += 1;
         self.bump_routing_version();
@@ -380,6 +426,10 @@ impl Placement {
 
     fn add_learner(&mut self, group_id: u64, node: u64) -> Result<Outcome, PlacementError> {
         let group = self.ready_group(group_id)?;
+        // A merge sends both groups descriptors naming their replicas.
+        if let Some(merging) = self.groups.values().find(|g| g.merging.is_some_and(|m| g.id == group_id || m.into == group_id)) {
+            return Err(PlacementError::ChangeInProgress { group: merging.id, learner: 0 });
+        }
         let info = self.nodes.get(&node).ok_or(PlacementError::UnknownNode(node))?;
         if !info.up || !info.state.takes_replicas() {
             return Err(PlacementError::NodeNotServing(node));
@@ -470,6 +520,44 @@ impl Placement {
     }
 
     /// The group `group_id` if it exists and is ready.
+    fn merge_group(&mut self, prefix: &str) -> Result<Outcome, PlacementError> {
+        let group = self.groups.values().find(|group| group.prefix == prefix).ok_or_else(|| PlacementError::NoGroupAt(prefix.to_string()))?;
+        let group_id = group.id;
+        if group_id == ROOT_GROUP_ID {
+            return Err(PlacementError::RootGroup);
+        }
+        self.ready_group(group_id)?;
+        if let Some(creating) = self.groups.values().find(|group| !group.ready) {
+            return Err(PlacementError::ChangeInProgress { group: creating.id, learner: 0 });
+        }
+        self.check_no_merge()?;
+        let parent_path = crate::paths::parent(prefix).ok_or(PlacementError::RootGroup)?;
+        let into = self.route(parent_path).map(|parent| parent.id).ok_or(PlacementError::NotBootstrapped)?;
+        for id in [group_id, into] {
+            if let Some(learner) = self.groups.get(&id).and_then(|g| g.learners.first()) {
+                return Err(PlacementError::ChangeInProgress { group: id, learner: *learner });
+            }
+        }
+        let operation = self.next_group_id;
+        if operation > SHARD_GROUP_ID_MAX {
+            return Err(PlacementError::GroupIdsExhausted);
+        }
+        self.next_group_id += 1;
+        let group = self.groups.get_mut(&group_id).ok_or(PlacementError::UnknownGroup(group_id))?;
+        group.merging = Some(Merging { operation, into });
+        let group = group.clone();
+        self.bump_routing_version();
+        Ok(Outcome::MergeStarted(group))
+    }
+
+    /// Refuses a lifecycle change while a merge is in progress.
+    fn check_no_merge(&self) -> Result<(), PlacementError> {
+        match self.groups.values().find(|group| group.merging.is_some()) {
+            Some(merging) => Err(PlacementError::ChangeInProgress { group: merging.id, learner: 0 }),
+            None => Ok(()),
+        }
+    }
+
     fn ready_group(&self, group_id: u64) -> Result<&GroupInfo, PlacementError> {
         match self.groups.get(&group_id) {
             None => Err(PlacementError::UnknownGroup(group_id)),

@@ -99,6 +99,12 @@ pub enum PlacementError {
         /// The node.
         node: u64,
     },
+    /// No group has this exact prefix.
+    #[error("no group has the prefix {0}")]
+    NoGroupAt(String),
+    /// The group is not merging.
+    #[error("group {0} is not merging")]
+    NotMerging(u64),
     /// Another replica change (or group creation below it) is in progress on the group.
     #[error("group {group} has a change in progress (learner {learner})")]
     ChangeInProgress {

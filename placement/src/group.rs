@@ -71,6 +71,20 @@ pub struct GroupInfo {
     /// subtree it takes over, with its data. `None` once ready, and for an empty new group.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub split_from: Option<u64>,
+    /// While it gives its whole subtree back to the group serving its parent path
+    /// (`Command::MergeGroup`); `None` otherwise.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub merging: Option<Merging>,
+}
+
+/// A merge in progress (`Command::MergeGroup`, run by `shard-node/src/placement/merge.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Merging {
+    /// The operation's id, taken from the group ids (so operations, splits included, only
+    /// grow): the groups' logs use it to settle the merge exactly once.
+    pub operation: u64,
+    /// The group serving the parent path, which takes the subtree.
+    pub into: u64,
 }
 
 impl GroupInfo {

@@ -42,7 +42,8 @@ mod state;
 pub use command::{Command, Outcome};
 pub use error::PlacementError;
 pub use group::{
-    home_group, serves, session_id, Epoch, GroupDescriptor, GroupInfo, PLACEMENT_GROUP_ID, ROOT_GROUP_ID, SESSION_SEQUENCE_BITS, SHARD_GROUP_ID_MAX,
+    home_group, serves, session_id, Epoch, GroupDescriptor, GroupInfo, Merging, PLACEMENT_GROUP_ID, ROOT_GROUP_ID, SESSION_SEQUENCE_BITS,
+    SHARD_GROUP_ID_MAX,
 };
 pub use node::{NodeError, NodeInfo, NodeState, ADDR_BYTES_MAX, ZONE_BYTES_MAX};
 pub use paths::{

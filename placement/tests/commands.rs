@@ -61,6 +61,7 @@ fn bootstrap_creates_the_root_group() {
         epoch: Epoch::INITIAL,
         ready: true,
         split_from: None,
+        merging: None,
     };
     assert_eq!(outcome, Ok(Outcome::Bootstrapped(root.clone())));
     assert!(placement.is_bootstrapped());

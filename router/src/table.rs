@@ -112,6 +112,7 @@ mod tests {
             descriptor: Some(GroupDescriptor { group_id: id, prefix: prefix.into(), replicas: vec![1], ..GroupDescriptor::default() }),
             ready,
             learners: Vec::new(),
+            merging_into: 0,
         }
     }
 

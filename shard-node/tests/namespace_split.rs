@@ -2,7 +2,8 @@
 //! placement leader drives it: freeze at the source, export pages, ingest at the target,
 //! hand-over (or abort) at the source, descriptor at the target. What must survive exactly:
 //! data and stat, sequential counters, locks with their holders, waiters and tokens, TTL
-//! nodes, ephemerals of sessions homed anywhere (as remote records at the target).
+//! nodes, ephemerals of sessions homed anywhere (as remote records at the target). And back:
+//! a merge gives the new group's whole subtree to the group of its parent path.
 
 mod support;
 
@@ -36,7 +37,12 @@ fn leading(group: u64) -> Harness {
 }
 
 fn freeze(ns: &mut Harness, prefix: &str, target: u64) -> Outcome<u64> {
-    ns.placement_step(CommandOp::FreezeSubtree(FreezeSubtree { prefix: prefix.into(), target_group: target }))
+    ns.placement_step(CommandOp::FreezeSubtree(FreezeSubtree { prefix: prefix.into(), target_group: target, into_group: 0 }))
+}
+
+/// A merge's freeze: operation `operation` gives the whole subtree to `into`.
+fn freeze_for_merge(ns: &mut Harness, prefix: &str, operation: u64, into: u64) -> Outcome<u64> {
+    ns.placement_step(CommandOp::FreezeSubtree(FreezeSubtree { prefix: prefix.into(), target_group: operation, into_group: into }))
 }
 
 fn hand(ns: &mut Harness, target: u64, served: GroupDescriptor) -> Outcome<u64> {
@@ -48,7 +54,11 @@ fn abort(ns: &mut Harness, target: u64) -> Outcome<u64> {
 }
 
 fn ingest(ns: &mut Harness, prefix: &str, records: Vec<SubtreeRecord>) -> Outcome<u64> {
-    ns.placement_step(CommandOp::IngestSubtree(IngestSubtree { prefix: prefix.into(), source_group: SOURCE, records }))
+    ingest_for(ns, prefix, TARGET, records)
+}
+
+fn ingest_for(ns: &mut Harness, prefix: &str, operation: u64, records: Vec<SubtreeRecord>) -> Outcome<u64> {
+    ns.placement_step(CommandOp::IngestSubtree(IngestSubtree { prefix: prefix.into(), source_group: SOURCE, records, operation }))
 }
 
 /// Every page of the export, `bytes_max` each.
@@ -212,7 +222,7 @@ fn a_replica_applying_freeze_and_hand_over_in_one_batch_moves_the_last_writes_to
     let write = CreateRequest { path: "/team/a/last".into(), ..CreateRequest::default() };
     let batch = [
         command(CommandOp::Txn(TxnRequest { then: vec![TxnOp { op: Some(txn_op::Op::Create(write)) }], ..TxnRequest::default() })),
-        command(CommandOp::FreezeSubtree(FreezeSubtree { prefix: "/team/a".into(), target_group: TARGET })),
+        command(CommandOp::FreezeSubtree(FreezeSubtree { prefix: "/team/a".into(), target_group: TARGET, into_group: 0 })),
         command(CommandOp::HandSubtree(HandSubtree { target_group: TARGET, descriptor: Some(descriptor(SOURCE, "/", &["/team/a"], 2)) })),
     ]
     .map(|c| c.encode_to_vec());
@@ -222,4 +232,82 @@ fn a_replica_applying_freeze_and_hand_over_in_one_batch_moves_the_last_writes_to
         assert!(warden_shard_node::namespace::store::read_node(&reader, path).expect("read").is_none(), "{path} left");
     }
     assert!(warden_shard_node::namespace::store::read_node(&reader, "/team/a-sibling").expect("read").is_some());
+}
+
+/// Splits `/team/a` off `source` into a new group and answers it, with the hand-over's revision.
+fn split_off(source: &mut Harness) -> (Harness, u64) {
+    freeze(source, "/team/a", TARGET).expect("freeze");
+    let mut target = leading(TARGET);
+    for page in export_all(source, "/team/a", TARGET, 1 << 20) {
+        ingest(&mut target, "/team/a", page).expect("ingest");
+    }
+    let handed_at = hand(source, TARGET, descriptor(SOURCE, "/", &["/team/a"], 2)).expect("hand over");
+    target.set_descriptor(descriptor(TARGET, "/team/a", &[], 1), handed_at).expect("target descriptor");
+    (target, handed_at)
+}
+
+/// The merge operation's id (above the split's, as placement allocates them).
+const MERGE: u64 = TARGET + 2;
+
+#[test]
+fn a_merge_gives_the_whole_subtree_back_to_the_parents_group_exactly() {
+    let mut parent = leading(SOURCE);
+    let team = populate(&mut parent);
+    let (mut merging, _) = split_off(&mut parent);
+    merging.set("/team/a/x", b"written in the split-off group", None).expect("write");
+    let before = snapshot(&merging, "/team/a");
+
+    // The whole subtree freezes, its root included; no session starts in a merging group.
+    assert_eq!(code(freeze_for_merge(&mut merging, "/team/a/x", MERGE, SOURCE)), Code::InvalidArgument, "a merge moves the whole subtree");
+    let frozen_at = freeze_for_merge(&mut merging, "/team/a", MERGE, SOURCE).expect("freeze");
+    assert_eq!(code(merging.set("/team/a", b"no", None)), Code::Unavailable);
+    assert_eq!(code(merging.create_session(10_000)), Code::Unavailable);
+
+    // The parent's group takes the pages while it does not serve the prefix: invisible there.
+    let pages = export_all(&merging, "/team/a", MERGE, 64);
+    assert_eq!(code(ingest_for(&mut parent, "/team/a", TARGET, pages[0].clone())), Code::InvalidArgument, "a settled operation's page");
+    for page in pages.iter().chain(&pages) {
+        ingest_for(&mut parent, "/team/a", MERGE, page.clone()).expect("ingest");
+    }
+    assert_eq!(code(parent.get("/team/a/x")), Code::WrongGroup, "not served before its descriptor");
+
+    let retiring = descriptor(TARGET, "/team/a", &["/team/a"], 2);
+    let handed_at = hand(&mut merging, MERGE, retiring).expect("hand over");
+    assert!(handed_at > frozen_at);
+    assert_eq!(code(abort(&mut merging, MERGE)), Code::NodeExists, "handed over: it can only finish");
+    assert_eq!(code(merging.get("/team/a/x")), Code::WrongGroup, "the merged group serves nothing");
+    parent.set_descriptor(descriptor(SOURCE, "/", &[], 3), handed_at).expect("the parent serves the prefix again");
+
+    assert_eq!(snapshot(&parent, "/team/a"), before, "every node with its data and stat");
+    assert_eq!(parent.all_children("/team").expect("children"), vec!["a".to_string(), "a-sibling".to_string()], "the root rejoins its parent");
+    assert_eq!(parent.get("/team").expect("parent").stat.expect("stat").num_children, 2);
+    let info = parent.lock_info("/team/a/lock").expect("lock info");
+    assert_eq!(info.holders.iter().map(|h| h.token).collect::<Vec<_>>(), vec![team.holder.token], "the same holder");
+    assert!(parent.check_sequencer(&team.holder).expect("check"), "a sequencer of the first group still holds");
+    let fresh = parent.create_simple("/team/a/fresh", b"").expect("writable");
+    assert!(fresh.stat.expect("stat").create_revision > handed_at, "revisions (tokens) go on above the merged group's");
+    assert_eq!(code(ingest_for(&mut parent, "/team/a", MERGE, pages[0].clone())), Code::InvalidArgument, "no page once served");
+    assert_eq!(parent.remote_sessions().expect("remote"), vec![team.remote_session], "a session homed here is its own again");
+    parent.close_session(team.own_session).expect("close at home");
+    assert!(parent.exists("/team/a/own-e").expect("exists").is_none(), "its ephemeral in the merged subtree goes with it");
+}
+
+#[test]
+fn an_aborted_merge_leaves_nothing_in_the_parents_group() {
+    let mut parent = leading(SOURCE);
+    populate(&mut parent);
+    let (mut merging, _) = split_off(&mut parent);
+    freeze_for_merge(&mut merging, "/team/a", MERGE, SOURCE).expect("freeze");
+    for page in export_all(&merging, "/team/a", MERGE, 64) {
+        ingest_for(&mut parent, "/team/a", MERGE, page).expect("ingest");
+    }
+    abort(&mut merging, MERGE).expect("abort at the merging group");
+    merging.set("/team/a/x", b"writable again", None).expect("unfrozen");
+    abort(&mut parent, MERGE).expect("abort at the parent's group: its pages go");
+    let reader = parent.reader();
+    for path in ["/team/a", "/team/a/x", "/team/a/lock"] {
+        assert!(warden_shard_node::namespace::store::read_node(&reader, path).expect("read").is_none(), "{path} was left behind");
+    }
+    assert_eq!(code(ingest_for(&mut parent, "/team/a", MERGE, Vec::new())), Code::InvalidArgument, "a late page of the aborted merge");
+    assert_eq!(parent.all_children("/team").expect("children"), vec!["a-sibling".to_string()], "the parent is as it was");
 }

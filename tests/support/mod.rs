@@ -3,6 +3,7 @@
 
 pub mod api;
 pub mod history;
+pub mod moving;
 pub mod processes;
 pub mod proxy;
 pub mod routed;

@@ -52,8 +52,15 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Creates the registers and starts the register clients, a creator and the lockers.
+    /// Creates the registers and starts the register clients, a creator and the lockers of
+    /// [`LOCKS`] (each locker's session homed in the group of its lock).
     pub async fn start(router_addr: &str) -> Workload {
+        Self::start_with_locks(router_addr, &LOCKS.map(|path| (path, path))).await
+    }
+
+    /// [`Self::start`] with the lockers of `locks`: `(lock path, path whose group homes the
+    /// lockers' sessions)`.
+    pub async fn start_with_locks(router_addr: &str, locks: &[(&'static str, &'static str)]) -> Workload {
         let client = connect(router_addr).await;
         let start = Instant::now();
         let records = Arc::new(Mutex::new(Vec::new()));
@@ -82,10 +89,10 @@ impl Workload {
         }
         let (stop, acknowledged) = (workload.stop.clone(), workload.acknowledged.clone());
         workload.tasks.push(tokio::spawn(creator(client.clone(), stop, acknowledged)));
-        for path in LOCKS {
+        for (path, home) in locks {
             for _ in 0..LOCKERS_PER_LOCK {
                 let (stop, resource) = (workload.stop.clone(), workload.resource.clone());
-                workload.tasks.push(tokio::spawn(locker(client.clone(), path, stop, resource)));
+                workload.tasks.push(tokio::spawn(locker(client.clone(), path, home, stop, resource)));
             }
         }
         workload
@@ -234,10 +241,10 @@ async fn creator(client: Client, stop: Arc<AtomicBool>, acknowledged: Arc<Mutex<
     }
 }
 
-/// Takes the lock on `path` again and again with its own session, writing to the fenced
-/// resource a few times per hold while its guard is valid.
-async fn locker(client: Client, path: &'static str, stop: Arc<AtomicBool>, resource: Arc<FencedResource>) {
-    let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(path.into()) };
+/// Takes the lock on `path` again and again with its own session (homed in the group of
+/// `home`), writing to the fenced resource a few times per hold while its guard is valid.
+async fn locker(client: Client, path: &'static str, home: &'static str, stop: Arc<AtomicBool>, resource: Arc<FencedResource>) {
+    let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(home.into()) };
     let options = LockOptions { wait: Duration::from_secs(2), ..LockOptions::default() };
     let mut session: Option<Session> = None;
     while !stop.load(Ordering::Relaxed) {

@@ -264,7 +264,7 @@ impl NamespaceStateMachine {
             *session_ids = split::deferred(&self.split, &view, session_ids)?;
         }
         // A moved subtree's records are not changes of its nodes: no watch events.
-        let moves_records = matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::HandSubtree(_)));
+        let moves_records = matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::HandSubtree(_) | CommandOp::AbortSplit(_)));
         // An ingested page takes no revision: the target's first comes with its descriptor.
         let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_)));
         let mut new_split = None;
@@ -326,10 +326,22 @@ impl NamespaceStateMachine {
                     format!("{homed} sessions are homed in this group: only an empty group is removed"),
                 )))
             }
-            Some(CommandOp::SetDescriptor(set)) => txn.set_descriptor(self.group, self.descriptor.as_ref(), set.descriptor).map(|descriptor| {
+            Some(CommandOp::SetDescriptor(set)) => txn.set_descriptor(self.group, self.descriptor.as_ref(), set.descriptor).and_then(|descriptor| {
+                // A merge's target serves the subtree it ingested from now on.
+                new_split = txn.settle_incoming(&descriptor)?;
                 new_descriptor = Some(descriptor);
-                CommandOutcome::Txn(empty())
+                Ok(CommandOutcome::Txn(empty()))
             }),
+            // A group merging away must home no session: their ephemerals elsewhere would
+            // lose their home (the sessions must close or expire first).
+            Some(CommandOp::FreezeSubtree(freeze)) if freeze.into_group != 0 && !self.sessions.is_empty() => {
+                let homed = self.sessions.len();
+                Err(Failure::Refused(error::error(
+                    warden_proto::v1::warden_error::Code::NotEmpty,
+                    &freeze.prefix,
+                    format!("{homed} sessions are homed in this group: it merges once they have ended"),
+                )))
+            }
             Some(CommandOp::FreezeSubtree(freeze)) => txn.freeze_subtree(self.descriptor.as_ref(), &freeze).map(|state| {
                 new_split = Some(state);
                 CommandOutcome::Txn(empty())
@@ -339,7 +351,12 @@ impl NamespaceStateMachine {
                 CommandOutcome::Txn(empty())
             }),
             Some(CommandOp::HandSubtree(hand)) => {
-                let (prefix, target) = (self.split.frozen_prefix.clone(), hand.target_group);
+                let prefix = self.split.frozen_prefix.clone();
+                // Watches resume at the group the subtree went to (a merge's parent group).
+                let target = match self.split.frozen_into {
+                    0 => hand.target_group,
+                    into => into,
+                };
                 txn.hand_subtree(self.group, self.descriptor.as_ref(), hand).map(|(state, descriptor)| {
                     // A hand-over done again (idempotent) moves nothing.
                     if descriptor.is_some() {
@@ -350,9 +367,10 @@ impl NamespaceStateMachine {
                     CommandOutcome::Txn(empty())
                 })
             }
-            Some(CommandOp::IngestSubtree(ingest)) => {
-                txn.ingest_subtree(self.group, self.descriptor.as_ref(), &ingest).map(|()| CommandOutcome::Txn(empty()))
-            }
+            Some(CommandOp::IngestSubtree(ingest)) => txn.ingest_subtree(self.group, self.descriptor.as_ref(), &ingest).map(|state| {
+                new_split = Some(state);
+                CommandOutcome::Txn(empty())
+            }),
             None => Err(Failure::Refused(error::invalid("", "command without an operation"))),
         };
         let ttl_changes = std::mem::take(&mut txn.ttl_changes);

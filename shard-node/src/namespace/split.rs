@@ -1,5 +1,7 @@
-//! Moving a subtree to a new group (issue 16; ARCHITECTURE.md "Moving a subtree"): the
-//! source group's side — freeze, export, hand-over, abort — and the target's — ingest.
+//! Moving a subtree between groups (issue 16; ARCHITECTURE.md "Moving a subtree"): a split
+//! gives a subtree to a new group, a merge gives a group's whole subtree to the group of its
+//! parent path. The source group's side — freeze, export, hand-over, abort — and the
+//! target's — ingest, settle (on the descriptor serving the prefix), discard (on abort).
 //!
 //! The source's log decides the outcome: a `HandSubtree` and an `AbortSplit` for the same
 //! target exclude each other (`SplitState`), so a split that a crashed placement leader left
@@ -37,8 +39,16 @@ pub fn frozen(state: &SplitState) -> Option<&str> {
     (state.frozen_for != 0).then_some(state.frozen_prefix.as_str())
 }
 
+/// The group the frozen subtree goes to: the merge's parent group, or the split's new group.
+fn destination(state: &SplitState) -> u64 {
+    match state.frozen_into {
+        0 => state.frozen_for,
+        into => into,
+    }
+}
+
 fn moving(prefix: &str, state: &SplitState) -> WardenError {
-    error(Code::Unavailable, prefix, format!("{prefix} is moving to group {}: retry", state.frozen_for))
+    error(Code::Unavailable, prefix, format!("{prefix} is moving to group {}: retry", destination(state)))
 }
 
 /// Refuses (UNAVAILABLE, retried by routers and clients) a command that would change the
@@ -74,6 +84,8 @@ pub fn check_frozen(state: &SplitState, view: &TxnView<'_>, op: Option<&CommandO
         Some(CommandOp::ExpireTtl(expire)) => refuse(&expire.path)?,
         Some(CommandOp::LockDelayEnded(ended)) => refuse(&ended.path)?,
         Some(CommandOp::CloseSession(close)) if view.has_ephemeral_at_or_below(close.session_id, prefix)? => return Err(moving(prefix, state).into()),
+        // A group merging away homes no session (checked at the freeze), and gets none.
+        Some(CommandOp::CreateSession(_)) if state.frozen_into != 0 => return Err(moving(prefix, state).into()),
         _ => {}
     }
     Ok(())
@@ -129,8 +141,9 @@ pub fn export(reader: &SmReader, state: &SplitState, request: &ExportSubtree) ->
 }
 
 impl Txn<'_, '_> {
-    /// Source: freezes `freeze.prefix` for `freeze.target_group` (see `namespace.proto`).
-    /// Answers the new split state.
+    /// Source: freezes `freeze.prefix` for `freeze.target_group` (see `namespace.proto`): a
+    /// subtree below the group's root for a split, the root itself for a merge (the caller
+    /// refuses a merge while the group homes sessions). Answers the new split state.
     pub fn freeze_subtree(&mut self, descriptor: Option<&GroupDescriptor>, freeze: &FreezeSubtree) -> Result<SplitState, Failure> {
         let mut state = self.view.split()?;
         let target = freeze.target_group;
@@ -140,7 +153,7 @@ impl Txn<'_, '_> {
         if target <= state.settled_through {
             return Err(settled(&freeze.prefix, &state, target).into());
         }
-        if state.frozen_for == target && state.frozen_prefix == freeze.prefix {
+        if state.frozen_for == target && state.frozen_prefix == freeze.prefix && state.frozen_into == freeze.into_group {
             return Ok(state);
         }
         if state.frozen_for != 0 {
@@ -149,16 +162,25 @@ impl Txn<'_, '_> {
         }
         path::validate(&freeze.prefix, false).map_err(|e| super::error::invalid_path(&freeze.prefix, &e))?;
         descriptor::check_served(descriptor, &freeze.prefix)?;
-        if !is_strictly_below(&freeze.prefix, descriptor::root(descriptor)) {
-            return Err(invalid(&freeze.prefix, "a split moves a subtree below the group's prefix").into());
+        let root = descriptor::root(descriptor);
+        match freeze.into_group {
+            0 if !is_strictly_below(&freeze.prefix, root) => {
+                return Err(invalid(&freeze.prefix, "a split moves a subtree below the group's prefix").into());
+            }
+            into if into != 0 && (freeze.prefix != root || root == "/") => {
+                return Err(invalid(&freeze.prefix, "a merge moves the whole subtree of a group below the root").into());
+            }
+            _ => {}
         }
         state.frozen_prefix = freeze.prefix.clone();
         state.frozen_for = target;
+        state.frozen_into = freeze.into_group;
         self.view.put_split(&state);
         Ok(state)
     }
 
-    /// Source: the split to `abort.target_group` will not happen (see `namespace.proto`).
+    /// The operation `abort.target_group` will not happen (see `namespace.proto`): as its
+    /// source the group ends the freeze; as its target it discards the pages it ingested.
     pub fn abort_split(&mut self, abort: &AbortSplit) -> Result<SplitState, Failure> {
         let mut state = self.view.split()?;
         let target = abort.target_group;
@@ -167,7 +189,11 @@ impl Txn<'_, '_> {
         }
         if state.frozen_for == target {
             state.frozen_for = 0;
+            state.frozen_into = 0;
             state.frozen_prefix.clear();
+        }
+        if target != 0 && state.incoming_operation == target {
+            self.discard_incoming(&mut state)?;
         }
         state.settled_through = state.settled_through.max(target);
         self.view.put_split(&state);
@@ -195,9 +221,10 @@ impl Txn<'_, '_> {
         if descriptor::serves(Some(&new), &prefix) {
             return Err(invalid(&prefix, "the descriptor after a hand-over must not serve the moved subtree").into());
         }
-        self.remove_subtree(&prefix)?;
+        self.remove_subtree(&prefix, Linked::Yes)?;
         let new = self.set_descriptor(group, current, Some(new))?;
         state.frozen_for = 0;
+        state.frozen_into = 0;
         state.frozen_prefix.clear();
         state.settled_through = state.settled_through.max(target);
         state.handed_to = target;
@@ -206,10 +233,10 @@ impl Txn<'_, '_> {
     }
 
     /// Deletes every record of the subtree at `prefix` (moved, not deleted: no watch event
-    /// comes of it), detaches its root from its parent, and lets go of its ephemerals'
-    /// sessions here. Waiting lock calls on its waiters wake and find the path served
-    /// elsewhere.
-    fn remove_subtree(&mut self, prefix: &str) -> Result<(), Failure> {
+    /// comes of it), detaches its root from its parent if `linked`, and lets go of its
+    /// ephemerals' sessions here. Waiting lock calls on its waiters wake and find the path
+    /// served elsewhere.
+    fn remove_subtree(&mut self, prefix: &str, linked: Linked) -> Result<(), Failure> {
         for (from, to) in store::subtree_ranges(prefix) {
             for (key, value) in self.view.base_range(&from, &to)? {
                 match parse_subtree_key(&key) {
@@ -233,29 +260,93 @@ impl Txn<'_, '_> {
                 self.view.delete_raw(&key);
             }
         }
-        let Some(parent_path) = path::parent(prefix) else { return Ok(()) };
-        self.view.remove_child(parent_path, path::name(prefix));
-        if let Some(mut parent) = self.view.node(parent_path)? {
-            let mut stat = parent.stat.unwrap_or_default();
-            stat.num_children = stat.num_children.saturating_sub(1);
-            parent.stat = Some(stat);
-            self.view.put_node(parent_path, &parent);
+        match linked {
+            Linked::Yes => self.link_to_parent(prefix, false),
+            Linked::No => Ok(()),
         }
+    }
+
+    /// Adds (`link`) or removes the subtree root at `prefix` in its parent's children index
+    /// and count, when the parent is a node of this group and the entry is not as wanted
+    /// already (a merge's target links the root it ingested once it serves it).
+    fn link_to_parent(&mut self, prefix: &str, link: bool) -> Result<(), Failure> {
+        let Some(parent_path) = path::parent(prefix) else { return Ok(()) };
+        let name = path::name(prefix);
+        let Some(mut parent) = self.view.node(parent_path)? else { return Ok(()) };
+        if self.view.has_child(parent_path, name)? == link {
+            return Ok(());
+        }
+        let mut stat = parent.stat.unwrap_or_default();
+        if link {
+            self.view.add_child(parent_path, name);
+            stat.num_children = stat.num_children.saturating_add(1);
+        } else {
+            self.view.remove_child(parent_path, name);
+            stat.num_children = stat.num_children.saturating_sub(1);
+        }
+        parent.stat = Some(stat);
+        self.view.put_node(parent_path, &parent);
         Ok(())
     }
 
-    /// Target: writes a page of the source's export (see `namespace.proto`). Refused once the
-    /// group serves a descriptor: from then on it owns the subtree, and a late page would
-    /// overwrite newer writes.
-    pub fn ingest_subtree(&mut self, group: u64, current: Option<&GroupDescriptor>, ingest: &IngestSubtree) -> Result<(), Failure> {
-        if current.is_some() {
-            return Err(invalid(&ingest.prefix, "the group serves its descriptor already: the subtree was ingested").into());
+    /// Target: the pages of the operation being ingested are thrown away (it was aborted, or
+    /// an earlier one was never settled here), and the operation is settled.
+    fn discard_incoming(&mut self, state: &mut SplitState) -> Result<(), Failure> {
+        let prefix = std::mem::take(&mut state.incoming_prefix);
+        if !prefix.is_empty() {
+            self.remove_subtree(&prefix, Linked::No)?;
         }
-        path::validate(&ingest.prefix, false).map_err(|e| super::error::invalid_path(&ingest.prefix, &e))?;
-        for record in &ingest.records {
-            self.ingest_record(group, &ingest.prefix, record)?;
-        }
+        state.settled_through = state.settled_through.max(state.incoming_operation);
+        state.incoming_operation = 0;
         Ok(())
+    }
+
+    /// Target: `served` (just set) serves the prefix of the operation being ingested, so the
+    /// ingested subtree is the group's own from now on: its root joins its parent, later
+    /// pages are refused. Answers the new split state when that happened.
+    pub fn settle_incoming(&mut self, served: &GroupDescriptor) -> Result<Option<SplitState>, Failure> {
+        let mut state = self.view.split()?;
+        if state.incoming_operation == 0 || !descriptor::serves(Some(served), &state.incoming_prefix) {
+            return Ok(None);
+        }
+        let prefix = std::mem::take(&mut state.incoming_prefix);
+        if self.view.node(&prefix)?.is_some() {
+            self.link_to_parent(&prefix, true)?;
+        }
+        state.settled_through = state.settled_through.max(state.incoming_operation);
+        state.incoming_operation = 0;
+        self.view.put_split(&state);
+        Ok(Some(state))
+    }
+
+    /// Target: writes a page of the source's export (see `namespace.proto`). Refused once the
+    /// group serves the prefix (from then on it owns the subtree, and a late page would
+    /// overwrite newer writes) or settled the operation. Answers the new split state.
+    pub fn ingest_subtree(&mut self, group: u64, current: Option<&GroupDescriptor>, ingest: &IngestSubtree) -> Result<SplitState, Failure> {
+        let prefix = ingest.prefix.as_str();
+        path::validate(prefix, false).map_err(|e| super::error::invalid_path(prefix, &e))?;
+        if current.is_some_and(|d| descriptor::serves(Some(d), prefix)) {
+            return Err(invalid(prefix, "the group serves the prefix already: the subtree was ingested").into());
+        }
+        let mut state = self.view.split()?;
+        let operation = ingest.operation;
+        if operation == 0 || operation <= state.settled_through || operation < state.incoming_operation {
+            return Err(invalid(prefix, format!("the operation {operation} is settled here, or was never begun")).into());
+        }
+        if state.incoming_operation != operation {
+            // What an operation never settled here left (its source was never asked to
+            // abort it here) is not part of this one.
+            self.discard_incoming(&mut state)?;
+            state.incoming_operation = operation;
+            state.incoming_prefix = prefix.to_string();
+            self.view.put_split(&state);
+        } else if state.incoming_prefix != prefix {
+            return Err(invalid(prefix, format!("the operation {operation} moves {}", state.incoming_prefix)).into());
+        }
+        for record in &ingest.records {
+            self.ingest_record(group, prefix, record)?;
+        }
+        Ok(state)
     }
 
     fn ingest_record(&mut self, group: u64, prefix: &str, record: &SubtreeRecord) -> Result<(), Failure> {
@@ -268,8 +359,15 @@ impl Txn<'_, '_> {
                 let owner = stat.ephemeral_owner;
                 if owner != 0 {
                     let home = sessions::home_group(owner);
-                    if home == group || home == 0 {
-                        return Err(refuse("names a session that cannot be homed elsewhere"));
+                    if home == 0 {
+                        return Err(refuse("names a session without a home group"));
+                    }
+                    // A session homed here (a merge into its home) must still be alive: its
+                    // ephemeral in the source outlived it only because the freeze deferred
+                    // its end there. The operation rolls back and the source ends it.
+                    if home == group && self.view.session(owner)?.is_none_or(|record| record.remote) {
+                        let message = format!("the ephemeral {node_path} belongs to session {owner}, which has ended here: retry once it is gone");
+                        return Err(error(Code::Unavailable, node_path, message).into());
                     }
                     self.attach_moved_ephemeral(owner, node_path)?;
                 }
@@ -288,9 +386,9 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
-    /// A moved ephemeral node of `session` (homed in another group): the session is recorded
-    /// here as remote, under its home group's authority (DESIGN.md rule 7). Counted once
-    /// however often the page is ingested.
+    /// A moved ephemeral node of `session`: a session homed elsewhere is recorded here as
+    /// remote, under its home group's authority (DESIGN.md rule 7); a session homed here
+    /// owns it as any other. Counted once however often the page is ingested.
     fn attach_moved_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
         if self.view.node(path)?.is_some_and(|node| node.stat.is_some_and(|s| s.ephemeral_owner == session)) {
             return Ok(());
@@ -307,6 +405,14 @@ impl Txn<'_, '_> {
         self.view.add_ephemeral(session, path);
         Ok(())
     }
+}
+
+/// Whether a removed subtree's root is listed in its parent here (the source's) or not (pages
+/// a target ingested but never served).
+#[derive(Clone, Copy)]
+enum Linked {
+    Yes,
+    No,
 }
 
 /// The refusal of a step for a split already settled: NODE_EXISTS if it was handed over

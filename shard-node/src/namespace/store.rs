@@ -263,6 +263,11 @@ impl<'a> TxnView<'a> {
         self.local.insert(child_key(parent, name), Some(Vec::new()));
     }
 
+    /// Whether `name` is in `parent`'s children index.
+    pub fn has_child(&self, parent: &str, name: &str) -> Result<bool, StorageError> {
+        Ok(self.get(&child_key(parent, name))?.is_some())
+    }
+
     /// Removes `name` from `parent`'s children index.
     pub fn remove_child(&mut self, parent: &str, name: &str) {
         self.local.insert(child_key(parent, name), None);

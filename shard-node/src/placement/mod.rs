@@ -4,8 +4,9 @@
 //! `warden.placement.Placement` gRPC service every node serves; [`heartbeat`] tells the
 //! placement group a node is alive (and which groups it leads); [`scheduler`] is the placement
 //! leader carrying out repair, drain and balance operators; [`split`] moves a live subtree
-//! into a new group, [`auto_split`] proposes (or performs) the split of a hot one; [`factory`] gives each group its state machine (the
-//! placement group's, or a namespace).
+//! into a new group, [`merge`] gives a group's subtree back to its parent path's group,
+//! [`auto_split`] proposes (or performs) the split of a hot one; [`factory`] gives each group
+//! its state machine (the placement group's, or a namespace).
 //!
 //! Architecture invariant: the routing table changes only through commands applied by the
 //! placement group; nodes and routers hold copies read from it.
@@ -13,6 +14,7 @@
 pub mod auto_split;
 pub mod factory;
 pub mod heartbeat;
+pub mod merge;
 pub mod scheduler;
 pub mod service;
 pub mod split;

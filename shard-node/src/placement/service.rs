@@ -230,6 +230,13 @@ impl PlacementService {
     /// caller holds `lifecycle`, so none of them is being created by this node right now.
     pub(super) async fn settle_creations(&self) -> Result<(), Status> {
         let state = self.state().await?;
+        for group in state.groups().values().filter(|g| g.merging.is_some()) {
+            tracing::info!(group = group.id, prefix = %group.prefix, "resuming a merge left half-way");
+            // Rolled back or not settled yet (then placement refuses other changes): logged.
+            if let Err(error) = self.finish_or_settle_merge(group).await {
+                tracing::warn!(group = group.id, %error, "a merge left half-way did not finish");
+            }
+        }
         for group in state.groups().values().filter(|g| !g.ready) {
             tracing::info!(group = group.id, prefix = %group.prefix, "resuming a group creation left half-way");
             if group.split_from.is_some() {
@@ -308,11 +315,7 @@ impl PlacementService {
             other => return Err(internal(format!("unexpected outcome {other:?}"))),
         };
         // 2.
-        let current = state.descriptor(group.id).ok_or_else(|| internal(format!("group {} has no descriptor", group.id)))?;
-        let mut retiring = current.clone();
-        retiring.epoch.version += 1;
-        retiring.excluded = vec![current.prefix.clone()];
-        let retired_at = self.set_descriptor_at(state, &retiring, 0).await?;
+        let retired_at = self.set_descriptor_at(state, &retiring_descriptor(state, group.id)?, 0).await?;
         // 3.
         for gainer in &gainers {
             let descriptor = next.descriptor(gainer.id).ok_or_else(|| internal(format!("group {} has no descriptor", gainer.id)))?;
@@ -332,6 +335,7 @@ impl PlacementService {
             descriptor: Some(descriptor_proto(&d)),
             ready: state.group(group_id).is_some_and(|g| g.ready),
             learners: Vec::new(),
+            merging_into: 0,
         });
         Ok(Response::new(CreateGroupResponse { group: entry, routing_version: state.routing_version() }))
     }
@@ -437,7 +441,9 @@ pub(super) fn placement_status(error: PlacementError) -> Status {
         PlacementError::NodeNotServing(_) | PlacementError::ChangeInProgress { .. } | PlacementError::GroupNotReady(_) => Code::Unavailable,
         PlacementError::ReplicaExists { .. } => Code::NodeExists,
         PlacementError::NodeNotEmpty { .. } => Code::NotEmpty,
+        PlacementError::NoGroupAt(_) => Code::NoNode,
         PlacementError::UnknownNode(_)
+        | PlacementError::NotMerging(_)
         | PlacementError::UnknownGroup(_)
         | PlacementError::GroupNotCreating(_)
         | PlacementError::InvalidNode { .. }
@@ -449,6 +455,20 @@ pub(super) fn placement_status(error: PlacementError) -> Status {
         PlacementError::BadSnapshot(_) | PlacementError::Inconsistent(_) => Code::Unknown,
     };
     status(WardenError { code: code as i32, message: error.to_string(), ..WardenError::default() })
+}
+
+/// The refusal of a lifecycle change while a replica move runs on `group`.
+pub(super) fn busy(group: u64) -> Status {
+    status(WardenError { code: Code::Unavailable as i32, message: format!("group {group} is moving a replica; try again"), ..WardenError::default() })
+}
+
+/// The descriptor that retires `group_id` (removed or merged away): its next version,
+/// excluding its own prefix, so it serves nothing.
+pub(super) fn retiring_descriptor(state: &Placement, group_id: u64) -> Result<GroupDescriptor, Status> {
+    let mut retiring = state.descriptor(group_id).ok_or_else(|| internal(format!("group {group_id} has no descriptor")))?;
+    retiring.epoch.version += 1;
+    retiring.excluded = vec![retiring.prefix.clone()];
+    Ok(retiring)
 }
 
 /// The wire form of a descriptor.
@@ -470,7 +490,12 @@ pub fn routing_table(state: &Placement) -> RoutingTable {
         .groups()
         .values()
         .filter_map(|g| {
-            state.descriptor(g.id).map(|d| GroupEntry { descriptor: Some(descriptor_proto(&d)), ready: g.ready, learners: g.learners.clone() })
+            state.descriptor(g.id).map(|d| GroupEntry {
+                descriptor: Some(descriptor_proto(&d)),
+                ready: g.ready,
+                learners: g.learners.clone(),
+                merging_into: g.merging.map_or(0, |m| m.into),
+            })
         })
         .collect();
     RoutingTable { version: state.routing_version(), nodes, groups, scheduler_paused: state.scheduler_paused() }
@@ -547,6 +572,14 @@ impl PlacementApi for PlacementService {
         self.created(group.id).await
     }
 
+    async fn merge_group(&self, request: Request<RemoveGroupRequest>) -> Result<Response<RemoveGroupResponse>, Status> {
+        let prefix = request.into_inner().prefix;
+        let _lifecycle = self.lifecycle.lock().await;
+        self.ensure_leader()?;
+        self.settle_creations().await?;
+        Ok(Response::new(self.merge(prefix).await?))
+    }
+
     async fn split_step(&self, request: Request<SplitStepRequest>) -> Result<Response<SplitStepResponse>, Status> {
         let SplitStepRequest { group_id, step } = request.into_inner();
         let op = match step {
@@ -611,7 +644,7 @@ impl PlacementApi for PlacementService {
         let descriptor = state.descriptor(root.id).ok_or_else(|| internal("the root group has no descriptor"))?;
         self.set_descriptor_at(&state, &descriptor, 0).await?;
         Ok(Response::new(BootstrapResponse {
-            root: Some(GroupEntry { descriptor: Some(descriptor_proto(&descriptor)), ready: true, learners: Vec::new() }),
+            root: Some(GroupEntry { descriptor: Some(descriptor_proto(&descriptor)), ready: true, learners: Vec::new(), merging_into: 0 }),
         }))
     }
 
@@ -701,6 +734,7 @@ impl PlacementApi for PlacementService {
         self.ensure_leader()?;
         // One lifecycle change at a time (a creation below this prefix is refused in step 1).
         let _lifecycle = self.lifecycle.lock().await;
+        self.settle_creations().await?;
         let state = self.state().await?;
         let Some(group) = state.groups().values().find(|g| g.prefix == prefix).cloned() else {
             return Err(status(WardenError {
@@ -711,12 +745,7 @@ impl PlacementApi for PlacementService {
             }));
         };
         if !self.running.claim(group.id) {
-            let busy = WardenError {
-                code: Code::Unavailable as i32,
-                message: format!("group {} is moving a replica; try again", group.id),
-                ..WardenError::default()
-            };
-            return Err(status(busy));
+            return Err(busy(group.id));
         }
         let removed = self.remove_claimed(&state, &group).await;
         self.running.release(group.id);

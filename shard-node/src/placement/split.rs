@@ -29,7 +29,7 @@ use warden_proto::placement::split_step_request::Step;
 use warden_proto::placement::{ExportSubtreeRequest, SplitStepRequest};
 use warden_proto::v1::warden_error::Code;
 
-use super::service::{descriptor_proto, internal, placement_status, PlacementService};
+use super::service::{busy, descriptor_proto, internal, placement_status, PlacementService};
 use crate::namespace::split::EXPORT_PAGE_BYTES_MAX;
 use crate::service::error_of;
 
@@ -55,12 +55,12 @@ impl PlacementService {
         self.start_group(group, &state).await?;
         // 3.
         self.fault_point(3).await?;
-        let freeze = Step::Freeze(FreezeSubtree { prefix: group.prefix.clone(), target_group: group.id });
+        let freeze = Step::Freeze(FreezeSubtree { prefix: group.prefix.clone(), target_group: group.id, into_group: 0 });
         match self.split_step(&state, source_group, freeze).await {
             Ok(_) => {
                 // 4.
                 self.fault_point(4).await?;
-                self.copy_subtree(&state, source_group, group).await?;
+                self.copy_subtree(&state, source_group, group, &group.prefix, group.id).await?;
             }
             // Handed over already (by an earlier attempt): only 5's answer, 6 and 7 are left.
             Err(status) if is_handed(&status) => {}
@@ -90,9 +90,9 @@ impl PlacementService {
         Ok(())
     }
 
-    /// Fault injection (tests): waits while splits are held before `step`, so a test can
-    /// crash a participant exactly there; fails the step when splits are set to fail there.
-    async fn fault_point(&self, step: u8) -> Result<(), Status> {
+    /// Fault injection (tests): waits while splits (and merges) are held before `step`, so a
+    /// test can crash a participant exactly there; fails the step when set to fail there.
+    pub(super) async fn fault_point(&self, step: u8) -> Result<(), Status> {
         while self.faults.split_held(step) {
             tokio::time::sleep(FAULT_POLL).await;
         }
@@ -102,16 +102,20 @@ impl PlacementService {
         }
     }
 
-    /// Step 4: every page of S's export, in order, ingested by T.
-    async fn copy_subtree(&self, state: &Placement, source: &GroupInfo, target: &GroupInfo) -> Result<(), Status> {
+    /// Step 4 (and a merge's copy): every page of the export of `prefix` frozen at `source`
+    /// for `operation`, in order, ingested by `target`.
+    pub(super) async fn copy_subtree(
+        &self,
+        state: &Placement,
+        source: &GroupInfo,
+        target: &GroupInfo,
+        prefix: &str,
+        operation: u64,
+    ) -> Result<(), Status> {
         let mut after_key = Vec::new();
         loop {
-            let export = ExportSubtree {
-                prefix: target.prefix.clone(),
-                target_group: target.id,
-                after_key: after_key.clone(),
-                bytes_max: EXPORT_PAGE_BYTES_MAX,
-            };
+            let export =
+                ExportSubtree { prefix: prefix.to_string(), target_group: operation, after_key: after_key.clone(), bytes_max: EXPORT_PAGE_BYTES_MAX };
             let request = ExportSubtreeRequest { group_id: source.id, export: Some(export) };
             let page = self
                 .at_group_leader(state, source, |mut client| {
@@ -122,7 +126,7 @@ impl PlacementService {
                 .page
                 .unwrap_or_default();
             if !page.records.is_empty() {
-                let ingest = Step::Ingest(IngestSubtree { prefix: target.prefix.clone(), source_group: source.id, records: page.records });
+                let ingest = Step::Ingest(IngestSubtree { prefix: prefix.to_string(), source_group: source.id, records: page.records, operation });
                 self.split_step(state, target, ingest).await?;
             }
             if page.next_after_key.is_empty() {
@@ -132,8 +136,9 @@ impl PlacementService {
         }
     }
 
-    /// Proposes one split step at `group`'s leader; answers the group's revision after it.
-    async fn split_step(&self, state: &Placement, group: &GroupInfo, step: Step) -> Result<u64, Status> {
+    /// Proposes one split (or merge) step at `group`'s leader; answers the group's revision
+    /// after it.
+    pub(super) async fn split_step(&self, state: &Placement, group: &GroupInfo, step: Step) -> Result<u64, Status> {
         let request = SplitStepRequest { group_id: group.id, step: Some(step) };
         let answer = self
             .at_group_leader(state, group, |mut client| {
@@ -181,11 +186,7 @@ impl PlacementService {
         let source = state.route(&prefix).cloned().ok_or_else(|| internal(format!("no group serves {prefix}")))?;
         // No replica move runs on the source meanwhile (its descriptor changes only here).
         if !self.running.claim(source.id) {
-            return Err(crate::service::status(warden_proto::v1::WardenError {
-                code: Code::Unavailable as i32,
-                message: format!("group {} is moving a replica; try again", source.id),
-                ..Default::default()
-            }));
+            return Err(busy(source.id));
         }
         let result = async {
             let group = match self.propose(&Command::SplitGroup { prefix, now_ms: super::service::now_ms() }).await? {
@@ -201,6 +202,6 @@ impl PlacementService {
 }
 
 /// Whether a refused split step says the subtree was handed over already.
-fn is_handed(status: &Status) -> bool {
+pub(super) fn is_handed(status: &Status) -> bool {
     error_of(status).is_some_and(|e| e.code == Code::NodeExists as i32)
 }
