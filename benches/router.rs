@@ -30,6 +30,7 @@ fn table() -> Table {
         ready: true,
         learners: Vec::new(),
         merging_into: 0,
+        retired: false,
     };
     let mut groups = vec![entry(1, "/".into())];
     for tenant in 0..TENANTS {

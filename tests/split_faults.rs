@@ -215,7 +215,9 @@ async fn settled_owner(cluster: &Cluster, path: &str) -> u64 {
     let deadline = Instant::now() + SETTLE_WAIT;
     loop {
         let table = table(cluster).await;
-        if table.groups.iter().all(|g| g.ready && g.merging_into == 0) {
+        // Settled: no creation pending (a retired group is not routed, but not pending) and
+        // no merge.
+        if table.groups.iter().all(|g| (g.ready || g.retired) && g.merging_into == 0) {
             let owner = table
                 .groups
                 .iter()

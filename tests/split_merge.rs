@@ -21,7 +21,9 @@ use warden_loadgen::watch_check::{self, AckedWrite, Delivery, Event, EventKind};
 use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest, RemoveGroupRequest};
 use warden_proto::v1::*;
 
-use support::moving::{check_moved_ephemerals_follow_their_sessions, counter, counter_writer, ephemerals_of_three_homes, fill, filled, get};
+use support::moving::{
+    check_moved_ephemerals_follow_their_sessions, counter, counter_writer, ephemerals_of_three_homes, fill, filled, get, keep_alive,
+};
 use support::routed::{at_placement_leader, client, cluster_with_groups, group_serving, session_homed_at, start_router, TIMEOUT};
 use support::workload::{Workload, PREFIXES};
 
@@ -167,11 +169,13 @@ async fn a_subtree_split_off_and_merged_back_under_load_keeps_every_guarantee() 
     renewals.abort();
 }
 
-/// Merge refuses (NOT_EMPTY, nothing changes) while sessions are homed in the merging group,
-/// and goes through once they have ended; a merge of the root group or of a prefix no group
-/// has is refused.
+/// A merged group stays the home of the sessions it homes: they keep working (keepalives,
+/// their ephemerals, now in the parent's group as remote records under its authority, new
+/// ephemerals there), no new session is homed in it, and it is removed once they have ended,
+/// taking their ephemerals with them. A merge of the root group or of a prefix no group has
+/// is refused.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_merge_waits_for_the_sessions_homed_in_the_group() {
+async fn a_merged_group_stays_the_home_of_its_sessions_until_they_end() {
     let cluster = cluster_with_groups(&["/m"]).await;
     let router_process = start_router(&cluster, 0);
     let mut router = client(router_process.addr);
@@ -180,27 +184,44 @@ async fn a_merge_waits_for_the_sessions_homed_in_the_group() {
     router.create(CreateRequest { path: "/m/x".into(), data: b"x".to_vec(), ..CreateRequest::default() }).await.expect("node");
     let session = session_homed_at(&mut router, "/m", TTL_MS).await;
     assert_eq!(warden_placement::home_group(session), merging);
+    let renewals = keep_alive(router.clone(), vec![session]);
     router.create(CreateRequest { path: "/m/eph".into(), session_id: session, ..CreateRequest::default() }).await.expect("ephemeral");
 
     let merge = |prefix: &'static str| {
         at_placement_leader(&cluster, move |mut c| async move { c.merge_group(RemoveGroupRequest { prefix: prefix.into() }).await })
     };
-    let refused = merge("/m").await.expect_err("refused while a session is homed there");
-    assert_eq!(refused.code, warden_proto::v1::warden_error::Code::NotEmpty as i32, "{refused:?}");
-    assert_eq!(group_serving(&mut router, "/m").await, merging, "a refused merge changes nothing");
-    router.set(SetRequest { path: "/m/x".into(), data: b"y".to_vec(), ..SetRequest::default() }).await.expect("writes go on after a refused merge");
     assert!(merge("/").await.is_err(), "the root group has no parent to merge into");
     assert_eq!(merge("/nothing").await.expect_err("no group").code, warden_proto::v1::warden_error::Code::NoNode as i32);
-
-    router.close_session(CloseSessionRequest { session_id: session, ..Default::default() }).await.expect("close");
-    let merged = merge("/m").await.expect("merge once the session ended");
+    let merged = merge("/m").await.expect("merge");
     assert_eq!((merged.group_id, merged.parent_group_id), (merging, root_group));
     assert_eq!(group_serving(&mut router, "/m/x").await, root_group);
-    assert_eq!(get(&mut router, "/m/x").await.expect("moved node").data, b"y");
-    assert!(get(&mut router, "/m/eph").await.is_err(), "the closed session's ephemeral went with it");
-    // Served by the parent's group as any path: writable, and its revision above the merged group's.
-    let written = router.set(SetRequest { path: "/m/x".into(), data: b"z".to_vec(), ..SetRequest::default() }).await.expect("write").into_inner();
-    assert_eq!(written.header.expect("header").group_id, root_group);
+    let table = || at_placement_leader(&cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await });
+    let retired = table().await.expect("table").groups.into_iter().find(|g| g.descriptor.as_ref().is_some_and(|d| d.group_id == merging));
+    assert!(retired.is_some_and(|g| g.retired && !g.ready), "kept, unrouted, as its session's home");
+
+    // The session works on: renewed at its home, its ephemeral moved, a new one allowed.
+    let lease = router.keep_alive(KeepAliveRequest { session_ids: vec![session], ..KeepAliveRequest::default() }).await.expect("keepalive");
+    assert!(lease.into_inner().leases.iter().all(|l| l.alive), "the session lives on in its retired home");
+    let moved = get(&mut router, "/m/eph").await.expect("the moved ephemeral");
+    assert_eq!((moved.header.expect("header").group_id, moved.stat.expect("stat").ephemeral_owner), (root_group, session));
+    router.create(CreateRequest { path: "/m/eph2".into(), session_id: session, ..CreateRequest::default() }).await.expect("a new ephemeral");
+    let fresh = session_homed_at(&mut router, "/m", TTL_MS).await;
+    assert_eq!(warden_placement::home_group(fresh), root_group, "a new session is homed where the path is served");
+
+    // Its end at home ends its ephemerals, and the retired group goes.
+    renewals.abort();
+    router.close_session(CloseSessionRequest { session_id: session, ..Default::default() }).await.expect("close at home");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let ephemerals_gone = get(&mut router, "/m/eph").await.is_err() && get(&mut router, "/m/eph2").await.is_err();
+        let groups = table().await.expect("table").groups;
+        if ephemerals_gone && groups.iter().all(|g| g.descriptor.as_ref().is_some_and(|d| d.group_id != merging)) {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the closed session's ephemerals or its retired home stayed: {groups:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(get(&mut router, "/m/x").await.expect("moved node").data, b"x");
 }
 
 /// A watch spanning the merged group and the parent path's group (a recursive watch of `/`)

@@ -116,7 +116,8 @@ pub enum Command {
     },
     /// Removes a ready group (not the root): its route goes, and the group serving its
     /// parent path serves its prefix again (that group's version grows). Placement does not
-    /// check the subtree is empty: the one removing it retires the group first.
+    /// check the subtree is empty: the one removing it retires the group first. A retired
+    /// group (merged away) is removed once it homes no session.
     RemoveGroup {
         /// The group.
         group_id: u64,
@@ -129,6 +130,13 @@ pub enum Command {
     MergeGroup {
         /// The merging group's prefix.
         prefix: String,
+    },
+    /// The merging group handed its subtree over and the group serving its parent path
+    /// serves it now: its route goes (that group's version grows), and it stays, serving
+    /// nothing (its version grows too), as the home of its sessions until `RemoveGroup`.
+    RetireGroup {
+        /// The merging group.
+        group_id: u64,
     },
     /// The merge of the group will not happen (its source group aborted it): forgotten.
     MergeAborted {
@@ -182,6 +190,13 @@ pub enum Outcome {
     },
     /// `MergeGroup`: the merging group, with its operation.
     MergeStarted(GroupInfo),
+    /// `RetireGroup`: the retired group, and the groups whose served paths grew.
+    GroupRetired {
+        /// The group, retired.
+        group: GroupInfo,
+        /// The groups serving its prefix now, with their new epoch.
+        bumped: Vec<GroupInfo>,
+    },
     /// `MergeAborted`: the group, no longer merging.
     MergeAborted(GroupInfo),
     /// The group that was dropped.
@@ -222,6 +237,7 @@ impl Placement {
             Command::RemoveLearner { group_id, node } => self.remove_learner(*group_id, *node),
             Command::RemoveGroup { group_id } => self.remove_group(*group_id),
             Command::MergeGroup { prefix } => self.merge_group(prefix),
+            Command::RetireGroup { group_id } => self.retire_group(*group_id),
             Command::MergeAborted { group_id } => {
                 let group = self.groups.get_mut(group_id).ok_or(PlacementError::UnknownGroup(*group_id))?;
                 if group.merging.take().is_none() {
@@ -260,6 +276,7 @@ impl Placement {
             ready: true,
             split_from: None,
             merging: None,
+            retired: false,
         };
         next.groups.insert(ROOT_GROUP_ID, root.clone());
         next.routes.insert(root.prefix.clone(), ROOT_GROUP_ID);
@@ -354,6 +371,7 @@ impl Placement {
             ready: false,
             split_from,
             merging: None,
+            retired: false,
         };
         self.groups.insert(id, group.clone());
         self.next_group_id += 1;
@@ -526,6 +544,9 @@ impl Placement {
         if group_id == ROOT_GROUP_ID {
             return Err(PlacementError::RootGroup);
         }
+        if group.retired {
+            return Err(PlacementError::NotMerging(group_id));
+        }
         self.ready_group(group_id)?;
         if let Some(creating) = self.groups.values().find(|group| !group.ready) {
             return Err(PlacementError::ChangeInProgress { group: creating.id, learner: 0 });
@@ -548,6 +569,26 @@ impl Placement {
         let group = group.clone();
         self.bump_routing_version();
         Ok(Outcome::MergeStarted(group))
+    }
+
+    fn retire_group(&mut self, group_id: u64) -> Result<Outcome, PlacementError> {
+        let group = self.ready_group(group_id)?.clone();
+        if group.merging.is_none() {
+            return Err(PlacementError::NotMerging(group_id));
+        }
+        if let Some(learner) = group.learners.first() {
+            return Err(PlacementError::ChangeInProgress { group: group_id, learner: *learner });
+        }
+        let bumped = self.bump_ancestors_changed_by(&group.prefix, |placement| {
+            placement.routes.remove(&group.prefix);
+        });
+        let retired = self.groups.get_mut(&group_id).ok_or(PlacementError::UnknownGroup(group_id))?;
+        retired.merging = None;
+        retired.retired = true;
+        retired.epoch.version += 1;
+        let group = retired.clone();
+        self.bump_routing_version();
+        Ok(Outcome::GroupRetired { group, bumped })
     }
 
     /// Refuses a lifecycle change while a merge is in progress.

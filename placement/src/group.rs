@@ -75,6 +75,11 @@ pub struct GroupInfo {
     /// (`Command::MergeGroup`); `None` otherwise.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub merging: Option<Merging>,
+    /// Merged away (`Command::RetireGroup`): no route, it serves no path (its descriptor
+    /// excludes its own prefix), and it stays only as the home of the sessions it homes,
+    /// until they end (`RemoveGroup`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub retired: bool,
 }
 
 /// A merge in progress (`Command::MergeGroup`, run by `shard-node/src/placement/merge.rs`).

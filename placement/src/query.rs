@@ -25,9 +25,21 @@ impl Placement {
 
     /// What group `group_id` serves: its prefix minus the prefixes of the ready groups
     /// directly below it (those whose nearest owning ancestor is this group), sorted. For a
-    /// group still being created it is the descriptor it will have once ready.
+    /// group still being created it is the descriptor it will have once ready; a retired
+    /// group serves nothing (its prefix is its one exclusion).
     pub fn descriptor(&self, group_id: u64) -> Option<GroupDescriptor> {
         let group = self.groups.get(&group_id)?;
+        if group.retired {
+            // It serves nothing: its one exclusion is its prefix.
+            let excluded = vec![group.prefix.clone()];
+            return Some(GroupDescriptor {
+                id: group.id,
+                prefix: group.prefix.clone(),
+                excluded,
+                replicas: group.replicas.clone(),
+                epoch: group.epoch,
+            });
+        }
         let excluded = self
             .routes_below(&group.prefix)
             .filter(|(prefix, _)| self.nearest_owner_above(prefix, &group.prefix) == Some(group.prefix.as_str()))

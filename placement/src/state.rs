@@ -200,8 +200,13 @@ impl Placement {
             if !prefixes.insert(group.prefix.as_str()) {
                 return fail(format!("prefix {} has two groups", group.prefix));
             }
-            if group.ready != (self.routes.get(&group.prefix) == Some(id)) {
-                return fail(format!("group {id} is ready={} but routed={}", group.ready, !group.ready));
+            // A retired group (merged away) is ready but no longer routed.
+            let routed = self.routes.get(&group.prefix) == Some(id);
+            if (group.ready && !group.retired) != routed || (group.retired && !group.ready) {
+                return fail(format!("group {id} is ready={} retired={} but routed={routed}", group.ready, group.retired));
+            }
+            if group.retired && (group.merging.is_some() || group.split_from.is_some()) {
+                return fail(format!("group {id} is retired and still moving"));
             }
             let distinct: BTreeSet<_> = group.replicas.iter().collect();
             if group.replicas.is_empty() || distinct.len() != group.replicas.len() {

@@ -62,6 +62,7 @@ fn bootstrap_creates_the_root_group() {
         ready: true,
         split_from: None,
         merging: None,
+        retired: false,
     };
     assert_eq!(outcome, Ok(Outcome::Bootstrapped(root.clone())));
     assert!(placement.is_bootstrapped());
@@ -553,5 +554,41 @@ fn split_group_records_its_source_until_ready_and_waits_for_other_creations() {
     let ready_group = placement.group(split.id).expect("group");
     assert_eq!((ready_group.ready, ready_group.split_from), (true, None));
     assert_eq!(placement.route("/team/x").map(|g| g.id), Some(split.id));
+    placement.check_invariants().expect("consistent");
+}
+
+#[test]
+fn a_merge_records_its_operation_then_retires_the_group_until_it_is_removed() {
+    let mut placement = bootstrapped(5, 3);
+    let team = create(&mut placement, "/team", 0);
+    ready(&mut placement, team.id);
+    refused(&mut placement, Command::MergeGroup { prefix: "/".into() }, PlacementError::RootGroup);
+    refused(&mut placement, Command::MergeGroup { prefix: "/none".into() }, PlacementError::NoGroupAt("/none".into()));
+    refused(&mut placement, Command::RetireGroup { group_id: team.id }, PlacementError::NotMerging(team.id));
+    let Ok(Outcome::MergeStarted(merging)) = placement.apply(&Command::MergeGroup { prefix: "/team".into() }) else { panic!("merge") };
+    let operation = merging.merging.expect("merging");
+    assert_eq!(operation.into, ROOT_GROUP_ID, "into the group serving the parent path");
+    assert!(operation.operation > team.id, "operation ids come from the group ids");
+    assert_eq!(placement.route("/team/x").map(|g| g.id), Some(team.id), "routed as before until it retires");
+    let busy = PlacementError::ChangeInProgress { group: team.id, learner: 0 };
+    refused(&mut placement, Command::CreateGroup { prefix: "/other".into(), now_ms: 0 }, busy.clone());
+    refused(&mut placement, Command::SplitGroup { prefix: "/other".into(), now_ms: 0 }, busy.clone());
+    refused(&mut placement, Command::AddLearner { group_id: ROOT_GROUP_ID, node: 4 }, busy);
+
+    // Aborted, then merged for real: it retires (no route, serving nothing) and is removed.
+    assert!(matches!(placement.apply(&Command::MergeAborted { group_id: team.id }), Ok(Outcome::MergeAborted(_))));
+    placement.apply(&Command::MergeGroup { prefix: "/team".into() }).expect("merge again");
+    let version = placement.group(team.id).expect("team").epoch.version;
+    let Ok(Outcome::GroupRetired { group, bumped }) = placement.apply(&Command::RetireGroup { group_id: team.id }) else { panic!("retire") };
+    assert_eq!(ids(&bumped), vec![ROOT_GROUP_ID], "the parent's group serves the prefix again");
+    assert!(group.retired && group.merging.is_none());
+    assert_eq!(placement.route("/team/x").map(|g| g.id), Some(ROOT_GROUP_ID));
+    let retiring = placement.descriptor(team.id).expect("descriptor");
+    assert_eq!((retiring.excluded, retiring.epoch.version), (vec!["/team".to_string()], version + 1), "it serves nothing");
+    assert_eq!(placement.descriptor(ROOT_GROUP_ID).expect("root").excluded, Vec::<String>::new());
+    refused(&mut placement, Command::MergeGroup { prefix: "/team".into() }, PlacementError::NotMerging(team.id));
+    placement.check_invariants().expect("consistent");
+    assert!(matches!(placement.apply(&Command::RemoveGroup { group_id: team.id }), Ok(Outcome::GroupRemoved { .. })));
+    assert!(placement.group(team.id).is_none());
     placement.check_invariants().expect("consistent");
 }

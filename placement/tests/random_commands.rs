@@ -68,6 +68,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => prop::sample::select(prefixes.clone()).prop_map(|prefix| Op::Apply(Command::SplitGroup { prefix, now_ms: 0 })),
         2 => prop::sample::select(prefixes).prop_map(|prefix| Op::Apply(Command::MergeGroup { prefix })),
         1 => (0u64..16).prop_map(|group_id| Op::Apply(Command::MergeAborted { group_id })),
+        1 => (0u64..16).prop_map(|group_id| Op::Apply(Command::RetireGroup { group_id })),
         4 => (0u64..16).prop_map(|group_id| Op::Apply(Command::GroupReady { group_id })),
         1 => (0u64..16).prop_map(|group_id| Op::Apply(Command::DropGroup { group_id })),
         2 => (node_id(), prop::sample::select(vec![NodeState::Serving, NodeState::Draining, NodeState::Decommissioning, NodeState::Tombstone]))
@@ -125,7 +126,8 @@ fn command(placement: &Placement, op: &Op, now_ms: u64) -> Command {
         | Command::RemoveLearner { .. }
         | Command::RemoveGroup { .. }
         | Command::MergeGroup { .. }
-        | Command::MergeAborted { .. } => {}
+        | Command::MergeAborted { .. }
+        | Command::RetireGroup { .. } => {}
     }
     command
 }

@@ -113,6 +113,7 @@ mod tests {
             ready,
             learners: Vec::new(),
             merging_into: 0,
+            retired: false,
         }
     }
 

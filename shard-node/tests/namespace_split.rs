@@ -276,6 +276,7 @@ fn a_merge_gives_the_whole_subtree_back_to_the_parents_group_exactly() {
     assert!(handed_at > frozen_at);
     assert_eq!(code(abort(&mut merging, MERGE)), Code::NodeExists, "handed over: it can only finish");
     assert_eq!(code(merging.get("/team/a/x")), Code::WrongGroup, "the merged group serves nothing");
+    assert_eq!(code(merging.create_session(10_000)), Code::WrongGroup, "and homes no new session");
     parent.set_descriptor(descriptor(SOURCE, "/", &[], 3), handed_at).expect("the parent serves the prefix again");
 
     assert_eq!(snapshot(&parent, "/team/a"), before, "every node with its data and stat");

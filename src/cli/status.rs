@@ -228,6 +228,8 @@ pub fn group_json(group: &GroupEntry, health: Option<GroupHealth>, nodes: &[Node
         "conf_ver": descriptor.conf_ver,
         "version": descriptor.version,
         "ready": group.ready,
+        "retired": group.retired,
+        "merging_into": group.merging_into,
     });
     if let (Some(health), Value::Object(object)) = (health, &mut value) {
         object.insert("leader".into(), json!(health.leader));
@@ -248,7 +250,12 @@ pub fn group_text(group: &GroupEntry, health: Option<GroupHealth>, nodes: &[Node
         let revision = h.revision.map_or(String::new(), |r| format!(" revision {r}"));
         format!(" leader {}{revision}", h.leader.map_or("?".to_string(), |id| id.to_string()))
     });
-    let ready = if group.ready { "" } else { " (not ready)" };
+    let ready = match (group.ready, group.retired, group.merging_into) {
+        (_, true, _) => " (merged away: home of its sessions until they end)".to_string(),
+        (true, false, 0) => String::new(),
+        (true, false, into) => format!(" (merging into group {into})"),
+        (false, false, _) => " (not ready)".to_string(),
+    };
     format!("group {:<3} {:<20} replicas [{replicas}]{leader}{ready}", descriptor.group_id, display_prefix(&descriptor.prefix))
 }
 

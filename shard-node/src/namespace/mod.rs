@@ -292,6 +292,15 @@ impl NamespaceStateMachine {
         let outcome = match command.op {
             Some(CommandOp::Txn(request)) => txn.run(&request).map(CommandOutcome::Txn),
             Some(CommandOp::ExpireTtl(ExpireTtl { path, mod_revision })) => txn.expire_ttl(&path, mod_revision).map(|_| CommandOutcome::Txn(empty())),
+            // A retired group (merged away) only lets the sessions it homes end.
+            Some(CommandOp::CreateSession(_)) if self.descriptor.as_ref().is_some_and(descriptor::is_retiring) => {
+                let retired = self.descriptor.as_ref().map(|d| Box::new(d.clone()));
+                let message = "this group serves nothing (merged away): sessions are homed in serving groups";
+                Err(Failure::Refused(warden_proto::v1::WardenError {
+                    descriptor: retired,
+                    ..error::error(warden_proto::v1::warden_error::Code::WrongGroup, "", message)
+                }))
+            }
             Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms).map(CommandOutcome::CreateSession),
             Some(CommandOp::CloseSession(close)) => match txn.close_session(close.session_id) {
                 Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
@@ -332,16 +341,6 @@ impl NamespaceStateMachine {
                 new_descriptor = Some(descriptor);
                 Ok(CommandOutcome::Txn(empty()))
             }),
-            // A group merging away must home no session: their ephemerals elsewhere would
-            // lose their home (the sessions must close or expire first).
-            Some(CommandOp::FreezeSubtree(freeze)) if freeze.into_group != 0 && !self.sessions.is_empty() => {
-                let homed = self.sessions.len();
-                Err(Failure::Refused(error::error(
-                    warden_proto::v1::warden_error::Code::NotEmpty,
-                    &freeze.prefix,
-                    format!("{homed} sessions are homed in this group: it merges once they have ended"),
-                )))
-            }
             Some(CommandOp::FreezeSubtree(freeze)) => txn.freeze_subtree(self.descriptor.as_ref(), &freeze).map(|state| {
                 new_split = Some(state);
                 CommandOutcome::Txn(empty())

@@ -5,8 +5,7 @@
 //! 1. `MergeGroup` is committed: placement records in T the operation (an id from the group
 //!    ids, so it is above every earlier split or merge) and P.
 //! 2. T freezes its whole subtree, its root included (`FreezeSubtree` with `into_group`):
-//!    writes answer UNAVAILABLE (retried), reads go on, no session is created in T. Refused
-//!    (NOT_EMPTY) while sessions are homed in T: their ephemerals elsewhere name T as home.
+//!    writes answer UNAVAILABLE (retried), reads go on, no session is created in T.
 //! 3. The subtree is copied: pages of T's export are ingested by P (`IngestSubtree`), which
 //!    does not serve the prefix yet (it is excluded from P's descriptor), so no reader or
 //!    writer at P sees them. An ephemeral of a session homed in P is P's own again.
@@ -15,8 +14,12 @@
 //!    only finishes. Answers T's revision, which bounds every token T issued.
 //! 5. P gets its descriptor serving the prefix, its revision raised above T's (DESIGN.md
 //!    rule 5): the ingested subtree is P's own (its root rejoins its parent's children).
-//! 6. `RemoveGroup` is committed: routers send the prefix to P; nodes destroy T's replicas
-//!    once their heartbeats learn T is gone.
+//! 6. `RetireGroup` is committed: routers send the prefix to P. T stays, serving no path, as
+//!    the home of the sessions it homes (their ids name it; every group holding one of their
+//!    ephemerals, P included, asks T whether they live, DESIGN.md rule 7).
+//! 7. Once T homes no session (its retiring descriptor, sent again, is refused NOT_EMPTY
+//!    until then), `RemoveGroup` is committed, now or by the placement leader's periodic
+//!    check; nodes destroy T's replicas once their heartbeats learn T is gone.
 //!
 //! Between 4 and 6 the prefix is answered WRONG_GROUP by T (and by P until 5) and routers
 //! retry. If a step before 4 fails, T is told to abort (`AbortSplit`: the freeze ends), then
@@ -30,9 +33,11 @@ use warden_placement::{Command, GroupInfo, Merging, Outcome};
 use warden_proto::namespace::{AbortSplit, FreezeSubtree, HandSubtree};
 use warden_proto::placement::split_step_request::Step;
 use warden_proto::placement::RemoveGroupResponse;
+use warden_proto::v1::warden_error::Code;
 
-use super::service::{busy, descriptor_proto, internal, placement_status, retiring_descriptor, PlacementService};
+use super::service::{busy, descriptor_proto, internal, placement_status, PlacementService};
 use super::split::is_handed;
+use crate::service::error_of;
 
 /// How a merge that could not finish ended.
 enum Settled {
@@ -111,25 +116,46 @@ impl PlacementService {
         self.complete_merge(group, merging).await
     }
 
-    /// Steps 4–6: the hand-over (idempotent), P's descriptor, the route.
+    /// Steps 4–7: the hand-over (idempotent), P's descriptor, the route, T's removal.
     async fn complete_merge(&self, group: &GroupInfo, merging: Merging) -> Result<RemoveGroupResponse, Status> {
         let state = self.state().await?;
         let mut next = state.clone();
-        next.apply(&Command::RemoveGroup { group_id: group.id }).map_err(placement_status)?;
-        let parent_descriptor = next.descriptor(merging.into).ok_or_else(|| internal(format!("group {} has no descriptor", merging.into)))?;
-        // 4.
+        next.apply(&Command::RetireGroup { group_id: group.id }).map_err(placement_status)?;
+        let descriptor_of = |id: u64| next.descriptor(id).ok_or_else(|| internal(format!("group {id} has no descriptor")));
+        // 4. (T's descriptor once retired: its next version, serving nothing.)
         self.fault_point(4).await?;
-        let hand =
-            Step::Hand(HandSubtree { target_group: merging.operation, descriptor: Some(descriptor_proto(&retiring_descriptor(&state, group.id)?)) });
+        let hand = Step::Hand(HandSubtree { target_group: merging.operation, descriptor: Some(descriptor_proto(&descriptor_of(group.id)?)) });
         let handed_at = self.split_step(&state, group, hand).await?;
         // 5.
         self.fault_point(5).await?;
-        self.set_descriptor_at(&state, &parent_descriptor, handed_at).await?;
+        self.set_descriptor_at(&state, &descriptor_of(merging.into)?, handed_at).await?;
         // 6.
         self.fault_point(6).await?;
-        self.propose(&Command::RemoveGroup { group_id: group.id }).await?;
+        self.propose(&Command::RetireGroup { group_id: group.id }).await?;
         tracing::info!(group = group.id, parent = merging.into, prefix = %group.prefix, "group merged into its parent path's group");
+        // 7.
+        self.remove_retired(group.id).await?;
         Ok(RemoveGroupResponse { group_id: group.id, parent_group_id: merging.into })
+    }
+
+    /// Step 7: removes the retired group `group_id` if it homes no session (its retiring
+    /// descriptor sent again is accepted); answers whether it is gone.
+    pub(super) async fn remove_retired(&self, group_id: u64) -> Result<bool, Status> {
+        let state = self.state().await?;
+        let Some(descriptor) = state.group(group_id).filter(|group| group.retired).and_then(|_| state.descriptor(group_id)) else {
+            return Ok(true);
+        };
+        match self.set_descriptor_at(&state, &descriptor, 0).await {
+            Ok(_) => {}
+            Err(status) if error_of(&status).is_some_and(|e| e.code == Code::NotEmpty as i32) => {
+                tracing::info!(group = group_id, "a merged group is removed once the sessions it homes have ended");
+                return Ok(false);
+            }
+            Err(status) => return Err(status),
+        }
+        self.propose(&Command::RemoveGroup { group_id }).await?;
+        tracing::info!(group = group_id, "merged group removed");
+        Ok(true)
     }
 
     /// Settles a merge that cannot finish now: T aborts it, P discards its pages, placement

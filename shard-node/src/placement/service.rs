@@ -237,6 +237,11 @@ impl PlacementService {
                 tracing::warn!(group = group.id, %error, "a merge left half-way did not finish");
             }
         }
+        for group in state.groups().values().filter(|g| g.retired) {
+            if let Err(error) = self.remove_retired(group.id).await {
+                tracing::debug!(group = group.id, %error, "could not remove a merged group now");
+            }
+        }
         for group in state.groups().values().filter(|g| !g.ready) {
             tracing::info!(group = group.id, prefix = %group.prefix, "resuming a group creation left half-way");
             if group.split_from.is_some() {
@@ -336,6 +341,7 @@ impl PlacementService {
             ready: state.group(group_id).is_some_and(|g| g.ready),
             learners: Vec::new(),
             merging_into: 0,
+            retired: false,
         });
         Ok(Response::new(CreateGroupResponse { group: entry, routing_version: state.routing_version() }))
     }
@@ -492,9 +498,11 @@ pub fn routing_table(state: &Placement) -> RoutingTable {
         .filter_map(|g| {
             state.descriptor(g.id).map(|d| GroupEntry {
                 descriptor: Some(descriptor_proto(&d)),
-                ready: g.ready,
+                // A retired group is not routed: only its id is looked up (its sessions).
+                ready: g.ready && !g.retired,
                 learners: g.learners.clone(),
                 merging_into: g.merging.map_or(0, |m| m.into),
+                retired: g.retired,
             })
         })
         .collect();
@@ -644,7 +652,13 @@ impl PlacementApi for PlacementService {
         let descriptor = state.descriptor(root.id).ok_or_else(|| internal("the root group has no descriptor"))?;
         self.set_descriptor_at(&state, &descriptor, 0).await?;
         Ok(Response::new(BootstrapResponse {
-            root: Some(GroupEntry { descriptor: Some(descriptor_proto(&descriptor)), ready: true, learners: Vec::new(), merging_into: 0 }),
+            root: Some(GroupEntry {
+                descriptor: Some(descriptor_proto(&descriptor)),
+                ready: true,
+                learners: Vec::new(),
+                merging_into: 0,
+                retired: false,
+            }),
         }))
     }
 
