@@ -7,6 +7,11 @@
 //! - `locks/grant`: the FIFO grant rule (`locks::holders`) over 10,000 queued waiters, and the
 //!   whole computation apply runs for every touched lock (`locks::waiters` read through a
 //!   `TxnView`, then `locks::holders`) over a lock with stored waiters.
+//! - `split/state_machines`: the groups' own work of moving a subtree of 1,000 nodes of
+//!   10 KiB (10 MiB) between two state machines, without raft: the source's freeze, every
+//!   1 MiB export page read and ingested by the target, the source's hand-over (deleting
+//!   the subtree) and the target's descriptor. What a split's write pause costs beyond
+//!   replicating the pages (README "Moving a subtree" compares it with the end-to-end pause).
 
 use std::hint::black_box;
 
@@ -15,10 +20,10 @@ use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Crit
 use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
-use warden_proto::namespace::{AcquireLock, Command, CommandResult, LockWaiterRecord};
+use warden_proto::namespace::{AcquireLock, Command, CommandResult, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, LockWaiterRecord};
 use warden_proto::v1::compare::{Op as CompareOp, Target};
 use warden_proto::v1::txn_op::Op;
-use warden_proto::v1::{Compare, CreateRequest, GetRequest, LockMode, SetRequest, TxnOp, TxnRequest};
+use warden_proto::v1::{Compare, CreateRequest, GetRequest, GroupDescriptor, LockMode, SetRequest, TxnOp, TxnRequest};
 use warden_shard_node::namespace::harness::Harness;
 use warden_shard_node::namespace::locks::{self, Waiter};
 use warden_shard_node::namespace::store::TxnView;
@@ -173,5 +178,62 @@ fn lock_grant(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, apply_batch, lock_grant);
+/// Nodes in the moved subtree, and bytes of each one's data.
+const SPLIT_NODES: usize = 1_000;
+const SPLIT_VALUE_BYTES: usize = 10 * 1024;
+
+/// A source group serving `/` with `/team/a` holding [`SPLIT_NODES`] nodes.
+fn split_source() -> Harness {
+    let mut source = Harness::for_group(Limits::default(), 1).expect("source");
+    let descriptor =
+        |version| GroupDescriptor { group_id: 1, prefix: "/".into(), replicas: vec![1], conf_ver: 1, version, ..GroupDescriptor::default() };
+    source.set_descriptor(descriptor(1), 0).expect("descriptor");
+    source.create_simple("/team", b"").expect("parent");
+    source.create_simple("/team/a", b"").expect("root");
+    for chunk in (0..SPLIT_NODES).collect::<Vec<_>>().chunks(64) {
+        let then = chunk
+            .iter()
+            .map(|n| Op::Create(CreateRequest { path: format!("/team/a/n{n:05}"), data: vec![b'.'; SPLIT_VALUE_BYTES], ..CreateRequest::default() }));
+        assert_succeeded(source.apply_batch(&[txn_command(Vec::new(), then.collect())]).expect("fill"));
+    }
+    source
+}
+
+/// Freeze, export and ingest every page, hand-over, target descriptor.
+fn move_subtree(mut source: Harness) -> Harness {
+    let target_id = 7;
+    let freeze = FreezeSubtree { prefix: "/team/a".into(), target_group: target_id, into_group: 0 };
+    source.placement_step(CommandOp::FreezeSubtree(freeze)).expect("freeze");
+    let mut target = Harness::for_group(Limits::default(), target_id).expect("target");
+    let mut after_key = Vec::new();
+    loop {
+        let export = ExportSubtree { prefix: "/team/a".into(), target_group: target_id, after_key: after_key.clone(), bytes_max: 1 << 20 };
+        let page = source.export_page(export).expect("page");
+        let ingest = IngestSubtree { prefix: "/team/a".into(), source_group: 1, records: page.records, operation: target_id };
+        target.placement_step(CommandOp::IngestSubtree(ingest)).expect("ingest");
+        if page.next_after_key.is_empty() {
+            break;
+        }
+        after_key = page.next_after_key;
+    }
+    let served = GroupDescriptor { group_id: 1, prefix: "/".into(), excluded: vec!["/team/a".into()], replicas: vec![1], conf_ver: 1, version: 2 };
+    let handed_at =
+        source.placement_step(CommandOp::HandSubtree(HandSubtree { target_group: target_id, descriptor: Some(served) })).expect("hand over");
+    let own =
+        GroupDescriptor { group_id: target_id, prefix: "/team/a".into(), replicas: vec![1], conf_ver: 1, version: 1, ..GroupDescriptor::default() };
+    target.set_descriptor(own, handed_at).expect("target descriptor");
+    target
+}
+
+fn split(c: &mut Criterion) {
+    let mut group = c.benchmark_group("split");
+    group.sample_size(10);
+    group.throughput(Throughput::Bytes((SPLIT_NODES * SPLIT_VALUE_BYTES) as u64));
+    group.bench_function("state_machines", |b| {
+        b.iter_batched(split_source, |source| assert!(move_subtree(source).get("/team/a/n00000").is_ok()), BatchSize::PerIteration)
+    });
+    group.finish();
+}
+
+criterion_group!(benches, apply_batch, lock_grant, split);
 criterion_main!(benches);

@@ -312,3 +312,35 @@ fn an_aborted_merge_leaves_nothing_in_the_parents_group() {
     assert_eq!(code(ingest_for(&mut parent, "/team/a", MERGE, Vec::new())), Code::InvalidArgument, "a late page of the aborted merge");
     assert_eq!(parent.all_children("/team").expect("children"), vec!["a-sibling".to_string()], "the parent is as it was");
 }
+
+#[test]
+fn what_the_parents_group_would_change_in_an_ingested_subtree_waits_until_it_serves_it() {
+    let mut parent = leading(SOURCE);
+    let team = populate(&mut parent);
+    let (mut merging, _) = split_off(&mut parent);
+    freeze_for_merge(&mut merging, "/team/a", MERGE, SOURCE).expect("freeze");
+    for page in export_all(&merging, "/team/a", MERGE, 1 << 20) {
+        ingest_for(&mut parent, "/team/a", MERGE, page).expect("ingest");
+    }
+    let present = |ns: &Harness, path: &str| warden_shard_node::namespace::store::read_node(&ns.reader(), path).expect("read").is_some();
+
+    // Not served yet: the TTL node's expiry, its sessions' ends (here and at their homes) wait,
+    // so no event of the subtree comes before the revision watchers resume from.
+    let revision = parent.revision().expect("revision");
+    parent.leader_scan(10_000_000).expect("scan: the TTL node and the session are long due");
+    parent.end_remote_sessions(&[team.remote_session]).expect("ended at its home");
+    assert_eq!(code(parent.close_session(team.own_session)), Code::Unavailable, "it owns a node that is moving here");
+    for path in ["/team/a/ttl", "/team/a/own-e", "/team/a/remote-e"] {
+        assert!(present(&parent, path), "{path} changed before the group served it");
+    }
+    assert_eq!(parent.revision().expect("revision"), revision, "nothing in the subtree took a revision");
+
+    let handed_at = hand(&mut merging, MERGE, descriptor(TARGET, "/team/a", &["/team/a"], 2)).expect("hand over");
+    parent.set_descriptor(descriptor(SOURCE, "/", &[], 3), handed_at).expect("serves it");
+    parent.leader_scan(20_000_000).expect("scan once served");
+    parent.end_remote_sessions(&[team.remote_session]).expect("ended at its home");
+    for path in ["/team/a/ttl", "/team/a/own-e", "/team/a/remote-e"] {
+        assert!(parent.exists(path).expect("exists").is_none(), "{path} ends once served");
+    }
+    assert!(parent.revision().expect("revision") > handed_at + 1, "its ends took revisions above the hand-over's");
+}

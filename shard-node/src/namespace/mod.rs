@@ -622,8 +622,9 @@ impl StateMachine for NamespaceStateMachine {
     fn leader_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
         let now_ms = clock.wall_ms;
         let mut due = Vec::new();
-        // Nothing in a frozen subtree changes until it has moved (its new group ends these).
-        let frozen = |path: &str| split::frozen(&self.split).is_some_and(|prefix| warden_placement::is_at_or_below(path, prefix));
+        // Nothing in a moving subtree changes until it has moved (the group serving it then
+        // ends these).
+        let frozen = |path: &str| split::is_held(&self.split, path);
         for (path, _) in
             self.blocked_locks.iter().filter(|(path, until)| **until <= now_ms && !frozen(path)).take(self.limits.ttl_expiries_per_scan_max)
         {

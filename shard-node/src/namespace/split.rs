@@ -47,20 +47,49 @@ fn destination(state: &SplitState) -> u64 {
     }
 }
 
-fn moving(prefix: &str, state: &SplitState) -> WardenError {
-    error(Code::Unavailable, prefix, format!("{prefix} is moving to group {}: retry", destination(state)))
+/// The subtrees nothing may change in now, each with the group it is moving to (0: here):
+/// the one frozen here (moving out), and the one whose pages this group is ingesting (moving
+/// in, not served yet: what the leader would do on its own clock there — TTL and lock-delay
+/// ends, ends of sessions owning nodes there — waits until it is served, so its events come
+/// after the revision watchers resume from). The hand-over, or the descriptor serving it,
+/// or the abort ends each.
+fn held(state: &SplitState) -> impl Iterator<Item = (&str, u64)> {
+    let outgoing = frozen(state).map(|prefix| (prefix, destination(state)));
+    let incoming = (state.incoming_operation != 0).then_some((state.incoming_prefix.as_str(), 0));
+    outgoing.into_iter().chain(incoming)
 }
 
-/// Refuses (UNAVAILABLE, retried by routers and clients) a command that would change the
-/// frozen subtree. Session and remote-session ends are not refused here: the ones touching
-/// the subtree are deferred instead ([`deferred`]).
+/// Whether `path` is in a subtree nothing may change in now (see [`held`]).
+pub fn is_held(state: &SplitState, path: &str) -> bool {
+    held(state).any(|(prefix, _)| is_at_or_below(path, prefix))
+}
+
+fn moving(path: &str, prefix: &str, to: u64) -> WardenError {
+    let whither = if to == 0 { "here".to_string() } else { format!("to group {to}") };
+    error(Code::Unavailable, path, format!("{prefix} is moving {whither}: retry"))
+}
+
+/// Refuses (UNAVAILABLE, retried by routers and clients) a command that would change a
+/// subtree that is moving ([`held`]). Session and remote-session ends are not refused here:
+/// the ones touching it are deferred instead ([`deferred`]).
 pub fn check_frozen(state: &SplitState, view: &TxnView<'_>, op: Option<&CommandOp>) -> Result<(), Failure> {
+    for (prefix, to) in held(state) {
+        check_held(prefix, to, view, op)?;
+    }
+    // A group merging away gets no new session.
+    match op {
+        Some(CommandOp::CreateSession(_)) if state.frozen_into != 0 => Err(moving("", &state.frozen_prefix, destination(state)).into()),
+        _ => Ok(()),
+    }
+}
+
+/// [`check_frozen`] for the one subtree at `prefix`, moving to group `to`.
+fn check_held(prefix: &str, to: u64, view: &TxnView<'_>, op: Option<&CommandOp>) -> Result<(), Failure> {
     use warden_proto::v1::txn_op::Op;
-    let Some(prefix) = frozen(state) else { return Ok(()) };
     let inside = |path: &str| is_at_or_below(path, prefix);
     let refuse = |path: &str| -> Result<(), Failure> {
         if inside(path) {
-            Err(moving(path, state).into())
+            Err(moving(path, prefix, to).into())
         } else {
             Ok(())
         }
@@ -73,7 +102,7 @@ pub fn check_frozen(state: &SplitState, view: &TxnView<'_>, op: Option<&CommandO
                     Some(Op::Set(set)) => refuse(&set.path)?,
                     // A recursive delete above the subtree would delete into it.
                     Some(Op::Delete(delete)) if inside(&delete.path) || is_strictly_below(prefix, &delete.path) => {
-                        return Err(moving(&delete.path, state).into())
+                        return Err(moving(&delete.path, prefix, to).into())
                     }
                     Some(Op::Delete(_) | Op::Get(_)) | None => {}
                 }
@@ -83,22 +112,26 @@ pub fn check_frozen(state: &SplitState, view: &TxnView<'_>, op: Option<&CommandO
         Some(CommandOp::ReleaseLock(release)) => refuse(release.sequencer.as_ref().map_or("", |s| s.path.as_str()))?,
         Some(CommandOp::ExpireTtl(expire)) => refuse(&expire.path)?,
         Some(CommandOp::LockDelayEnded(ended)) => refuse(&ended.path)?,
-        Some(CommandOp::CloseSession(close)) if view.has_ephemeral_at_or_below(close.session_id, prefix)? => return Err(moving(prefix, state).into()),
-        // A group merging away homes no session (checked at the freeze), and gets none.
-        Some(CommandOp::CreateSession(_)) if state.frozen_into != 0 => return Err(moving(prefix, state).into()),
+        Some(CommandOp::CloseSession(close)) if view.has_ephemeral_at_or_below(close.session_id, prefix)? => {
+            return Err(moving(prefix, prefix, to).into())
+        }
         _ => {}
     }
     Ok(())
 }
 
-/// The sessions of `ids` whose end may apply now: those owning an ephemeral node in the
-/// frozen subtree wait (the leader proposes their end again later), so the subtree stays as
-/// exported. A session's end is only ever delayed by this, never lost.
+/// The sessions of `ids` whose end may apply now: those owning an ephemeral node in a
+/// moving subtree ([`held`]) wait (the leader proposes their end again later), so the
+/// subtree stays as exported and its events come once it is served. A session's end is
+/// only ever delayed by this, never lost.
 pub fn deferred(state: &SplitState, view: &TxnView<'_>, ids: &[u64]) -> Result<Vec<u64>, StorageError> {
-    let Some(prefix) = frozen(state) else { return Ok(ids.to_vec()) };
     let mut now = Vec::with_capacity(ids.len());
     for id in ids {
-        if !view.has_ephemeral_at_or_below(*id, prefix)? {
+        let mut owns_moving = false;
+        for (prefix, _) in held(state) {
+            owns_moving |= view.has_ephemeral_at_or_below(*id, prefix)?;
+        }
+        if !owns_moving {
             now.push(*id);
         }
     }
