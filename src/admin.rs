@@ -6,6 +6,8 @@ use tonic::transport::Channel;
 use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::*;
+use warden_proto::tls::authority::Authority;
+use warden_proto::tls::Identity;
 
 use warden_proto::v1::warden_error::Code;
 
@@ -85,6 +87,24 @@ pub enum AdminCommand {
         #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
         seeds: Vec<String>,
     },
+    /// Make a CA (in DIR, kept: `ca.pem`, `ca.key`) if DIR has none, and certificates signed
+    /// by it for nodes, routers and clients (`ROLE-NAME.pem` and `.key` in DIR), each naming
+    /// its holder (`warden://node/ID`, …). For a small deployment; give each machine its own
+    /// files and the CA's certificate, and keep `ca.key` off the machines.
+    Certs {
+        /// Directory of the CA and the certificates.
+        #[arg(long)]
+        dir: std::path::PathBuf,
+        /// Node ids to issue certificates for.
+        #[arg(long, value_delimiter = ',')]
+        nodes: Vec<u64>,
+        /// Router names to issue certificates for.
+        #[arg(long, value_delimiter = ',')]
+        routers: Vec<String>,
+        /// Client (principal) names to issue certificates for.
+        #[arg(long, value_delimiter = ',')]
+        clients: Vec<String>,
+    },
     /// Give the existing subtree at PREFIX, with its data, locks and ephemerals, to a new
     /// shard group while clients use it: writes to the subtree pause while it moves
     /// (routers retry them); nothing else pauses. Safe to run again if it was interrupted.
@@ -134,7 +154,7 @@ fn parse_node(text: &str) -> Result<(u64, String), String> {
 }
 
 fn client(addr: &str) -> anyhow::Result<PlacementClient<Channel>> {
-    Ok(PlacementClient::new(Channel::from_shared(format!("http://{addr}"))?.connect_timeout(Duration::from_secs(1)).connect_lazy()))
+    Ok(PlacementClient::new(crate::tls_args::node_channel(addr)?))
 }
 
 /// Calls `call` on each of `addrs` in turn until one succeeds (the placement leader), for
@@ -184,7 +204,8 @@ fn retryable(status: &tonic::Status) -> bool {
 }
 
 /// Runs an admin command (the listings print JSON lines with `--json`).
-pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
+pub async fn run(command: AdminCommand, out: Output, tls: &crate::tls_args::TlsArgs) -> anyhow::Result<()> {
+    crate::tls_args::use_for_commands(tls)?;
     let merge = matches!(command, AdminCommand::Merge { .. });
     match command {
         AdminCommand::Bootstrap { nodes, placement } => {
@@ -223,6 +244,19 @@ pub async fn run(command: AdminCommand, out: Output) -> anyhow::Result<()> {
             .await?;
             let how = if merge { " with its data" } else { "" };
             println!("group {} removed; {prefix} is served by group {}{how} now", answer.group_id, answer.parent_group_id);
+        }
+        AdminCommand::Certs { dir, nodes, routers, clients } => {
+            let authority = Authority::load_or_create(&dir, "warden cluster CA")?;
+            let identities = nodes
+                .iter()
+                .map(|id| Identity::node(*id))
+                .chain(routers.iter().map(|name| Identity::router(name)))
+                .chain(clients.iter().map(|name| Identity::client(name)));
+            println!("CA: {}", dir.join("ca.pem").display());
+            for identity in identities {
+                let files = authority.issue_files(&dir, &identity)?;
+                println!("{identity}: --ca {} --cert {} --key {}", files.ca.display(), files.cert.display(), files.key.display());
+            }
         }
         AdminCommand::Split { prefix, seeds } => {
             let answer = at_any(&seeds, |mut c| {

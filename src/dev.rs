@@ -10,6 +10,8 @@ use tonic::transport::Channel;
 use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::CreateGroupRequest;
+use warden_proto::tls::authority::Authority;
+use warden_proto::tls::{Expected, Identity, Tls, TlsFiles};
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::{EngineError, FatalPolicy};
@@ -33,6 +35,30 @@ pub struct DevArgs {
     /// unary gRPC call per request).
     #[arg(long, default_value_t = 1)]
     batch_streams: usize,
+    /// TLS on every link: a throwaway CA and certificates for the nodes, the router and a
+    /// client `root` under `<data-dir>/tls` (kept across restarts), and client ports on the
+    /// nodes (node i on base + 100 + i - 1). Prints the CLI's flags.
+    #[arg(long)]
+    secure: bool,
+}
+
+/// The certificates of a secure `warden dev`.
+struct DevTls {
+    dir: PathBuf,
+    /// The router's; also what `warden dev` itself uses to reach the nodes.
+    router: Arc<Tls>,
+    /// The client `root`'s files, for the CLI.
+    client: TlsFiles,
+}
+
+impl DevTls {
+    fn make(data_dir: &std::path::Path) -> anyhow::Result<DevTls> {
+        let dir = data_dir.join("tls");
+        let authority = Authority::load_or_create(&dir, "warden dev CA")?;
+        let router = Tls::load(authority.issue_files(&dir, &Identity::router("dev"))?)?;
+        let client = authority.issue_files(&dir, &Identity::client("root"))?;
+        Ok(DevTls { dir, router, client })
+    }
 }
 
 const NODES: u64 = 5;
@@ -47,14 +73,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&args.data_dir)?;
     }
     std::fs::create_dir_all(&args.data_dir)?;
+    let tls = args.secure.then(|| DevTls::make(&args.data_dir)).transpose()?;
+    let client_base_port = match args.secure {
+        true => Some(args.base_port.checked_add(100).ok_or_else(|| anyhow::anyhow!("--base-port too high for client ports"))?),
+        false => None,
+    };
     let config = ClusterConfig {
         nodes: NODES,
         tick_ms: 100,
         base_port: Some(args.base_port),
         serve_api: true,
         fatal: FatalPolicy::Abort,
+        tls_dir: tls.as_ref().map(|tls| tls.dir.clone()),
+        client_base_port,
         ..ClusterConfig::default()
     };
+    let own_tls = tls.as_ref().map(|tls| tls.router.clone());
     let cluster = Arc::new(Cluster::start_at(config, Arc::new(ShardNodeFactory::default()), &args.data_dir)?);
     let first = cluster.handle(1).ok_or_else(|| anyhow::anyhow!("node 1 did not start"))?;
     match first.status(PLACEMENT_GROUP_ID).await {
@@ -67,10 +101,10 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             // The parent of two example groups, in the root group, so it lists them.
             let leader = cluster.wait_leader(root.group_id, Duration::from_secs(30)).await?;
             let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
-            let mut api = warden_proto::v1::warden_client::WardenClient::new(Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+            let mut api = warden_proto::v1::warden_client::WardenClient::new(node_channel(addr, own_tls.as_ref()).await?);
             api.create(warden_proto::v1::CreateRequest { path: "/teams".into(), ..Default::default() }).await?;
             for prefix in EXAMPLE_PREFIXES {
-                create_group(&cluster, prefix).await?;
+                create_group(&cluster, prefix, own_tls.as_ref()).await?;
             }
         }
         Err(error) => return Err(error.into()),
@@ -79,20 +113,30 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
     let router = tokio::spawn(warden_router::serve(
         listener,
-        warden_router::RouterConfig { batch_streams: args.batch_streams, ..warden_router::RouterConfig::new(seeds) },
+        warden_router::RouterConfig { batch_streams: args.batch_streams, tls: own_tls.clone(), ..warden_router::RouterConfig::new(seeds) },
     ));
     for id in cluster.node_ids() {
-        println!("node {id}: 127.0.0.1:{}", u64::from(args.base_port) + id - 1);
+        let clients = cluster.client_addr(id).map(|addr| format!(", clients: {addr}")).unwrap_or_default();
+        println!("node {id}: 127.0.0.1:{}{clients}", u64::from(args.base_port) + id - 1);
     }
     let router_addr = args.router;
     println!("placement group on nodes 1-3; shard groups for / and {}", EXAMPLE_PREFIXES.join(", "));
     println!("router (the whole warden.v1.Warden API, forwarded by path): {router_addr}. Try:");
     // The CLI's default endpoint is the default router address.
-    let endpoints = if router_addr.to_string() == "127.0.0.1:7100" { String::new() } else { format!(" --endpoints {router_addr}") };
+    let mut endpoints = if router_addr.to_string() == "127.0.0.1:7100" { String::new() } else { format!(" --endpoints {router_addr}") };
+    if let Some(tls) = &tls {
+        let files = &tls.client;
+        println!("  (TLS on: the CLI needs the client root's certificate; or export WARDEN_CA, WARDEN_CERT, WARDEN_KEY)");
+        endpoints.push_str(&format!(" --ca {} --cert {} --key {}", files.ca.display(), files.cert.display(), files.key.display()));
+    }
     println!("  warden{endpoints} create /teams/payments/hello world");
     println!("  warden{endpoints} ls -l /teams");
     println!("  warden{endpoints} lock /teams/payments/lock -- sh -c 'echo holding with token $WARDEN_FENCING_TOKEN; sleep 5'");
-    let nodes = if args.base_port == 7101 { String::new() } else { format!(" --nodes 127.0.0.1:{}", args.base_port) };
+    let nodes = match (client_base_port, args.base_port) {
+        (Some(client_port), _) => format!(" --nodes 127.0.0.1:{client_port}{endpoints}"),
+        (None, 7101) => String::new(),
+        (None, base_port) => format!(" --nodes 127.0.0.1:{base_port}"),
+    };
     println!("cluster status: warden status{nodes}");
     println!("data in {}; Ctrl-C stops", args.data_dir.display());
     tokio::signal::ctrl_c().await?;
@@ -102,11 +146,17 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// A channel to the node at `addr` (its peer port), with `tls` when it is on.
+async fn node_channel(addr: std::net::SocketAddr, tls: Option<&Arc<Tls>>) -> anyhow::Result<Channel> {
+    let endpoint = Channel::from_shared(format!("http://{addr}"))?;
+    Ok(warden_proto::tls::connect_channel(endpoint, tls, Expected::AnyNode).await?)
+}
+
 /// Has the placement leader create a shard group for `prefix`.
-async fn create_group(cluster: &Cluster, prefix: &str) -> anyhow::Result<()> {
+async fn create_group(cluster: &Cluster, prefix: &str, tls: Option<&Arc<Tls>>) -> anyhow::Result<()> {
     let leader = cluster.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
     let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
-    let mut client = PlacementClient::new(Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+    let mut client = PlacementClient::new(node_channel(addr, tls).await?);
     client.create_group(CreateGroupRequest { prefix: prefix.into() }).await?;
     Ok(())
 }

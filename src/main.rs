@@ -8,6 +8,7 @@ mod bench;
 mod cli;
 mod dev;
 mod node;
+mod tls_args;
 
 use clap::{Parser, Subcommand};
 
@@ -64,11 +65,12 @@ struct RouterArgs {
     batch_streams: usize,
 }
 
-async fn run_router(args: RouterArgs) -> anyhow::Result<()> {
+async fn run_router(args: RouterArgs, tls: &tls_args::TlsArgs) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(args.listen).await?;
     let config = warden_router::RouterConfig {
         request_timeout: std::time::Duration::from_millis(args.request_timeout_ms),
         batch_streams: args.batch_streams,
+        tls: tls.load()?,
         ..warden_router::RouterConfig::new(args.seeds)
     };
     println!("router listening on {}", args.listen);
@@ -129,9 +131,9 @@ fn main() {
         runtime.block_on(async {
             match cli.command {
                 Command::Dev(args) => dev::run(args).await,
-                Command::Router(args) => run_router(args).await,
-                Command::Node(args) => node::run(args).await,
-                Command::Admin(command) => admin::run(command, out).await,
+                Command::Router(args) => run_router(args, &cli.global.tls).await,
+                Command::Node(args) => node::run(args, &cli.global.tls).await,
+                Command::Admin(command) => admin::run(command, out, &cli.global.tls).await,
                 Command::Bench(command) => bench::run(command).await,
                 Command::Cli(command) => cli::run(command, cli.global).await,
             }

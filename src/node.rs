@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use warden_placement::{AutoSplit, PlacementConfig};
 use warden_shard_node::config::HIBERNATE_AFTER_TICKS_DEFAULT;
+use warden_shard_node::host::Listeners;
 use warden_shard_node::node_services::ApiServices;
 use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::transport::{NetFaults, PeerDirectory};
@@ -17,7 +18,7 @@ use warden_shard_node::{FatalPolicy, Node, NodeConfig};
 /// Flags of `warden node`.
 #[derive(clap::Args, serde::Deserialize)]
 pub struct NodeArgs {
-    /// A JSON file with these settings (`id`, `listen`, `data_dir`, `peers`, `zone`,
+    /// A JSON file with these settings (`id`, `listen`, `client_listen`, `data_dir`, `peers`, `zone`,
     /// `hibernate_after_ticks`, `down_after_ms`); flags given as well are ignored.
     #[arg(long)]
     #[serde(skip)]
@@ -26,9 +27,16 @@ pub struct NodeArgs {
     #[arg(long, default_value_t = 0)]
     #[serde(default)]
     id: u64,
-    /// Where to listen (raft transport, public API, placement API).
+    /// Where to listen: the peer port (raft transport, placement's internal calls, session
+    /// checks, the public API forwarded by routers). With TLS, only nodes and routers may
+    /// connect.
     #[arg(long, default_value = "127.0.0.1:7101")]
     listen: std::net::SocketAddr,
+    /// Where to listen for clients and the CLI (the public API and placement's
+    /// administration; none of the internal calls). None: no client port.
+    #[arg(long)]
+    #[serde(default)]
+    client_listen: Option<std::net::SocketAddr>,
     /// Data directory (created if missing).
     #[arg(long, default_value = "warden-node")]
     data_dir: PathBuf,
@@ -79,8 +87,8 @@ fn parse_peer(text: &str) -> Result<(u64, std::net::SocketAddr), String> {
     Ok((id, addr))
 }
 
-/// Runs the node until Ctrl-C or SIGTERM.
-pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
+/// Runs the node until Ctrl-C or SIGTERM, with TLS when `tls` sets it up.
+pub async fn run(args: NodeArgs, tls: &crate::tls_args::TlsArgs) -> anyhow::Result<()> {
     let args = match &args.config {
         Some(path) => serde_json::from_slice::<NodeArgs>(&std::fs::read(path)?).map_err(|e| anyhow::anyhow!("{}: {e}", path.display()))?,
         None => args,
@@ -98,7 +106,13 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     config.hibernate_after_ticks = args.hibernate_after_ticks;
     // A node that cannot go on ends the process, for its supervisor to restart.
     config.fatal = FatalPolicy::Abort;
-    let listener = std::net::TcpListener::bind(args.listen)?;
+    config.tls = tls.load()?;
+    if let Some(tls) = &config.tls {
+        let identity = tls.identity();
+        anyhow::ensure!(identity.node_id() == Some(args.id), "the certificate names {identity}, not node {}", args.id);
+    }
+    let listeners =
+        Listeners { peer: std::net::TcpListener::bind(args.listen)?, client: args.client_listen.map(std::net::TcpListener::bind).transpose()? };
     // Peers reach this node at its advertised address (its `--peers` entry).
     // One factory for the state machines and the services: the placement API follows the
     // routing version the placement replica publishes through it.
@@ -106,9 +120,11 @@ pub async fn run(args: NodeArgs) -> anyhow::Result<()> {
     let placement = PlacementConfig { down_after_ms: args.down_after_ms, auto_split, ..PlacementConfig::default() };
     let factory = Arc::new(ShardNodeFactory { placement, ..ShardNodeFactory::default() });
     let services = ApiServices::new(factory.clone());
-    let node = Node::start(config, listener, directory.clone(), Arc::new(NetFaults::new()), factory, Some(&services))?;
+    let secure = if config.tls.is_some() { "TLS" } else { "plaintext" };
+    let node = Node::start(config, listeners, directory.clone(), Arc::new(NetFaults::new()), factory, Some(&services))?;
     directory.insert(args.id, peers[&args.id]);
-    println!("node {} listening on {} (data in {})", args.id, args.listen, args.data_dir.display());
+    let clients = args.client_listen.map(|addr| format!(", clients on {addr}")).unwrap_or_default();
+    println!("node {} listening on {}{clients} ({secure}; data in {})", args.id, args.listen, args.data_dir.display());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         stop = tokio::signal::ctrl_c() => stop?,

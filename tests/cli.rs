@@ -86,11 +86,13 @@ fn wait_within(child: &mut Child, deadline: Duration) -> Output {
     Output { status, stdout, stderr }
 }
 
-/// Ports `base..base + 5` all free now (the dev cluster's nodes).
-fn free_port_range(count: u16) -> u16 {
+/// Ports `base..base + count` (the dev cluster's nodes) and, with `client_ports`, `base + 100
+/// ..` as many (their client ports under `--secure`) all free now.
+fn free_port_range(count: u16, client_ports: bool) -> u16 {
     for attempt in 0..200u32 {
         let base = 20_000 + u16::try_from((std::process::id() * 7919 + attempt * 104_729) % 40_000).unwrap_or(0);
-        let free = (base..base + count).all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
+        let mut ports = (base..base + count).chain((base + 100..base + 100 + count).filter(|_| client_ports));
+        let free = ports.all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
         if free {
             return base;
         }
@@ -108,17 +110,28 @@ struct Cluster {
     router: String,
     nodes: String,
     dir: tempfile::TempDir,
+    /// `WARDEN_CA`, `WARDEN_CERT`, `WARDEN_KEY` of the client `root` (`--secure`).
+    tls_env: Vec<(&'static str, PathBuf)>,
 }
 
 impl Cluster {
     fn start() -> Cluster {
+        Cluster::start_with(false)
+    }
+
+    /// `warden dev`, with `--secure` if `secure` (then the CLI runs as the client `root`, and
+    /// `nodes` are the nodes' client ports).
+    fn start_with(secure: bool) -> Cluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let base = free_port_range(5);
+        let base = free_port_range(5, secure);
         let router = format!("127.0.0.1:{}", free_port());
         let log = std::fs::File::create(dir.path().join("dev.log")).expect("log");
         let data = dir.path().join("data");
         let mut command = Command::new(BIN);
         command.args(["dev", "--fresh", "--data-dir", data.to_str().expect("utf8"), "--base-port", &base.to_string(), "--router", &router]);
+        if secure {
+            command.arg("--secure");
+        }
         // Logging at its defaults (item 20 reads this log).
         command.stdout(log.try_clone().expect("log")).stderr(log).env_remove("RUST_LOG");
         // SAFETY: prctl in the forked child before exec: dies with this test process even if
@@ -130,8 +143,16 @@ impl Cluster {
             });
         }
         let dev = Process(command.spawn().expect("spawn warden dev"));
-        let nodes = (0..3).map(|i| format!("127.0.0.1:{}", base + i)).collect::<Vec<_>>().join(",");
-        let cluster = Cluster { dev, router, nodes, dir };
+        let first_node = if secure { base + 100 } else { base };
+        let nodes = (0..3).map(|i| format!("127.0.0.1:{}", first_node + i)).collect::<Vec<_>>().join(",");
+        let tls = data.join("tls");
+        let tls_env = match secure {
+            true => {
+                vec![("WARDEN_CA", tls.join("ca.pem")), ("WARDEN_CERT", tls.join("client-root.pem")), ("WARDEN_KEY", tls.join("client-root.key"))]
+            }
+            false => Vec::new(),
+        };
+        let cluster = Cluster { dev, router, nodes, dir, tls_env };
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let out = cluster.run(&["ls", "/teams"], None);
@@ -151,6 +172,7 @@ impl Cluster {
     fn command(&self, args: &[&str]) -> Command {
         let mut command = Command::new(BIN);
         command.args(args).env("WARDEN_ENDPOINTS", &self.router).env("RUST_LOG", "warn").current_dir(self.dir.path());
+        command.envs(self.tls_env.iter().map(|(name, path)| (*name, path)));
         command
     }
 
@@ -522,4 +544,35 @@ fn the_command_line_against_a_dev_cluster() {
         eprintln!("warden dev: exited {exited:?}; the end of its log:\n{}", tail.into_iter().rev().collect::<Vec<_>>().join("\n"));
     }
     assert!(failed.is_empty(), "failed steps: {failed:?}");
+}
+
+/// `warden dev --secure`: TLS everywhere with a throwaway CA; the CLI works with the client
+/// certificate it made (from `WARDEN_*` variables or flags) and with one `warden admin
+/// certs` issues from the same CA, and fails without one.
+#[test]
+fn a_secure_dev_cluster_and_its_command_line() {
+    let c = Cluster::start_with(true);
+    c.ok(&["create", "/teams/payments/secure", "hello"]);
+    assert_eq!(c.ok(&["get", "/teams/payments/secure"]), "hello");
+
+    // Without a certificate: refused (the router speaks TLS only).
+    let mut plain = c.command(&["get", "/teams/payments/secure"]);
+    plain.env_remove("WARDEN_CA").env_remove("WARDEN_CERT").env_remove("WARDEN_KEY");
+    let out = wait_within(&mut plain.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn"), COMMAND_DEADLINE);
+    assert!(!out.status.success(), "a plaintext client is refused: {}", text(&out.stdout));
+
+    // A certificate `warden admin certs` issues from the dev CA, given as flags.
+    let tls = c.tls_env[0].1.parent().expect("tls dir").to_str().expect("utf8").to_string();
+    let issued = c.ok(&["admin", "certs", "--dir", &tls, "--clients", "bob"]);
+    assert!(issued.contains("warden://client/bob"), "{issued}");
+    let (ca, cert, key) = (format!("{tls}/ca.pem"), format!("{tls}/client-bob.pem"), format!("{tls}/client-bob.key"));
+    let mut as_bob = c.command(&["--ca", &ca, "--cert", &cert, "--key", &key, "get", "/teams/payments/secure"]);
+    as_bob.env_remove("WARDEN_CA").env_remove("WARDEN_CERT").env_remove("WARDEN_KEY");
+    let out = wait_within(&mut as_bob.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn"), COMMAND_DEADLINE);
+    assert!(out.status.success(), "bob reads: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hello");
+
+    // Administration on the nodes' client ports.
+    let status = c.json(&["status", "--nodes", &c.nodes]);
+    assert!(status["groups"].as_array().is_some_and(|groups| groups.len() >= 4), "{status}");
 }

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
+use warden_proto::tls::{connect_channel, lazy_channel, Expected};
 use warden_proto::v1 as pb;
 use warden_proto::v1::warden_client::WardenClient;
 
@@ -86,7 +87,11 @@ impl Client {
             return Err(Error::InvalidArgument { message: "a client needs at least one endpoint".into() });
         }
         let endpoints = config.endpoints.iter().map(|address| endpoint(address, &config)).collect::<Result<Vec<_>>>()?;
-        let connecting = endpoints.iter().map(|endpoint| tokio::time::timeout(config.connect_timeout, endpoint.connect()));
+        let tls = config.tls.as_ref();
+        // A router, or a node's client port.
+        let expected = Expected::NodeOrRouter;
+        let connecting =
+            endpoints.iter().map(|endpoint| tokio::time::timeout(config.connect_timeout, connect_channel(endpoint.clone(), tls, expected)));
         let connected = futures::future::join_all(connecting).await;
         let mut first_reachable = None;
         let mut failures = Vec::new();
@@ -99,11 +104,11 @@ impl Client {
                 }
                 Ok(Err(error)) => {
                     failures.push(format!("{}: {error}", config.endpoints[index]));
-                    channels.push(endpoint.connect_lazy());
+                    channels.push(lazy_channel(endpoint.clone(), tls, expected));
                 }
                 Err(_) => {
                     failures.push(format!("{}: no connection within {:?}", config.endpoints[index], config.connect_timeout));
-                    channels.push(endpoint.connect_lazy());
+                    channels.push(lazy_channel(endpoint.clone(), tls, expected));
                 }
             }
         }

@@ -1,6 +1,9 @@
 //! How a [`Client`](crate::Client) and a [`Session`](crate::Session) are set up.
 
+use std::sync::Arc;
 use std::time::Duration;
+
+use warden_proto::tls::Tls;
 
 /// Deadline of one call, retries included, unless configured otherwise.
 pub const DEFAULT_REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
@@ -10,7 +13,7 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 pub const DEFAULT_GRACE_PERIOD: Duration = Duration::from_secs(45);
 
 /// Where a client connects and how long its calls may take.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug)]
 pub struct ClientConfig {
     /// Router addresses (`host:port`, or a full `http://` URI); every router serves the whole
     /// `warden.v1.Warden` API. Calls start at the first and move to the next when one is
@@ -21,6 +24,9 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Time allowed to open a TCP connection to one router.
     pub connect_timeout: Duration,
+    /// TLS to the routers (issue 17): the CA they must prove themselves by, and the
+    /// certificate naming this client (`warden://client/NAME`). `None`: plaintext.
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl ClientConfig {
@@ -30,6 +36,7 @@ impl ClientConfig {
             endpoints: endpoints.into_iter().map(Into::into).collect(),
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            tls: None,
         }
     }
 }

@@ -55,4 +55,6 @@ pub use lock::{LockGuard, LockInfo, LockMode, LockOptions, LockWaiter, Sequencer
 pub use node::{Consistency, CreateMode, CreateOptions, Created, DeleteOptions, Node, NodeKind, Stat};
 pub use session::{Session, SessionId, SessionInfo, SessionLease, SessionState};
 pub use txn::{Compare, CompareOp, CompareTarget, Txn, TxnOp, TxnOpResult, TxnResult};
+/// TLS to the routers ([`ClientConfig::tls`]).
+pub use warden_proto::tls::{Tls, TlsFiles};
 pub use watch::{EventKind, EventKinds, WatchEvent, WatchOptions, Watcher};

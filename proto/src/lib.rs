@@ -1,4 +1,5 @@
-//! Every `.proto` of Warden and the tonic/prost code generated from it.
+//! Every `.proto` of Warden and the tonic/prost code generated from it, and the TLS both
+//! ends of every link use ([`tls`]).
 //!
 //! Architecture invariant: only this crate runs code generation. Other crates use these
 //! types at their edges and convert to their own domain types.
@@ -32,6 +33,8 @@ pub mod placement {
 pub mod batch {
     tonic::include_proto!("warden.batch");
 }
+
+pub mod tls;
 
 /// Sessions one keepalive request renews at most (a router splits a request by home group,
 /// and each part is within this too).

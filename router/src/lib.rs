@@ -24,6 +24,8 @@ pub mod watch;
 use std::sync::Arc;
 use std::time::Duration;
 
+use warden_proto::tls::{Admit, Tls};
+
 pub use service::RouterService;
 pub use upstream::Upstreams;
 
@@ -43,6 +45,10 @@ pub struct RouterConfig {
     /// Batch streams per node that carry the forwarded unary calls (0: each call its own
     /// unary gRPC call).
     pub batch_streams: usize,
+    /// TLS (issue 17): clients connect with TLS (a client certificate of the CA is
+    /// verified when presented), and the router reaches nodes' peer ports with its router
+    /// certificate (`None`: plaintext).
+    pub tls: Option<Arc<Tls>>,
 }
 
 impl RouterConfig {
@@ -55,6 +61,7 @@ impl RouterConfig {
             table_refresh_interval: Duration::from_secs(1),
             watch_placement: true,
             batch_streams: 1,
+            tls: None,
         }
     }
 }
@@ -62,7 +69,7 @@ impl RouterConfig {
 /// Serves the router on `listener` until the future is dropped, refreshing the routing
 /// table in the background.
 pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> Result<(), tonic::transport::Error> {
-    let upstreams = Arc::new(Upstreams::batched(config.seeds, config.batch_streams));
+    let upstreams = Arc::new(Upstreams::batched(config.seeds, config.batch_streams, config.tls.clone()));
     let refresher = {
         let upstreams = upstreams.clone();
         tokio::spawn(async move {
@@ -84,7 +91,7 @@ pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> R
             }
         })
     };
-    let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
+    let incoming = warden_proto::tls::incoming(listener, config.tls.clone(), Admit::Clients);
     // Reflection lets grpcurl and similar tools call the router without the .proto files.
     let reflection =
         tonic_reflection::server::Builder::configure().register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET).build_v1().ok();

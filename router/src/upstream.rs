@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 use tonic::{Response, Status};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{GetRoutingTableRequest, WatchRoutingTableRequest};
+use warden_proto::tls::{Expected, Tls};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::Routing;
@@ -97,6 +98,9 @@ pub struct Upstreams {
     /// Batch streams per node for forwarded unary calls (0: every call unary).
     batch_streams: usize,
     leaders: moka::sync::Cache<u64, u64>,
+    /// This process's TLS (a router's or a node's) for its connections to nodes (`None`:
+    /// plaintext).
+    tls: Option<Arc<Tls>>,
 }
 
 pub use warden_proto::error_of;
@@ -105,14 +109,15 @@ use warden_proto::{never_sent, RESPONSE_BYTES_MAX};
 impl Upstreams {
     /// A view that learns the cluster from `seeds` (node addresses, `host:port`); calls go
     /// unary.
-    pub fn new(seeds: Vec<String>) -> Upstreams {
-        Upstreams::batched(seeds, 0)
+    pub fn new(seeds: Vec<String>, tls: Option<Arc<Tls>>) -> Upstreams {
+        Upstreams::batched(seeds, 0, tls)
     }
 
     /// As [`new`](Upstreams::new), with `batch_streams` streams per node carrying the unary
     /// calls of [`Upstream::forward`] (0: none, every call unary).
-    pub fn batched(seeds: Vec<String>, batch_streams: usize) -> Upstreams {
+    pub fn batched(seeds: Vec<String>, batch_streams: usize, tls: Option<Arc<Tls>>) -> Upstreams {
         Upstreams {
+            tls,
             seeds,
             table: RwLock::new(Arc::new(Table::default())),
             refreshing: tokio::sync::Mutex::new(()),
@@ -138,15 +143,15 @@ impl Upstreams {
         if let Some(upstream) = channels.get(addr) {
             return Ok(upstream.clone());
         }
-        let channel = Channel::from_shared(format!("http://{addr}"))
+        let endpoint = Channel::from_shared(format!("http://{addr}"))
             .map_err(|e| Status::invalid_argument(format!("address {addr}: {e}")))?
             .connect_timeout(Duration::from_secs(1))
             .tcp_nodelay(true)
             // A node that vanished without closing the connection (a partition) ends the
             // streams on it within seconds, not never.
             .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5))
-            .connect_lazy();
+            .keep_alive_timeout(Duration::from_secs(5));
+        let channel = warden_proto::tls::lazy_channel(endpoint, self.tls.as_ref(), Expected::AnyNode);
         let batcher = (self.batch_streams > 0).then(|| Arc::new(Batcher::new(addr, &channel, self.batch_streams)));
         let upstream = Upstream { channel, batcher };
         channels.insert(addr.to_string(), upstream.clone());

@@ -10,7 +10,10 @@ use std::time::{Duration, Instant};
 
 use crate::config::{FatalPolicy, NodeConfig};
 use crate::error::EngineError;
-use crate::host::{GroupStatus, Node, NodeError, NodeHandle, RaftMetricsSnapshot, ReadConsistency};
+use warden_proto::tls::authority::Authority;
+use warden_proto::tls::{Identity, Tls};
+
+use crate::host::{GroupStatus, Listeners, Node, NodeError, NodeHandle, RaftMetricsSnapshot, ReadConsistency};
 use crate::node_services::{ApiServices, ServingFactory};
 use crate::state_machine::ApplyOutput;
 use crate::store_writer::StoreMetricsSnapshot;
@@ -18,6 +21,22 @@ use crate::transport::{NetFaults, PeerDirectory};
 
 /// Pause between retries of a request that found no leader.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
+
+/// A listener on `addr` again: the old one closes as its node's runtime shuts down, so this
+/// retries briefly until the port is free.
+fn rebind(addr: SocketAddr) -> Result<std::net::TcpListener, NodeError> {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        match std::net::TcpListener::bind(addr) {
+            Ok(listener) => return Ok(listener),
+            Err(error) if Instant::now() < deadline => {
+                tracing::debug!(%error, "rebinding {addr}");
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            Err(error) => return Err(error.into()),
+        }
+    }
+}
 
 /// Shape of a test cluster.
 #[derive(Clone, Debug)]
@@ -43,6 +62,12 @@ pub struct ClusterConfig {
     /// What a node that cannot go on does: stop its engine (the default, so that a test
     /// process outlives it) or abort the process (`warden dev`).
     pub fatal: FatalPolicy,
+    /// TLS on every node (issue 17): the directory of a CA ([`Authority`], made there if
+    /// missing) that issues each node a certificate naming it. `None`: plaintext.
+    pub tls_dir: Option<PathBuf>,
+    /// Each node also opens a client port ([`Cluster::client_addr`]): node `i` on
+    /// `base + i - 1`, or any free port when the base is 0. `None`: no client ports.
+    pub client_base_port: Option<u16>,
 }
 
 impl Default for ClusterConfig {
@@ -58,6 +83,8 @@ impl Default for ClusterConfig {
             base_port: None,
             serve_api: false,
             fatal: FatalPolicy::StopNode,
+            tls_dir: None,
+            client_base_port: None,
         }
     }
 }
@@ -74,6 +101,10 @@ pub struct Cluster {
     /// The public API and placement every node serves (when `serve_api`).
     api: Option<ApiServices>,
     addrs: BTreeMap<u64, SocketAddr>,
+    /// Each node's client port (with `client_ports`).
+    client_addrs: BTreeMap<u64, SocketAddr>,
+    /// Each node's TLS (with `tls_dir`).
+    tls: BTreeMap<u64, Arc<Tls>>,
     nodes: Mutex<BTreeMap<u64, Node>>,
     /// Last known leader of each group, so requests do not ask every node each time.
     leaders: Mutex<HashMap<u64, u64>>,
@@ -103,6 +134,8 @@ impl Cluster {
             api,
             factory,
             addrs: BTreeMap::new(),
+            client_addrs: BTreeMap::new(),
+            tls: BTreeMap::new(),
             nodes: Mutex::new(BTreeMap::new()),
             leaders: Mutex::new(HashMap::new()),
         };
@@ -113,7 +146,22 @@ impl Cluster {
             };
             let listener = std::net::TcpListener::bind(("127.0.0.1", port))?;
             cluster.addrs.insert(id, listener.local_addr()?);
-            cluster.start_node(id, listener)?;
+            let client = match cluster.config.client_base_port {
+                Some(base) => {
+                    let port =
+                        if base == 0 { 0 } else { base.checked_add((id - 1) as u16).ok_or_else(|| NodeError::Config("port out of range".into()))? };
+                    let client = std::net::TcpListener::bind(("127.0.0.1", port))?;
+                    cluster.client_addrs.insert(id, client.local_addr()?);
+                    Some(client)
+                }
+                None => None,
+            };
+            if let Some(dir) = &cluster.config.tls_dir {
+                let issued = Authority::load_or_create(dir, "warden test cluster").and_then(|ca| ca.issue_files(dir, &Identity::node(id)));
+                let tls = issued.and_then(Tls::load).map_err(|e| NodeError::Config(format!("tls of node {id}: {e}")))?;
+                cluster.tls.insert(id, tls);
+            }
+            cluster.start_node(id, Listeners { peer: listener, client })?;
         }
         Ok(cluster)
     }
@@ -128,12 +176,13 @@ impl Cluster {
         config.workers = self.config.workers;
         config.log_compact_entries = self.config.log_compact_entries;
         config.fatal = self.config.fatal;
+        config.tls = self.tls.get(&id).cloned();
         config
     }
 
-    fn start_node(&self, id: u64, listener: std::net::TcpListener) -> Result<(), NodeError> {
+    fn start_node(&self, id: u64, listeners: Listeners) -> Result<(), NodeError> {
         let services = self.api.as_ref().map(|api| api as &dyn crate::host::NodeServices);
-        let node = Node::start(self.node_config(id), listener, self.directory.clone(), self.faults.clone(), self.factory.clone(), services)?;
+        let node = Node::start(self.node_config(id), listeners, self.directory.clone(), self.faults.clone(), self.factory.clone(), services)?;
         self.nodes().insert(id, node);
         Ok(())
     }
@@ -152,9 +201,19 @@ impl Cluster {
         self.addrs.keys().copied().collect()
     }
 
-    /// Where node `id` listens (raft transport and, when served, the public API).
+    /// Where node `id`'s peer port listens (raft transport and, when served, the public API).
     pub fn addr(&self, id: u64) -> Option<SocketAddr> {
         self.addrs.get(&id).copied()
+    }
+
+    /// Node `id`'s TLS (with `tls_dir`).
+    pub fn tls(&self, id: u64) -> Option<Arc<Tls>> {
+        self.tls.get(&id).cloned()
+    }
+
+    /// Where node `id`'s client port listens (with `client_base_port`).
+    pub fn client_addr(&self, id: u64) -> Option<SocketAddr> {
+        self.client_addrs.get(&id).copied()
     }
 
     /// Ids of running nodes.
@@ -179,19 +238,9 @@ impl Cluster {
     pub fn restart(&self, id: u64) -> Result<(), NodeError> {
         let addr = *self.addrs.get(&id).ok_or_else(|| NodeError::Config(format!("no node {id}")))?;
         self.kill(id);
-        // The old listener closes as its runtime shuts down; retry briefly until the port is free.
-        let deadline = Instant::now() + Duration::from_secs(5);
-        let listener = loop {
-            match std::net::TcpListener::bind(addr) {
-                Ok(listener) => break listener,
-                Err(error) if Instant::now() < deadline => {
-                    tracing::debug!(%error, "rebinding {addr}");
-                    std::thread::sleep(Duration::from_millis(50));
-                }
-                Err(error) => return Err(error.into()),
-            }
-        };
-        self.start_node(id, listener)
+        let peer = rebind(addr)?;
+        let client = self.client_addr(id).map(rebind).transpose()?;
+        self.start_node(id, Listeners { peer, client })
     }
 
     /// Creates `group` with a replica on each of `voters` and has one of them campaign, so
@@ -222,8 +271,9 @@ impl Cluster {
         loop {
             let leader = self.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
             let addr = self.addr(leader).ok_or(EngineError::Stopped)?;
-            let channel =
-                tonic::transport::Channel::from_shared(format!("http://{addr}")).map_err(|e| EngineError::Invalid(e.to_string()))?.connect_lazy();
+            let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}")).map_err(|e| EngineError::Invalid(e.to_string()))?;
+            // With TLS, the leader bootstraps as itself (only nodes may).
+            let channel = warden_proto::tls::lazy_channel(endpoint, self.tls.get(&leader), warden_proto::tls::Expected::Node(leader));
             let status = match PlacementClient::new(channel).bootstrap(BootstrapRequest {}).await {
                 Ok(response) => {
                     let root = response.into_inner().root.and_then(|entry| entry.descriptor);

@@ -1,7 +1,10 @@
 //! Configuration of a shard-node's engine, with every limit in one place.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use warden_proto::tls::Tls;
 
 use crate::storage::StorageLimits;
 
@@ -70,6 +73,10 @@ pub struct NodeConfig {
     /// What the node does when it cannot go on (a storage failure, an engine thread that
     /// panicked).
     pub fatal: FatalPolicy,
+    /// TLS on both ports and on every connection the node opens (issue 17; `None`:
+    /// plaintext, the `warden dev` default). Its certificate must name this node
+    /// (`warden://node/ID`).
+    pub tls: Option<Arc<Tls>>,
 }
 
 /// What a node does when it cannot go on: its storage failed (it can no longer promise
@@ -117,6 +124,7 @@ impl NodeConfig {
             placement_heartbeat_ms: 1_000,
             remote_session_check_ms: 1_000,
             fatal: FatalPolicy::Abort,
+            tls: None,
         }
     }
 

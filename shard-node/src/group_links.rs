@@ -11,6 +11,7 @@ use tonic::Status;
 use warden_placement::home_group;
 use warden_proto::namespace::session_check_client::SessionCheckClient;
 use warden_proto::namespace::CheckSessionsRequest;
+use warden_proto::tls::Tls;
 use warden_proto::v1::warden_error::Code;
 use warden_router::upstream::{bounded, Target, Upstreams};
 
@@ -20,13 +21,15 @@ use crate::transport::{NetFaults, PeerDirectory};
 pub struct GroupLinks {
     directory: Arc<PeerDirectory>,
     faults: Arc<NetFaults>,
+    tls: Option<Arc<Tls>>,
     upstreams: OnceLock<Arc<Upstreams>>,
 }
 
 impl GroupLinks {
-    /// Links that find the cluster through the nodes in `directory`.
-    pub fn new(directory: Arc<PeerDirectory>, faults: Arc<NetFaults>) -> GroupLinks {
-        GroupLinks { directory, faults, upstreams: OnceLock::new() }
+    /// Links that find the cluster through the nodes in `directory` (with `tls`, as the node
+    /// it names).
+    pub fn new(directory: Arc<PeerDirectory>, faults: Arc<NetFaults>, tls: Option<Arc<Tls>>) -> GroupLinks {
+        GroupLinks { directory, faults, tls, upstreams: OnceLock::new() }
     }
 
     /// The cluster view, seeded with every node known when it is first needed (the routing
@@ -34,7 +37,7 @@ impl GroupLinks {
     fn upstreams(&self) -> &Arc<Upstreams> {
         self.upstreams.get_or_init(|| {
             let seeds = self.directory.ids().into_iter().filter_map(|id| self.directory.get(id)).map(|addr| addr.to_string()).collect();
-            Arc::new(Upstreams::new(seeds))
+            Arc::new(Upstreams::new(seeds, self.tls.clone()))
         })
     }
 

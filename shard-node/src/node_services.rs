@@ -7,14 +7,19 @@
 //! (`host`) and what runs on it; the engine sees only [`NodeServices`].
 
 use std::collections::HashMap;
+use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use futures::future::{Either, Ready};
 use tokio::sync::watch;
+use tonic::body::Body;
+use tonic::codegen::{http, Service};
+use tonic::server::NamedService;
 use warden_placement::{PlacementConfig, ScheduleLimits};
 
 use crate::group_links::GroupLinks;
-use crate::host::{NodeError, NodeServices, ServiceContext};
+use crate::host::{NodeError, NodeRoutes, NodeServices, ServiceContext};
 use crate::kv::KvFactory;
 use crate::namespace::NamespaceFactory;
 use crate::placement::service::{PlacementService, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
@@ -87,12 +92,12 @@ impl ApiServices {
 }
 
 impl NodeServices for ApiServices {
-    fn start(&self, context: &ServiceContext, routes: &mut tonic::service::RoutesBuilder) -> Result<(), NodeError> {
+    fn start(&self, context: &ServiceContext, routes: &mut NodeRoutes) -> Result<(), NodeError> {
         let config = &context.config;
         let node_id = config.node_id;
         let timeout = Duration::from_millis(config.request_timeout_ms);
         // 1. The public API, and the checks of sessions homed in other groups it depends on.
-        let links = Arc::new(GroupLinks::new(context.directory.clone(), context.faults.clone()));
+        let links = Arc::new(GroupLinks::new(context.directory.clone(), context.faults.clone(), config.tls.clone()));
         let api = WardenService::new(
             context.handle.clone(),
             context.directory.clone(),
@@ -116,6 +121,7 @@ impl NodeServices for ApiServices {
             self.factory.routing_versions(node_id),
             placement_config.clone().unwrap_or_default(),
             context.faults.clone(),
+            config.tls.clone(),
         );
         context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
         if placement_config.is_some() {
@@ -132,6 +138,7 @@ impl NodeServices for ApiServices {
                 context.listen_addr,
                 config.zone.clone(),
                 interval,
+                config.tls.clone(),
             );
             context.runtime.spawn(heartbeat);
         }
@@ -139,11 +146,68 @@ impl NodeServices for ApiServices {
         context.runtime.spawn(async move {
             health.set_serving::<warden_proto::v1::warden_server::WardenServer<WardenService>>().await;
         });
+        // 3. The peer port serves everything; the client port the public API and placement's
+        //    administration, not its internal calls (replica lifecycle, descriptors, split
+        //    steps, heartbeats), nor the session checks and batch streams between nodes and
+        //    from routers.
+        routes.client.add_service(api.clone().server()).add_service(Only { inner: placement.clone().server(), methods: PLACEMENT_CLIENT_METHODS });
         routes
+            .peer
             .add_service(api.clone().session_check_server())
             .add_service(api.clone().batch_server())
             .add_service(api.server())
             .add_service(placement.server());
         Ok(())
+    }
+}
+
+/// The placement methods a node's client port serves: reading the routing table and the
+/// administration a person runs (`warden admin`, `warden status`).
+const PLACEMENT_CLIENT_METHODS: &[&str] = &[
+    "GetRoutingTable",
+    "WatchRoutingTable",
+    "CreateGroup",
+    "SplitGroup",
+    "MergeGroup",
+    "RemoveGroup",
+    "SetNodeState",
+    "SetSchedulerPaused",
+    "ReplicaStatus",
+    "GroupWrites",
+];
+
+/// A gRPC service with only some of its methods; the others answer PERMISSION_DENIED. For a
+/// port that serves a service whose other methods belong on another port.
+#[derive(Clone)]
+struct Only<S> {
+    inner: S,
+    /// The methods served, by name (the last segment of the request path).
+    methods: &'static [&'static str],
+}
+
+impl<S: NamedService> NamedService for Only<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S> Service<http::Request<Body>> for Only<S>
+where
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible> + NamedService,
+{
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = Either<S::Future, Ready<Result<http::Response<Body>, Infallible>>>;
+
+    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
+        let method = request.uri().path().rsplit('/').next().unwrap_or_default();
+        if self.methods.contains(&method) {
+            Either::Left(self.inner.call(request))
+        } else {
+            let refused = tonic::Status::permission_denied(format!("{}/{method} is not served on this port", S::NAME));
+            Either::Right(futures::future::ready(Ok(refused.into_http())))
+        }
     }
 }

@@ -48,7 +48,7 @@ pub struct ElectionArgs {
 /// Runs both measurements, one JSON line each.
 pub async fn run(args: ElectionArgs) -> anyhow::Result<()> {
     let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
-    let routed = super::RoutedCluster::start(super::fresh_dir(&root, "election")?, &[PREFIX.to_string()]).await?;
+    let routed = super::RoutedCluster::start(super::fresh_dir(&root, "election")?, &[PREFIX.to_string()], false).await?;
     let router_addr = routed.router_addr.to_string();
     let session_config = SessionConfig { path_hint: Some(PREFIX.into()), ..SessionConfig::new(Duration::from_millis(args.ttl_ms)) };
     let client = Client::connect(ClientConfig::new([router_addr.clone()])).await?;

@@ -41,7 +41,7 @@ pub async fn run(args: LoadBenchArgs) -> anyhow::Result<()> {
     let candidates = CandidateCommand { program: std::env::current_exe()?, args_prefix: vec!["bench".into(), "load".into()] };
     let root = args.data_dir.unwrap_or_else(super::default_data_dir);
     let prefixes: Vec<String> = (0..args.groups.unwrap_or(load.prefixes)).map(prefix).collect();
-    let cluster = super::RoutedCluster::start(super::fresh_dir(&root, "load")?, &prefixes).await?;
+    let cluster = super::RoutedCluster::start(super::fresh_dir(&root, "load")?, &prefixes, false).await?;
     load.endpoints = vec![cluster.router_addr.to_string()];
     let cpu = CpuScope {
         pids: vec![std::process::id()],

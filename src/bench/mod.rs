@@ -208,8 +208,29 @@ pub struct RoutedCluster {
     pub cluster: std::sync::Arc<warden_shard_node::cluster::Cluster>,
     /// Where the router listens.
     pub router_addr: std::net::SocketAddr,
+    /// With TLS: a client's (`warden://client/bench`) and a router's (`warden://router/bench`,
+    /// for calls straight to a node's peer port) TLS of the cluster's CA.
+    pub tls: Option<BenchTls>,
     router: RouterRuntime,
     dir: std::path::PathBuf,
+}
+
+/// The benchmark clients' TLS ([`RoutedCluster::tls`]).
+pub struct BenchTls {
+    /// For calls through the router.
+    pub client: std::sync::Arc<warden_proto::tls::Tls>,
+    /// For calls straight to a node's peer port (as a router makes them).
+    pub router: std::sync::Arc<warden_proto::tls::Tls>,
+}
+
+impl RoutedCluster {
+    /// A channel to `addr`, a router (`expected` Router: as a client) or a node's peer port
+    /// (as a router), with TLS when the cluster has it.
+    pub async fn channel(&self, addr: std::net::SocketAddr, expected: warden_proto::tls::Expected) -> anyhow::Result<tonic::transport::Channel> {
+        let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))?.tcp_nodelay(true);
+        let tls = self.tls.as_ref().map(|tls| if expected == warden_proto::tls::Expected::Router { &tls.client } else { &tls.router });
+        Ok(warden_proto::tls::connect_channel(endpoint, tls, expected).await?)
+    }
 }
 
 /// The router's own tokio runtime (threads named [`ROUTER_THREAD`]), so its CPU is told apart
@@ -228,20 +249,35 @@ impl Drop for RouterRuntime {
 
 impl RoutedCluster {
     /// Starts it in `dir` (which [`fresh_dir`] made), with a shard group for each of `prefixes`
-    /// and a router on a free loopback port.
-    pub async fn start(dir: std::path::PathBuf, prefixes: &[String]) -> anyhow::Result<RoutedCluster> {
+    /// and a router on a free loopback port; with `tls`, TLS on every link (a CA in
+    /// `dir/tls`).
+    pub async fn start(dir: std::path::PathBuf, prefixes: &[String], tls: bool) -> anyhow::Result<RoutedCluster> {
         use warden_proto::placement::{placement_client::PlacementClient, CreateGroupRequest};
+        use warden_proto::tls::authority::Authority;
+        use warden_proto::tls::{Identity, Tls};
         use warden_shard_node::cluster::{Cluster, ClusterConfig};
-        let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
+        let tls_dir = tls.then(|| dir.join("tls"));
+        let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, tls_dir: tls_dir.clone(), ..ClusterConfig::default() };
         let factory = std::sync::Arc::new(warden_shard_node::placement::ShardNodeFactory::default());
         let cluster = std::sync::Arc::new(Cluster::start_at(config, factory, &dir)?);
         cluster.bootstrap_placement(&[1, 2, 3]).await?;
+        let tls = match &tls_dir {
+            Some(tls_dir) => {
+                let authority = Authority::load(tls_dir)?;
+                let client = Tls::load(authority.issue_files(tls_dir, &Identity::client("bench"))?)?;
+                Some(BenchTls { client, router: Tls::load(authority.issue_files(tls_dir, &Identity::router("bench"))?)? })
+            }
+            None => None,
+        };
         for prefix in prefixes {
             let leader = cluster.wait_leader(warden_placement::PLACEMENT_GROUP_ID, std::time::Duration::from_secs(30)).await?;
             let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
-            let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))?.connect().await?;
+            let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))?;
+            let channel =
+                warden_proto::tls::connect_channel(endpoint, tls.as_ref().map(|tls| &tls.router), warden_proto::tls::Expected::AnyNode).await?;
             PlacementClient::new(channel).create_group(CreateGroupRequest { prefix: prefix.clone() }).await?;
         }
+        let router_tls = tls.as_ref().map(|tls| tls.router.clone());
         // Bound here, made a tokio listener on the router's runtime (which it must belong to).
         let listener = std::net::TcpListener::bind("127.0.0.1:0")?;
         listener.set_nonblocking(true)?;
@@ -250,14 +286,17 @@ impl RoutedCluster {
         let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(2).thread_name(ROUTER_THREAD).enable_all().build()?;
         runtime.spawn(async move {
             let served = match tokio::net::TcpListener::from_std(listener) {
-                Ok(listener) => warden_router::serve(listener, warden_router::RouterConfig::new(seeds)).await.map_err(anyhow::Error::from),
+                Ok(listener) => {
+                    let config = warden_router::RouterConfig { tls: router_tls, ..warden_router::RouterConfig::new(seeds) };
+                    warden_router::serve(listener, config).await.map_err(anyhow::Error::from)
+                }
                 Err(error) => Err(error.into()),
             };
             if let Err(error) = served {
                 tracing::error!(%error, "the benchmark's router stopped");
             }
         });
-        Ok(RoutedCluster { cluster, router_addr, router: RouterRuntime(Some(runtime)), dir })
+        Ok(RoutedCluster { cluster, router_addr, tls, router: RouterRuntime(Some(runtime)), dir })
     }
 
     /// Stops the router and the cluster and removes the directory.

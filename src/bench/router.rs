@@ -6,16 +6,17 @@
 //! clients'; the added-latency line has it for each of its two runs (`direct_…`, `router_…`;
 //! its `server_cpu_us_per_op` and `server_cpu_cores` are the run through the router's) and
 //! their difference, the CPU the router adds per write (with one client, much of each run's
-//! CPU is the idle cluster's ticks and heartbeats, so per write it is high).
+//! CPU is the idle cluster's ticks and heartbeats, so per write it is high). With `--tls`,
+//! every link is mutual TLS (a throwaway CA), to compare with the same run in plaintext.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
-use tonic::transport::Channel;
 use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::GetRoutingTableRequest;
+use warden_proto::tls::Expected;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
 
@@ -34,10 +35,10 @@ pub struct RouterArgs {
     /// Where node directories go (wiped). Default: ~/.cache/warden-bench.
     #[arg(long)]
     data_dir: Option<PathBuf>,
-}
-
-async fn connect(addr: std::net::SocketAddr) -> anyhow::Result<Channel> {
-    Ok(Channel::from_shared(format!("http://{addr}"))?.tcp_nodelay(true).connect().await?)
+    /// TLS on every link (a throwaway CA): client → router, router → node, node ↔ node, and
+    /// the direct run as a router would call the node.
+    #[arg(long)]
+    tls: bool,
 }
 
 /// Runs every group count, then the added-latency pair, one JSON line each.
@@ -46,9 +47,9 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let dir = super::fresh_dir(&root, "router")?;
     let groups_max = args.groups.iter().copied().max().unwrap_or(1).max(1);
     let prefixes: Vec<String> = (0..groups_max).map(|group| format!("/g{group}")).collect();
-    let routed = super::RoutedCluster::start(dir, &prefixes).await?;
+    let routed = super::RoutedCluster::start(dir, &prefixes, args.tls).await?;
     let cluster = routed.cluster.clone();
-    let through_router = WardenClient::new(connect(routed.router_addr).await?);
+    let through_router = WardenClient::new(routed.channel(routed.router_addr, Expected::Router).await?);
     let value = vec![b'v'; 256];
     // Client c of a run over n groups writes its own key in group c mod n.
     let key = |client: usize, groups: usize| format!("/g{}/k{client}", client % groups.max(1));
@@ -70,7 +71,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
             }
         })
         .await;
-        let mut line = json!({"bench": "router", "groups": groups, "clients": args.clients, "writes_per_sec": report.ops_per_sec,
+        let mut line = json!({"bench": "router", "tls": args.tls, "groups": groups, "clients": args.clients, "writes_per_sec": report.ops_per_sec,
                               "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors});
         cpu.finish(report.ops).await?.insert(&mut line);
         println!("{line}");
@@ -80,7 +81,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let table = {
         let leader = cluster.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
         let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?;
-        PlacementClient::new(connect(addr).await?).get_routing_table(GetRoutingTableRequest {}).await?.into_inner()
+        PlacementClient::new(routed.channel(addr, Expected::AnyNode).await?).get_routing_table(GetRoutingTableRequest {}).await?.into_inner()
     };
     let group = table
         .groups
@@ -90,7 +91,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
         .map(|d| d.group_id)
         .ok_or_else(|| anyhow::anyhow!("no /g0"))?;
     let leader = cluster.wait_leader(group, Duration::from_secs(30)).await?;
-    let direct = WardenClient::new(connect(cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?).await?);
+    let direct = WardenClient::new(routed.channel(cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address"))?, Expected::Node(leader)).await?);
     let mut runs = Vec::new();
     for (name, client) in [("direct", direct), ("router", through_router)] {
         let cpu = super::ServerCpu::window(warmup, measure);
@@ -109,7 +110,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let [(direct, direct_cpu), (via_router, router_cpu)] = [&runs[0], &runs[1]];
     println!(
         "{}",
-        json!({"bench": "router", "run": "added_latency", "clients": 1,
+        json!({"bench": "router", "tls": args.tls, "run": "added_latency", "clients": 1,
                "direct_p50_ms": direct.p50_ms, "direct_p99_ms": direct.p99_ms,
                "router_p50_ms": via_router.p50_ms, "router_p99_ms": via_router.p99_ms,
                "router_added_p50_ms": via_router.p50_ms - direct.p50_ms, "router_added_p99_ms": via_router.p99_ms - direct.p99_ms,

@@ -48,6 +48,9 @@ pub struct GlobalArgs {
     /// Deadline of one call to the cluster, in milliseconds (retries included).
     #[arg(long, global = true, default_value_t = 10_000, value_name = "MS")]
     pub timeout: u64,
+    /// TLS (`--ca`, `--cert`, `--key`).
+    #[command(flatten)]
+    pub tls: crate::tls_args::TlsArgs,
 }
 
 impl GlobalArgs {
@@ -58,7 +61,8 @@ impl GlobalArgs {
 
     /// Connects a client to the routers.
     async fn client(&self) -> anyhow::Result<Client> {
-        let config = ClientConfig { request_timeout: Duration::from_millis(self.timeout), ..ClientConfig::new(self.endpoints.clone()) };
+        let config =
+            ClientConfig { request_timeout: Duration::from_millis(self.timeout), tls: self.tls.load()?, ..ClientConfig::new(self.endpoints.clone()) };
         Ok(Client::connect(config).await?)
     }
 }
@@ -97,6 +101,7 @@ pub enum CliCommand {
 /// Runs a command. A failure is returned for the caller to print with [`describe`] and to
 /// exit with [`exit_code`] (an [`ExitWith`] is an exit status to pass on, not printed).
 pub async fn run(command: CliCommand, global: GlobalArgs) -> anyhow::Result<()> {
+    crate::tls_args::use_for_commands(&global.tls)?;
     let out = global.output();
     match command {
         CliCommand::Get(args) => nodes::get(args, &global.client().await?, out).await,

@@ -5,7 +5,6 @@
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tonic::transport::Endpoint;
 use warden_proto::placement::{GroupEntry, NodeEntry, NodeState, RoutingTable};
 use warden_proto::v1 as pb;
 use warden_proto::v1::warden_client::WardenClient;
@@ -104,7 +103,7 @@ async fn hot(table: &RoutingTable, args: &StatusArgs, out: Output) -> anyhow::Re
     let read = |(group_id, _, addr): &(u64, String, String)| {
         let (group_id, addr) = (*group_id, addr.clone());
         async move {
-            let channel = Endpoint::from_shared(format!("http://{addr}")).ok()?.connect_lazy();
+            let channel = crate::tls_args::node_channel(&addr).ok()?;
             let mut client = warden_proto::placement::placement_client::PlacementClient::new(channel);
             let request = warden_proto::placement::GroupWritesRequest { group_id };
             let answer = tokio::time::timeout(LEADER_PATIENCE, client.group_writes(request)).await.ok()?.ok()?;
@@ -142,7 +141,7 @@ async fn hot(table: &RoutingTable, args: &StatusArgs, out: Output) -> anyhow::Re
 
 /// Asks the routers at `endpoints` for each group's leader (unknown when no router answers).
 pub(crate) async fn group_health(endpoints: &[String], groups: &[GroupEntry]) -> Vec<GroupHealth> {
-    let Some(channel) = endpoints.first().and_then(|addr| Endpoint::from_shared(format!("http://{addr}")).ok()).map(|e| e.connect_lazy()) else {
+    let Some(channel) = endpoints.first().and_then(|addr| crate::tls_args::node_channel(addr).ok()) else {
         return vec![GroupHealth::default(); groups.len()];
     };
     let asks = groups.iter().map(|group| {

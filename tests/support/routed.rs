@@ -93,7 +93,7 @@ pub async fn restart_router(cluster: &Cluster, addr: std::net::SocketAddr) -> Ro
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    serve_router(cluster, listener, true)
+    serve_router(cluster, listener, true, None)
 }
 
 /// Waits until nothing accepts connections at `addr`: a dropped router's runtime shuts down
@@ -107,10 +107,15 @@ pub async fn wait_refused(addr: std::net::SocketAddr) {
 }
 
 fn start_router_with(cluster: &Cluster, port: u16, watch_placement: bool) -> Router {
-    serve_router(cluster, std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind"), watch_placement)
+    serve_router(cluster, std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind"), watch_placement, None)
 }
 
-fn serve_router(cluster: &Cluster, listener: std::net::TcpListener, watch_placement: bool) -> Router {
+/// A router with `tls` (its certificate naming a router) on a fresh loopback port.
+pub fn start_secure_router(cluster: &Cluster, tls: Arc<warden_proto::tls::Tls>) -> Router {
+    serve_router(cluster, std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind"), true, Some(tls))
+}
+
+fn serve_router(cluster: &Cluster, listener: std::net::TcpListener, watch_placement: bool, tls: Option<Arc<warden_proto::tls::Tls>>) -> Router {
     let refresh = if watch_placement { Duration::from_secs(1) } else { Duration::from_secs(3600) };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     listener.set_nonblocking(true).expect("nonblocking");
@@ -120,6 +125,7 @@ fn serve_router(cluster: &Cluster, listener: std::net::TcpListener, watch_placem
         request_timeout: Duration::from_secs(10),
         table_refresh_interval: refresh,
         watch_placement,
+        tls,
         ..warden_router::RouterConfig::new(seeds)
     };
     runtime.spawn(async move {

@@ -23,6 +23,7 @@ use crossbeam_channel::{Sender, TrySendError};
 use protobuf::Message as _;
 use raft::eraftpb::{ConfChangeV2, ConfState, Message};
 use tokio::sync::oneshot;
+use warden_proto::tls::{Admit, Tls};
 
 pub use msg::{GroupStatus, ReadConsistency, WorkerMsg};
 pub use replica::{Replica, ReplicaError};
@@ -291,18 +292,60 @@ pub struct ServiceContext {
     pub faults: Arc<NetFaults>,
     /// The node's I/O runtime, for the services' background tasks.
     pub runtime: tokio::runtime::Handle,
-    /// Where the node's gRPC server listens.
+    /// Where the node's peer port listens (the address other nodes and routers know).
     pub listen_addr: SocketAddr,
     /// The node's gRPC health service, for the services to report themselves serving.
     pub health: tonic_health::server::HealthReporter,
 }
 
-/// Services a node serves on its port beside the raft transport, wired in by the caller so
-/// that the engine knows nothing of what they are.
+/// Services a node serves beside the raft transport, wired in by the caller so that the
+/// engine knows nothing of what they are.
 pub trait NodeServices: Send + Sync {
     /// Starts the services' background tasks for one node and adds their gRPC services to
     /// the node's `routes`.
-    fn start(&self, context: &ServiceContext, routes: &mut tonic::service::RoutesBuilder) -> Result<(), NodeError>;
+    fn start(&self, context: &ServiceContext, routes: &mut NodeRoutes) -> Result<(), NodeError>;
+}
+
+/// The gRPC services of a node's two ports (issue 17).
+#[derive(Default)]
+pub struct NodeRoutes {
+    /// The peer port: the raft transport, placement's internal calls, session checks, and
+    /// the public API forwarded by routers. With TLS on, only nodes and routers connect.
+    pub peer: tonic::service::RoutesBuilder,
+    /// The client port: the public API and placement's administration, for clients and the
+    /// CLI (served only when the node has a client listener).
+    pub client: tonic::service::RoutesBuilder,
+}
+
+/// Where a node listens: its peer port, and its client port if it has one.
+pub struct Listeners {
+    /// The peer port (its address is the one placement and the other nodes know).
+    pub peer: std::net::TcpListener,
+    /// The client port.
+    pub client: Option<std::net::TcpListener>,
+}
+
+impl From<std::net::TcpListener> for Listeners {
+    /// A peer port only.
+    fn from(peer: std::net::TcpListener) -> Listeners {
+        Listeners { peer, client: None }
+    }
+}
+
+/// Serves `routes` on `listener` until the server fails (it never stops on its own), with
+/// TLS admitting `admit` when `tls` is set.
+async fn serve(listener: std::net::TcpListener, tls: Option<Arc<Tls>>, admit: Admit, routes: tonic::service::Routes) -> Result<(), String> {
+    let listener = tokio::net::TcpListener::from_std(listener).map_err(|e| format!("listener: {e}"))?;
+    let served = tonic::transport::Server::builder()
+        .initial_stream_window_size(Some(8 << 20))
+        .initial_connection_window_size(Some(16 << 20))
+        .add_routes(routes)
+        .serve_with_incoming(warden_proto::tls::incoming(listener, tls, admit))
+        .await;
+    match served {
+        Ok(()) => Err("stopped".into()),
+        Err(error) => Err(format!("stopped: {error}")),
+    }
 }
 
 /// Why a node could not start.
@@ -339,12 +382,13 @@ pub struct Node {
 
 impl Node {
     /// Opens the node's store, loads every replica it hosts, and starts the workers, the
-    /// store writer and the transport server on `listener`, which also serves the routes of
-    /// `services` (the public API and placement, wired by `node_services`; none for a bare
-    /// engine).
+    /// store writer and the transport server on the peer listener, which also serves the peer
+    /// routes of `services` (the public API and placement, wired by `node_services`; none for
+    /// a bare engine); their client routes go on the client listener, if there is one. With
+    /// `config.tls`, both ports speak TLS only, and the peer port admits nodes and routers only.
     pub fn start(
         config: NodeConfig,
-        listener: std::net::TcpListener,
+        listeners: Listeners,
         directory: Arc<PeerDirectory>,
         faults: Arc<NetFaults>,
         factory: Arc<dyn StateMachineFactory>,
@@ -355,6 +399,7 @@ impl Node {
         }
         let config = Arc::new(config);
         let node_id = config.node_id;
+        let Listeners { peer: listener, client: client_listener } = listeners;
         let listen_addr = listener.local_addr()?;
         directory.insert(node_id, listen_addr);
         let db = Db::open(&config.data_dir)?;
@@ -377,7 +422,7 @@ impl Node {
         let handle =
             NodeHandle { node_id, leaders: leaders.clone(), workers: senders.into(), deadline_slack: Duration::from_millis(config.tick_ms * 2) };
         let limits = TransportLimits::default();
-        let transport = Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits);
+        let transport = Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits, config.tls.clone());
         let transport_metrics = transport.metrics();
         let transport: Arc<dyn RaftSender> = Arc::new(transport);
         let host_metrics = Arc::new(HostMetrics::default());
@@ -418,8 +463,9 @@ impl Node {
             workers.push(std::thread::Builder::new().name(format!("node-{node_id}-w{index}")).spawn(move || worker.run())?);
         }
 
-        // 4. The transport server last: messages arrive only once workers can take them. The
-        //    services the caller wires in (the public API, placement) share its port.
+        // 4. The servers last: messages arrive only once workers can take them. The services
+        //    the caller wires in (the public API, placement) share the transport's peer port,
+        //    and those meant for clients also go on the client port.
         listener.set_nonblocking(true)?;
         let transport_service = RaftTransportService::server(handle.clone(), limits);
         let (health_reporter, health) = tonic_health::server::health_reporter();
@@ -436,32 +482,29 @@ impl Node {
             .register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET)
             .build_v1()
             .map_err(|e| NodeError::Config(format!("reflection: {e}")))?;
-        let mut routes = tonic::service::RoutesBuilder::default();
-        routes.add_service(transport_service).add_service(health).add_service(reflection);
+        let mut routes = NodeRoutes::default();
+        routes.peer.add_service(transport_service).add_service(health.clone()).add_service(reflection);
+        routes.client.add_service(health);
         if let Some(services) = services {
             services.start(&context, &mut routes)?;
         }
-        let routes = routes.routes();
+        if let Some(client_listener) = client_listener {
+            client_listener.set_nonblocking(true)?;
+            let serving = serve(client_listener, config.tls.clone(), Admit::Clients, routes.client.routes());
+            let fatal = fatal.clone();
+            runtime.spawn(async move {
+                // Clients cannot reach a node whose client port is gone: it cannot go on.
+                if let Err(error) = serving.await {
+                    fatal.fail(&format!("client port: {error}"));
+                }
+            });
+        }
+        let serving = serve(listener, config.tls.clone(), Admit::Peers, routes.peer.routes());
         runtime.spawn(async move {
             health_reporter.set_serving::<warden_proto::transport::raft_transport_server::RaftTransportServer<RaftTransportService>>().await;
             // A node whose transport server is gone hears nobody: it cannot go on.
-            let listener = match tokio::net::TcpListener::from_std(listener) {
-                Ok(listener) => listener,
-                Err(error) => return fatal.fail(&format!("transport listener: {error}")),
-            };
-            // Accepted sockets need TCP_NODELAY set here: the server builder's own setting
-            // applies only to listeners it binds. Without it a response written in several
-            // small frames waits ~40 ms for a delayed ACK (Nagle).
-            let incoming = tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true));
-            let served = tonic::transport::Server::builder()
-                .initial_stream_window_size(Some(8 << 20))
-                .initial_connection_window_size(Some(16 << 20))
-                .add_routes(routes)
-                .serve_with_incoming(incoming)
-                .await;
-            match served {
-                Ok(()) => fatal.fail("transport server stopped"),
-                Err(error) => fatal.fail(&format!("transport server stopped: {error}")),
+            if let Err(error) = serving.await {
+                fatal.fail(&format!("transport server: {error}"));
             }
         });
         Ok(Node { config, handle, stop, workers, store: Some(store), db, host_metrics, transport_metrics, runtime: Some(runtime), listen_addr })

@@ -13,7 +13,7 @@ use warden_proto::namespace::ChildWrites;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::GroupWritesRequest;
 
-use super::service::{channel, PlacementService};
+use super::service::PlacementService;
 
 /// One reading of a group's counts: which replica answered, when, and what it said.
 struct Reading {
@@ -75,7 +75,7 @@ impl PlacementService {
         let mut now_hot = HashMap::new();
         for group in state.groups().values().filter(|g| g.ready) {
             let Some(node) = group.replicas.iter().filter_map(|id| state.node(*id)).find(|n| n.up) else { continue };
-            let Ok(channel) = channel(&node.addr) else { continue };
+            let Ok(channel) = self.channel(&node.addr) else { continue };
             let Ok(answer) = PlacementClient::new(channel).group_writes(GroupWritesRequest { group_id: group.id }).await else { continue };
             let reading = Reading { node: node.id, at: Instant::now(), writes: answer.into_inner().writes.unwrap_or_default() };
             // Counts are per replica: a rate compares two readings of the same one.

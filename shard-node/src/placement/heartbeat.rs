@@ -16,6 +16,7 @@ use std::time::Duration;
 use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::HeartbeatRequest;
+use warden_proto::tls::{Expected, Tls};
 
 use crate::host::NodeHandle;
 use crate::service::error_of;
@@ -24,8 +25,9 @@ use crate::transport::PeerDirectory;
 /// Groups listed in one heartbeat, at most (led and hosted each).
 pub const GROUPS_PER_HEARTBEAT_MAX: usize = 100_000;
 
-/// Sends heartbeats until the runtime it runs on stops.
-pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAddr, zone: String, interval: Duration) {
+/// Sends heartbeats until the runtime it runs on stops (with `tls`, to nodes proving their
+/// identity, as the node `tls` names).
+pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAddr, zone: String, interval: Duration, tls: Option<Arc<Tls>>) {
     let mut hint: Option<u64> = None;
     let mut turn = 0usize;
     let mut channels: std::collections::HashMap<SocketAddr, tonic::transport::Channel> = std::collections::HashMap::new();
@@ -45,7 +47,8 @@ pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAd
             Some(channel) => channel.clone(),
             None => {
                 let Ok(endpoint) = tonic::transport::Channel::from_shared(format!("http://{target_addr}")) else { continue };
-                let channel = endpoint.connect_timeout(interval).timeout(interval).connect_lazy();
+                let endpoint = endpoint.connect_timeout(interval).timeout(interval);
+                let channel = warden_proto::tls::lazy_channel(endpoint, tls.as_ref(), Expected::AnyNode);
                 channels.insert(target_addr, channel.clone());
                 channel
             }

@@ -26,7 +26,7 @@ use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::*;
 use warden_proto::v1::warden_error::Code;
 
-use super::service::{channel, internal, PlacementService};
+use super::service::{internal, PlacementService};
 
 /// How long a learner may take to catch up (its snapshot included).
 const CATCH_UP_WAIT: Duration = Duration::from_secs(120);
@@ -172,7 +172,7 @@ impl PlacementService {
         let state = self.state().await?;
         // 2.
         let request = CreateReplicaRequest { group_id: group.id, voters: Vec::new(), campaign: false };
-        PlacementClient::new(channel(&node_addr(&state, to)?)?).create_replica(request).await?;
+        PlacementClient::new(self.channel(&node_addr(&state, to)?)?).create_replica(request).await?;
         // 3.
         self.change_peers(&state, group, vec![peer(Kind::AddLearner, to)]).await?;
         // 4.
@@ -210,7 +210,7 @@ impl PlacementService {
     async fn wait_caught_up(&self, state: &Placement, group: &GroupInfo, learner: u64) -> Result<(), tonic::Status> {
         let target = self.leader_status(state, group).await?.commit;
         let deadline = tokio::time::Instant::now() + CATCH_UP_WAIT;
-        let mut client = PlacementClient::new(channel(&node_addr(state, learner)?)?);
+        let mut client = PlacementClient::new(self.channel(&node_addr(state, learner)?)?);
         loop {
             if let Ok(status) = client.replica_status(ReplicaStatusRequest { group_id: group.id }).await {
                 if status.into_inner().applied >= target {
@@ -228,7 +228,7 @@ impl PlacementService {
     async fn transfer_leader_of(&self, group_id: u64, from: u64, to: u64) -> Result<(), tonic::Status> {
         let state = self.state().await?;
         let request = TransferLeaderRequest { group_id, to };
-        PlacementClient::new(channel(&node_addr(&state, from)?)?).transfer_leader(request).await?;
+        PlacementClient::new(self.channel(&node_addr(&state, from)?)?).transfer_leader(request).await?;
         Ok(())
     }
 
@@ -245,7 +245,7 @@ impl PlacementService {
         // Any replica answers; the one that leads answers with the group's configuration.
         for voter in &group.replicas {
             let Ok(addr) = node_addr(state, *voter) else { continue };
-            let Ok(channel) = channel(&addr) else { continue };
+            let Ok(channel) = self.channel(&addr) else { continue };
             let Ok(status) = PlacementClient::new(channel).replica_status(ReplicaStatusRequest { group_id: group.id }).await else { continue };
             let status = status.into_inner();
             if status.leader_id == status.node_id {

@@ -47,6 +47,7 @@ use crate::error::EngineError;
 use crate::host::{NodeHandle, ReadConsistency};
 use crate::service::{engine_status, status};
 use crate::transport::PeerDirectory;
+use warden_proto::tls::{calling_node, Expected, Tls};
 
 /// How long a new group may take to elect its first leader.
 const GROUP_LEADER_WAIT: Duration = Duration::from_secs(10);
@@ -76,6 +77,8 @@ pub struct PlacementService {
     pub(super) running: Arc<Running>,
     /// Fault injection (tests): where a split stops (`split.rs`).
     pub(super) faults: Arc<crate::transport::NetFaults>,
+    /// This node's TLS, for its calls to other nodes (`None`: plaintext).
+    tls: Option<Arc<Tls>>,
 }
 
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
@@ -90,8 +93,10 @@ impl PlacementService {
         routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
         config: PlacementConfig,
         faults: Arc<crate::transport::NetFaults>,
+        tls: Option<Arc<Tls>>,
     ) -> PlacementService {
         PlacementService {
+            tls,
             node,
             directory,
             timeout,
@@ -165,11 +170,11 @@ impl PlacementService {
         for (position, replica) in group.replicas.iter().enumerate() {
             let addr = state.node(*replica).map(|n| n.addr.clone()).ok_or_else(|| internal(format!("node {replica} has no address")))?;
             let request = CreateReplicaRequest { group_id: group.id, voters: group.replicas.clone(), campaign: position == 0 };
-            let mut client = PlacementClient::new(channel(&addr)?);
+            let mut client = PlacementClient::new(self.channel(&addr)?);
             client.create_replica(request).await?;
         }
         let first = state.node(group.replicas[0]).map(|n| n.addr.clone()).unwrap_or_default();
-        let mut client = WardenClient::new(channel(&first)?);
+        let mut client = WardenClient::new(self.channel(&first)?);
         let deadline = tokio::time::Instant::now() + GROUP_LEADER_WAIT;
         loop {
             let sync = SyncRequest { routing: Some(Routing { group_id: group.id, ..Routing::default() }) };
@@ -404,7 +409,7 @@ impl PlacementService {
         let mut turn = 0usize;
         loop {
             let addr = target.and_then(|id| state.node(id)).map(|n| n.addr.clone()).unwrap_or_default();
-            let status = match call(PlacementClient::new(channel(&addr)?)).await {
+            let status = match call(PlacementClient::new(self.channel(&addr)?)).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
             };
@@ -425,12 +430,14 @@ pub(super) fn now_ms() -> u64 {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
-/// A lazily connected channel to `addr` (`host:port`).
-pub(super) fn channel(addr: &str) -> Result<Channel, Status> {
-    Ok(Channel::from_shared(format!("http://{addr}"))
-        .map_err(|e| internal(format!("address {addr}: {e}")))?
-        .connect_timeout(Duration::from_secs(1))
-        .connect_lazy())
+impl PlacementService {
+    /// A lazily connected channel to the node at `addr` (`host:port`).
+    pub(super) fn channel(&self, addr: &str) -> Result<Channel, Status> {
+        let endpoint = Channel::from_shared(format!("http://{addr}"))
+            .map_err(|e| internal(format!("address {addr}: {e}")))?
+            .connect_timeout(Duration::from_secs(1));
+        Ok(warden_proto::tls::lazy_channel(endpoint, self.tls.as_ref(), Expected::AnyNode))
+    }
 }
 
 pub(crate) fn internal(error: impl std::fmt::Display) -> Status {
@@ -589,6 +596,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn split_step(&self, request: Request<SplitStepRequest>) -> Result<Response<SplitStepResponse>, Status> {
+        calling_node(&request)?;
         let SplitStepRequest { group_id, step } = request.into_inner();
         let op = match step {
             Some(split_step_request::Step::Freeze(freeze)) => CommandOp::FreezeSubtree(freeze),
@@ -602,6 +610,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn export_subtree(&self, request: Request<ExportSubtreeRequest>) -> Result<Response<ExportSubtreeResponse>, Status> {
+        calling_node(&request)?;
         let ExportSubtreeRequest { group_id, export } = request.into_inner();
         let export = export.ok_or_else(|| invalid_argument("an export request names what to export"))?;
         match self.query_namespace(group_id, NamespaceQuery::ExportSubtree(export), ReadConsistency::Linearizable).await? {
@@ -620,8 +629,13 @@ impl PlacementApi for PlacementService {
     }
 
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Result<Response<HeartbeatResponse>, Status> {
+        // With TLS on, a node registers (and moves the address of) itself only.
+        let caller = calling_node(&request)?;
         let request = request.into_inner();
         let node_id = request.node_id;
+        if caller.is_some_and(|caller| caller != node_id) {
+            return Err(Status::permission_denied(format!("node {caller:?} sent the heartbeat of node {node_id}")));
+        }
         let command = Command::RegisterNode { id: node_id, addr: request.addr, zone: request.zone, now_ms: now_ms() };
         self.propose(&command).await?;
         self.leaders_heard.record(node_id, request.led_groups);
@@ -640,7 +654,8 @@ impl PlacementApi for PlacementService {
         }))
     }
 
-    async fn bootstrap(&self, _request: Request<BootstrapRequest>) -> Result<Response<BootstrapResponse>, Status> {
+    async fn bootstrap(&self, request: Request<BootstrapRequest>) -> Result<Response<BootstrapResponse>, Status> {
+        calling_node(&request)?;
         let nodes =
             self.directory.ids().into_iter().filter_map(|id| self.directory.get(id).map(|addr| (id, addr.to_string(), String::new()))).collect();
         let root = match self.propose(&Command::Bootstrap { nodes, now_ms: now_ms() }).await? {
@@ -663,6 +678,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn set_descriptor(&self, request: Request<SetDescriptorRequest>) -> Result<Response<SetDescriptorResponse>, Status> {
+        calling_node(&request)?;
         let SetDescriptorRequest { descriptor, revision_floor } = request.into_inner();
         let descriptor = descriptor
             .ok_or_else(|| status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() }))?;
@@ -673,6 +689,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn change_peers(&self, request: Request<ChangePeersRequest>) -> Result<Response<ChangePeersResponse>, Status> {
+        calling_node(&request)?;
         let ChangePeersRequest { group_id, changes } = request.into_inner();
         if changes.is_empty() || group_id == PLACEMENT_GROUP_ID {
             return Err(invalid_argument("a peer change names at least one change of a shard group"));
@@ -699,6 +716,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn transfer_leader(&self, request: Request<TransferLeaderRequest>) -> Result<Response<TransferLeaderResponse>, Status> {
+        calling_node(&request)?;
         let TransferLeaderRequest { group_id, to } = request.into_inner();
         self.node.transfer_leader(group_id, to).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
         Ok(Response::new(TransferLeaderResponse {}))
@@ -767,6 +785,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn create_replica(&self, request: Request<CreateReplicaRequest>) -> Result<Response<CreateReplicaResponse>, Status> {
+        calling_node(&request)?;
         let request = request.into_inner();
         if request.campaign && request.voters.is_empty() {
             return Err(invalid_argument("a replica without voters waits for a snapshot and cannot campaign"));

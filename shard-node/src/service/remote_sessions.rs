@@ -211,6 +211,8 @@ impl WardenService {
 #[tonic::async_trait]
 impl SessionCheck for WardenService {
     async fn check_sessions(&self, request: Request<CheckSessionsRequest>) -> Result<Response<CheckSessionsResponse>, Status> {
+        // Only a group holding a session's nodes asks (with TLS on: a node).
+        warden_proto::tls::calling_node(&request)?;
         let timeout = self.timeout(&request);
         let request = request.into_inner();
         let group = request.routing.as_ref().map_or(0, |r| r.group_id);

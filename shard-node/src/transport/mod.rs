@@ -20,6 +20,7 @@ use std::time::Duration;
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 use tokio::sync::mpsc;
+use warden_proto::tls::{Expected, Tls};
 use warden_proto::transport::raft_envelope::Body;
 use warden_proto::transport::raft_transport_client::RaftTransportClient;
 use warden_proto::transport::{RaftBatch, RaftEnvelope};
@@ -129,6 +130,9 @@ pub struct Transport {
     node: NodeHandle,
     runtime: tokio::runtime::Handle,
     limits: TransportLimits,
+    /// This node's TLS (issue 17): every connection to a peer presents its certificate and
+    /// accepts only that peer's (`None`: plaintext).
+    tls: Option<Arc<Tls>>,
     peers: Mutex<HashMap<u64, mpsc::Sender<Outgoing>>>,
     next_message_id: Arc<AtomicU64>,
     /// Snapshots being sent.
@@ -144,6 +148,7 @@ impl Transport {
         faults: Arc<NetFaults>,
         runtime: tokio::runtime::Handle,
         limits: TransportLimits,
+        tls: Option<Arc<Tls>>,
     ) -> Transport {
         Transport {
             node_id: node.node_id(),
@@ -152,6 +157,7 @@ impl Transport {
             node,
             runtime,
             limits,
+            tls,
             peers: Mutex::new(HashMap::new()),
             next_message_id: Arc::new(AtomicU64::new(1)),
             snapshots: snapshot::Transfers::new(limits.snapshots_per_peer_max, limits.snapshot_bytes_in_flight_max),
@@ -174,6 +180,7 @@ impl Transport {
             faults: self.faults.clone(),
             node: self.node.clone(),
             limits: self.limits,
+            tls: self.tls.clone(),
             transfer,
         };
         self.runtime.spawn(outgoing.run());
@@ -192,6 +199,7 @@ impl Transport {
                     faults: self.faults.clone(),
                     node: self.node.clone(),
                     limits: self.limits,
+                    tls: self.tls.clone(),
                     next_message_id: self.next_message_id.clone(),
                 };
                 self.runtime.spawn(task.run(receiver));
@@ -247,8 +255,14 @@ pub fn encode_message(group: u64, message: &Message, chunk_bytes: usize, next_me
     size
 }
 
-/// A new connection to node `to`'s transport.
-async fn connect(directory: &PeerDirectory, to: u64, limits: &TransportLimits) -> Result<RaftTransportClient<tonic::transport::Channel>, String> {
+/// A new connection to node `to`'s transport (with `tls`, to the holder of node `to`'s
+/// certificate only).
+async fn connect(
+    directory: &PeerDirectory,
+    to: u64,
+    limits: &TransportLimits,
+    tls: Option<&Arc<Tls>>,
+) -> Result<RaftTransportClient<tonic::transport::Channel>, String> {
     let addr = directory.get(to).ok_or_else(|| format!("no address for node {to}"))?;
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| e.to_string())?
@@ -256,7 +270,7 @@ async fn connect(directory: &PeerDirectory, to: u64, limits: &TransportLimits) -
         .tcp_nodelay(true)
         .initial_stream_window_size(Some(8 << 20))
         .initial_connection_window_size(Some(16 << 20));
-    let channel = endpoint.connect().await.map_err(|e| e.to_string())?;
+    let channel = warden_proto::tls::connect_channel(endpoint, tls, Expected::Node(to)).await.map_err(|e| e.to_string())?;
     Ok(RaftTransportClient::new(channel)
         .max_encoding_message_size(limits.grpc_message_bytes_max)
         .max_decoding_message_size(limits.grpc_message_bytes_max))
@@ -270,6 +284,7 @@ struct PeerTask {
     faults: Arc<NetFaults>,
     node: NodeHandle,
     limits: TransportLimits,
+    tls: Option<Arc<Tls>>,
     next_message_id: Arc<AtomicU64>,
 }
 
@@ -314,7 +329,7 @@ impl PeerTask {
     }
 
     async fn connect(&self) -> Result<RaftTransportClient<tonic::transport::Channel>, String> {
-        connect(&self.directory, self.to, &self.limits).await
+        connect(&self.directory, self.to, &self.limits, self.tls.as_ref()).await
     }
 
     /// The next batch: everything queued (up to the batch limit) after the first message;

@@ -4,6 +4,7 @@
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 use tonic::{Request, Response, Status, Streaming};
+use warden_proto::tls::calling_node;
 use warden_proto::transport::raft_envelope::Body;
 use warden_proto::transport::raft_transport_server::{RaftTransport, RaftTransportServer};
 use warden_proto::transport::{RaftBatch, RaftEnvelope, SnapshotChunk, SnapshotDone, StreamDone};
@@ -30,15 +31,24 @@ impl RaftTransportService {
             .max_encoding_message_size(limits.grpc_message_bytes_max)
     }
 
-    fn deliver(&self, batch: RaftBatch, assembler: &mut Assembler) {
+    /// Hands `batch`'s messages to their workers. With TLS on, `sender` is the node the
+    /// connection's certificate proved: a batch or a message claiming to come from another
+    /// node ends the stream (a node cannot speak for another).
+    fn deliver(&self, batch: RaftBatch, assembler: &mut Assembler, sender: Option<u64>) -> Result<(), Status> {
+        let impostor = |claimed: u64| Status::permission_denied(format!("node {sender:?} sent a raft message as node {claimed}"));
+        if sender.is_some_and(|sender| sender != batch.from_node) {
+            return Err(impostor(batch.from_node));
+        }
         for envelope in batch.envelopes {
             match decode_envelope(envelope, assembler) {
+                Ok(Some((_, message))) if sender.is_some_and(|sender| sender != message.from) => return Err(impostor(message.from)),
                 // A full inbox loses the message: raft retransmits.
                 Ok(Some((group, message))) => drop(self.node.deliver(group, message)),
                 Ok(None) => {}
                 Err(error) => tracing::warn!(from = batch.from_node, %error, "dropping raft message"),
             }
         }
+        Ok(())
     }
 }
 
@@ -71,16 +81,21 @@ pub fn decode_envelope(envelope: RaftEnvelope, assembler: &mut Assembler) -> Res
 #[tonic::async_trait]
 impl RaftTransport for RaftTransportService {
     async fn stream(&self, request: Request<Streaming<RaftBatch>>) -> Result<Response<StreamDone>, Status> {
+        let sender = calling_node(&request)?;
         let mut stream = request.into_inner();
         let mut assembler = Assembler::new(self.limits.assembly_bytes_max);
         while let Some(batch) = stream.message().await? {
-            self.deliver(batch, &mut assembler);
+            if let Err(status) = self.deliver(batch, &mut assembler, sender) {
+                tracing::warn!(node = self.node.node_id(), %status, "raft stream refused");
+                return Err(status);
+            }
         }
         Ok(Response::new(StreamDone {}))
     }
 
     async fn snapshot(&self, request: Request<Streaming<SnapshotChunk>>) -> Result<Response<SnapshotDone>, Status> {
-        let received = snapshot::receive(&self.node, &self.snapshots, &self.limits, request.into_inner()).await;
+        let sender = calling_node(&request)?;
+        let received = snapshot::receive(&self.node, &self.snapshots, &self.limits, request.into_inner(), sender).await;
         if let Err(status) = &received {
             tracing::warn!(node = self.node.node_id(), %status, "snapshot refused");
         }

@@ -107,6 +107,8 @@ pub struct Outgoing {
     pub message: Message,
     /// Where the peer listens.
     pub directory: Arc<PeerDirectory>,
+    /// This node's TLS (`None`: plaintext).
+    pub tls: Option<Arc<warden_proto::tls::Tls>>,
     /// Fault injection (a lost chunk breaks the stream).
     pub faults: Arc<NetFaults>,
     /// The sending node, told how the transfer ended.
@@ -156,7 +158,7 @@ impl Outgoing {
         if self.faults.verdict(self.from, to) == Verdict::Drop {
             return Err("lost by fault injection".into());
         }
-        let mut client = connect(&self.directory, to, &self.limits).await?;
+        let mut client = connect(&self.directory, to, &self.limits, self.tls.as_ref()).await?;
         let (from, faults, chunk_bytes) = (self.from, self.faults.clone(), self.limits.chunk_bytes.max(1));
         // Chunks are made as the call pulls them. A chunk lost to fault injection ends the
         // stream early, which the receiver refuses as truncated.
@@ -173,16 +175,22 @@ impl Outgoing {
 }
 
 /// Receives one snapshot call: reserves its bytes, reassembles and checks it, and hands it to
-/// its group's worker. An error status tells the sender to report `Failure`.
+/// its group's worker. An error status tells the sender to report `Failure`. With TLS on,
+/// `sender` is the node the connection's certificate proved: a snapshot from anyone else is
+/// refused.
 pub async fn receive(
     node: &NodeHandle,
     transfers: &Arc<Transfers>,
     limits: &TransportLimits,
     mut stream: Streaming<SnapshotChunk>,
+    sender: Option<u64>,
 ) -> Result<SnapshotDone, Status> {
     let first = stream.message().await?.ok_or_else(|| Status::invalid_argument("snapshot call without a header"))?;
     let header = first.header.ok_or_else(|| Status::invalid_argument("first snapshot chunk without a header"))?;
     let (from, group) = (header.from_node, header.group_id);
+    if sender.is_some_and(|sender| sender != from) {
+        return Err(Status::permission_denied(format!("node {sender:?} sent a snapshot as node {from}")));
+    }
     let bytes = usize::try_from(header.data_bytes).map_err(|_| Status::resource_exhausted(format!("snapshot of {} bytes", header.data_bytes)))?;
     let _transfer = transfers.start(from, bytes).map_err(|refused| Status::resource_exhausted(refused.to_string()))?;
     let timeout = limits.snapshot_timeout(bytes);
@@ -270,7 +278,8 @@ mod tests {
         let (sender, inbox) = crossbeam_channel::bounded(4);
         let transfer = transfers.start(message.to, message.get_snapshot().data.len()).expect("a free place");
         let node = NodeHandle::with_inbox(1, sender);
-        let outgoing = Outgoing { from: 1, group: GROUP, message, directory: directory.clone(), faults: Arc::default(), node, limits, transfer };
+        let outgoing =
+            Outgoing { from: 1, group: GROUP, message, directory: directory.clone(), tls: None, faults: Arc::default(), node, limits, transfer };
         outgoing.run().await;
         match inbox.try_recv() {
             Ok(WorkerMsg::SnapshotStatus { group: GROUP, to: _, status }) => status,
@@ -293,7 +302,7 @@ mod tests {
         assert!(inbox.is_empty());
 
         // A stream that ends before the data the header announced (a sender gone mid-way).
-        let mut client = connect(&directory, 2, &limits()).await.expect("connect");
+        let mut client = connect(&directory, 2, &limits(), None).await.expect("connect");
         let message = snapshot_message(2, Vec::new()).write_to_bytes().expect("encode");
         let header = SnapshotHeader { from_node: 1, group_id: GROUP, message, data_bytes: 1000 };
         let truncated = futures::stream::iter([SnapshotChunk { header: Some(header), data: vec![0; 10] }]);
