@@ -63,6 +63,10 @@ struct RouterArgs {
     /// call per request).
     #[arg(long, default_value_t = 1)]
     batch_streams: usize,
+    /// Calls per second each client principal (its certificate's name) may start through
+    /// this router; over it, calls are refused RATE_LIMITED. Needs TLS. Default: no limit.
+    #[arg(long)]
+    requests_per_s_per_principal: Option<std::num::NonZeroU32>,
 }
 
 async fn run_router(args: RouterArgs, tls: &tls_args::TlsArgs) -> anyhow::Result<()> {
@@ -71,6 +75,7 @@ async fn run_router(args: RouterArgs, tls: &tls_args::TlsArgs) -> anyhow::Result
         request_timeout: std::time::Duration::from_millis(args.request_timeout_ms),
         batch_streams: args.batch_streams,
         tls: tls.load()?,
+        requests_per_s_per_principal: args.requests_per_s_per_principal,
         ..warden_router::RouterConfig::new(args.seeds)
     };
     println!("router listening on {}", args.listen);

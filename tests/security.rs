@@ -42,7 +42,7 @@ impl Secure {
             ClusterConfig { serve_api: true, tls_dir: Some(dir.path().to_path_buf()), client_base_port: Some(0), ..ClusterConfig::default() };
         let cluster = Arc::new(Cluster::start(config, Arc::new(ShardNodeFactory::default())).expect("cluster starts"));
         let root = cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap over TLS");
-        let router = start_secure_router(&cluster, issue(dir.path(), &Identity::router(ROUTER)));
+        let router = start_secure_router(&cluster, issue(dir.path(), &Identity::router(ROUTER)), None);
         Secure { cluster, dir, router, root_group: root.group_id }
     }
 
@@ -307,4 +307,46 @@ async fn the_cluster_ca_rotates_under_load_without_a_failed_request() {
     let failures = writer.await.expect("writer");
     assert!(failures.is_empty(), "failed writes during the rotation: {failures:?}");
     assert!(reads(new_client).await, "the new CA's client still reads");
+}
+
+/// A router limiting each principal to 5 calls a second: a client calling in a tight loop is
+/// refused RATE_LIMITED (typed, with the rate) once its burst is spent, and a refused create
+/// creates nothing; another principal is served meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_limits_each_principal_to_its_rate() {
+    let secure = Secure::start().await;
+    let rate = std::num::NonZeroU32::new(5).expect("positive");
+    let limited = start_secure_router(&secure.cluster, secure.tls(&Identity::router("limited")), Some(rate));
+    let alice = secure.tls(&Identity::client("alice"));
+    let bob = secure.tls(&Identity::client("bob"));
+    let mut as_alice = WardenClient::new(Secure::channel(limited.addr, Some(&alice), Expected::Router));
+    // 30 calls in a row: they take far less than the 5 s their rate would need, so some are
+    // refused; the first 5 (the burst) are not.
+    let (mut created, mut refused) = (Vec::new(), 0);
+    for i in 0..30 {
+        let path = format!("/limited-{i}");
+        match as_alice.create(CreateRequest { path: path.clone(), ..CreateRequest::default() }).await {
+            Ok(_) => created.push(path),
+            Err(status) => {
+                assert_eq!(status.code(), Code::ResourceExhausted, "{status:?}");
+                let error = warden_proto::error_of(&status).expect("a typed error");
+                assert_eq!(error.code, warden_proto::v1::warden_error::Code::RateLimited as i32);
+                assert_eq!(error.limit, 5, "the error names the rate");
+                refused += 1;
+            }
+        }
+    }
+    assert!(refused > 0, "30 calls in a row went through at 5/s");
+    assert!(created.len() >= 5, "the burst of 5 is served: {created:?}");
+    // Bob has his own budget: served at once.
+    let mut as_bob = WardenClient::new(Secure::channel(limited.addr, Some(&bob), Expected::Router));
+    as_bob.get(GetRequest { path: "/".into(), ..GetRequest::default() }).await.expect("another principal is served");
+    // Exactly the creates that were answered exist.
+    let mut unlimited = WardenClient::new(Secure::channel(secure.router.addr, Some(&bob), Expected::Router));
+    let listed =
+        unlimited.get_children(warden_proto::v1::GetChildrenRequest { path: "/".into(), ..Default::default() }).await.expect("list").into_inner();
+    let mut existing: Vec<String> = listed.names.into_iter().filter(|name| name.starts_with("limited-")).map(|name| format!("/{name}")).collect();
+    existing.sort();
+    created.sort();
+    assert_eq!(existing, created, "a refused create created nothing");
 }

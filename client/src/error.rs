@@ -61,6 +61,15 @@ pub enum Error {
         /// What exceeded it.
         message: String,
     },
+    /// This client's principal is over its request rate at the router: try again later (the
+    /// client does not retry it: waiting is the caller's choice).
+    #[error("rate limited ({requests_per_s} requests/s): {message}")]
+    RateLimited {
+        /// The rate allowed, in requests per second.
+        requests_per_s: u64,
+        /// The router's explanation.
+        message: String,
+    },
     /// A watch asked for events older than the history kept: re-read, then watch from the
     /// read's revision + 1 (at least `revision + 1`).
     #[error("events up to revision {revision} are compacted")]
@@ -169,6 +178,7 @@ impl Error {
             Ok(Code::SessionExpired) => Error::SessionExpired,
             Ok(Code::InvalidPath) => Error::InvalidPath { path, message },
             Ok(Code::TooLarge) => Error::TooLarge { limit, message },
+            Ok(Code::RateLimited) => Error::RateLimited { requests_per_s: limit, message },
             Ok(Code::Compacted) => Error::Compacted { revision: compact_revision },
             Ok(Code::SequenceExhausted) => Error::SequenceExhausted { path },
             Ok(Code::SlowWatcher) => Error::SlowWatcher { message },

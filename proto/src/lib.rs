@@ -74,7 +74,7 @@ pub fn status(error: v1::WardenError) -> tonic::Status {
         Code::NoNode => GrpcCode::NotFound,
         Code::NodeExists => GrpcCode::AlreadyExists,
         Code::InvalidPath | Code::InvalidArgument => GrpcCode::InvalidArgument,
-        Code::TooLarge | Code::SequenceExhausted | Code::SlowWatcher => GrpcCode::ResourceExhausted,
+        Code::TooLarge | Code::SequenceExhausted | Code::SlowWatcher | Code::RateLimited => GrpcCode::ResourceExhausted,
         Code::Compacted => GrpcCode::OutOfRange,
         Code::OutcomeUnknown => GrpcCode::DeadlineExceeded,
         Code::Unknown => GrpcCode::Internal,

@@ -10,12 +10,14 @@
 //! - [`batch`]: the long-lived streams per node that carry forwarded unary calls in
 //!   batches.
 //! - [`fan_out`]: recursive deletes of subtrees several groups serve parts of.
+//! - [`limits`]: per-principal request rate limits.
 //!
 //! **Architecture invariant:** a router holds nothing that cannot be rebuilt from placement
 //! and the shard-nodes; killing one loses nothing (clients reconnect to any router).
 
 pub mod batch;
 pub mod fan_out;
+pub mod limits;
 pub mod service;
 pub mod table;
 pub mod upstream;
@@ -45,10 +47,12 @@ pub struct RouterConfig {
     /// Batch streams per node that carry the forwarded unary calls (0: each call its own
     /// unary gRPC call).
     pub batch_streams: usize,
-    /// TLS (issue 17): clients connect with TLS (a client certificate of the CA is
-    /// verified when presented), and the router reaches nodes' peer ports with its router
-    /// certificate (`None`: plaintext).
+    /// TLS (issue 17): clients connect with TLS and a certificate of the CA, and the router
+    /// reaches nodes' peer ports with its router certificate (`None`: plaintext).
     pub tls: Option<Arc<Tls>>,
+    /// Calls per second each client principal may start through this router (`None`: no
+    /// limit; applies only with TLS, which names principals).
+    pub requests_per_s_per_principal: Option<std::num::NonZeroU32>,
 }
 
 impl RouterConfig {
@@ -62,6 +66,7 @@ impl RouterConfig {
             watch_placement: true,
             batch_streams: 1,
             tls: None,
+            requests_per_s_per_principal: None,
         }
     }
 }
@@ -95,8 +100,14 @@ pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> R
     // Reflection lets grpcurl and similar tools call the router without the .proto files.
     let reflection =
         tonic_reflection::server::Builder::configure().register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET).build_v1().ok();
+    let limits = config.requests_per_s_per_principal.map(limits::PrincipalLimits::new);
+    let service = RouterService::server(upstreams, config.request_timeout);
+    let admit = move |request| match &limits {
+        Some(limits) => limits.admit(request),
+        None => Ok(request),
+    };
     let served = tonic::transport::Server::builder()
-        .add_service(RouterService::server(upstreams, config.request_timeout))
+        .add_service(tonic::service::interceptor::InterceptedService::new(service, admit))
         .add_optional_service(reflection)
         .serve_with_incoming(incoming)
         .await;

@@ -93,7 +93,7 @@ pub async fn restart_router(cluster: &Cluster, addr: std::net::SocketAddr) -> Ro
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
-    serve_router(cluster, listener, true, None)
+    serve_router(cluster, listener, true)
 }
 
 /// Waits until nothing accepts connections at `addr`: a dropped router's runtime shuts down
@@ -107,27 +107,34 @@ pub async fn wait_refused(addr: std::net::SocketAddr) {
 }
 
 fn start_router_with(cluster: &Cluster, port: u16, watch_placement: bool) -> Router {
-    serve_router(cluster, std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind"), watch_placement, None)
+    serve_router(cluster, std::net::TcpListener::bind(("127.0.0.1", port)).expect("bind"), watch_placement)
 }
 
-/// A router with `tls` (its certificate naming a router) on a fresh loopback port.
-pub fn start_secure_router(cluster: &Cluster, tls: Arc<warden_proto::tls::Tls>) -> Router {
-    serve_router(cluster, std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind"), true, Some(tls))
+/// A router with `tls` (its certificate naming a router) on a fresh loopback port, limiting
+/// each client principal to `requests_per_s` calls per second if set.
+pub fn start_secure_router(cluster: &Cluster, tls: Arc<warden_proto::tls::Tls>, requests_per_s: Option<std::num::NonZeroU32>) -> Router {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind");
+    serve_router_with(
+        cluster,
+        listener,
+        true,
+        warden_router::RouterConfig { tls: Some(tls), requests_per_s_per_principal: requests_per_s, ..warden_router::RouterConfig::new(Vec::new()) },
+    )
 }
 
-fn serve_router(cluster: &Cluster, listener: std::net::TcpListener, watch_placement: bool, tls: Option<Arc<warden_proto::tls::Tls>>) -> Router {
+fn serve_router(cluster: &Cluster, listener: std::net::TcpListener, watch_placement: bool) -> Router {
+    serve_router_with(cluster, listener, watch_placement, warden_router::RouterConfig::new(Vec::new()))
+}
+
+/// Serves a router configured as `config` (its seeds, timeouts and table refresh set here).
+fn serve_router_with(cluster: &Cluster, listener: std::net::TcpListener, watch_placement: bool, config: warden_router::RouterConfig) -> Router {
     let refresh = if watch_placement { Duration::from_secs(1) } else { Duration::from_secs(3600) };
     let runtime = tokio::runtime::Builder::new_multi_thread().worker_threads(1).enable_all().build().expect("runtime");
     listener.set_nonblocking(true).expect("nonblocking");
     let addr = listener.local_addr().expect("addr");
     let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
-    let config = warden_router::RouterConfig {
-        request_timeout: Duration::from_secs(10),
-        table_refresh_interval: refresh,
-        watch_placement,
-        tls,
-        ..warden_router::RouterConfig::new(seeds)
-    };
+    let config =
+        warden_router::RouterConfig { seeds, request_timeout: Duration::from_secs(10), table_refresh_interval: refresh, watch_placement, ..config };
     runtime.spawn(async move {
         let listener = tokio::net::TcpListener::from_std(listener).expect("listener");
         let _ = warden_router::serve(listener, config).await;
