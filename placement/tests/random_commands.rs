@@ -163,7 +163,14 @@ fn check_step(before: &Placement, after: &Placement, command: &Command, accepted
     if after.is_bootstrapped() {
         prop_assert_eq!(after.route("/").map(|group| group.id), Some(ROOT_GROUP_ID));
         // Exactly one ready group serves each path: the one `route` names.
-        let descriptors: Vec<_> = after.groups().values().filter(|group| group.ready).filter_map(|group| after.descriptor(group.id)).collect();
+        let descriptors: Vec<_> =
+            after.groups().values().filter(|group| group.ready && !group.retired).filter_map(|group| after.descriptor(group.id)).collect();
+        // A retired group (merged away, kept only as its sessions' home) is unrouted and
+        // serves nothing: its one exclusion is its own prefix.
+        for group in after.groups().values().filter(|group| group.retired) {
+            prop_assert!(!after.routes().values().any(|id| *id == group.id), "retired group {} routed", group.id);
+            prop_assert_eq!(after.descriptor(group.id).map(|d| d.excluded), Some(vec![group.prefix.clone()]));
+        }
         // Descriptors list only the immediate carve-outs: ready prefixes, none below another.
         for descriptor in &descriptors {
             for excluded in &descriptor.excluded {
