@@ -46,7 +46,7 @@ fn harness() -> Harness {
 /// A transaction command of `then` operations behind `compares`, as the service proposes it.
 fn txn_command(compares: Vec<Compare>, then: Vec<Op>) -> Vec<u8> {
     let request = TxnRequest { compares, then: then.into_iter().map(|op| TxnOp { op: Some(op) }).collect(), ..TxnRequest::default() };
-    Command { now_ms: 1_000_000, op: Some(CommandOp::Txn(request)) }.encode_to_vec()
+    Command { now_ms: 1_000_000, principal: String::new(), op: Some(CommandOp::Txn(request)) }.encode_to_vec()
 }
 
 fn create(path: String, fill: u8) -> Op {

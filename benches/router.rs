@@ -38,7 +38,7 @@ fn table() -> Table {
             groups.push(entry(2 + tenant * SERVICES + service, prefix(tenant, service)));
         }
     }
-    Table::from_proto(RoutingTable { version: 1, nodes: Vec::new(), groups, scheduler_paused: false })
+    Table::from_proto(RoutingTable { version: 1, nodes: Vec::new(), groups, scheduler_paused: false, acl: None })
 }
 
 /// Paths to route, with the group each must route to.

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use tonic::transport::Channel;
+use crate::tls_args::CommandChannel;
 use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::*;
@@ -126,6 +126,19 @@ pub enum AdminCommand {
         #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
         seeds: Vec<String>,
     },
+    /// Make a bearer token for PRINCIPAL: prints the token (give it to the client, as
+    /// --token or WARDEN_TOKEN) and the line to append to the servers' --tokens file (it holds
+    /// only the token's SHA-256).
+    Token {
+        /// The principal the token names.
+        principal: String,
+    },
+    /// Who may do what where, with security on (`warden admin acl --help`).
+    Acl {
+        /// What to do.
+        #[command(subcommand)]
+        action: AclAction,
+    },
     /// Pause or resume the balance schedulers (repair, drain and decommission keep running).
     Scheduler {
         /// `pause` or `resume`.
@@ -134,6 +147,120 @@ pub enum AdminCommand {
         #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
         seeds: Vec<String>,
     },
+}
+
+/// What `warden admin acl` does. A grant holds at its prefix and everything below it; the
+/// permissions are `read`, `write`, `lock` (sessions, ephemerals, locks), `watch`, `admin`
+/// (all of them, and changing grants there) or `all`, comma-separated. `root` may do
+/// everything; a grant may name a group of principals as `group:NAME`.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum AclAction {
+    /// Grant PERMISSIONS at PREFIX to PRINCIPAL (needs `admin` at PREFIX).
+    Grant {
+        /// Where (and below).
+        prefix: String,
+        /// Whom: a principal, or `group:NAME`.
+        principal: String,
+        /// Comma-separated: read, write, lock, watch, admin, all.
+        permissions: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Take PERMISSIONS at PREFIX away from PRINCIPAL (needs `admin` at PREFIX).
+    Revoke {
+        /// Where the grant is.
+        prefix: String,
+        /// Whom it is for.
+        principal: String,
+        /// Comma-separated: read, write, lock, watch, admin, all.
+        permissions: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Put PRINCIPAL in the group GROUP (needs `admin` at `/`).
+    Join {
+        /// The group's name (grants name it `group:NAME`).
+        group: String,
+        /// The member.
+        principal: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Take PRINCIPAL out of the group GROUP (needs `admin` at `/`).
+    Leave {
+        /// The group's name.
+        group: String,
+        /// The member.
+        principal: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// List the grants at or below what the caller administers (and the groups, for an
+    /// admin of `/`).
+    List {
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+}
+
+/// The permission bits of a comma-separated list of their names.
+fn parse_permissions(words: &str) -> anyhow::Result<u32> {
+    words.split(',').map(str::trim).try_fold(0, |bits, word| match warden_placement::acl::permission_named(word) {
+        Some(bit) => Ok(bits | bit),
+        None => anyhow::bail!("unknown permission {word:?}: read, write, lock, watch, admin or all"),
+    })
+}
+
+/// Runs `warden admin acl`.
+async fn acl(action: AclAction, out: Output) -> anyhow::Result<()> {
+    let (seeds, change, membership) = match action {
+        AclAction::Grant { prefix, principal, permissions, seeds } => {
+            (seeds, Some(ChangeAclRequest { prefix, principal, permissions: parse_permissions(&permissions)?, revoke: false }), None)
+        }
+        AclAction::Revoke { prefix, principal, permissions, seeds } => {
+            (seeds, Some(ChangeAclRequest { prefix, principal, permissions: parse_permissions(&permissions)?, revoke: true }), None)
+        }
+        AclAction::Join { group, principal, seeds } => (seeds, None, Some(ChangeAclGroupRequest { group, principal, remove: false })),
+        AclAction::Leave { group, principal, seeds } => (seeds, None, Some(ChangeAclGroupRequest { group, principal, remove: true })),
+        AclAction::List { seeds } => (seeds, None, None),
+    };
+    let changed = match (change, membership) {
+        (Some(request), _) => Some(
+            at_any(&seeds, |mut c| {
+                let request = request.clone();
+                async move { c.change_acl(request).await }
+            })
+            .await?,
+        ),
+        (None, Some(request)) => Some(
+            at_any(&seeds, |mut c| {
+                let request = request.clone();
+                async move { c.change_acl_group(request).await }
+            })
+            .await?,
+        ),
+        (None, None) => None,
+    };
+    if let Some(answer) = changed {
+        println!("acl version {}", answer.version);
+        return Ok(());
+    }
+    let list = at_any(&seeds, |mut c| async move { c.list_acl(ListAclRequest {}).await }).await?;
+    for grant in &list.grants {
+        let words = warden_placement::acl::permission_words(grant.permissions);
+        let json = serde_json::json!({ "prefix": grant.prefix, "principal": grant.principal, "permissions": words });
+        out.emit(json, || format!("{}\t{}\t{}", grant.prefix, grant.principal, words))?;
+    }
+    for group in &list.groups {
+        let json = serde_json::json!({ "group": group.name, "members": group.members });
+        out.emit(json, || format!("group:{}\t{}", group.name, group.members.join(",")))?;
+    }
+    Ok(())
 }
 
 /// What `warden admin scheduler` does.
@@ -153,7 +280,7 @@ fn parse_node(text: &str) -> Result<(u64, String), String> {
     Ok((id.parse().map_err(|e| format!("{text}: node id: {e}"))?, addr.to_string()))
 }
 
-fn client(addr: &str) -> anyhow::Result<PlacementClient<Channel>> {
+fn client(addr: &str) -> anyhow::Result<PlacementClient<CommandChannel>> {
     Ok(PlacementClient::new(crate::tls_args::node_channel(addr)?))
 }
 
@@ -161,7 +288,7 @@ fn client(addr: &str) -> anyhow::Result<PlacementClient<Channel>> {
 /// up to 30 s.
 async fn at_any<T, F, Fut>(addrs: &[String], call: F) -> anyhow::Result<T>
 where
-    F: Fn(PlacementClient<Channel>) -> Fut,
+    F: Fn(PlacementClient<CommandChannel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
     at_any_within(addrs, Duration::from_secs(30), call).await
@@ -175,7 +302,7 @@ pub(crate) async fn routing_table(addrs: &[String], patience: Duration) -> anyho
 /// [`at_any`] for up to `patience`.
 async fn at_any_within<T, F, Fut>(addrs: &[String], patience: Duration, call: F) -> anyhow::Result<T>
 where
-    F: Fn(PlacementClient<Channel>) -> Fut,
+    F: Fn(PlacementClient<CommandChannel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
     anyhow::ensure!(!addrs.is_empty(), "no node addresses given");
@@ -266,6 +393,13 @@ pub async fn run(command: AdminCommand, out: Output, tls: &crate::tls_args::TlsA
             .await?;
             let descriptor = answer.group.and_then(|g| g.descriptor).unwrap_or_default();
             println!("group {} serves {} on nodes {:?} (split with its data)", descriptor.group_id, descriptor.prefix, descriptor.replicas);
+        }
+        AdminCommand::Acl { action } => acl(action, out).await?,
+        AdminCommand::Token { principal } => {
+            warden_placement::acl::validate_name(&principal)?;
+            let token = warden_proto::tls::tokens::generate()?;
+            println!("token: {token}");
+            println!("tokens file line: {}", warden_proto::tls::tokens::line(&principal, &token));
         }
         AdminCommand::Scheduler { action, seeds } => {
             let paused = matches!(action, SchedulerAction::Pause);

@@ -35,9 +35,11 @@ pub struct DevArgs {
     /// unary gRPC call per request).
     #[arg(long, default_value_t = 1)]
     batch_streams: usize,
-    /// TLS on every link: a throwaway CA and certificates for the nodes, the router and a
-    /// client `root` under `<data-dir>/tls` (kept across restarts), and client ports on the
-    /// nodes (node i on base + 100 + i - 1). Prints the CLI's flags.
+    /// Security on: TLS on every link with a throwaway CA and certificates for the nodes, the
+    /// router and a client `root` under `<data-dir>/tls` (kept across restarts), a bearer
+    /// token for `root` the router also accepts, ACLs enforced (`root` administers
+    /// everything: `warden admin acl grant`), and client ports on the nodes (node i on
+    /// base + 100 + i - 1). Prints the CLI's flags.
     #[arg(long)]
     secure: bool,
 }
@@ -49,15 +51,27 @@ struct DevTls {
     router: Arc<Tls>,
     /// The client `root`'s files, for the CLI.
     client: TlsFiles,
+    /// A bearer token naming `root` (the router accepts it instead of a certificate).
+    root_token: String,
 }
 
 impl DevTls {
     fn make(data_dir: &std::path::Path) -> anyhow::Result<DevTls> {
         let dir = data_dir.join("tls");
         let authority = Authority::load_or_create(&dir, "warden dev CA")?;
-        let router = Tls::load(authority.issue_files(&dir, &Identity::router("dev"))?)?;
+        // The token of `root`, made once: the router's token file holds its hash.
+        let token_file = dir.join("root.token");
+        let tokens_file = dir.join("tokens");
+        if !token_file.exists() {
+            let token = warden_proto::tls::tokens::generate()?;
+            std::fs::write(&tokens_file, format!("{}\n", warden_proto::tls::tokens::line("root", &token)))?;
+            std::fs::write(&token_file, &token)?;
+        }
+        let root_token = std::fs::read_to_string(&token_file)?.trim().to_string();
+        let tokens = warden_proto::tls::Tokens::load(&tokens_file)?;
+        let router = Tls::load_with_tokens(authority.issue_files(&dir, &Identity::router("dev"))?, Some(tokens))?;
         let client = authority.issue_files(&dir, &Identity::client("root"))?;
-        Ok(DevTls { dir, router, client })
+        Ok(DevTls { dir, router, client, root_token })
     }
 }
 
@@ -126,7 +140,8 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let mut endpoints = if router_addr.to_string() == "127.0.0.1:7100" { String::new() } else { format!(" --endpoints {router_addr}") };
     if let Some(tls) = &tls {
         let files = &tls.client;
-        println!("  (TLS on: the CLI needs the client root's certificate; or export WARDEN_CA, WARDEN_CERT, WARDEN_KEY)");
+        println!("  (security on: the CLI needs the client root's certificate; or export WARDEN_CA, WARDEN_CERT, WARDEN_KEY)");
+        println!("  (or, through the router, root's bearer token: --ca {} --token {})", files.ca.display(), tls.root_token);
         endpoints.push_str(&format!(" --ca {} --cert {} --key {}", files.ca.display(), files.cert.display(), files.key.display()));
     }
     println!("  warden{endpoints} create /teams/payments/hello world");

@@ -108,7 +108,7 @@ pub async fn run(args: NodeArgs, tls: &crate::tls_args::TlsArgs) -> anyhow::Resu
     config.fatal = FatalPolicy::Abort;
     config.tls = tls.load()?;
     if let Some(tls) = &config.tls {
-        let identity = tls.identity();
+        let identity = tls.identity().ok_or_else(|| anyhow::anyhow!("a node needs a certificate of its own (--cert, --key)"))?;
         anyhow::ensure!(identity.node_id() == Some(args.id), "the certificate names {identity}, not node {}", args.id);
     }
     let listeners =

@@ -1,10 +1,14 @@
-//! The TLS flags every `warden` command takes (issue 17): `--ca`, `--cert`, `--key`, also
-//! from `WARDEN_CA`, `WARDEN_CERT`, `WARDEN_KEY`. All three turn TLS on; none leaves it off.
+//! The security flags every `warden` command takes (issue 17): `--ca`, `--cert`, `--key`,
+//! `--token` and `--tokens`, also from `WARDEN_CA`, `WARDEN_CERT`, `WARDEN_KEY`,
+//! `WARDEN_TOKEN`, `WARDEN_TOKENS`. `--ca` with `--cert` and `--key` turns TLS on; a client
+//! may instead give `--ca` and `--token` (no certificate of its own); none leaves it off.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use warden_proto::tls::{Tls, TlsFiles};
+use tonic::service::interceptor::InterceptedService;
+use tonic::transport::Channel;
+use warden_proto::tls::{Tls, TlsFiles, Tokens};
 
 /// `--ca`, `--cert`, `--key`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -20,18 +24,52 @@ pub struct TlsArgs {
     /// This process's private key (PEM).
     #[arg(long, global = true, env = "WARDEN_KEY", value_name = "PEM")]
     pub key: Option<PathBuf>,
+    /// A bearer token naming this client's principal (with --ca, instead of a certificate;
+    /// `warden admin token` makes one).
+    #[arg(long, global = true, env = "WARDEN_TOKEN", value_name = "TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+    /// For `warden node` and `warden router`: a file of `NAME SHA256-HEX` lines whose tokens
+    /// the client ports also accept (read again when it changes).
+    #[arg(long, global = true, env = "WARDEN_TOKENS", value_name = "FILE")]
+    pub tokens: Option<PathBuf>,
 }
 
 impl TlsArgs {
     /// The TLS these flags set up: `None` without any of them, an error with only some.
     pub fn load(&self) -> anyhow::Result<Option<Arc<Tls>>> {
+        let tokens = self.tokens.as_deref().map(Tokens::load).transpose()?;
         match (&self.ca, &self.cert, &self.key) {
-            (None, None, None) => Ok(None),
-            (Some(ca), Some(cert), Some(key)) => Ok(Some(Tls::load(TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() })?)),
-            _ => anyhow::bail!("TLS needs all of --ca, --cert and --key"),
+            (None, None, None) => {
+                anyhow::ensure!(tokens.is_none() && self.token.is_none(), "tokens need TLS: give --ca (and --cert, --key)");
+                Ok(None)
+            }
+            (Some(ca), Some(cert), Some(key)) => {
+                Ok(Some(Tls::load_with_tokens(TlsFiles { ca: ca.clone(), cert: cert.clone(), key: key.clone() }, tokens)?))
+            }
+            (Some(ca), None, None) if self.token.is_some() => Ok(Some(Tls::load_ca_only(ca.clone())?)),
+            _ => anyhow::bail!("TLS needs all of --ca, --cert and --key (or --ca and --token for a client)"),
         }
     }
 }
+
+/// Adds the command's bearer token (if any) to each call.
+#[derive(Clone)]
+pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
+
+impl tonic::service::Interceptor for Bearer {
+    fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
+        if let Some(value) = &self.0 {
+            request.metadata_mut().insert(warden_proto::tls::tokens::AUTHORIZATION_HEADER, value.clone());
+        }
+        Ok(request)
+    }
+}
+
+/// A channel of a command: its TLS, and its bearer token on every call.
+pub type CommandChannel = InterceptedService<Channel, Bearer>;
+
+/// The bearer token of this command-line process, set with its TLS.
+static COMMAND_TOKEN: std::sync::OnceLock<Bearer> = std::sync::OnceLock::new();
 
 /// The TLS of this command-line process: one identity for all its connections, set once
 /// when a command starts ([`use_for_commands`]), read by [`node_channel`].
@@ -40,15 +78,21 @@ static COMMAND_TLS: std::sync::OnceLock<Option<Arc<Tls>>> = std::sync::OnceLock:
 /// Loads `args` as the TLS of this command's connections to nodes.
 pub fn use_for_commands(args: &TlsArgs) -> anyhow::Result<()> {
     let tls = args.load()?;
+    let bearer = match &args.token {
+        Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| anyhow::anyhow!("a token is printable ASCII"))?),
+        None => None,
+    };
     // Set once per process: a second call (there is none) keeps the first.
     let _ = COMMAND_TLS.set(tls);
+    let _ = COMMAND_TOKEN.set(Bearer(bearer));
     Ok(())
 }
 
 /// A lazily connected channel to the node (client port) or router at `addr`, with this
 /// command's TLS.
-pub fn node_channel(addr: &str) -> anyhow::Result<tonic::transport::Channel> {
+pub fn node_channel(addr: &str) -> anyhow::Result<CommandChannel> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(std::time::Duration::from_secs(1));
     let tls = COMMAND_TLS.get().and_then(Option::as_ref);
-    Ok(warden_proto::tls::lazy_channel(endpoint, tls, warden_proto::tls::Expected::NodeOrRouter))
+    let channel = warden_proto::tls::lazy_channel(endpoint, tls, warden_proto::tls::Expected::NodeOrRouter);
+    Ok(InterceptedService::new(channel, COMMAND_TOKEN.get().cloned().unwrap_or(Bearer(None))))
 }

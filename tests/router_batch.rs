@@ -180,7 +180,13 @@ async fn a_node_refuses_an_oversize_or_unknown_item_typed_and_answers_the_rest()
 
     let create = CreateRequest { path: "/big".into(), data: vec![7; 2 << 20], ..CreateRequest::default() };
     let small = CreateRequest { path: "/small".into(), data: b"x".to_vec(), ..CreateRequest::default() };
-    let item = |id, method: Method, request: Vec<u8>| Item { id, method: method as i32, request: request.into(), timeout_us: 5_000_000 };
+    let item = |id, method: Method, request: Vec<u8>| Item {
+        id,
+        method: method as i32,
+        request: request.into(),
+        timeout_us: 5_000_000,
+        principal: String::new(),
+    };
     let items = vec![
         item(1, Method::Create, create.encode_to_vec()),
         item(2, Method::Unspecified, Vec::new()),

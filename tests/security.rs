@@ -12,8 +12,9 @@ use std::time::Duration;
 use support::routed::{start_secure_router, TIMEOUT};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
+use warden_placement::acl;
 use warden_proto::placement::placement_client::PlacementClient;
-use warden_proto::placement::{CreateReplicaRequest, GetRoutingTableRequest, HeartbeatRequest};
+use warden_proto::placement::{ChangeAclRequest, CreateReplicaRequest, GetRoutingTableRequest, HeartbeatRequest};
 use warden_proto::tls::authority::Authority;
 use warden_proto::tls::{lazy_channel, Expected, Identity, Tls};
 use warden_proto::transport::raft_transport_client::RaftTransportClient;
@@ -66,6 +67,44 @@ impl Secure {
     }
 }
 
+impl Secure {
+    /// Grants `permissions` at `prefix` to `principal`, as root, at the placement leader.
+    async fn grant(&self, prefix: &str, principal: &str, permissions: u32) {
+        let root = self.tls(&Identity::client("root"));
+        let request = ChangeAclRequest { prefix: prefix.into(), principal: principal.into(), permissions, revoke: false };
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            for node in 1..=5 {
+                let mut placement = PlacementClient::new(Secure::channel(self.client_port(node), Some(&root), Expected::Node(node)));
+                if placement.change_acl(request.clone()).await.is_ok() {
+                    return;
+                }
+            }
+            assert!(tokio::time::Instant::now() < deadline, "no placement leader granted {request:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until `call`, made as `tls` through the router at `router`, is served: the
+    /// grants it needs reached the router and the nodes (they learn the ACL with the routing
+    /// table and the heartbeats).
+    async fn served<T, F, Fut>(&self, router: std::net::SocketAddr, tls: &Arc<Tls>, call: F)
+    where
+        F: Fn(WardenClient<Channel>) -> Fut,
+        Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+    {
+        let client = WardenClient::new(Secure::channel(router, Some(tls), Expected::Router));
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            match call(client.clone()).await {
+                Ok(_) => return,
+                Err(status) => assert!(tokio::time::Instant::now() < deadline, "never served: {status:?}"),
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        }
+    }
+}
+
 fn issue(dir: &std::path::Path, identity: &Identity) -> Arc<Tls> {
     let authority = Authority::load(dir).expect("the cluster's CA");
     Tls::load(authority.issue_files(dir, identity).expect("issue")).expect("load")
@@ -110,7 +149,8 @@ fn code(result: Result<impl std::fmt::Debug, tonic::Status>) -> Code {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_secure_cluster_serves_clients_with_a_certificate_of_its_ca_only() {
     let secure = Secure::start().await;
-    let alice = secure.tls(&Identity::client("alice"));
+    // `root` may do everything (ACLs are on with TLS; see the matrix test for grants).
+    let alice = secure.tls(&Identity::client("root"));
 
     // Through the router, with the client library.
     let config = warden_client::ClientConfig {
@@ -236,13 +276,13 @@ async fn the_cluster_ca_rotates_under_load_without_a_failed_request() {
     let secure = Secure::start().await;
     let dir = secure.dir.path();
     let old_ca = Authority::load(dir).expect("the cluster's CA");
-    let old_client_files = old_ca.issue_files(&dir.join("old"), &Identity::client("old")).expect("issue");
+    let old_client_files = old_ca.issue_files(&dir.join("old"), &Identity::client("root")).expect("issue");
     let config = |tls: Arc<Tls>| warden_client::ClientConfig {
         tls: Some(tls),
         request_timeout: TIMEOUT,
         ..warden_client::ClientConfig::new([secure.router.addr.to_string()])
     };
-    let client = warden_client::Client::connect(config(secure.tls(&Identity::client("alice")))).await.expect("connect");
+    let client = warden_client::Client::connect(config(secure.tls(&Identity::client("root")))).await.expect("connect");
     client.create("/rotation", "0", &warden_client::CreateOptions::default()).await.expect("create");
     let writes = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
@@ -288,7 +328,7 @@ async fn the_cluster_ca_rotates_under_load_without_a_failed_request() {
     let restarted = secure.cluster.node_ids().into_iter().find(|id| *id != root_leader).expect("a node");
     secure.cluster.restart(restarted).expect("restart");
     let new_client_dir = dir.join("new");
-    let new_client = Tls::load(new_ca.issue_files(&new_client_dir, &Identity::client("new")).expect("issue")).expect("load");
+    let new_client = Tls::load(new_ca.issue_files(&new_client_dir, &Identity::client("root")).expect("issue")).expect("load");
     let reads = |tls: Arc<Tls>| async move {
         match warden_client::Client::connect(config(tls)).await {
             Ok(client) => client.get("/rotation").await.is_ok(),
@@ -320,8 +360,13 @@ async fn a_router_limits_each_principal_to_its_rate() {
     let secure = Secure::start().await;
     let rate = std::num::NonZeroU32::new(5).expect("positive");
     let limited = start_secure_router(&secure.cluster, secure.tls(&Identity::router("limited")), Some(rate));
-    let alice = secure.tls(&Identity::client("alice"));
+    // Root writes; bob may read `/` once his grant has reached the router and the nodes.
+    let alice = secure.tls(&Identity::client("root"));
     let bob = secure.tls(&Identity::client("bob"));
+    secure.grant("/", "bob", acl::READ).await;
+    for router in [limited.addr, secure.router.addr] {
+        secure.served(router, &bob, |mut c| async move { c.get(GetRequest { path: "/".into(), ..GetRequest::default() }).await }).await;
+    }
     let mut as_alice = WardenClient::new(Secure::channel(limited.addr, Some(&alice), Expected::Router));
     // 30 calls in a row: they take far less than the 5 s their rate would need, so some are
     // refused; the first 5 (the burst) are not.
@@ -352,4 +397,228 @@ async fn a_router_limits_each_principal_to_its_rate() {
     existing.sort();
     created.sort();
     assert_eq!(existing, created, "a refused create created nothing");
+}
+
+/// What one call of the matrix answered: served, or the gRPC code it was refused with.
+fn outcome<T>(result: Result<tonic::Response<T>, tonic::Status>) -> &'static str {
+    match result {
+        Ok(_) => "ok",
+        Err(status) if status.code() == Code::PermissionDenied => "denied",
+        Err(status) if status.code() == Code::Unauthenticated => "unauthenticated",
+        Err(status) if connection_refused(status.code()) => "refused",
+        Err(status) => panic!("unexpected answer {status:?}"),
+    }
+}
+
+/// The public API × credentials matrix (issue 17): every public call, made through the
+/// router by another team's principal, a read-only principal, a team's full principal and
+/// root, answers as the grants say; sessions are their opener's. A client of another CA, and
+/// one without a certificate, are refused the connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_public_call_answers_as_the_grants_say() {
+    use futures::StreamExt as _;
+    use warden_proto::v1::*;
+    let secure = Secure::start().await;
+    let router = secure.router.addr;
+    let as_ = |name: &str| WardenClient::new(Secure::channel(router, Some(&secure.tls(&Identity::client(name))), Expected::Router));
+    secure.grant("/team-a", "alice", acl::READ | acl::WRITE | acl::LOCK | acl::WATCH).await;
+    secure.grant("/team-a", "carol", acl::READ).await;
+    secure.grant("/team-b", "bob", acl::ADMIN).await;
+    let mut root = as_("root");
+    for path in ["/team-a", "/team-b", "/team-a/data", "/team-a/tmp-alice", "/team-a/tmp-root"] {
+        root.create(CreateRequest { path: path.into(), ..CreateRequest::default() }).await.expect("root creates");
+    }
+    let alice_tls = secure.tls(&Identity::client("alice"));
+    secure
+        .served(router, &alice_tls, |mut c| async move { c.create(CreateRequest { path: "/team-a/ready".into(), ..Default::default() }).await })
+        .await;
+    for (name, path) in [("carol", "/team-a"), ("bob", "/team-b")] {
+        let tls = secure.tls(&Identity::client(name));
+        secure.served(router, &tls, |mut c| async move { c.get(GetRequest { path: path.into(), ..GetRequest::default() }).await }).await;
+    }
+    // Alice's session, holding /team-a/held: what the others' session calls name.
+    let mut alice = as_("alice");
+    let alice_session =
+        alice.create_session(CreateSessionRequest { ttl_ms: 30_000, ..Default::default() }).await.expect("session").into_inner().session_id;
+    let lock = LockRequest { path: "/team-a/held".into(), session_id: alice_session, ..LockRequest::default() };
+    let alice_sequencer = alice.lock(lock).await.expect("lock").into_inner().sequencer.expect("held");
+
+    // Rows: another team, read-only, full, admin (root also bypasses session owners).
+    let expected: &[(&str, [&str; 17])] = &[
+        (
+            "bob",
+            [
+                "denied", "denied", "denied", "denied", "denied", "denied", "denied", "ok", "ok", "denied", "denied", "denied", "denied", "denied",
+                "denied", "ok", "denied",
+            ],
+        ),
+        (
+            "carol",
+            [
+                "denied", "ok", "ok", "denied", "denied", "ok", "ok", "ok", "denied", "denied", "denied", "denied", "ok", "ok", "denied", "denied",
+                "denied",
+            ],
+        ),
+        ("alice", ["ok"; 17]),
+        ("root", ["ok"; 17]),
+    ];
+    let calls = [
+        "Create",
+        "Get",
+        "Exists",
+        "Set",
+        "Delete",
+        "GetChildren",
+        "Txn",
+        "Sync",
+        "CreateSession",
+        "KeepAlive",
+        "SessionInfo",
+        "Lock",
+        "LockInfo",
+        "CheckSequencer",
+        "Unlock",
+        "CloseSession",
+        "Watch",
+    ];
+    for (who, row) in expected {
+        let mut c = as_(who);
+        let mut got = Vec::new();
+        got.push(outcome(c.create(CreateRequest { path: format!("/team-a/x-{who}"), ..Default::default() }).await));
+        got.push(outcome(c.get(GetRequest { path: "/team-a/data".into(), ..Default::default() }).await));
+        got.push(outcome(c.exists(ExistsRequest { path: "/team-a/data".into(), ..Default::default() }).await));
+        got.push(outcome(c.set(SetRequest { path: "/team-a/data".into(), data: who.as_bytes().to_vec(), ..Default::default() }).await));
+        got.push(outcome(c.delete(DeleteRequest { path: format!("/team-a/tmp-{who}"), ..Default::default() }).await));
+        got.push(outcome(c.get_children(GetChildrenRequest { path: "/team-a".into(), ..Default::default() }).await));
+        let txn = TxnRequest {
+            compares: vec![Compare { path: "/team-a/data".into(), target: compare::Target::Exists as i32, exists: true, ..Default::default() }],
+            then: vec![TxnOp { op: Some(txn_op::Op::Get(GetRequest { path: "/team-a/data".into(), ..Default::default() })) }],
+            ..Default::default()
+        };
+        got.push(outcome(c.txn(txn).await));
+        got.push(outcome(c.sync(SyncRequest::default()).await));
+        let created = c.create_session(CreateSessionRequest { ttl_ms: 30_000, ..Default::default() }).await;
+        let own_session = created.as_ref().ok().map(|r| r.get_ref().session_id);
+        got.push(outcome(created));
+        got.push(outcome(c.keep_alive(KeepAliveRequest { session_ids: vec![alice_session], ..Default::default() }).await));
+        got.push(outcome(c.session_info(SessionInfoRequest { session_id: alice_session, ..Default::default() }).await));
+        let session = own_session.unwrap_or(alice_session);
+        let locked = c.lock(LockRequest { path: format!("/team-a/lock-{who}"), session_id: session, ..Default::default() }).await;
+        let own_sequencer = locked.as_ref().ok().and_then(|r| r.get_ref().sequencer.clone());
+        got.push(outcome(locked));
+        got.push(outcome(c.lock_info(LockInfoRequest { path: "/team-a/held".into(), ..Default::default() }).await));
+        got.push(outcome(c.check_sequencer(CheckSequencerRequest { sequencer: Some(alice_sequencer.clone()), ..Default::default() }).await));
+        let sequencer = own_sequencer.unwrap_or_else(|| alice_sequencer.clone());
+        got.push(outcome(c.unlock(UnlockRequest { sequencer: Some(sequencer), ..Default::default() }).await));
+        got.push(outcome(c.close_session(CloseSessionRequest { session_id: session, ..Default::default() }).await));
+        let create = WatchCreate { path: "/team-a".into(), ..Default::default() };
+        let requests =
+            futures::stream::iter([WatchRequest { request: Some(watch_request::Request::Create(create)) }]).chain(futures::stream::pending());
+        let mut responses = c.watch(requests).await.expect("a watch stream opens").into_inner();
+        let first = responses.message().await.expect("a first answer").expect("a response");
+        let refused = first.canceled.as_ref().and_then(|c| c.error.as_ref()).map(|e| e.code);
+        got.push(match refused {
+            None if first.created.is_some() => "ok",
+            Some(code) if code == warden_error::Code::PermissionDenied as i32 => "denied",
+            other => panic!("unexpected watch answer {other:?}: {first:?}"),
+        });
+        let table: Vec<(&str, &str, &str)> = calls.iter().zip(row.iter()).zip(&got).map(|((call, want), got)| (*call, *want, *got)).collect();
+        let wrong: Vec<_> = table.iter().filter(|(_, want, got)| want != got).collect();
+        assert!(wrong.is_empty(), "{who}: (call, expected, got) {wrong:?}");
+    }
+
+    // A refused call changed nothing and told nothing: the data is the last writer's who may
+    // write, and the refusal of a path that does not exist reads as one that does.
+    let data = root.get(GetRequest { path: "/team-a/data".into(), ..Default::default() }).await.expect("get").into_inner().data;
+    assert_eq!(data, b"root");
+    let mut bob = as_("bob");
+    let existing = bob.get(GetRequest { path: "/team-a/data".into(), ..Default::default() }).await.expect_err("denied");
+    let missing = bob.get(GetRequest { path: "/team-a/nothing".into(), ..Default::default() }).await.expect_err("denied");
+    assert_eq!((existing.code(), missing.code()), (Code::PermissionDenied, Code::PermissionDenied));
+    assert_eq!(existing.message().replace("/team-a/data", "P"), missing.message().replace("/team-a/nothing", "P"));
+
+    // Administration: bob administers /team-b only; carol nothing.
+    let grant = |prefix: &str| ChangeAclRequest { prefix: prefix.into(), principal: "dave".into(), permissions: acl::READ, revoke: false };
+    let on_nodes = |name: &str, request: ChangeAclRequest| {
+        let tls = secure.tls(&Identity::client(name));
+        let ports: Vec<_> = (1..=5).map(|node| (node, secure.client_port(node))).collect();
+        async move {
+            for (node, port) in ports {
+                match PlacementClient::new(Secure::channel(port, Some(&tls), Expected::Node(node))).change_acl(request.clone()).await {
+                    Ok(_) => return "ok",
+                    Err(status) if status.code() == Code::PermissionDenied => return "denied",
+                    Err(_) => continue,
+                }
+            }
+            "unanswered"
+        }
+    };
+    assert_eq!(on_nodes("bob", grant("/team-a")).await, "denied");
+    assert_eq!(on_nodes("carol", grant("/team-a")).await, "denied");
+    assert_eq!(on_nodes("bob", grant("/team-b/x")).await, "ok");
+
+    // No certificate, or another CA's: the connection is refused.
+    let mallory = stranger(&secure.dir.path().join("other"), &Identity::client("root"));
+    let mut foreign = WardenClient::new(Secure::channel(router, Some(&mallory), Expected::Router));
+    assert_eq!(outcome(foreign.get(GetRequest { path: "/team-a".into(), ..Default::default() }).await), "refused");
+    let mut plain = WardenClient::new(Secure::channel(router, None, Expected::Router));
+    assert_eq!(outcome(plain.get(GetRequest { path: "/team-a".into(), ..Default::default() }).await), "refused");
+}
+
+/// Bearer tokens (issue 17): a client without a certificate of its own names its principal
+/// with a token from the router's token file; the token's grants apply as a certificate's
+/// would; a missing or unknown token is UNAUTHENTICATED; a line removed from the file revokes
+/// its token without a restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_bearer_token_names_its_principal_until_its_line_is_removed() {
+    use warden_proto::tls::tokens;
+    let secure = Secure::start().await;
+    let token = tokens::generate().expect("token");
+    let tokens_file = secure.dir.path().join("tokens");
+    std::fs::write(&tokens_file, format!("{}\n", tokens::line("tina", &token))).expect("tokens file");
+    let router_files =
+        Authority::load(secure.dir.path()).expect("ca").issue_files(&secure.dir.path().join("rt"), &Identity::router("rt")).expect("issue");
+    let ca = router_files.ca.clone();
+    let router_tls = Tls::load_with_tokens(router_files, Some(tokens::Tokens::load(&tokens_file).expect("load"))).expect("tls");
+    let router = start_secure_router(&secure.cluster, router_tls, None);
+    let mut root = WardenClient::new(Secure::channel(secure.router.addr, Some(&secure.tls(&Identity::client("root"))), Expected::Router));
+    root.create(CreateRequest { path: "/tina".into(), ..CreateRequest::default() }).await.expect("root creates");
+    secure.grant("/tina", "tina", acl::READ | acl::WRITE).await;
+
+    // The client library, with the CA only and the token.
+    let ca_only = Tls::load_ca_only(ca).expect("ca only");
+    let config = |token: &str| warden_client::ClientConfig {
+        tls: Some(ca_only.clone()),
+        token: Some(token.to_string()),
+        request_timeout: TIMEOUT,
+        ..warden_client::ClientConfig::new([router.addr.to_string()])
+    };
+    let tina = warden_client::Client::connect(config(&token)).await.expect("a token client connects");
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    while let Err(error) = tina.create("/tina/note", "hi", &warden_client::CreateOptions::default()).await {
+        assert!(tokio::time::Instant::now() < deadline, "tina's grant never reached the router and nodes: {error}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    assert_eq!(tina.get("/tina/note").await.expect("get").data, b"hi");
+    let outside = tina.create("/elsewhere", "x", &warden_client::CreateOptions::default()).await;
+    assert!(matches!(outside, Err(warden_client::Error::PermissionDenied { .. })), "{outside:?}");
+
+    // An unknown token, and none at all.
+    let stranger = warden_client::Client::connect(config(&tokens::generate().expect("token"))).await.expect("connects");
+    let refused = stranger.get("/tina/note").await;
+    assert!(matches!(refused, Err(warden_client::Error::Unauthenticated { .. })), "{refused:?}");
+    let mut anonymous = WardenClient::new(Secure::channel(router.addr, Some(&ca_only), Expected::Router));
+    let refused = anonymous.get(GetRequest { path: "/tina/note".into(), ..GetRequest::default() }).await.expect_err("no token");
+    assert_eq!(refused.code(), Code::Unauthenticated);
+
+    // Revoked by removing its line: refused once the router reads the file again.
+    std::fs::write(&tokens_file, "# nobody\n").expect("revoke");
+    let deadline = tokio::time::Instant::now() + TIMEOUT;
+    loop {
+        match tina.get("/tina/note").await {
+            Err(warden_client::Error::Unauthenticated { .. }) => break,
+            answer => assert!(tokio::time::Instant::now() < deadline, "the revoked token still works: {answer:?}"),
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
 }

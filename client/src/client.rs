@@ -43,6 +43,8 @@ pub struct Client {
 struct Shared {
     endpoints: Endpoints,
     request_timeout: Duration,
+    /// `Bearer TOKEN`, sent with every call (`None`: no token).
+    authorization: Option<tonic::metadata::AsciiMetadataValue>,
 }
 
 /// One channel per router and the one calls go to now.
@@ -114,12 +116,26 @@ impl Client {
         }
         let current = first_reachable.ok_or_else(|| Error::Transport { message: format!("no endpoint is reachable ({})", failures.join("; ")) })?;
         let endpoints = Endpoints { channels, current: AtomicUsize::new(current) };
-        Ok(Client { shared: Arc::new(Shared { endpoints, request_timeout: config.request_timeout }), consistency: Consistency::default() })
+        let authorization = match &config.token {
+            Some(token) => {
+                Some(format!("Bearer {token}").parse().map_err(|_| Error::InvalidArgument { message: "a token is printable ASCII".into() })?)
+            }
+            None => None,
+        };
+        let shared = Shared { endpoints, request_timeout: config.request_timeout, authorization };
+        Ok(Client { shared: Arc::new(shared), consistency: Consistency::default() })
     }
 
     /// The same client (same connections) whose reads use `consistency`.
     pub fn with_consistency(&self, consistency: Consistency) -> Client {
         Client { shared: self.shared.clone(), consistency }
+    }
+
+    /// Adds this client's bearer token (if it has one) to `request`.
+    pub(crate) fn authorize<T>(&self, request: &mut Request<T>) {
+        if let Some(value) = &self.shared.authorization {
+            request.metadata_mut().insert(warden_proto::tls::tokens::AUTHORIZATION_HEADER, value.clone());
+        }
     }
 
     /// The deadline of one call.
@@ -173,6 +189,7 @@ impl Client {
         self.retrying(kind, timeout, |client, deadline| {
             let mut request = Request::new(request.clone());
             request.set_timeout(deadline.saturating_duration_since(Instant::now()));
+            self.authorize(&mut request);
             let call = method(client, request);
             async move { call.await.map(Response::into_inner).map_err(Failure::Status) }
         })

@@ -27,6 +27,9 @@ pub struct ClientConfig {
     /// TLS to the routers (issue 17): the CA they must prove themselves by, and the
     /// certificate naming this client (`warden://client/NAME`). `None`: plaintext.
     pub tls: Option<Arc<Tls>>,
+    /// A bearer token naming this client's principal, sent with every call (`authorization:
+    /// Bearer TOKEN`): for a client without a certificate of its own ([`Tls::load_ca_only`]).
+    pub token: Option<String>,
 }
 
 impl ClientConfig {
@@ -37,6 +40,7 @@ impl ClientConfig {
             request_timeout: DEFAULT_REQUEST_TIMEOUT,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls: None,
+            token: None,
         }
     }
 }

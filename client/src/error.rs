@@ -70,6 +70,21 @@ pub enum Error {
         /// The router's explanation.
         message: String,
     },
+    /// Security is on and the caller's principal may not do this on `path` (no grant of the
+    /// permission it needs there, or the session named is another principal's).
+    #[error("permission denied on {path:?}: {message}")]
+    PermissionDenied {
+        /// The path refused (empty when the call has none).
+        path: String,
+        /// The server's explanation.
+        message: String,
+    },
+    /// Security is on and the call carried no credential the server accepts.
+    #[error("unauthenticated: {message}")]
+    Unauthenticated {
+        /// The server's explanation.
+        message: String,
+    },
     /// A watch asked for events older than the history kept: re-read, then watch from the
     /// read's revision + 1 (at least `revision + 1`).
     #[error("events up to revision {revision} are compacted")]
@@ -179,6 +194,8 @@ impl Error {
             Ok(Code::InvalidPath) => Error::InvalidPath { path, message },
             Ok(Code::TooLarge) => Error::TooLarge { limit, message },
             Ok(Code::RateLimited) => Error::RateLimited { requests_per_s: limit, message },
+            Ok(Code::PermissionDenied) => Error::PermissionDenied { path, message },
+            Ok(Code::Unauthenticated) => Error::Unauthenticated { message },
             Ok(Code::Compacted) => Error::Compacted { revision: compact_revision },
             Ok(Code::SequenceExhausted) => Error::SequenceExhausted { path },
             Ok(Code::SlowWatcher) => Error::SlowWatcher { message },

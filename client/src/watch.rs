@@ -195,7 +195,14 @@ impl Watcher {
         let start_revision = self.next_revisions.get(&self.owner).copied().unwrap_or(self.options.start_revision);
         let others = self.next_revisions.iter().filter(|(group, _)| **group != self.owner).map(|(g, r)| (*g, *r)).collect();
         let create = convert::watch_create(&self.options, start_revision, others);
-        let (stream, started) = self.client.retrying(CallKind::Idempotent, timeout, |client, _deadline| open_stream(client, create.clone())).await?;
+        let (stream, started) = self
+            .client
+            .retrying(CallKind::Idempotent, timeout, |client, _deadline| {
+                let mut request = tonic::Request::new(create.clone());
+                self.client.authorize(&mut request);
+                open_stream(client, request)
+            })
+            .await?;
         if started.owner != 0 {
             self.owner = started.owner;
         }
@@ -286,11 +293,17 @@ impl Watcher {
 
 /// Opens a `Watch` stream with one create request and waits for the server's answer to it;
 /// returns the stream and where the watch starts.
-async fn open_stream(mut client: WardenClient<Channel>, create: pb::WatchCreate) -> std::result::Result<(WatchStream, Started), Failure> {
+async fn open_stream(
+    mut client: WardenClient<Channel>,
+    create: tonic::Request<pb::WatchCreate>,
+) -> std::result::Result<(WatchStream, Started), Failure> {
+    // The create's metadata (the bearer token) goes with the stream.
+    let (metadata, extensions, create) = create.into_parts();
     let (requests, outgoing) = mpsc::channel(REQUESTS_QUEUED_MAX);
     let request = pb::WatchRequest { request: Some(pb::watch_request::Request::Create(create)) };
     requests.try_send(request).map_err(|e| Failure::Final(Error::Protocol { message: format!("queueing a watch creation: {e}") }))?;
-    let mut responses = client.watch(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await?.into_inner();
+    let stream = tonic::Request::from_parts(metadata, extensions, tokio_stream::wrappers::ReceiverStream::new(outgoing));
+    let mut responses = client.watch(stream).await?.into_inner();
     let protocol = |message: &str| Failure::Final(Error::Protocol { message: message.into() });
     match responses.message().await? {
         Some(pb::WatchResponse { created: Some(created), header, .. }) if created.start_revision != 0 => {

@@ -143,6 +143,27 @@ pub enum Command {
         /// The group that was merging.
         group_id: u64,
     },
+    /// Grants (or revokes) permissions of a principal or `group:NAME` at a prefix
+    /// ([`Acl::change`](crate::Acl::change)). Whoever proposes it checked the caller may.
+    ChangeAcl {
+        /// Where the grant holds (and below).
+        prefix: String,
+        /// Whom it is for.
+        principal: String,
+        /// Permission bits ([`crate::acl`]).
+        permissions: u32,
+        /// Remove these bits instead of adding them.
+        revoke: bool,
+    },
+    /// Adds a principal to a group of principals, or removes it.
+    ChangeAclGroup {
+        /// The group's name (without `group:`).
+        group: String,
+        /// The member.
+        principal: String,
+        /// Remove it instead of adding it.
+        remove: bool,
+    },
     /// Forgets a group whose creation failed (never ready). The groups it would have carved
     /// paths out of get a newer epoch, so their current descriptor can be sent again over one
     /// an aborted hand-over may have given them (the creation is rolled back).
@@ -199,6 +220,8 @@ pub enum Outcome {
     },
     /// `MergeAborted`: the group, no longer merging.
     MergeAborted(GroupInfo),
+    /// `ChangeAcl`, `ChangeAclGroup`: the ACL's new version.
+    AclChanged(u64),
     /// The group that was dropped.
     GroupDropped {
         /// The group, forgotten.
@@ -238,6 +261,17 @@ impl Placement {
             Command::RemoveGroup { group_id } => self.remove_group(*group_id),
             Command::MergeGroup { prefix } => self.merge_group(prefix),
             Command::RetireGroup { group_id } => self.retire_group(*group_id),
+            Command::ChangeAcl { prefix, principal, permissions, revoke } => {
+                let version = self.acl.change(prefix, principal, *permissions, *revoke)?;
+                // Routers learn the list with the routing table.
+                self.bump_routing_version();
+                Ok(Outcome::AclChanged(version))
+            }
+            Command::ChangeAclGroup { group, principal, remove } => {
+                let version = self.acl.change_group(group, principal, *remove)?;
+                self.bump_routing_version();
+                Ok(Outcome::AclChanged(version))
+            }
             Command::MergeAborted { group_id } => {
                 let group = self.groups.get_mut(group_id).ok_or(PlacementError::UnknownGroup(*group_id))?;
                 if group.merging.take().is_none() {

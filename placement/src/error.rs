@@ -129,6 +129,9 @@ pub enum PlacementError {
         /// The node.
         node: u64,
     },
+    /// An ACL change was refused.
+    #[error(transparent)]
+    Acl(#[from] crate::acl::AclError),
     /// A snapshot could not be decoded.
     #[error("bad placement snapshot: {0}")]
     BadSnapshot(String),

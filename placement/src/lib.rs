@@ -29,6 +29,7 @@
 //! ([`Placement::nodes_to_mark_down`]) and proposed as `MarkDown`, which apply re-checks
 //! against the command's own time.
 
+pub mod acl;
 mod command;
 mod error;
 mod group;
@@ -39,6 +40,7 @@ mod query;
 mod schedule;
 mod state;
 
+pub use acl::{Acl, AclError, Grant};
 pub use command::{Command, Outcome};
 pub use error::PlacementError;
 pub use group::{

@@ -6,6 +6,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
+use crate::acl::Acl;
 use crate::error::PlacementError;
 use crate::group::{GroupInfo, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
 use crate::node::{validate_node, NodeInfo, NodeState};
@@ -74,6 +75,9 @@ pub struct Placement {
     /// Balancing is paused (`warden admin scheduler pause`); repair and drains go on.
     #[serde(default)]
     pub(crate) scheduler_paused: bool,
+    /// Who may do what where (security on).
+    #[serde(default)]
+    pub(crate) acl: Acl,
 }
 
 impl Placement {
@@ -87,7 +91,13 @@ impl Placement {
             routing_version: 0,
             next_group_id: ROOT_GROUP_ID + 1,
             scheduler_paused: false,
+            acl: Acl::default(),
         }
+    }
+
+    /// The access control list.
+    pub fn acl(&self) -> &Acl {
+        &self.acl
     }
 
     /// The local settings.

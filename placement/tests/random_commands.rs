@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use warden_placement::{is_strictly_below, serves, Command, GroupInfo, NodeState, Placement, PlacementConfig, ROOT_GROUP_ID};
+use warden_placement::{is_strictly_below, serves, Acl, Command, GroupInfo, NodeState, Placement, PlacementConfig, ROOT_GROUP_ID};
 
 /// One step of a run; times are filled in from a clock that moves forward.
 #[derive(Debug, Clone)]
@@ -66,7 +66,11 @@ fn op() -> impl Strategy<Value = Op> {
         4 => any::<usize>().prop_map(Op::ReadyNth),
         4 => prop::sample::select(prefixes.clone()).prop_map(|prefix| Op::Apply(Command::CreateGroup { prefix, now_ms: 0 })),
         2 => prop::sample::select(prefixes.clone()).prop_map(|prefix| Op::Apply(Command::SplitGroup { prefix, now_ms: 0 })),
-        2 => prop::sample::select(prefixes).prop_map(|prefix| Op::Apply(Command::MergeGroup { prefix })),
+        2 => prop::sample::select(prefixes.clone()).prop_map(|prefix| Op::Apply(Command::MergeGroup { prefix })),
+        1 => (prop::sample::select(prefixes), prop::sample::select(vec!["alice", "group:ops", "", "a b"]), 0u32..40, any::<bool>())
+            .prop_map(|(prefix, who, permissions, revoke)| Op::Apply(Command::ChangeAcl { prefix, principal: who.into(), permissions, revoke })),
+        1 => (prop::sample::select(vec!["ops", "", "group:x"]), any::<bool>())
+            .prop_map(|(group, remove)| Op::Apply(Command::ChangeAclGroup { group: group.into(), principal: "alice".into(), remove })),
         1 => (0u64..16).prop_map(|group_id| Op::Apply(Command::MergeAborted { group_id })),
         1 => (0u64..16).prop_map(|group_id| Op::Apply(Command::RetireGroup { group_id })),
         4 => (0u64..16).prop_map(|group_id| Op::Apply(Command::GroupReady { group_id })),
@@ -127,17 +131,19 @@ fn command(placement: &Placement, op: &Op, now_ms: u64) -> Command {
         | Command::RemoveGroup { .. }
         | Command::MergeGroup { .. }
         | Command::MergeAborted { .. }
+        | Command::ChangeAcl { .. }
+        | Command::ChangeAclGroup { .. }
         | Command::RetireGroup { .. } => {}
     }
     command
 }
 
 /// Everything but liveness timestamps: what `routing_version` versions.
-type RoutingView = (BTreeMap<u64, (String, String, bool, NodeState)>, BTreeMap<u64, GroupInfo>, BTreeMap<String, u64>, u64, bool);
+type RoutingView = (BTreeMap<u64, (String, String, bool, NodeState)>, BTreeMap<u64, GroupInfo>, BTreeMap<String, u64>, u64, bool, Acl);
 
 fn routing_view(placement: &Placement) -> RoutingView {
     let nodes = placement.nodes().iter().map(|(id, node)| (*id, (node.addr.clone(), node.zone.clone(), node.up, node.state))).collect();
-    (nodes, placement.groups().clone(), placement.routes().clone(), placement.next_group_id(), placement.scheduler_paused())
+    (nodes, placement.groups().clone(), placement.routes().clone(), placement.next_group_id(), placement.scheduler_paused(), placement.acl().clone())
 }
 
 fn config() -> PlacementConfig {

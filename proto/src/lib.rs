@@ -77,6 +77,8 @@ pub fn status(error: v1::WardenError) -> tonic::Status {
         Code::TooLarge | Code::SequenceExhausted | Code::SlowWatcher | Code::RateLimited => GrpcCode::ResourceExhausted,
         Code::Compacted => GrpcCode::OutOfRange,
         Code::OutcomeUnknown => GrpcCode::DeadlineExceeded,
+        Code::PermissionDenied => GrpcCode::PermissionDenied,
+        Code::Unauthenticated => GrpcCode::Unauthenticated,
         Code::Unknown => GrpcCode::Internal,
     };
     // Bounded again here, for errors built field by field: the message and the detail travel

@@ -83,8 +83,11 @@ impl Upstream {
         F: FnOnce(WardenClient<Channel>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<Response<Resp>, Status>>,
     {
+        // Whom the call is for (crate::principal), named to the node either way.
+        let principal = crate::principal::current();
         if let Some(batcher) = &self.batcher {
-            match batcher.call(Req::METHOD, request.encode_to_vec().into(), deadline).await {
+            let principal = principal.as_deref().unwrap_or_default().to_string();
+            match batcher.call(Req::METHOD, request.encode_to_vec().into(), deadline, principal).await {
                 Answer::Ok(bytes) => {
                     return Resp::decode(bytes).map(Response::new).map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))
                 }
@@ -92,7 +95,9 @@ impl Upstream {
                 Answer::Unsupported => {}
             }
         }
-        unary(warden_client(self.channel), bounded(request, deadline)).await
+        let mut request = bounded(request, deadline);
+        crate::principal::name_in(&mut request);
+        unary(warden_client(self.channel), request).await
     }
 }
 
@@ -110,6 +115,8 @@ struct Queued {
     method: Method,
     request: Bytes,
     deadline: Instant,
+    /// Whom it is for (empty: security off).
+    principal: String,
     answer: oneshot::Sender<Answer>,
 }
 
@@ -150,14 +157,14 @@ impl Batcher {
 
     /// Sends one call and waits for its answer. Dropped before the answer (the caller's
     /// deadline, or its client went away), it cancels the call at the node.
-    async fn call(&self, method: Method, request: Bytes, deadline: Instant) -> Answer {
+    async fn call(&self, method: Method, request: Bytes, deadline: Instant, principal: String) -> Answer {
         if self.unsupported.load(Ordering::Relaxed) {
             return Answer::Unsupported;
         }
         let stream = &self.streams[self.next_stream.fetch_add(1, Ordering::Relaxed) % self.streams.len()];
         let id = self.next_id.fetch_add(1, Ordering::Relaxed);
         let (answer, answered) = oneshot::channel();
-        if stream.queue.send(Queued { id, method, request, deadline, answer }).await.is_err() {
+        if stream.queue.send(Queued { id, method, request, deadline, principal, answer }).await.is_err() {
             return Answer::Failed(not_sent(&self.addr, &Status::unavailable("the router is shutting down")));
         }
         let mut cancel = CancelOnDrop { cancels: Some(&stream.cancels), id };
@@ -300,7 +307,7 @@ impl Driver {
                             continue;
                         }
                         let timeout_us = u64::try_from(left.as_micros()).unwrap_or(u64::MAX).max(1);
-                        items.push(Item { id: queued.id, method: queued.method as i32, request: queued.request, timeout_us });
+                        items.push(Item { id: queued.id, method: queued.method as i32, request: queued.request, timeout_us, principal: queued.principal });
                         in_flight.insert(queued.id, queued.answer);
                     }
                     gathered_bytes = 0;

@@ -15,9 +15,11 @@
 //! **Architecture invariant:** a router holds nothing that cannot be rebuilt from placement
 //! and the shard-nodes; killing one loses nothing (clients reconnect to any router).
 
+pub mod access;
 pub mod batch;
 pub mod fan_out;
 pub mod limits;
+pub mod principal;
 pub mod service;
 pub mod table;
 pub mod upstream;
@@ -107,7 +109,7 @@ pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> R
         None => Ok(request),
     };
     let served = tonic::transport::Server::builder()
-        .add_service(tonic::service::interceptor::InterceptedService::new(service, admit))
+        .add_service(tonic::service::interceptor::InterceptedService::new(principal::WithPrincipal::new(service), admit))
         .add_optional_service(reflection)
         .serve_with_incoming(incoming)
         .await;

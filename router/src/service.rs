@@ -21,6 +21,7 @@ use warden_proto::v1::*;
 
 use warden_placement::home_group;
 
+use crate::access::{authorize_call, Access};
 use crate::batch::Batchable;
 use crate::upstream::{Target, Upstreams};
 use warden_proto::batch::Method;
@@ -59,6 +60,13 @@ impl RouterService {
         }
         let table = self.upstreams.refresh().await?;
         table.spread(key).map(|g| g.id()).ok_or_else(|| refusal(Code::Unavailable, "", "no shard group is ready to home a session"))
+    }
+
+    /// Refuses, before anything is forwarded, a call its caller may not make (the node
+    /// serving the path judges again: it is the authority, this only fails fast).
+    fn admit<R: Access>(&self, request: &Request<R>) -> Result<(), Status> {
+        let caller = warden_proto::tls::caller(request)?;
+        authorize_call(self.upstreams.acl(), &caller, request.get_ref())
     }
 
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
@@ -213,30 +221,35 @@ impl RouterService {
 impl Warden for RouterService {
     async fn create(&self, request: Request<CreateRequest>) -> Result<Response<CreateResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         forward!(self, Target::Path(&request.path), false, deadline, request, create)
     }
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         forward!(self, Target::Path(&request.path), true, deadline, request, get)
     }
 
     async fn exists(&self, request: Request<ExistsRequest>) -> Result<Response<ExistsResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         forward!(self, Target::Path(&request.path), true, deadline, request, exists)
     }
 
     async fn set(&self, request: Request<SetRequest>) -> Result<Response<SetResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         forward!(self, Target::Path(&request.path), false, deadline, request, set)
     }
 
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         if request.recursive {
             // A subtree other groups serve parts of is cleared group by group.
@@ -251,6 +264,7 @@ impl Warden for RouterService {
 
     async fn get_children(&self, request: Request<GetChildrenRequest>) -> Result<Response<GetChildrenResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let mut response = forward!(self, Target::Path(&request.path), true, deadline, request, get_children)?.into_inner();
         // Children that are other groups' prefixes are not listed by the parent's group. The
@@ -300,6 +314,7 @@ impl Warden for RouterService {
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let paths = txn_paths(&request);
         forward!(self, Target::Paths(&paths), false, deadline, request, txn)
@@ -307,6 +322,7 @@ impl Warden for RouterService {
 
     async fn sync(&self, request: Request<SyncRequest>) -> Result<Response<SyncResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let target = request.routing.as_ref().map(|r| r.group_id).filter(|g| *g != 0).map_or(Target::Path("/"), Target::Group);
         forward!(self, target, true, deadline, request, sync)
@@ -314,6 +330,7 @@ impl Warden for RouterService {
 
     async fn create_session(&self, request: Request<CreateSessionRequest>) -> Result<Response<CreateSessionResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         // The home group: the one named, else the one serving the hint, else one by hash.
         let named = request.routing.as_ref().map(|r| r.group_id).filter(|g| *g != 0);
@@ -329,6 +346,7 @@ impl Warden for RouterService {
 
     async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Result<Response<KeepAliveResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         self.keep_alive_split(request.into_inner(), deadline).await.map(Response::new)
     }
 
@@ -338,7 +356,7 @@ impl Warden for RouterService {
         let mut incoming = request.into_inner();
         let (responses, stream) = tokio::sync::mpsc::channel(KEEPALIVE_STREAM_QUEUE_MAX);
         let service = self.clone();
-        tokio::spawn(async move {
+        tokio::spawn(crate::principal::scoped(crate::principal::current(), async move {
             // Each renewal goes to its sessions' home group as a unary call, so a leader
             // change in one group never ends the client's stream.
             while let Ok(Some(request)) = incoming.message().await {
@@ -348,24 +366,27 @@ impl Warden for RouterService {
                     break;
                 }
             }
-        });
+        }));
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(stream)))
     }
 
     async fn close_session(&self, request: Request<CloseSessionRequest>) -> Result<Response<CloseSessionResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         forward!(self, Target::Session(request.session_id), false, deadline, request, close_session)
     }
 
     async fn session_info(&self, request: Request<SessionInfoRequest>) -> Result<Response<SessionInfoResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         forward!(self, Target::Session(request.session_id), true, deadline, request, session_info)
     }
 
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         // With a request id, a retried Lock finds the same waiter: safe to resend.
         let idempotent = request.request_id != 0;
@@ -374,6 +395,7 @@ impl Warden for RouterService {
 
     async fn unlock(&self, request: Request<UnlockRequest>) -> Result<Response<UnlockResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let sequencer = request.sequencer.clone().unwrap_or_default();
         // Unlock is idempotent (a waiter already gone is fine).
@@ -382,6 +404,7 @@ impl Warden for RouterService {
 
     async fn check_sequencer(&self, request: Request<CheckSequencerRequest>) -> Result<Response<CheckSequencerResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let sequencer = request.sequencer.clone().unwrap_or_default();
         forward!(self, sequencer_target(&sequencer), true, deadline, request, check_sequencer)
@@ -389,6 +412,7 @@ impl Warden for RouterService {
 
     async fn lock_info(&self, request: Request<LockInfoRequest>) -> Result<Response<LockInfoResponse>, Status> {
         let deadline = self.deadline(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         forward!(self, Target::Path(&request.path), true, deadline, request, lock_info)
     }

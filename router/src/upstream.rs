@@ -4,6 +4,7 @@
 //!
 //! [`call`]: Upstreams::call
 
+use crate::access::{acl_from_proto, AclCache};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
@@ -101,6 +102,8 @@ pub struct Upstreams {
     /// This process's TLS (a router's or a node's) for its connections to nodes (`None`:
     /// plaintext).
     tls: Option<Arc<Tls>>,
+    /// The ACL, as the routing table last brought it.
+    acl: AclCache,
 }
 
 pub use warden_proto::error_of;
@@ -118,6 +121,7 @@ impl Upstreams {
     pub fn batched(seeds: Vec<String>, batch_streams: usize, tls: Option<Arc<Tls>>) -> Upstreams {
         Upstreams {
             tls,
+            acl: AclCache::default(),
             seeds,
             table: RwLock::new(Arc::new(Table::default())),
             refreshing: tokio::sync::Mutex::new(()),
@@ -125,6 +129,11 @@ impl Upstreams {
             batch_streams,
             leaders: moka::sync::Cache::builder().max_capacity(LEADERS_CACHED_MAX).time_to_live(LEADER_TTL).build(),
         }
+    }
+
+    /// The ACL as the last routing table brought it.
+    pub fn acl(&self) -> &AclCache {
+        &self.acl
     }
 
     /// The current table.
@@ -183,7 +192,10 @@ impl Upstreams {
     }
 
     /// Installs `table` unless the one held is newer; returns the one held after.
-    fn install(&self, table: warden_proto::placement::RoutingTable) -> Arc<Table> {
+    fn install(&self, mut table: warden_proto::placement::RoutingTable) -> Arc<Table> {
+        if let Some(acl) = table.acl.take() {
+            self.acl.offer(acl_from_proto(acl));
+        }
         let table = Arc::new(Table::from_proto(table));
         let mut held = self.table.write().unwrap_or_else(|e| e.into_inner());
         if table.version >= held.version {

@@ -274,7 +274,8 @@ pub fn proxy(upstreams: Arc<Upstreams>, incoming: Streaming<WatchRequest>) -> Re
         waiting: Arc::new(AtomicUsize::new(0)),
         out,
     };
-    tokio::spawn(proxy.run(incoming, upstream_responses));
+    // The upstream streams it opens are for the client's principal.
+    tokio::spawn(crate::principal::scoped(crate::principal::current(), proxy.run(incoming, upstream_responses)));
     // A response's bytes are freed as the client's stream takes it.
     Box::pin(tokio_stream::wrappers::ReceiverStream::new(stream).map(|(response, _bytes)| Ok(response)))
 }
@@ -590,7 +591,9 @@ async fn open(
         let Some(addr) = table.addr(*replica) else { continue };
         let (sender, outgoing) = mpsc::channel(REQUESTS_QUEUED_MAX);
         let mut client = warden_client(upstreams.channel(addr)?);
-        match client.watch(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await {
+        let mut request = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(outgoing));
+        crate::principal::name_in(&mut request);
+        match client.watch(request).await {
             Ok(response) => {
                 tokio::spawn(pass_on(group, stream, response.into_inner(), from_upstream));
                 return Ok(sender);

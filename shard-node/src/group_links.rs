@@ -41,10 +41,11 @@ impl GroupLinks {
         })
     }
 
-    /// Asks `home` (linearizably) which of `session_ids`, all homed there, are alive; on
+    /// Asks `home` (linearizably) which of `session_ids`, all homed there, are alive, with
+    /// their owners; on
     /// behalf of group `from`. None is alive when no group `home` exists. Fails UNAVAILABLE
     /// when `home` cannot be reached by `deadline`.
-    pub async fn check_sessions(&self, from: u64, home: u64, session_ids: &[u64], deadline: Instant) -> Result<Vec<u64>, Status> {
+    pub async fn check_sessions(&self, from: u64, home: u64, session_ids: &[u64], deadline: Instant) -> Result<Vec<(u64, String)>, Status> {
         if self.faults.group_link_cut(from, home) {
             return Err(Status::unavailable(format!("group {from} is cut off from group {home}")));
         }
@@ -59,7 +60,10 @@ impl GroupLinks {
             })
             .await;
         match response {
-            Ok(response) => Ok(response.alive),
+            Ok(response) => {
+                let mut owners = response.owners.into_iter();
+                Ok(response.alive.into_iter().map(|id| (id, owners.next().unwrap_or_default())).collect())
+            }
             // The routing table (fresh) has no such group: it has no sessions.
             Err(status) if warden_proto::error_of(&status).is_some_and(|e| e.code == Code::SessionExpired as i32) => Ok(Vec::new()),
             Err(status) => Err(status),

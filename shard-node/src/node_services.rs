@@ -10,6 +10,7 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use warden_router::access::AclCache;
 
 use futures::future::{Either, Ready};
 use tokio::sync::watch;
@@ -22,7 +23,7 @@ use crate::group_links::GroupLinks;
 use crate::host::{NodeError, NodeRoutes, NodeServices, ServiceContext};
 use crate::kv::KvFactory;
 use crate::namespace::NamespaceFactory;
-use crate::placement::service::{PlacementService, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
+use crate::placement::service::{PlacementService, Security, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
 use crate::placement::ShardNodeFactory;
 use crate::service::{RemoteSessionMetrics, WardenService};
 use crate::state_machine::StateMachineFactory;
@@ -98,6 +99,8 @@ impl NodeServices for ApiServices {
         let timeout = Duration::from_millis(config.request_timeout_ms);
         // 1. The public API, and the checks of sessions homed in other groups it depends on.
         let links = Arc::new(GroupLinks::new(context.directory.clone(), context.faults.clone(), config.tls.clone()));
+        // The ACL every call is judged by (security on), kept current by the heartbeats.
+        let acl = Arc::new(AclCache::default());
         let api = WardenService::new(
             context.handle.clone(),
             context.directory.clone(),
@@ -105,6 +108,7 @@ impl NodeServices for ApiServices {
             config.election_timeout(),
             self.factory.watch_hubs(),
             links,
+            acl.clone(),
         );
         self.remote_metrics.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert(node_id, api.remote_metrics());
         if config.remote_session_check_ms > 0 {
@@ -121,7 +125,7 @@ impl NodeServices for ApiServices {
             self.factory.routing_versions(node_id),
             placement_config.clone().unwrap_or_default(),
             context.faults.clone(),
-            config.tls.clone(),
+            Security { tls: config.tls.clone(), acl: acl.clone() },
         );
         context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
         if placement_config.is_some() {
@@ -139,6 +143,7 @@ impl NodeServices for ApiServices {
                 config.zone.clone(),
                 interval,
                 config.tls.clone(),
+                acl,
             );
             context.runtime.spawn(heartbeat);
         }
@@ -174,6 +179,9 @@ const PLACEMENT_CLIENT_METHODS: &[&str] = &[
     "SetSchedulerPaused",
     "ReplicaStatus",
     "GroupWrites",
+    "ChangeAcl",
+    "ChangeAclGroup",
+    "ListAcl",
 ];
 
 /// A gRPC service with only some of its methods; the others answer PERMISSION_DENIED. For a

@@ -950,7 +950,8 @@ impl Run {
     }
 
     fn raw_bytes(&self, spec: &RawSpec) -> Vec<u8> {
-        let command = |t: &TxnSpec| Command { now_ms: self.now, op: Some(CommandOp::Txn(self.txn_request(t))) }.encode_to_vec();
+        let command =
+            |t: &TxnSpec| Command { now_ms: self.now, principal: String::new(), op: Some(CommandOp::Txn(self.txn_request(t))) }.encode_to_vec();
         match spec {
             RawSpec::Garbage(bytes) => bytes.clone(),
             RawSpec::Truncated(t, at) => {

@@ -217,7 +217,7 @@ fn an_aborted_split_unfreezes_and_refuses_its_late_steps() {
 fn a_replica_applying_freeze_and_hand_over_in_one_batch_moves_the_last_writes_too() {
     let mut lagging = leading(SOURCE);
     populate(&mut lagging);
-    let command = |op: CommandOp| warden_proto::namespace::Command { now_ms: 1, op: Some(op) };
+    let command = |op: CommandOp| warden_proto::namespace::Command { now_ms: 1, principal: String::new(), op: Some(op) };
     use prost::Message as _;
     let write = CreateRequest { path: "/team/a/last".into(), ..CreateRequest::default() };
     let batch = [

@@ -264,7 +264,7 @@ impl RoutedCluster {
         let tls = match &tls_dir {
             Some(tls_dir) => {
                 let authority = Authority::load(tls_dir)?;
-                let client = Tls::load(authority.issue_files(tls_dir, &Identity::client("bench"))?)?;
+                let client = Tls::load(authority.issue_files(tls_dir, &Identity::client("root"))?)?;
                 Some(BenchTls { client, router: Tls::load(authority.issue_files(tls_dir, &Identity::router("bench"))?)? })
             }
             None => None,

@@ -61,8 +61,12 @@ impl GlobalArgs {
 
     /// Connects a client to the routers.
     async fn client(&self) -> anyhow::Result<Client> {
-        let config =
-            ClientConfig { request_timeout: Duration::from_millis(self.timeout), tls: self.tls.load()?, ..ClientConfig::new(self.endpoints.clone()) };
+        let config = ClientConfig {
+            request_timeout: Duration::from_millis(self.timeout),
+            tls: self.tls.load()?,
+            token: self.tls.token.clone(),
+            ..ClientConfig::new(self.endpoints.clone())
+        };
         Ok(Client::connect(config).await?)
     }
 }

@@ -38,6 +38,9 @@ use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint, Uri};
 
 pub mod authority;
+pub mod tokens;
+
+pub use tokens::Tokens;
 
 /// How often, at most, the files are checked for a change.
 pub const RELOAD_CHECK_INTERVAL: Duration = Duration::from_secs(1);
@@ -200,15 +203,21 @@ pub enum TlsError {
 pub struct TlsFiles {
     /// The CA certificate(s) every peer's certificate must chain to.
     pub ca: PathBuf,
-    /// This process's certificate chain.
+    /// This process's certificate chain (empty: none, a client that names itself by a
+    /// bearer token, [`Tls::load_ca_only`]).
     pub cert: PathBuf,
-    /// This process's private key.
+    /// This process's private key (empty with `cert`).
     pub key: PathBuf,
 }
 
 impl TlsFiles {
     fn paths(&self) -> [&Path; 3] {
         [&self.ca, &self.cert, &self.key]
+    }
+
+    /// Whether the files include a certificate of this process's own.
+    fn has_own(&self) -> bool {
+        !self.cert.as_os_str().is_empty()
     }
 }
 
@@ -223,12 +232,21 @@ fn stamp(path: &Path) -> Stamp {
 /// One consistent load of the files.
 struct Loaded {
     stamps: [Stamp; 3],
-    identity: Identity,
     roots: Arc<RootCertStore>,
+    /// This process's certificate (`None`: a client without one).
+    own: Option<Own>,
+}
+
+/// A process's own certificate, and the server configurations it makes.
+struct Own {
+    identity: Identity,
     chain: Vec<CertificateDer<'static>>,
     key: PrivateKeyDer<'static>,
     /// For listeners: every peer presents a certificate of the CA.
     server: Arc<ServerConfig>,
+    /// For client ports with bearer tokens: a peer may present no certificate (then it
+    /// must name itself by token on each call).
+    server_open: Arc<ServerConfig>,
 }
 
 /// A process's TLS material, reloaded when its files change. Shared by every listener and
@@ -236,6 +254,8 @@ struct Loaded {
 pub struct Tls {
     files: TlsFiles,
     provider: Arc<CryptoProvider>,
+    /// Bearer tokens a client port also accepts (`None`: client certificates only).
+    tokens: Option<Arc<Tokens>>,
     /// The current load, and when the files were last checked.
     current: Mutex<(Arc<Loaded>, Instant)>,
 }
@@ -249,14 +269,31 @@ impl fmt::Debug for Tls {
 impl Tls {
     /// Loads `files`; fails when they do not make a usable configuration.
     pub fn load(files: TlsFiles) -> Result<Arc<Tls>, TlsError> {
-        let provider = Arc::new(rustls::crypto::ring::default_provider());
-        let loaded = load(&files, &provider)?;
-        Ok(Arc::new(Tls { files, provider, current: Mutex::new((Arc::new(loaded), Instant::now())) }))
+        Tls::load_with_tokens(files, None)
     }
 
-    /// Who this process is (by its current certificate).
-    pub fn identity(&self) -> Identity {
-        self.lock().0.identity.clone()
+    /// As [`load`](Tls::load), for a process whose client port also admits callers that
+    /// name themselves by a bearer token of `tokens` instead of a certificate.
+    pub fn load_with_tokens(files: TlsFiles, tokens: Option<Arc<Tokens>>) -> Result<Arc<Tls>, TlsError> {
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let loaded = load(&files, &provider)?;
+        Ok(Arc::new(Tls { files, provider, tokens, current: Mutex::new((Arc::new(loaded), Instant::now())) }))
+    }
+
+    /// The TLS of a client with no certificate of its own (it names itself by a bearer
+    /// token): it verifies servers by the CA at `ca` and cannot listen.
+    pub fn load_ca_only(ca: PathBuf) -> Result<Arc<Tls>, TlsError> {
+        Tls::load(TlsFiles { ca, cert: PathBuf::new(), key: PathBuf::new() })
+    }
+
+    /// Who this process is (by its current certificate; `None`: it has none).
+    pub fn identity(&self) -> Option<Identity> {
+        self.lock().0.own.as_ref().map(|own| own.identity.clone())
+    }
+
+    /// The bearer tokens its client ports accept.
+    pub fn tokens(&self) -> Option<&Arc<Tokens>> {
+        self.tokens.as_ref()
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, (Arc<Loaded>, Instant)> {
@@ -289,7 +326,7 @@ impl Tls {
             return Ok(false);
         }
         let loaded = load(&self.files, &self.provider)?;
-        tracing::info!(identity = %loaded.identity, "tls files reloaded");
+        tracing::info!(identity = ?loaded.own.as_ref().map(|own| own.identity.to_string()), "tls files reloaded");
         current.0 = Arc::new(loaded);
         Ok(true)
     }
@@ -299,13 +336,15 @@ impl Tls {
     fn client_config(&self, expected: Expected) -> Result<Arc<ClientConfig>, TlsError> {
         let loaded = self.current();
         let verifier = Arc::new(IdentityVerifier { roots: loaded.roots.clone(), provider: self.provider.clone(), expected });
-        let mut config = ClientConfig::builder_with_provider(self.provider.clone())
+        let builder = ClientConfig::builder_with_provider(self.provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| TlsError::Config(e.to_string()))?
             .dangerous()
-            .with_custom_certificate_verifier(verifier)
-            .with_client_auth_cert(loaded.chain.clone(), loaded.key.clone_key())
-            .map_err(|e| TlsError::Config(e.to_string()))?;
+            .with_custom_certificate_verifier(verifier);
+        let mut config = match &loaded.own {
+            Some(own) => builder.with_client_auth_cert(own.chain.clone(), own.key.clone_key()).map_err(|e| TlsError::Config(e.to_string()))?,
+            None => builder.with_no_client_auth(),
+        };
         config.alpn_protocols = vec![b"h2".to_vec()];
         Ok(Arc::new(config))
     }
@@ -333,19 +372,27 @@ fn load(files: &TlsFiles, provider: &Arc<CryptoProvider>) -> Result<Loaded, TlsE
         roots.add(ca).map_err(|e| TlsError::Pem { path: files.ca.clone(), message: e.to_string() })?;
     }
     let roots = Arc::new(roots);
+    if !files.has_own() {
+        return Ok(Loaded { stamps, roots, own: None });
+    }
     let chain = certificates(&files.cert)?;
     let identity = Identity::of_certificate(&chain[0])?;
     let key = PrivateKeyDer::from_pem_slice(&read(&files.key)?).map_err(|e| TlsError::Pem { path: files.key.clone(), message: e.to_string() })?;
-    let verifier =
-        WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone()).build().map_err(|e| TlsError::Config(e.to_string()))?;
-    let mut server = ServerConfig::builder_with_provider(provider.clone())
-        .with_safe_default_protocol_versions()
-        .map_err(|e| TlsError::Config(e.to_string()))?
-        .with_client_cert_verifier(verifier)
-        .with_single_cert(chain.clone(), key.clone_key())
-        .map_err(|e| TlsError::Config(e.to_string()))?;
-    server.alpn_protocols = vec![b"h2".to_vec()];
-    Ok(Loaded { stamps, identity, roots, chain, key, server: Arc::new(server) })
+    let server_config = |certificate_optional: bool| -> Result<Arc<ServerConfig>, TlsError> {
+        let verifier = WebPkiClientVerifier::builder_with_provider(roots.clone(), provider.clone());
+        let verifier = if certificate_optional { verifier.allow_unauthenticated() } else { verifier };
+        let verifier = verifier.build().map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut server = ServerConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| TlsError::Config(e.to_string()))?
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(chain.clone(), key.clone_key())
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        server.alpn_protocols = vec![b"h2".to_vec()];
+        Ok(Arc::new(server))
+    };
+    let (server, server_open) = (server_config(false)?, server_config(true)?);
+    Ok(Loaded { stamps, roots, own: Some(Own { identity, chain, key, server, server_open }) })
 }
 
 /// Which servers a channel accepts.
@@ -459,6 +506,8 @@ pub struct PeerInfo {
     pub tls: bool,
     /// Who the other end proved to be, by certificate (`None`: plaintext, or no certificate).
     pub identity: Option<Identity>,
+    /// The bearer tokens the listener accepts from a peer without a certificate.
+    pub tokens: Option<Arc<Tokens>>,
 }
 
 /// Who sent `request`, as its connection's certificate proved.
@@ -483,12 +532,84 @@ pub fn calling_node<T>(request: &tonic::Request<T>) -> Result<Option<u64>, tonic
     }
 }
 
+/// Whom a public call is made for, as the server judges it (issue 17).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Caller {
+    /// Security is off (a plaintext connection): everything is allowed.
+    Open,
+    /// A node, by certificate (calls between groups on the system's behalf): trusted.
+    Node(u64),
+    /// A principal: a client certificate's name, or the one a router's certificate asserts
+    /// in `Routing.principal`.
+    Principal(String),
+}
+
+impl Caller {
+    /// The principal checked against the ACL and session owners (`None`: not checked).
+    pub fn principal(&self) -> Option<&str> {
+        match self {
+            Caller::Principal(name) => Some(name),
+            Caller::Open | Caller::Node(_) => None,
+        }
+    }
+
+    /// The principal a command records and checks sessions against: empty when not checked.
+    pub fn principal_or_empty(&self) -> String {
+        self.principal().unwrap_or_default().to_string()
+    }
+}
+
+/// The metadata key in which a router names the principal it forwards a call for.
+pub const PRINCIPAL_HEADER: &str = "x-warden-principal";
+
+/// The principal a request's [`PRINCIPAL_HEADER`] names (empty: none, or not text).
+pub fn asserted_principal(metadata: &tonic::metadata::MetadataMap) -> &str {
+    metadata.get(PRINCIPAL_HEADER).and_then(|value| value.to_str().ok()).unwrap_or_default()
+}
+
+/// Whom `request` is made for: [`Caller::Open`] on a plaintext connection, else by the
+/// certificate its connection proved, or (no certificate, on a client port with tokens) by
+/// its bearer token. A router's certificate speaks for the principal its
+/// [`PRINCIPAL_HEADER`] names (a router always sets it); the header of anyone else is
+/// ignored. Refused UNAUTHENTICATED: neither a certificate nor a valid token, or a router
+/// naming nobody.
+pub fn caller<T>(request: &tonic::Request<T>) -> Result<Caller, tonic::Status> {
+    caller_of(request.extensions().get::<PeerInfo>(), request.metadata())
+}
+
+/// As [`caller`], from the connection's [`PeerInfo`] (`None`: not a network call, open) and
+/// the call's metadata.
+pub fn caller_of(peer: Option<&PeerInfo>, metadata: &tonic::metadata::MetadataMap) -> Result<Caller, tonic::Status> {
+    let asserted = asserted_principal(metadata);
+    let Some(peer) = peer else { return Ok(Caller::Open) };
+    if !peer.tls {
+        return Ok(Caller::Open);
+    }
+    let unauthenticated = |message: &str| {
+        let error = crate::warden_error(crate::v1::warden_error::Code::Unauthenticated, "", message);
+        crate::status(error)
+    };
+    match &peer.identity {
+        None => match peer.tokens.as_ref().and_then(|tokens| tokens.principal_of(metadata)) {
+            Some(principal) => Ok(Caller::Principal(principal)),
+            None => Err(unauthenticated("neither a client certificate nor a valid bearer token")),
+        },
+        Some(identity) => match identity.role {
+            Role::Node => identity.node_id().map(Caller::Node).ok_or_else(|| unauthenticated("a node certificate without a node id")),
+            Role::Router if asserted.is_empty() => Err(unauthenticated("a router must name the principal it forwards for")),
+            Role::Router => Ok(Caller::Principal(asserted.to_string())),
+            Role::Client => Ok(Caller::Principal(identity.name.clone())),
+        },
+    }
+}
+
 /// An accepted connection: plaintext, or TLS with the peer it authenticated.
 pub enum Conn {
     /// TLS off.
     Plain(TcpStream),
-    /// TLS on, with the peer its certificate names.
-    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, Identity),
+    /// TLS on, with the peer its certificate names (`None`: no certificate, on a client port
+    /// that accepts these bearer tokens instead).
+    Tls(Box<tokio_rustls::server::TlsStream<TcpStream>>, Option<Identity>, Option<Arc<Tokens>>),
 }
 
 impl Connected for Conn {
@@ -496,8 +617,10 @@ impl Connected for Conn {
 
     fn connect_info(&self) -> PeerInfo {
         match self {
-            Conn::Plain(stream) => PeerInfo { remote_addr: stream.peer_addr().ok(), tls: false, identity: None },
-            Conn::Tls(stream, identity) => PeerInfo { remote_addr: stream.get_ref().0.peer_addr().ok(), tls: true, identity: Some(identity.clone()) },
+            Conn::Plain(stream) => PeerInfo { remote_addr: stream.peer_addr().ok(), tls: false, identity: None, tokens: None },
+            Conn::Tls(stream, identity, tokens) => {
+                PeerInfo { remote_addr: stream.get_ref().0.peer_addr().ok(), tls: true, identity: identity.clone(), tokens: tokens.clone() }
+            }
         }
     }
 }
@@ -506,7 +629,7 @@ impl AsyncRead for Conn {
     fn poll_read(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(stream) => Pin::new(stream).poll_read(cx, buf),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_read(cx, buf),
+            Conn::Tls(stream, ..) => Pin::new(stream.as_mut()).poll_read(cx, buf),
         }
     }
 }
@@ -515,35 +638,35 @@ impl AsyncWrite for Conn {
     fn poll_write(self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(stream) => Pin::new(stream).poll_write(cx, buf),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_write(cx, buf),
+            Conn::Tls(stream, ..) => Pin::new(stream.as_mut()).poll_write(cx, buf),
         }
     }
 
     fn poll_write_vectored(self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
         match self.get_mut() {
             Conn::Plain(stream) => Pin::new(stream).poll_write_vectored(cx, bufs),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
+            Conn::Tls(stream, ..) => Pin::new(stream.as_mut()).poll_write_vectored(cx, bufs),
         }
     }
 
     fn is_write_vectored(&self) -> bool {
         match self {
             Conn::Plain(stream) => stream.is_write_vectored(),
-            Conn::Tls(stream, _) => stream.is_write_vectored(),
+            Conn::Tls(stream, ..) => stream.is_write_vectored(),
         }
     }
 
     fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(stream) => Pin::new(stream).poll_flush(cx),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_flush(cx),
+            Conn::Tls(stream, ..) => Pin::new(stream.as_mut()).poll_flush(cx),
         }
     }
 
     fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
         match self.get_mut() {
             Conn::Plain(stream) => Pin::new(stream).poll_shutdown(cx),
-            Conn::Tls(stream, _) => Pin::new(stream.as_mut()).poll_shutdown(cx),
+            Conn::Tls(stream, ..) => Pin::new(stream.as_mut()).poll_shutdown(cx),
         }
     }
 }
@@ -598,16 +721,26 @@ async fn accept_loop(listener: TcpListener, tls: Option<Arc<Tls>>, admit: Admit,
 }
 
 async fn handshake(tls: &Tls, admit: Admit, stream: TcpStream) -> io::Result<Conn> {
-    let config = tls.current().server.clone();
+    let loaded = tls.current();
+    let own = loaded.own.as_ref().ok_or_else(|| io::Error::other("a process without a certificate of its own cannot listen"))?;
+    // A client port with bearer tokens lets a client without a certificate in; each of its
+    // calls must then carry a token (`caller`).
+    let tokens = tls.tokens.clone().filter(|_| admit == Admit::Clients);
+    let config = if tokens.is_some() { own.server_open.clone() } else { own.server.clone() };
     let stream = tokio_rustls::TlsAcceptor::from(config).accept(stream).await?;
     // rustls verified the chain; the identity is what the certificate names.
     let certificate = stream.get_ref().1.peer_certificates().and_then(|chain| chain.first());
-    let certificate = certificate.ok_or_else(|| io::Error::new(io::ErrorKind::PermissionDenied, "no client certificate"))?;
+    let Some(certificate) = certificate else {
+        return match tokens {
+            Some(tokens) => Ok(Conn::Tls(Box::new(stream), None, Some(tokens))),
+            None => Err(io::Error::new(io::ErrorKind::PermissionDenied, "no client certificate")),
+        };
+    };
     let identity = Identity::of_certificate(certificate).map_err(io::Error::other)?;
     if !admit.admits(&identity) {
         return Err(io::Error::new(io::ErrorKind::PermissionDenied, format!("{identity} may not connect to this port")));
     }
-    Ok(Conn::Tls(Box::new(stream), identity))
+    Ok(Conn::Tls(Box::new(stream), Some(identity), tokens))
 }
 
 /// Opens TLS connections for a channel: TCP to the URI's host and port, then a handshake

@@ -98,7 +98,7 @@ impl Harness {
 
     /// Applies `op`; its outcome and the lock attempt it reported.
     fn apply_full(&mut self, op: CommandOp) -> Outcome<(CommandOutcome, u64)> {
-        let command = Command { now_ms: self.now_ms, op: Some(op) };
+        let command = Command { now_ms: self.now_ms, principal: String::new(), op: Some(op) };
         let output = self.apply_bytes(&command.encode_to_vec()).map_err(engine)?;
         let result = CommandResult::decode(output.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
         match result.result {
@@ -186,7 +186,7 @@ impl Harness {
 
     /// Opens a session.
     pub fn create_session(&mut self, ttl_ms: u64) -> Outcome<CreateSessionResponse> {
-        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms });
+        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms, owner: String::new() });
         match self.apply_result(op)? {
             CommandOutcome::CreateSession(response) => Ok(response),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
@@ -204,7 +204,8 @@ impl Harness {
 
     /// Records sessions of other groups as remote (`AddRemoteSessions`).
     pub fn add_remote_sessions(&mut self, session_ids: &[u64]) -> Outcome<()> {
-        self.apply(CommandOp::AddRemoteSessions(warden_proto::namespace::AddRemoteSessions { session_ids: session_ids.to_vec() })).map(drop)
+        self.apply(CommandOp::AddRemoteSessions(warden_proto::namespace::AddRemoteSessions { session_ids: session_ids.to_vec(), owners: Vec::new() }))
+            .map(drop)
     }
 
     /// Ends remote sessions on their home group's verdict (`EndRemoteSessions`).
@@ -223,7 +224,7 @@ impl Harness {
 
     /// Which of `session_ids` the group holds a record of.
     pub fn sessions_known(&self, session_ids: &[u64]) -> Outcome<Vec<u64>> {
-        match self.query(QueryKind::Sessions(warden_proto::namespace::SessionIds { session_ids: session_ids.to_vec() }))?.result {
+        match self.query(QueryKind::Sessions(warden_proto::namespace::SessionIds { session_ids: session_ids.to_vec(), owners: Vec::new() }))?.result {
             Some(QueryOutcome::Sessions(known)) => Ok(known.session_ids),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
@@ -272,7 +273,7 @@ impl Harness {
 
     /// A leader-only call at time `now_ms`.
     pub fn leader_call(&mut self, request: LeaderRequestKind, now_ms: u64) -> Outcome<LeaderResponseKind> {
-        let bytes = LeaderRequest { request: Some(request) }.encode_to_vec();
+        let bytes = LeaderRequest { principal: String::new(), request: Some(request) }.encode_to_vec();
         let output = self.sm.leader_call(&bytes, clock(now_ms)).map_err(engine)?;
         let response = LeaderResponse::decode(output.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
         match response.response {

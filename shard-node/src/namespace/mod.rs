@@ -287,6 +287,7 @@ impl NamespaceStateMachine {
             touched: std::collections::BTreeSet::new(),
             lock_changes: Vec::new(),
             gone_waiters: Vec::new(),
+            principal: &command.principal,
         };
         let empty = || TxnResponse { header: None, succeeded: true, results: Vec::new() };
         let outcome = match command.op {
@@ -301,7 +302,7 @@ impl NamespaceStateMachine {
                     ..error::error(warden_proto::v1::warden_error::Code::WrongGroup, "", message)
                 }))
             }
-            Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms).map(CommandOutcome::CreateSession),
+            Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms, &create.owner).map(CommandOutcome::CreateSession),
             Some(CommandOp::CloseSession(close)) => match txn.close_session(close.session_id) {
                 Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
                 Ok(None) => Err(Failure::Refused(error::session_expired(close.session_id, ""))),
@@ -311,7 +312,9 @@ impl NamespaceStateMachine {
                 let ids = &expire.session_ids[..expire.session_ids.len().min(self.limits.sessions_per_expiry_max)];
                 txn.expire_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
             }
-            Some(CommandOp::AddRemoteSessions(add)) => txn.add_remote_sessions(self.group, &add.session_ids).map(|()| CommandOutcome::Txn(empty())),
+            Some(CommandOp::AddRemoteSessions(add)) => {
+                txn.add_remote_sessions(self.group, &add.session_ids, &add.owners).map(|()| CommandOutcome::Txn(empty()))
+            }
             Some(CommandOp::EndRemoteSessions(end)) => {
                 let ids = &end.session_ids[..end.session_ids.len().min(self.limits.sessions_per_expiry_max)];
                 txn.end_remote_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
@@ -593,6 +596,25 @@ impl StateMachine for NamespaceStateMachine {
             };
             SessionLease { session_id: id, alive: remaining.is_some(), granted_ttl_ms: ttl_ms.unwrap_or(0), remaining_ms: remaining.unwrap_or(0) }
         };
+        // Another principal's session is neither renewed nor described (issue 17); root
+        // may do everything.
+        if !request.principal.is_empty() && request.principal != warden_placement::acl::ROOT_PRINCIPAL {
+            let asked: &[u64] = match &request.request {
+                Some(LeaderRequestKind::KeepAlive(keep_alive)) => &keep_alive.session_ids,
+                Some(LeaderRequestKind::SessionInfo(id)) => std::slice::from_ref(id),
+                _ => &[],
+            };
+            let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
+            let view = TxnView::new(reader, None);
+            for id in asked {
+                let owner = view.session(*id).map_err(|e| EngineError::busy(e.to_string()))?.map(|record| record.owner).unwrap_or_default();
+                if !owner.is_empty() && owner != request.principal {
+                    let message = format!("session {id:#x} is not {}'s", request.principal);
+                    let refused = error::error(warden_proto::v1::warden_error::Code::PermissionDenied, "", message);
+                    return Ok(LeaderResponse { response: Some(LeaderResponseKind::Error(refused)) }.encode_to_vec());
+                }
+            }
+        }
         let response = match request.request {
             Some(LeaderRequestKind::KeepAlive(keep_alive)) => {
                 let leases = keep_alive.session_ids.iter().map(|id| lease(&mut self.leases, &self.sessions, *id, true)).collect();
@@ -612,7 +634,7 @@ impl StateMachine for NamespaceStateMachine {
                 let limit = (page.limit as usize).clamp(1, sessions::REMOTE_SESSIONS_PAGE_MAX);
                 let after = (std::ops::Bound::Excluded(page.after), std::ops::Bound::Unbounded);
                 let session_ids = self.remote_sessions.range(after).take(limit).copied().collect();
-                LeaderResponseKind::RemoteSessions(SessionIds { session_ids })
+                LeaderResponseKind::RemoteSessions(SessionIds { session_ids, owners: Vec::new() })
             }
             None => LeaderResponseKind::Error(error::invalid("", "leader request without a kind")),
         };
@@ -629,12 +651,12 @@ impl StateMachine for NamespaceStateMachine {
             self.blocked_locks.iter().filter(|(path, until)| **until <= now_ms && !frozen(path)).take(self.limits.ttl_expiries_per_scan_max)
         {
             let op = CommandOp::LockDelayEnded(warden_proto::namespace::LockDelayEnded { path: path.clone() });
-            due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
+            due.push(Command { now_ms, principal: String::new(), op: Some(op) }.encode_to_vec());
         }
         let expired = self.leases.take_expired(clock.monotonic_ms, self.limits.sessions_per_expiry_max);
         if !expired.is_empty() {
             let op = CommandOp::ExpireSessions(warden_proto::namespace::ExpireSessions { session_ids: expired });
-            due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
+            due.push(Command { now_ms, principal: String::new(), op: Some(op) }.encode_to_vec());
         }
         if now_ms < self.ttl_recheck_at_ms {
             return due;
@@ -669,7 +691,7 @@ impl StateMachine for NamespaceStateMachine {
             recheck_at_ms = 0;
             if childless {
                 let op = CommandOp::ExpireTtl(ExpireTtl { path: path.clone(), mod_revision: entry.mod_revision });
-                due.push(Command { now_ms, op: Some(op) }.encode_to_vec());
+                due.push(Command { now_ms, principal: String::new(), op: Some(op) }.encode_to_vec());
             }
         }
         self.ttl_recheck_at_ms = recheck_at_ms;

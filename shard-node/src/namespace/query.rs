@@ -113,18 +113,20 @@ fn answer(reader: &SmReader, limits: &Limits, split: &warden_proto::namespace::S
             let session_alive = store::TxnView::new(reader, None).session(query.session_id)?.is_some();
             QueryOutcome::Waiter(WaiterState { queued: position.is_some(), holds: position.is_some_and(|i| i < holding), session_alive })
         }
-        Some(QueryKind::Sessions(SessionIds { session_ids })) => {
+        Some(QueryKind::Sessions(SessionIds { session_ids, .. })) => {
             if session_ids.len() > sessions::SESSION_IDS_PER_CHECK_MAX {
                 return Err(too_large("", "sessions asked about at once", session_ids.len(), sessions::SESSION_IDS_PER_CHECK_MAX).into());
             }
             let view = store::TxnView::new(reader, None);
             let mut present = Vec::new();
+            let mut owners = Vec::new();
             for id in session_ids {
-                if view.session(id)?.is_some() {
+                if let Some(record) = view.session(id)? {
                     present.push(id);
+                    owners.push(record.owner);
                 }
             }
-            QueryOutcome::Sessions(SessionIds { session_ids: present })
+            QueryOutcome::Sessions(SessionIds { session_ids: present, owners })
         }
         None => return Err(invalid("", "query without a kind").into()),
     })

@@ -430,7 +430,9 @@ impl Txn<'_, '_> {
             Some(record) => record,
             None => {
                 self.session_changes.push(SessionChange::RemoteAdded(session));
-                SessionRecord { session_id: session, ttl_ms: 0, ephemerals: 0, remote: true }
+                // Its owner is learned from its home group when a caller next uses it here
+                // (`ensure_remote_sessions`).
+                SessionRecord { session_id: session, ttl_ms: 0, ephemerals: 0, remote: true, owner: String::new() }
             }
         };
         record.ephemerals += 1;

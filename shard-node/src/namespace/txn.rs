@@ -69,6 +69,9 @@ pub struct Txn<'v, 'a> {
     pub lock_changes: Vec<(String, u64)>,
     /// Lock waiters deleted (their waiting calls are woken to learn why).
     pub gone_waiters: Vec<String>,
+    /// The principal the command is for (`Command.principal`): a session it uses must be
+    /// its own. Empty: not checked.
+    pub principal: &'v str,
 }
 
 /// Checks the shape of a request before anything runs (also used before proposing).
@@ -412,8 +415,27 @@ impl Txn<'_, '_> {
         })
     }
 
+    /// Refuses PERMISSION_DENIED the use of another principal's `session` (issue 17: only
+    /// the principal that opened a session may attach nodes, waiters or an end to it). A
+    /// session opened with security off (no owner), or a command without a principal (the
+    /// system's own) or of `root` (who may do everything), is not checked; a session that
+    /// does not exist is left to the caller.
+    fn check_owner(&self, session: u64, path: &str) -> Result<(), Failure> {
+        if self.principal.is_empty() || self.principal == warden_placement::acl::ROOT_PRINCIPAL {
+            return Ok(());
+        }
+        match self.view.session(session)? {
+            Some(record) if !record.owner.is_empty() && record.owner != self.principal => {
+                let message = format!("session {session:#x} is not {}'s", self.principal);
+                Err(error(Code::PermissionDenied, path, message).into())
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// Records that `session` owns the new ephemeral node `path`.
     fn attach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
+        self.check_owner(session, path)?;
         let mut record = self.view.session(session)?.ok_or_else(|| session_expired(session, path))?;
         if record.ephemerals >= self.limits.ephemerals_per_session_max as u64 {
             return Err(
@@ -437,14 +459,14 @@ impl Txn<'_, '_> {
     }
 
     /// Opens a session of `group` with `ttl_ms` (clamped to the limits).
-    pub fn create_session(&mut self, group: u64, ttl_ms: u64) -> Result<CreateSessionResponse, Failure> {
+    pub fn create_session(&mut self, group: u64, ttl_ms: u64, owner: &str) -> Result<CreateSessionResponse, Failure> {
         let granted = ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
         let sequence = self.view.take_session_sequence()?;
         if sequence >= 1 << sessions::SESSION_SEQUENCE_BITS {
             return Err(error(Code::TooLarge, "", "session ids of this group are exhausted").into());
         }
         let session_id = sessions::session_id(group, sequence);
-        self.view.put_session(&SessionRecord { session_id, ttl_ms: granted, ephemerals: 0, remote: false });
+        self.view.put_session(&SessionRecord { session_id, ttl_ms: granted, ephemerals: 0, remote: false, owner: owner.to_string() });
         self.session_changes.push(SessionChange::Added(session_id, granted));
         Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
     }
@@ -452,6 +474,7 @@ impl Txn<'_, '_> {
     /// Closes a session of this group (a client's CloseSession); `None` if it does not
     /// exist. A remote session is refused: only its home group may end it (DESIGN.md rule 7).
     pub fn close_session(&mut self, session: u64) -> Result<Option<u64>, Failure> {
+        self.check_owner(session, "")?;
         if self.view.session(session)?.is_some_and(|record| record.remote) {
             return Err(invalid("", format!("session {session} is homed in group {}: close it there", sessions::home_group(session))).into());
         }
@@ -469,15 +492,25 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
-    /// Records sessions of other groups that their home groups confirmed alive (already
-    /// recorded ones are left as they are).
-    pub fn add_remote_sessions(&mut self, group: u64, ids: &[u64]) -> Result<(), Failure> {
+    /// Records sessions of other groups that their home groups confirmed alive, with their
+    /// `owners` (in the order of `ids`; missing: none). Already recorded ones are left as
+    /// they are.
+    pub fn add_remote_sessions(&mut self, group: u64, ids: &[u64], owners: &[String]) -> Result<(), Failure> {
         if let Some(own) = ids.iter().find(|id| sessions::home_group(**id) == group || sessions::home_group(**id) == 0) {
             return Err(invalid("", format!("session {own} is not homed in another group")).into());
         }
-        for id in ids {
-            if self.view.session(*id)?.is_none() {
-                self.view.put_session(&SessionRecord { session_id: *id, ttl_ms: 0, ephemerals: 0, remote: true });
+        for (index, id) in ids.iter().enumerate() {
+            let owner = owners.get(index).cloned().unwrap_or_default();
+            if let Some(mut record) = self.view.session(*id)? {
+                // A record a moved subtree brought has no owner yet: its home group's now.
+                if record.remote && record.owner.is_empty() && !owner.is_empty() {
+                    record.owner = owner;
+                    self.view.put_session(&record);
+                }
+                continue;
+            }
+            {
+                self.view.put_session(&SessionRecord { session_id: *id, ttl_ms: 0, ephemerals: 0, remote: true, owner });
                 self.session_changes.push(SessionChange::RemoteAdded(*id));
             }
         }
@@ -641,6 +674,7 @@ impl Txn<'_, '_> {
         if self.view.session(request.session_id)?.is_none() {
             return Err(session_expired(request.session_id, lock_path).into());
         }
+        self.check_owner(request.session_id, lock_path)?;
         let node = self.node(lock_path)?;
         let stat = node.as_ref().and_then(|node| node.stat).unwrap_or_default();
         if stat.ephemeral_owner != 0 {
@@ -725,9 +759,11 @@ impl Txn<'_, '_> {
             return Err(invalid(waiter, "the waiter is not a child of the lock").into());
         }
         let Some(node) = self.view.node(waiter)? else { return Ok(()) };
-        if node.stat.unwrap_or_default().create_revision != sequencer.token {
+        let stat = node.stat.unwrap_or_default();
+        if stat.create_revision != sequencer.token {
             return Err(invalid(waiter, "the sequencer's token does not match its waiter").into());
         }
+        self.check_owner(stat.ephemeral_owner, &sequencer.path)?;
         let Some(record) = node.lock_waiter else { return Err(invalid(waiter, format!("{waiter} is not a lock waiter")).into()) };
         if attempt != 0 && record.attempt != attempt {
             // A later call took over this waiter: the release of an abandoned call leaves it.

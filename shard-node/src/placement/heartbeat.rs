@@ -18,6 +18,8 @@ use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::HeartbeatRequest;
 use warden_proto::tls::{Expected, Tls};
 
+use warden_router::access::{acl_from_proto, AclCache};
+
 use crate::host::NodeHandle;
 use crate::service::error_of;
 use crate::transport::PeerDirectory;
@@ -27,7 +29,17 @@ pub const GROUPS_PER_HEARTBEAT_MAX: usize = 100_000;
 
 /// Sends heartbeats until the runtime it runs on stops (with `tls`, to nodes proving their
 /// identity, as the node `tls` names).
-pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAddr, zone: String, interval: Duration, tls: Option<Arc<Tls>>) {
+/// Each answer with a newer ACL updates `acl`, so a grant or revoke reaches this node's
+/// checks within a heartbeat or two.
+pub async fn run(
+    node: NodeHandle,
+    directory: Arc<PeerDirectory>,
+    addr: SocketAddr,
+    zone: String,
+    interval: Duration,
+    tls: Option<Arc<Tls>>,
+    acl: Arc<AclCache>,
+) {
     let mut hint: Option<u64> = None;
     let mut turn = 0usize;
     let mut channels: std::collections::HashMap<SocketAddr, tonic::transport::Channel> = std::collections::HashMap::new();
@@ -58,11 +70,16 @@ pub async fn run(node: NodeHandle, directory: Arc<PeerDirectory>, addr: SocketAd
             groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID).take(GROUPS_PER_HEARTBEAT_MAX).collect()
         };
         let (led_groups, hosted_groups) = (shard_groups(node.led_groups()), shard_groups(node.hosted_groups()));
-        let request = HeartbeatRequest { node_id: node.node_id(), addr: addr.to_string(), zone: zone.clone(), led_groups, hosted_groups };
+        let acl_version = acl.version();
+        let request =
+            HeartbeatRequest { node_id: node.node_id(), addr: addr.to_string(), zone: zone.clone(), led_groups, hosted_groups, acl_version };
         match client.heartbeat(request).await {
             Ok(response) => {
                 hint = target;
                 let response = response.into_inner();
+                if let Some(newer) = response.acl {
+                    acl.offer(acl_from_proto(newer));
+                }
                 for group in response.removed_groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID) {
                     if let Err(error) = node.destroy_group(group).await {
                         tracing::debug!(group, %error, "could not destroy the replica of a removed group");

@@ -47,7 +47,9 @@ use crate::error::EngineError;
 use crate::host::{NodeHandle, ReadConsistency};
 use crate::service::{engine_status, status};
 use crate::transport::PeerDirectory;
-use warden_proto::tls::{calling_node, Expected, Tls};
+use warden_placement::acl;
+use warden_proto::tls::{caller, calling_node, peer_identity, Caller, Expected, Role, Tls};
+use warden_router::access::{acl_to_proto, AclCache};
 
 /// How long a new group may take to elect its first leader.
 const GROUP_LEADER_WAIT: Duration = Duration::from_secs(10);
@@ -79,10 +81,20 @@ pub struct PlacementService {
     pub(super) faults: Arc<crate::transport::NetFaults>,
     /// This node's TLS, for its calls to other nodes (`None`: plaintext).
     tls: Option<Arc<Tls>>,
+    /// The ACL as this node last heard it: who may administer what (security on).
+    acl: Arc<AclCache>,
 }
 
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
 const ROUTING_TABLES_QUEUED_MAX: usize = 2;
+
+/// A node's security (issue 17): its TLS for calls to other nodes, and the ACL its checks use.
+pub struct Security {
+    /// This node's TLS (`None`: plaintext, security off).
+    pub tls: Option<Arc<Tls>>,
+    /// The ACL as this node last heard it.
+    pub acl: Arc<AclCache>,
+}
 
 impl PlacementService {
     /// The service of `node`.
@@ -93,10 +105,11 @@ impl PlacementService {
         routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
         config: PlacementConfig,
         faults: Arc<crate::transport::NetFaults>,
-        tls: Option<Arc<Tls>>,
+        security: Security,
     ) -> PlacementService {
         PlacementService {
-            tls,
+            tls: security.tls,
+            acl: security.acl,
             node,
             directory,
             timeout,
@@ -141,6 +154,24 @@ impl PlacementService {
                 changed = versions.changed() => if changed.is_err() { return },
                 () = tables.closed() => return,
             }
+        }
+    }
+
+    /// Refuses a caller that may not administer `prefix`: with security on, a principal
+    /// needs `admin` there; nodes may (they run placement), and routers too when
+    /// `routers_too` (they read the routing table). Security off: everyone may.
+    fn require_admin<T>(&self, request: &Request<T>, prefix: &str, routers_too: bool) -> Result<(), Status> {
+        match peer_identity(request).map(|identity| identity.role) {
+            Some(Role::Node) => return Ok(()),
+            Some(Role::Router) if routers_too => return Ok(()),
+            _ => {}
+        }
+        match caller(request)? {
+            Caller::Principal(principal) if !self.acl.get().allows(&principal, prefix, acl::ADMIN) => {
+                let message = format!("{principal} may not administer {prefix}");
+                Err(status(WardenError { code: Code::PermissionDenied as i32, path: prefix.to_string(), message, ..WardenError::default() }))
+            }
+            _ => Ok(()),
         }
     }
 
@@ -339,6 +370,14 @@ impl PlacementService {
     }
 
     /// The answer to a group creation or split: the group as placement has it now.
+    /// The answer to an ACL change.
+    fn acl_changed(&self, outcome: Outcome) -> Result<Response<ChangeAclResponse>, Status> {
+        match outcome {
+            Outcome::AclChanged(version) => Ok(Response::new(ChangeAclResponse { version })),
+            other => Err(internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
     async fn created(&self, group_id: u64) -> Result<Response<CreateGroupResponse>, Status> {
         let state = self.state().await?;
         let entry = state.descriptor(group_id).map(|d| GroupEntry {
@@ -366,7 +405,7 @@ impl PlacementService {
     /// Proposes a namespace command of placement's (a descriptor, a split step) to `group`,
     /// which this node must lead; answers the group's revision once it applied.
     async fn propose_namespace(&self, group: u64, op: CommandOp) -> Result<u64, Status> {
-        let command = NamespaceCommand { now_ms: now_ms(), op: Some(op) };
+        let command = NamespaceCommand { now_ms: now_ms(), principal: String::new(), op: Some(op) };
         let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
         match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
             Some(CommandOutcome::Error(error)) => Err(status(error)),
@@ -465,6 +504,8 @@ pub(super) fn placement_status(error: PlacementError) -> Status {
         | PlacementError::NodeStateChange { .. }
         | PlacementError::NotALearner { .. }
         | PlacementError::NotAVoter { .. } => Code::InvalidArgument,
+        PlacementError::Acl(warden_placement::AclError::Full { .. }) => Code::TooLarge,
+        PlacementError::Acl(_) => Code::InvalidArgument,
         PlacementError::BadSnapshot(_) | PlacementError::Inconsistent(_) => Code::Unknown,
     };
     status(WardenError { code: code as i32, message: error.to_string(), ..WardenError::default() })
@@ -513,7 +554,7 @@ pub fn routing_table(state: &Placement) -> RoutingTable {
             })
         })
         .collect();
-    RoutingTable { version: state.routing_version(), nodes, groups, scheduler_paused: state.scheduler_paused() }
+    RoutingTable { version: state.routing_version(), nodes, groups, scheduler_paused: state.scheduler_paused(), acl: Some(acl_to_proto(state.acl())) }
 }
 
 /// The wire form of a node.
@@ -540,13 +581,15 @@ fn invalid_argument(message: impl Into<String>) -> Status {
 
 #[tonic::async_trait]
 impl PlacementApi for PlacementService {
-    async fn get_routing_table(&self, _request: Request<GetRoutingTableRequest>) -> Result<Response<RoutingTable>, Status> {
+    async fn get_routing_table(&self, request: Request<GetRoutingTableRequest>) -> Result<Response<RoutingTable>, Status> {
+        self.require_admin(&request, "/", true)?;
         Ok(Response::new(routing_table(&self.state().await?)))
     }
 
     type WatchRoutingTableStream = tokio_stream::wrappers::ReceiverStream<Result<RoutingTable, Status>>;
 
     async fn watch_routing_table(&self, request: Request<WatchRoutingTableRequest>) -> Result<Response<Self::WatchRoutingTableStream>, Status> {
+        self.require_admin(&request, "/", true)?;
         let versions = self.routing_versions.clone().ok_or_else(|| Status::unimplemented("this node has no placement state machine"))?;
         // Only a node hosting a placement replica sees the versions as they apply (elsewhere
         // this read fails WRONG_GROUP and the watcher tries another node).
@@ -559,6 +602,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn create_group(&self, request: Request<CreateGroupRequest>) -> Result<Response<CreateGroupResponse>, Status> {
+        self.require_admin(&request, &request.get_ref().prefix, false)?;
         let prefix = request.into_inner().prefix;
         // One lifecycle change at a time: a creation computes descriptors from the state it
         // read, which another creation's `GroupReady` would make stale (issue 12 item 8).
@@ -579,6 +623,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn split_group(&self, request: Request<CreateGroupRequest>) -> Result<Response<CreateGroupResponse>, Status> {
+        self.require_admin(&request, &request.get_ref().prefix, false)?;
         let prefix = request.into_inner().prefix;
         let _lifecycle = self.lifecycle.lock().await;
         self.ensure_leader()?;
@@ -588,6 +633,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn merge_group(&self, request: Request<RemoveGroupRequest>) -> Result<Response<RemoveGroupResponse>, Status> {
+        self.require_admin(&request, &request.get_ref().prefix, false)?;
         let prefix = request.into_inner().prefix;
         let _lifecycle = self.lifecycle.lock().await;
         self.ensure_leader()?;
@@ -620,6 +666,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn group_writes(&self, request: Request<GroupWritesRequest>) -> Result<Response<GroupWritesResponse>, Status> {
+        self.require_admin(&request, "/", false)?;
         let group_id = request.into_inner().group_id;
         // This replica's own counts: no leader needed (each reading compares with the last).
         match self.query_namespace(group_id, NamespaceQuery::ChildWrites(true), ReadConsistency::Stale).await? {
@@ -647,10 +694,13 @@ impl PlacementApi for PlacementService {
             .into_iter()
             .filter(|group| *group != PLACEMENT_GROUP_ID && *group < state.next_group_id() && state.group(*group).is_none())
             .collect();
+        // The ACL goes only to a node that has an older one.
+        let acl = (state.acl().version() > request.acl_version).then(|| acl_to_proto(state.acl()));
         Ok(Response::new(HeartbeatResponse {
             routing_version: state.routing_version(),
             nodes: state.nodes().values().map(node_entry).collect(),
             removed_groups,
+            acl,
         }))
     }
 
@@ -723,6 +773,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn replica_status(&self, request: Request<ReplicaStatusRequest>) -> Result<Response<ReplicaStatusResponse>, Status> {
+        self.require_admin(&request, "/", false)?;
         let group_id = request.into_inner().group_id;
         let s = self.node.status(group_id).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
         Ok(Response::new(ReplicaStatusResponse {
@@ -740,6 +791,7 @@ impl PlacementApi for PlacementService {
     }
 
     async fn set_node_state(&self, request: Request<SetNodeStateRequest>) -> Result<Response<SetNodeStateResponse>, Status> {
+        self.require_admin(&request, "/", false)?;
         let SetNodeStateRequest { node_id, state } = request.into_inner();
         let state = match ProtoNodeState::try_from(state) {
             Ok(ProtoNodeState::Serving) => NodeState::Serving,
@@ -756,12 +808,39 @@ impl PlacementApi for PlacementService {
     }
 
     async fn set_scheduler_paused(&self, request: Request<SetSchedulerPausedRequest>) -> Result<Response<SetSchedulerPausedResponse>, Status> {
+        self.require_admin(&request, "/", false)?;
         let paused = request.into_inner().paused;
         self.propose(&Command::SetSchedulerPaused { paused }).await?;
         Ok(Response::new(SetSchedulerPausedResponse {}))
     }
 
+    async fn change_acl(&self, request: Request<ChangeAclRequest>) -> Result<Response<ChangeAclResponse>, Status> {
+        self.require_admin(&request, &request.get_ref().prefix, false)?;
+        let ChangeAclRequest { prefix, principal, permissions, revoke } = request.into_inner();
+        self.acl_changed(self.propose(&Command::ChangeAcl { prefix, principal, permissions, revoke }).await?)
+    }
+
+    async fn change_acl_group(&self, request: Request<ChangeAclGroupRequest>) -> Result<Response<ChangeAclResponse>, Status> {
+        self.require_admin(&request, "/", false)?;
+        let ChangeAclGroupRequest { group, principal, remove } = request.into_inner();
+        self.acl_changed(self.propose(&Command::ChangeAclGroup { group, principal, remove }).await?)
+    }
+
+    async fn list_acl(&self, request: Request<ListAclRequest>) -> Result<Response<AclState>, Status> {
+        let seen_by = match peer_identity(&request).map(|identity| identity.role) {
+            Some(Role::Node | Role::Router) => None,
+            _ => caller(&request)?.principal().map(str::to_string),
+        };
+        let state = self.state().await?;
+        let list = match seen_by {
+            Some(principal) => state.acl().visible_to(&principal),
+            None => state.acl().clone(),
+        };
+        Ok(Response::new(acl_to_proto(&list)))
+    }
+
     async fn remove_group(&self, request: Request<RemoveGroupRequest>) -> Result<Response<RemoveGroupResponse>, Status> {
+        self.require_admin(&request, &request.get_ref().prefix, false)?;
         let prefix = request.into_inner().prefix;
         self.ensure_leader()?;
         // One lifecycle change at a time (a creation below this prefix is refused in step 1).

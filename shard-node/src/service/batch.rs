@@ -18,6 +18,7 @@ use tonic::{Request, Response, Status, Streaming};
 use warden_proto::batch::batch_forward_server::{BatchForward, BatchForwardServer};
 use warden_proto::batch::item_result::Result as ItemOutcome;
 use warden_proto::batch::{BatchRequest, BatchResponse, Item, ItemError, ItemResult, Method};
+use warden_proto::tls::{PeerInfo, PRINCIPAL_HEADER};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::warden_server::Warden;
 use warden_proto::v1::WardenError;
@@ -45,7 +46,9 @@ impl BatchForward for WardenService {
 
     async fn forward(&self, request: Request<Streaming<BatchRequest>>) -> Result<Response<Self::ForwardStream>, Status> {
         let (responses, stream) = tokio::sync::mpsc::channel(RESPONSES_QUEUED_MAX);
-        tokio::spawn(serve(self.clone(), request.into_inner(), responses));
+        // Each item is judged as a unary call over this stream's connection would be.
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        tokio::spawn(serve(self.clone(), peer, request.into_inner(), responses));
         Ok(Response::new(tokio_stream::wrappers::ReceiverStream::new(stream)))
     }
 }
@@ -56,7 +59,12 @@ type Running = futures::future::BoxFuture<'static, Option<ItemResult>>;
 /// Serves one batch stream until the router closes it and every item is answered, or until
 /// the router goes away (then the items in flight are dropped, as the unary calls of a
 /// client that hung up are).
-async fn serve(service: WardenService, mut incoming: Streaming<BatchRequest>, responses: tokio::sync::mpsc::Sender<Result<BatchResponse, Status>>) {
+async fn serve(
+    service: WardenService,
+    peer: Option<PeerInfo>,
+    mut incoming: Streaming<BatchRequest>,
+    responses: tokio::sync::mpsc::Sender<Result<BatchResponse, Status>>,
+) {
     let mut running: FuturesUnordered<Running> = FuturesUnordered::new();
     let mut aborts: HashMap<u64, AbortHandle> = HashMap::new();
     let mut ready: Vec<ItemResult> = Vec::new();
@@ -86,7 +94,7 @@ async fn serve(service: WardenService, mut incoming: Streaming<BatchRequest>, re
                     for item in batch.items {
                         let (abort, registration) = AbortHandle::new_pair();
                         aborts.insert(item.id, abort);
-                        let handling = Abortable::new(answer(service.clone(), item), registration);
+                        let handling = Abortable::new(answer(service.clone(), peer.clone(), item), registration);
                         running.push(Box::pin(async move { handling.await.ok() }));
                     }
                 }
@@ -115,32 +123,42 @@ fn take_batch(ready: &mut Vec<ItemResult>) -> Vec<ItemResult> {
     ready.drain(..count).collect()
 }
 
-/// Handles one item with the unary method it names.
-async fn answer(service: WardenService, item: Item) -> ItemResult {
-    let Item { id, method, request, timeout_us } = item;
+/// How one item's unary call is made: its deadline, and whom it is for.
+struct ItemCall {
+    timeout: Option<Duration>,
+    /// The stream's connection.
+    peer: Option<PeerInfo>,
+    /// The principal the router named for the item.
+    principal: String,
+}
+
+/// Handles one item with the unary method it names, as a call over `peer`'s connection.
+async fn answer(service: WardenService, peer: Option<PeerInfo>, item: Item) -> ItemResult {
+    let Item { id, method, request, timeout_us, principal } = item;
     let timeout = (timeout_us > 0).then(|| Duration::from_micros(timeout_us));
+    let context = &ItemCall { timeout, peer, principal };
     let outcome = if request.len() > REQUEST_BYTES_MAX {
         let message = format!("a request has at most {REQUEST_BYTES_MAX} bytes; this one has {}", request.len());
         Err(status(WardenError { limit: REQUEST_BYTES_MAX as u64, ..warden_proto::warden_error(Code::TooLarge, "", message) }))
     } else {
         let service = &service;
         match Method::try_from(method).unwrap_or(Method::Unspecified) {
-            Method::Create => call(request, timeout, |r| service.create(r)).await,
-            Method::Get => call(request, timeout, |r| service.get(r)).await,
-            Method::Exists => call(request, timeout, |r| service.exists(r)).await,
-            Method::Set => call(request, timeout, |r| service.set(r)).await,
-            Method::Delete => call(request, timeout, |r| service.delete(r)).await,
-            Method::GetChildren => call(request, timeout, |r| service.get_children(r)).await,
-            Method::Txn => call(request, timeout, |r| service.txn(r)).await,
-            Method::Sync => call(request, timeout, |r| service.sync(r)).await,
-            Method::CreateSession => call(request, timeout, |r| service.create_session(r)).await,
-            Method::KeepAlive => call(request, timeout, |r| service.keep_alive(r)).await,
-            Method::CloseSession => call(request, timeout, |r| service.close_session(r)).await,
-            Method::SessionInfo => call(request, timeout, |r| service.session_info(r)).await,
-            Method::Lock => call(request, timeout, |r| service.lock(r)).await,
-            Method::Unlock => call(request, timeout, |r| service.unlock(r)).await,
-            Method::CheckSequencer => call(request, timeout, |r| service.check_sequencer(r)).await,
-            Method::LockInfo => call(request, timeout, |r| service.lock_info(r)).await,
+            Method::Create => call(request, context, |r| service.create(r)).await,
+            Method::Get => call(request, context, |r| service.get(r)).await,
+            Method::Exists => call(request, context, |r| service.exists(r)).await,
+            Method::Set => call(request, context, |r| service.set(r)).await,
+            Method::Delete => call(request, context, |r| service.delete(r)).await,
+            Method::GetChildren => call(request, context, |r| service.get_children(r)).await,
+            Method::Txn => call(request, context, |r| service.txn(r)).await,
+            Method::Sync => call(request, context, |r| service.sync(r)).await,
+            Method::CreateSession => call(request, context, |r| service.create_session(r)).await,
+            Method::KeepAlive => call(request, context, |r| service.keep_alive(r)).await,
+            Method::CloseSession => call(request, context, |r| service.close_session(r)).await,
+            Method::SessionInfo => call(request, context, |r| service.session_info(r)).await,
+            Method::Lock => call(request, context, |r| service.lock(r)).await,
+            Method::Unlock => call(request, context, |r| service.unlock(r)).await,
+            Method::CheckSequencer => call(request, context, |r| service.check_sequencer(r)).await,
+            Method::LockInfo => call(request, context, |r| service.lock_info(r)).await,
             Method::Unspecified => Err(Status::unimplemented(format!("no batchable method {method}"))),
         }
     };
@@ -159,7 +177,7 @@ async fn answer(service: WardenService, item: Item) -> ItemResult {
 /// `grpc-timeout`, and encodes the answer; refused as tonic refuses it on the unary path
 /// (INTERNAL for a request that does not decode, OUT_OF_RANGE for a response above the
 /// unary path's limit).
-async fn call<Req, Resp, F, Fut>(request: Bytes, timeout: Option<Duration>, method: F) -> Result<Bytes, Status>
+async fn call<Req, Resp, F, Fut>(request: Bytes, context: &ItemCall, method: F) -> Result<Bytes, Status>
 where
     Req: Message + Default,
     Resp: Message,
@@ -168,8 +186,14 @@ where
 {
     let message = Req::decode(request).map_err(|e| Status::internal(format!("failed to decode Protobuf message: {e}")))?;
     let mut request = Request::new(message);
-    if let Some(timeout) = timeout {
+    if let Some(timeout) = context.timeout {
         request.set_timeout(timeout);
+    }
+    if let Some(peer) = &context.peer {
+        request.extensions_mut().insert(peer.clone());
+    }
+    if let Ok(principal) = context.principal.parse() {
+        request.metadata_mut().insert(PRINCIPAL_HEADER, principal);
     }
     let response = method(request).await?.into_inner();
     let len = response.encoded_len();

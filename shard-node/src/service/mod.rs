@@ -29,6 +29,10 @@ use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::*;
 
+use tonic::metadata::MetadataMap;
+use warden_proto::tls::{Caller, PeerInfo};
+use warden_router::access::{authorize_call, Access, AclCache};
+
 use crate::error::EngineError;
 use crate::group_links::GroupLinks;
 use crate::host::{NodeHandle, ReadConsistency};
@@ -60,6 +64,8 @@ pub struct WardenService {
     links: Arc<GroupLinks>,
     /// What the remote-session checks of this node found.
     remote_metrics: Arc<RemoteSessionMetrics>,
+    /// Who may do what where, as this node last heard from placement (security on).
+    acl: Arc<AclCache>,
 }
 
 impl Clone for WardenService {
@@ -72,6 +78,7 @@ impl Clone for WardenService {
             hubs: self.hubs.clone(),
             links: self.links.clone(),
             remote_metrics: self.remote_metrics.clone(),
+            acl: self.acl.clone(),
         }
     }
 }
@@ -86,10 +93,11 @@ impl WardenService {
         election_timeout: Duration,
         hubs: Option<WatchHubs>,
         links: Arc<GroupLinks>,
+        acl: Arc<AclCache>,
     ) -> WardenService {
         let mut limits = Limits::default();
         limits.session_ttl_ms_min = limits.session_ttl_ms_min.max(election_timeout.as_millis() as u64 * 3 / 2);
-        WardenService { node, directory, timeout, limits, hubs, links, remote_metrics: Arc::default() }
+        WardenService { node, directory, timeout, limits, hubs, links, remote_metrics: Arc::default(), acl }
     }
 
     /// The public API over this service, wrapped for tonic with the request-size limit.
@@ -102,6 +110,20 @@ impl WardenService {
         self.remote_metrics.clone()
     }
 
+    /// Whom `request` is for, refused (UNAUTHENTICATED, PERMISSION_DENIED) unless it may make
+    /// this call (`router::access`; security off: everything is allowed).
+    fn admit<R: Access>(&self, request: &Request<R>) -> Result<Caller, Status> {
+        self.admit_of(request.extensions().get::<PeerInfo>(), request.metadata(), request.get_ref())
+    }
+
+    /// As [`admit`](Self::admit), for a message that came over the connection `peer` in a
+    /// call with `metadata` (a stream's).
+    pub(super) fn admit_of<R: Access>(&self, peer: Option<&PeerInfo>, metadata: &MetadataMap, message: &R) -> Result<Caller, Status> {
+        let caller = warden_proto::tls::caller_of(peer, metadata)?;
+        authorize_call(&self.acl, &caller, message)?;
+        Ok(caller)
+    }
+
     fn header(&self, group: u64, revision: u64) -> ResponseHeader {
         let leader = self.node.leader_info(group);
         ResponseHeader { group_id: group, revision, raft_term: leader.term, leader_id: leader.leader_id, node_id: self.node.node_id() }
@@ -109,15 +131,21 @@ impl WardenService {
 
     /// Proposes a command to `group`; returns its outcome and the header (at the revision
     /// the command left).
-    async fn propose(&self, group: u64, op: CommandOp, timeout: Duration) -> Result<(CommandOutcome, ResponseHeader), Status> {
-        self.propose_command(group, op, timeout).await.map(|(outcome, header, _)| (outcome, header))
+    async fn propose(&self, group: u64, op: CommandOp, principal: &str, timeout: Duration) -> Result<(CommandOutcome, ResponseHeader), Status> {
+        self.propose_command(group, op, principal, timeout).await.map(|(outcome, header, _)| (outcome, header))
     }
 
     /// As [`propose`](Self::propose), with the lock attempt the command reported
     /// (`CommandResult.lock_attempt`).
-    async fn propose_command(&self, group: u64, op: CommandOp, timeout: Duration) -> Result<(CommandOutcome, ResponseHeader, u64), Status> {
+    async fn propose_command(
+        &self,
+        group: u64,
+        op: CommandOp,
+        principal: &str,
+        timeout: Duration,
+    ) -> Result<(CommandOutcome, ResponseHeader, u64), Status> {
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let command = Command { now_ms, op: Some(op) };
+        let command = Command { now_ms, principal: principal.to_string(), op: Some(op) };
         let output = self.node.propose(group, command.encode_to_vec(), timeout).await.map_err(|e| self.engine_status(group, e))?;
         let result = CommandResult::decode(output.as_slice()).map_err(|e| internal(format!("command result: {e}")))?;
         let revision = |header: &Option<ResponseHeader>| header.as_ref().map_or(0, |h| h.revision);
@@ -138,7 +166,7 @@ impl WardenService {
     }
 
     /// Proposes a transaction and returns its response, with the header filled in.
-    async fn write(&self, routing: Option<&Routing>, request: TxnRequest, timeout: Duration) -> Result<TxnResponse, Status> {
+    async fn write(&self, routing: Option<&Routing>, request: TxnRequest, principal: &str, timeout: Duration) -> Result<TxnResponse, Status> {
         // Bad input is refused here, typed, before it costs a proposal.
         txn::check_request(&request, &self.limits).map_err(status)?;
         let group = group_of(routing);
@@ -147,16 +175,22 @@ impl WardenService {
             Some(Op::Create(create)) => Some(create.session_id),
             _ => None,
         });
-        self.ensure_remote_sessions(group, owners, timeout).await?;
-        match self.propose(group, CommandOp::Txn(request), timeout).await? {
+        self.ensure_remote_sessions(group, owners, !principal.is_empty(), timeout).await?;
+        match self.propose(group, CommandOp::Txn(request), principal, timeout).await? {
             (CommandOutcome::Txn(response), header) => Ok(TxnResponse { header: Some(header), ..response }),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
     /// Asks the group's leader a leader-only question.
-    async fn leader_call(&self, group: u64, request: LeaderRequestKind, timeout: Duration) -> Result<(LeaderResponseKind, ResponseHeader), Status> {
-        let request = LeaderRequest { request: Some(request) }.encode_to_vec();
+    async fn leader_call(
+        &self,
+        group: u64,
+        request: LeaderRequestKind,
+        principal: &str,
+        timeout: Duration,
+    ) -> Result<(LeaderResponseKind, ResponseHeader), Status> {
+        let request = LeaderRequest { principal: principal.to_string(), request: Some(request) }.encode_to_vec();
         let output = self.node.leader_call(group, request, timeout).await.map_err(|e| self.engine_status(group, e))?;
         let response = LeaderResponse::decode(output.as_slice()).map_err(|e| internal(format!("leader response: {e}")))?;
         match response.response {
@@ -181,8 +215,14 @@ impl WardenService {
 
     /// Proposes an `AcquireLock`; returns the answer, the call's attempt on its waiter, and
     /// the header.
-    async fn acquire(&self, group: u64, acquire: AcquireLock, timeout: Duration) -> Result<(LockResponse, u64, ResponseHeader), Status> {
-        match self.propose_command(group, CommandOp::AcquireLock(acquire), timeout).await? {
+    async fn acquire(
+        &self,
+        group: u64,
+        acquire: AcquireLock,
+        principal: &str,
+        timeout: Duration,
+    ) -> Result<(LockResponse, u64, ResponseHeader), Status> {
+        match self.propose_command(group, CommandOp::AcquireLock(acquire), principal, timeout).await? {
             (CommandOutcome::Lock(response), header, attempt) => Ok((response, attempt, header)),
             _ => Err(internal("mismatched result".into())),
         }
@@ -190,9 +230,9 @@ impl WardenService {
 
     /// Removes `sequencer`'s waiter: whatever its attempt (`attempt` 0, Unlock), or only if
     /// `attempt` is still its call's (an abandoned `Lock` call).
-    async fn release(&self, group: u64, sequencer: Sequencer, attempt: u64, timeout: Duration) -> Result<ResponseHeader, Status> {
+    async fn release(&self, group: u64, sequencer: Sequencer, attempt: u64, principal: &str, timeout: Duration) -> Result<ResponseHeader, Status> {
         let op = CommandOp::ReleaseLock(ReleaseLock { sequencer: Some(sequencer), attempt });
-        match self.propose(group, op, timeout).await? {
+        match self.propose(group, op, principal, timeout).await? {
             (CommandOutcome::Txn(_), header) => Ok(header),
             _ => Err(internal("mismatched result".into())),
         }
@@ -223,21 +263,21 @@ impl WardenService {
         }
     }
 
-    async fn keep_alive_once(&self, request: KeepAliveRequest, timeout: Duration) -> Result<KeepAliveResponse, Status> {
+    async fn keep_alive_once(&self, request: KeepAliveRequest, principal: &str, timeout: Duration) -> Result<KeepAliveResponse, Status> {
         if request.session_ids.len() > KEEPALIVE_SESSIONS_MAX {
             return Err(status(error(Code::TooLarge, "", "too many sessions in one keepalive")));
         }
         let group = Self::session_group(request.routing.as_ref(), &request.session_ids)?;
-        match self.leader_call(group, LeaderRequestKind::KeepAlive(request), timeout).await? {
+        match self.leader_call(group, LeaderRequestKind::KeepAlive(request), principal, timeout).await? {
             (LeaderResponseKind::KeepAlive(response), header) => Ok(KeepAliveResponse { header: Some(header), ..response }),
             _ => Err(internal("mismatched result".into())),
         }
     }
 
     /// One operation as a transaction; returns its result and the header.
-    async fn write_one(&self, routing: Option<&Routing>, op: Op, timeout: Duration) -> Result<(OpResult, ResponseHeader), Status> {
+    async fn write_one(&self, routing: Option<&Routing>, op: Op, principal: &str, timeout: Duration) -> Result<(OpResult, ResponseHeader), Status> {
         let request = TxnRequest { then: vec![TxnOp { op: Some(op) }], ..TxnRequest::default() };
-        let response = self.write(routing, request, timeout).await?;
+        let response = self.write(routing, request, principal, timeout).await?;
         let header = response.header.unwrap_or_default();
         let result = response.results.into_iter().next().and_then(|r| r.result).ok_or_else(|| internal("no result".into()))?;
         Ok((result, header))
@@ -328,7 +368,8 @@ impl Drop for ReleaseOnDrop {
         if let Some(service) = self.service.take() {
             let (group, sequencer, attempt) = (self.group, self.sequencer.clone(), self.attempt);
             tokio::spawn(async move {
-                if let Err(error) = service.release(group, sequencer, attempt, service.timeout).await {
+                // The node cleans up after its own call: no owner check.
+                if let Err(error) = service.release(group, sequencer, attempt, "", service.timeout).await {
                     tracing::warn!(%error, "could not remove the waiter of an abandoned Lock call");
                 }
             });
@@ -371,9 +412,10 @@ pub use warden_proto::{error_of, status};
 impl Warden for WardenService {
     async fn create(&self, request: Request<CreateRequest>) -> Result<Response<CreateResponse>, Status> {
         let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let routing = request.routing;
-        match self.write_one(routing.as_ref(), Op::Create(request), timeout).await? {
+        match self.write_one(routing.as_ref(), Op::Create(request), &principal, timeout).await? {
             (OpResult::Create(response), header) => Ok(Response::new(CreateResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
@@ -381,6 +423,7 @@ impl Warden for WardenService {
 
     async fn get(&self, request: Request<GetRequest>) -> Result<Response<GetResponse>, Status> {
         let timeout = self.timeout(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let routing = request.routing;
         match self.read(routing.as_ref(), request.consistency, QueryKind::Get(request), timeout).await? {
@@ -391,6 +434,7 @@ impl Warden for WardenService {
 
     async fn exists(&self, request: Request<ExistsRequest>) -> Result<Response<ExistsResponse>, Status> {
         let timeout = self.timeout(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let routing = request.routing;
         match self.read(routing.as_ref(), request.consistency, QueryKind::Exists(request), timeout).await? {
@@ -401,9 +445,10 @@ impl Warden for WardenService {
 
     async fn set(&self, request: Request<SetRequest>) -> Result<Response<SetResponse>, Status> {
         let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let routing = request.routing;
-        match self.write_one(routing.as_ref(), Op::Set(request), timeout).await? {
+        match self.write_one(routing.as_ref(), Op::Set(request), &principal, timeout).await? {
             (OpResult::Set(response), header) => Ok(Response::new(SetResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
@@ -411,9 +456,10 @@ impl Warden for WardenService {
 
     async fn delete(&self, request: Request<DeleteRequest>) -> Result<Response<DeleteResponse>, Status> {
         let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let routing = request.routing;
-        match self.write_one(routing.as_ref(), Op::Delete(request), timeout).await? {
+        match self.write_one(routing.as_ref(), Op::Delete(request), &principal, timeout).await? {
             (OpResult::Delete(response), header) => Ok(Response::new(DeleteResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
@@ -421,6 +467,7 @@ impl Warden for WardenService {
 
     async fn get_children(&self, request: Request<GetChildrenRequest>) -> Result<Response<GetChildrenResponse>, Status> {
         let timeout = self.timeout(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let routing = request.routing;
         match self.read(routing.as_ref(), request.consistency, QueryKind::Children(request), timeout).await? {
@@ -431,17 +478,19 @@ impl Warden for WardenService {
 
     async fn txn(&self, request: Request<TxnRequest>) -> Result<Response<TxnResponse>, Status> {
         let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let routing = request.routing;
-        Ok(Response::new(self.write(routing.as_ref(), request, timeout).await?))
+        Ok(Response::new(self.write(routing.as_ref(), request, &principal, timeout).await?))
     }
 
     async fn create_session(&self, request: Request<CreateSessionRequest>) -> Result<Response<CreateSessionResponse>, Status> {
         let timeout = self.timeout(&request);
+        let owner = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let granted = request.ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
-        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: granted });
-        match self.propose(group_of(request.routing.as_ref()), op, timeout).await? {
+        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: granted, owner: owner.clone() });
+        match self.propose(group_of(request.routing.as_ref()), op, &owner, timeout).await? {
             (CommandOutcome::CreateSession(response), header) => Ok(Response::new(CreateSessionResponse {
                 header: Some(header),
                 ttl_adjusted: response.ttl_adjusted || granted != request.ttl_ms,
@@ -453,12 +502,14 @@ impl Warden for WardenService {
 
     async fn keep_alive(&self, request: Request<KeepAliveRequest>) -> Result<Response<KeepAliveResponse>, Status> {
         let timeout = self.timeout(&request);
-        Ok(Response::new(self.keep_alive_once(request.into_inner(), timeout).await?))
+        let principal = self.admit(&request)?.principal_or_empty();
+        Ok(Response::new(self.keep_alive_once(request.into_inner(), &principal, timeout).await?))
     }
 
     type KeepAliveStreamStream = tokio_stream::wrappers::ReceiverStream<Result<KeepAliveResponse, Status>>;
 
     async fn keep_alive_stream(&self, request: Request<tonic::Streaming<KeepAliveRequest>>) -> Result<Response<Self::KeepAliveStreamStream>, Status> {
+        let principal = self.admit_of(request.extensions().get::<PeerInfo>(), request.metadata(), &KeepAliveRequest::default())?.principal_or_empty();
         let mut incoming = request.into_inner();
         let (responses, stream) = tokio::sync::mpsc::channel(KEEPALIVE_STREAM_QUEUE_MAX);
         let service = self.clone();
@@ -466,7 +517,7 @@ impl Warden for WardenService {
             // One request at a time: a client renews on its own schedule, and a slow client
             // holds at most the queue's worth of answers.
             while let Ok(Some(request)) = incoming.message().await {
-                let answer = service.keep_alive_once(request, service.timeout).await;
+                let answer = service.keep_alive_once(request, &principal, service.timeout).await;
                 let failed = answer.is_err();
                 if responses.send(answer).await.is_err() || failed {
                     break;
@@ -478,10 +529,11 @@ impl Warden for WardenService {
 
     async fn close_session(&self, request: Request<CloseSessionRequest>) -> Result<Response<CloseSessionResponse>, Status> {
         let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let group = Self::session_group(request.routing.as_ref(), &[request.session_id])?;
         let op = CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id: request.session_id });
-        match self.propose(group, op, timeout).await? {
+        match self.propose(group, op, &principal, timeout).await? {
             (CommandOutcome::CloseSession(response), header) => Ok(Response::new(CloseSessionResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
@@ -489,9 +541,10 @@ impl Warden for WardenService {
 
     async fn session_info(&self, request: Request<SessionInfoRequest>) -> Result<Response<SessionInfoResponse>, Status> {
         let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let group = Self::session_group(request.routing.as_ref(), &[request.session_id])?;
-        match self.leader_call(group, LeaderRequestKind::SessionInfo(request.session_id), timeout).await? {
+        match self.leader_call(group, LeaderRequestKind::SessionInfo(request.session_id), &principal, timeout).await? {
             (LeaderResponseKind::SessionInfo(response), header) => Ok(Response::new(SessionInfoResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
@@ -499,6 +552,7 @@ impl Warden for WardenService {
 
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {
         let rpc_timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         if request.session_id == 0 {
             return Err(status(error(Code::InvalidArgument, &request.path, "a lock needs a session")));
@@ -507,7 +561,7 @@ impl Warden for WardenService {
             return Err(status(error(Code::InvalidArgument, &request.path, "timeout_ms is at most 300000")));
         }
         let group = group_of(request.routing.as_ref());
-        self.ensure_remote_sessions(group, [request.session_id], rpc_timeout).await?;
+        self.ensure_remote_sessions(group, [request.session_id], !principal.is_empty(), rpc_timeout).await?;
         let acquire = AcquireLock {
             path: request.path.clone(),
             session_id: request.session_id,
@@ -517,7 +571,7 @@ impl Warden for WardenService {
             // A try-lock that would not hold changes nothing: one proposal, no revision.
             if_free: !request.wait,
         };
-        let (response, attempt, header) = self.acquire(group, acquire, rpc_timeout).await?;
+        let (response, attempt, header) = self.acquire(group, acquire, &principal, rpc_timeout).await?;
         let sequencer = response.sequencer.map(|sequencer| Sequencer { group_id: group, ..sequencer });
         let answer = |acquired: bool, sequencer: Option<Sequencer>, header: ResponseHeader| {
             Ok(Response::new(LockResponse { header: Some(header), acquired, sequencer }))
@@ -568,21 +622,23 @@ impl Warden for WardenService {
         }
         // The wait is over: the waiter goes (the guard would do it too, but an answer should
         // come after the cleanup).
-        let header = self.release(group, sequencer, attempt, self.timeout).await?;
+        let header = self.release(group, sequencer, attempt, &principal, self.timeout).await?;
         answer(false, None, header)
     }
 
     async fn unlock(&self, request: Request<UnlockRequest>) -> Result<Response<UnlockResponse>, Status> {
         let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "unlock needs a sequencer")))?;
         let group = sequencer_group(&sequencer, request.routing.as_ref());
-        let header = self.release(group, sequencer, 0, timeout).await?;
+        let header = self.release(group, sequencer, 0, &principal, timeout).await?;
         Ok(Response::new(UnlockResponse { header: Some(header) }))
     }
 
     async fn check_sequencer(&self, request: Request<CheckSequencerRequest>) -> Result<Response<CheckSequencerResponse>, Status> {
         let timeout = self.timeout(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "no sequencer")))?;
         let group = sequencer_group(&sequencer, request.routing.as_ref());
@@ -592,6 +648,7 @@ impl Warden for WardenService {
 
     async fn lock_info(&self, request: Request<LockInfoRequest>) -> Result<Response<LockInfoResponse>, Status> {
         let timeout = self.timeout(&request);
+        self.admit(&request)?;
         let request = request.into_inner();
         let query = QueryKind::LockInfo(LockQuery { path: request.path.clone(), ..LockQuery::default() });
         match self.read(request.routing.as_ref(), Consistency::Linearizable as i32, query, timeout).await? {
@@ -604,11 +661,14 @@ impl Warden for WardenService {
 
     async fn watch(&self, request: Request<tonic::Streaming<WatchRequest>>) -> Result<Response<Self::WatchStream>, Status> {
         let hubs = self.hubs.clone().ok_or_else(|| status(error(Code::Unavailable, "", "this node serves no watches")))?;
-        Ok(Response::new(watch::serve(self.clone(), hubs, request.into_inner())))
+        let peer = request.extensions().get::<PeerInfo>().cloned();
+        let metadata = request.metadata().clone();
+        Ok(Response::new(watch::serve(self.clone(), hubs, peer, metadata, request.into_inner())))
     }
 
     async fn sync(&self, request: Request<SyncRequest>) -> Result<Response<SyncResponse>, Status> {
         let timeout = self.timeout(&request);
+        self.admit(&request)?;
         let routing = request.into_inner().routing;
         let consistency = Consistency::Linearizable as i32;
         let (_, header) = self.read(routing.as_ref(), consistency, QueryKind::Revision(true), timeout).await?;

@@ -17,7 +17,7 @@
 //! then recorded here): the next check finds it dead and deletes what it created, so such an
 //! ephemeral lives at most one check interval.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -78,7 +78,13 @@ impl WardenService {
     /// Makes sure `group` records every session of `sessions` homed elsewhere, confirming
     /// each new one with its home group first. SESSION_EXPIRED if a home group says one is
     /// not alive; UNAVAILABLE if a home group cannot be asked.
-    pub(super) async fn ensure_remote_sessions(&self, group: u64, sessions: impl IntoIterator<Item = u64>, timeout: Duration) -> Result<(), Status> {
+    pub(super) async fn ensure_remote_sessions(
+        &self,
+        group: u64,
+        sessions: impl IntoIterator<Item = u64>,
+        owners_needed: bool,
+        timeout: Duration,
+    ) -> Result<(), Status> {
         let mut remote: Vec<u64> = sessions.into_iter().filter(|id| *id != 0 && home_group(*id) != group).collect();
         remote.sort_unstable();
         remote.dedup();
@@ -87,11 +93,14 @@ impl WardenService {
         }
         // 1. Which this group already records: its applied state here is enough, since a
         //    stale answer only costs a repeated confirmation.
-        let known = match self
-            .read_group(group, Consistency::Stale as i32, QueryKind::Sessions(SessionIds { session_ids: remote.clone() }), timeout)
-            .await?
-        {
-            (QueryOutcome::Sessions(known), _) => known.session_ids,
+        //    With `owners_needed` (security on), a record without an owner (one a moved
+        //    subtree brought) counts as unknown: its owner is confirmed too.
+        let query = QueryKind::Sessions(SessionIds { session_ids: remote.clone(), owners: Vec::new() });
+        let known: Vec<u64> = match self.read_group(group, Consistency::Stale as i32, query, timeout).await? {
+            (QueryOutcome::Sessions(known), _) => {
+                let mut owners = known.owners.into_iter();
+                known.session_ids.into_iter().filter(|_| owners.next().is_some_and(|owner| !owners_needed || !owner.is_empty())).collect()
+            }
             _ => return Err(internal("mismatched result".into())),
         };
         remote.retain(|id| !known.contains(id));
@@ -100,16 +109,20 @@ impl WardenService {
         }
         // 2. Each home group confirms its sessions are alive, before anything is recorded.
         let deadline = Instant::now() + timeout;
+        let mut owners: HashMap<u64, String> = HashMap::new();
         for (home, ids) in by_home(&remote) {
             self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
             let alive = self.links.check_sessions(group, home, &ids, deadline).await?;
-            if let Some(dead) = ids.iter().find(|id| !alive.contains(id)) {
+            if let Some(dead) = ids.iter().find(|id| !alive.iter().any(|(alive, _)| alive == *id)) {
                 return Err(status(error(Code::SessionExpired, "", &format!("session {dead} has expired or was closed (home group {home})"))));
             }
+            owners.extend(alive);
         }
-        // 3. Recorded: ephemerals of these sessions may now be created here.
-        let op = CommandOp::AddRemoteSessions(AddRemoteSessions { session_ids: remote });
-        self.propose(group, op, timeout).await.map(|_| ())
+        // 3. Recorded, with their owners (a command using one is checked against it):
+        //    ephemerals of these sessions may now be created here.
+        let owners = remote.iter().map(|id| owners.remove(id).unwrap_or_default()).collect();
+        let op = CommandOp::AddRemoteSessions(AddRemoteSessions { session_ids: remote, owners });
+        self.propose(group, op, "", timeout).await.map(|_| ())
     }
 
     /// Checks the remote sessions of every group this node leads, every `interval`, until
@@ -147,7 +160,7 @@ impl WardenService {
         let mut after = 0;
         while sessions.len() < REMOTE_SESSIONS_PER_ROUND_MAX {
             let page = LeaderRequestKind::RemoteSessions(RemoteSessionsPage { after, limit: REMOTE_SESSIONS_PAGE_MAX as u32 });
-            let ids = match self.leader_call(group, page, timeout).await {
+            let ids = match self.leader_call(group, page, "", timeout).await {
                 Ok((LeaderResponseKind::RemoteSessions(ids), _)) => ids.session_ids,
                 // Not leader any more, or not a namespace group: nothing to do.
                 Ok(_) | Err(_) => return RoundOutcome::default(),
@@ -176,7 +189,7 @@ impl WardenService {
         let mut unreachable = std::collections::BTreeSet::new();
         for (home, batch, answer) in futures::future::join_all(calls).await {
             match answer {
-                Ok(alive) => dead.extend(batch.iter().filter(|id| !alive.contains(id))),
+                Ok(alive) => dead.extend(batch.iter().filter(|id| !alive.iter().any(|(alive, _)| alive == *id))),
                 Err(error) => {
                     // Kept: only the home group's verdict ends a session (rule 7).
                     tracing::warn!(group, home, sessions = batch.len(), %error, "home group unreachable; keeping its sessions' ephemerals");
@@ -189,7 +202,7 @@ impl WardenService {
         // 3. End the dead ones, in bounded entries.
         for batch in dead.chunks(self.limits.sessions_per_expiry_max) {
             let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: batch.to_vec() });
-            match self.propose(group, op, timeout).await {
+            match self.propose(group, op, "", timeout).await {
                 Ok(_) => {
                     self.remote_metrics.ended.fetch_add(batch.len() as u64, Ordering::Relaxed);
                 }
@@ -219,9 +232,11 @@ impl SessionCheck for WardenService {
         if request.session_ids.iter().any(|id| home_group(*id) != group) {
             return Err(status(error(Code::InvalidArgument, "", "every session checked must be homed in the routed group")));
         }
-        let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids });
+        let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids, owners: Vec::new() });
         match self.read_group(group, Consistency::Linearizable as i32, query, timeout).await? {
-            (QueryOutcome::Sessions(alive), header) => Ok(Response::new(CheckSessionsResponse { header: Some(header), alive: alive.session_ids })),
+            (QueryOutcome::Sessions(alive), header) => {
+                Ok(Response::new(CheckSessionsResponse { header: Some(header), alive: alive.session_ids, owners: alive.owners }))
+            }
             _ => Err(internal("mismatched result".into())),
         }
     }

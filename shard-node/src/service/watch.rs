@@ -8,9 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::Stream;
+use tonic::metadata::MetadataMap;
 use tonic::{Status, Streaming};
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
+use warden_proto::tls::PeerInfo;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::watch_create::Kind as WatchKind;
 use warden_proto::v1::watch_created::Read;
@@ -28,9 +30,19 @@ use crate::watch::{WatchHubs, WatchSpec};
 pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
 
 /// Starts serving one `Watch` call.
-pub(super) fn serve(service: WardenService, hubs: WatchHubs, incoming: Streaming<WatchRequest>) -> Responses {
+/// `peer` is the connection the call came over and `metadata` the call's (a router names the
+/// principal there, a client its token): each watch created on the stream is checked
+/// against the ACL for that caller (`router::access`).
+pub(super) fn serve(
+    service: WardenService,
+    hubs: WatchHubs,
+    peer: Option<PeerInfo>,
+    metadata: MetadataMap,
+    incoming: Streaming<WatchRequest>,
+) -> Responses {
     let stream = crate::watch::WatchStream::new(hubs.limits().stream_queue_bytes_max);
-    let driver = Driver { node_id: service.node.node_id(), service: service.clone(), hubs, stream: stream.clone(), next_watch_id: 1 };
+    let node_id = service.node.node_id();
+    let driver = Driver { node_id, service: service.clone(), hubs, peer, metadata, stream: stream.clone(), next_watch_id: 1 };
     tokio::spawn(driver.run(incoming));
     let sender = Sender { stream, service };
     Box::pin(futures::stream::unfold(sender, |sender| async move {
@@ -84,6 +96,10 @@ struct Driver {
     node_id: u64,
     service: WardenService,
     hubs: WatchHubs,
+    /// The connection the stream came over (whom its watches are for).
+    peer: Option<PeerInfo>,
+    /// The stream call's metadata (a router names the principal there, a client its token).
+    metadata: MetadataMap,
     stream: Arc<crate::watch::WatchStream>,
     /// Next id to try for a watch created with `watch_id = 0`.
     next_watch_id: u64,
@@ -189,6 +205,10 @@ impl Driver {
     async fn create(&mut self, create: WatchCreate) {
         let watch_id = if create.watch_id == 0 { self.pick_watch_id() } else { create.watch_id };
         let group = group_of(create.routing.as_ref());
+        if let Err(refused) = self.service.admit_of(self.peer.as_ref(), &self.metadata, &create) {
+            let refused = error_of(&refused).unwrap_or_else(|| error(Code::Unknown, "", refused.message()));
+            return self.refuse(watch_id, group, refused);
+        }
         match self.register(watch_id, group, create).await {
             Ok((watch, created)) => self.stream.add(watch_id, watch, created),
             Err(error) => self.refuse(watch_id, group, error),

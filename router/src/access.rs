@@ -1,0 +1,255 @@
+//! What each public call needs of the access control list (issue 17), judged the same way by
+//! the router (to fail fast) and by the node serving the path (the authority): every call
+//! names the permissions it needs at the paths it touches ([`Access::needs`]), and
+//! [`authorize`] refuses PERMISSION_DENIED, before anything runs, a caller missing any one.
+//! A call refused here changes nothing and reveals nothing: the refusal names only the path
+//! the caller itself sent.
+//!
+//! What each call needs (a grant holds at its prefix and below; `admin` holds everything):
+//!
+//! | call | needs |
+//! |---|---|
+//! | Get, Exists, GetChildren, LockInfo, CheckSequencer | `read` at the path |
+//! | Create, Set, Delete | `write` at the path; an ephemeral Create also `lock` |
+//! | Txn | `read` at each compare's and Get's path, as above for each write |
+//! | Lock, Unlock | `lock` at the lock's path |
+//! | CreateSession | `lock` somewhere |
+//! | KeepAlive, CloseSession, SessionInfo | the session is the caller's (checked by the group) |
+//! | Watch | `watch` at the watched path (a recursive watch: its whole subtree) |
+//! | Sync | an authenticated caller |
+//!
+//! Sessions belong to the principal that opened them: a command that uses one (an
+//! ephemeral's owner, a lock's waiter, an Unlock, a close, a keepalive) is refused by the
+//! group unless the session is the caller's (`Command.principal`).
+//!
+//! Architecture invariant: this module knows the calls and the list, not the transport: who
+//! the caller is comes from [`warden_proto::tls::caller`] (a router forwards it to nodes in
+//! the [`warden_proto::tls::PRINCIPAL_HEADER`] metadata, see [`crate::principal`]).
+
+use std::sync::{Arc, RwLock};
+
+use tonic::Status;
+use warden_placement::acl::{self, Acl};
+use warden_placement::Grant;
+use warden_proto::placement::{AclGrant, AclGroup, AclState};
+use warden_proto::tls::Caller;
+use warden_proto::v1::txn_op::Op;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::*;
+
+/// What one call needs: permission bits at paths, and whether it needs `lock` somewhere.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Needs<'a> {
+    /// `(path, permission bits)`, every one required.
+    pub at: Vec<(&'a str, u32)>,
+    /// `lock` at some prefix (opening a session, which has no path).
+    pub lock_somewhere: bool,
+}
+
+impl<'a> Needs<'a> {
+    fn at(path: &'a str, permission: u32) -> Needs<'a> {
+        Needs { at: vec![(path, permission)], lock_somewhere: false }
+    }
+}
+
+/// A request of the public API: what it needs.
+pub trait Access {
+    /// The permissions the call needs.
+    fn needs(&self) -> Needs<'_>;
+}
+
+/// `write` at the path, and `lock` too for an ephemeral.
+fn create_needs(create: &CreateRequest) -> (&str, u32) {
+    let lock = if create.session_id != 0 { acl::LOCK } else { 0 };
+    (create.path.as_str(), acl::WRITE | lock)
+}
+
+macro_rules! needs_at_path {
+    ($($t:ty => $permission:expr),*) => {
+        $(impl Access for $t {
+            fn needs(&self) -> Needs<'_> {
+                Needs::at(&self.path, $permission)
+            }
+        })*
+    };
+}
+
+needs_at_path!(
+    GetRequest => acl::READ,
+    ExistsRequest => acl::READ,
+    GetChildrenRequest => acl::READ,
+    LockInfoRequest => acl::READ,
+    SetRequest => acl::WRITE,
+    DeleteRequest => acl::WRITE,
+    LockRequest => acl::LOCK
+);
+
+impl Access for CreateRequest {
+    fn needs(&self) -> Needs<'_> {
+        let (path, permission) = create_needs(self);
+        Needs::at(path, permission)
+    }
+}
+
+impl Access for TxnRequest {
+    fn needs(&self) -> Needs<'_> {
+        let mut at: Vec<(&str, u32)> = self.compares.iter().map(|c| (c.path.as_str(), acl::READ)).collect();
+        for op in self.then.iter().chain(&self.r#else).filter_map(|op| op.op.as_ref()) {
+            at.push(match op {
+                Op::Create(create) => create_needs(create),
+                Op::Set(set) => (set.path.as_str(), acl::WRITE),
+                Op::Delete(delete) => (delete.path.as_str(), acl::WRITE),
+                Op::Get(get) => (get.path.as_str(), acl::READ),
+            });
+        }
+        Needs { at, lock_somewhere: false }
+    }
+}
+
+impl Access for UnlockRequest {
+    fn needs(&self) -> Needs<'_> {
+        Needs::at(self.sequencer.as_ref().map_or("", |s| s.path.as_str()), acl::LOCK)
+    }
+}
+
+impl Access for CheckSequencerRequest {
+    fn needs(&self) -> Needs<'_> {
+        Needs::at(self.sequencer.as_ref().map_or("", |s| s.path.as_str()), acl::READ)
+    }
+}
+
+impl Access for CreateSessionRequest {
+    fn needs(&self) -> Needs<'_> {
+        Needs { at: Vec::new(), lock_somewhere: true }
+    }
+}
+
+/// Calls whose only check is the session's owner (by the group) or authentication.
+macro_rules! needs_nothing_more {
+    ($($t:ty),*) => {
+        $(impl Access for $t {
+            fn needs(&self) -> Needs<'_> {
+                Needs::default()
+            }
+        })*
+    };
+}
+
+needs_nothing_more!(KeepAliveRequest, CloseSessionRequest, SessionInfoRequest, SyncRequest);
+
+impl Access for WatchCreate {
+    fn needs(&self) -> Needs<'_> {
+        Needs::at(&self.path, acl::WATCH)
+    }
+}
+
+/// Refuses PERMISSION_DENIED a principal missing anything the call needs.
+pub fn authorize(list: &Acl, principal: &str, needs: &Needs<'_>) -> Result<(), Status> {
+    for (path, permission) in &needs.at {
+        if !list.allows(principal, path, *permission) {
+            let message = format!("{principal} may not {} at {path}", acl::permission_words(*permission).replace(',', "+"));
+            return Err(warden_proto::status(warden_proto::warden_error(Code::PermissionDenied, path, message)));
+        }
+    }
+    if needs.lock_somewhere && !list.allows_somewhere(principal, acl::LOCK) {
+        let message = format!("{principal} may not open sessions: it has no lock permission anywhere");
+        return Err(warden_proto::status(warden_proto::warden_error(Code::PermissionDenied, "", message)));
+    }
+    Ok(())
+}
+
+/// Refuses what `caller` may not do with `request` (nothing is checked for
+/// [`Caller::Open`] and [`Caller::Node`]).
+pub fn authorize_call<R: Access>(list: &AclCache, caller: &Caller, request: &R) -> Result<(), Status> {
+    match caller.principal() {
+        Some(principal) => authorize(&list.get(), principal, &request.needs()),
+        None => Ok(()),
+    }
+}
+
+/// The list as this process last learned it, replaced whole when a newer one arrives.
+#[derive(Debug, Default)]
+pub struct AclCache {
+    current: RwLock<Arc<Acl>>,
+}
+
+impl AclCache {
+    /// The current list.
+    pub fn get(&self) -> Arc<Acl> {
+        self.current.read().unwrap_or_else(|poisoned| poisoned.into_inner()).clone()
+    }
+
+    /// Its version (0: none learned yet: only `root` is allowed anything).
+    pub fn version(&self) -> u64 {
+        self.get().version()
+    }
+
+    /// Takes `acl` if it is newer than the current one.
+    pub fn offer(&self, acl: Acl) {
+        let mut current = self.current.write().unwrap_or_else(|poisoned| poisoned.into_inner());
+        if acl.version() > current.version() {
+            *current = Arc::new(acl);
+        }
+    }
+}
+
+/// The list as placement sends it.
+pub fn acl_to_proto(acl: &Acl) -> AclState {
+    AclState {
+        version: acl.version(),
+        grants: acl.grants().map(|g| AclGrant { prefix: g.prefix, principal: g.principal, permissions: g.permissions }).collect(),
+        groups: acl.groups().map(|(name, members)| AclGroup { name: name.to_string(), members: members.iter().cloned().collect() }).collect(),
+    }
+}
+
+/// The list placement sent.
+pub fn acl_from_proto(state: AclState) -> Acl {
+    let grants = state.grants.into_iter().map(|g| Grant { prefix: g.prefix, principal: g.principal, permissions: g.permissions });
+    Acl::from_parts(state.version, grants, state.groups.into_iter().map(|g| (g.name, g.members)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn list() -> Acl {
+        let mut list = Acl::default();
+        list.change("/a", "alice", acl::READ | acl::WRITE, false).expect("grant");
+        list
+    }
+
+    #[test]
+    fn a_transaction_needs_every_path_it_touches() {
+        let txn = TxnRequest {
+            compares: vec![Compare { path: "/b/x".into(), ..Compare::default() }],
+            then: vec![TxnOp { op: Some(Op::Set(SetRequest { path: "/a/y".into(), ..SetRequest::default() })) }],
+            ..TxnRequest::default()
+        };
+        let refused = authorize(&list(), "alice", &txn.needs()).expect_err("the compare is outside her grant");
+        assert_eq!(warden_proto::error_of(&refused).map(|e| (e.code, e.path)), Some((Code::PermissionDenied as i32, "/b/x".to_string())));
+        let inside = TxnRequest { compares: vec![Compare { path: "/a/x".into(), ..Compare::default() }], ..txn };
+        assert!(authorize(&list(), "alice", &inside.needs()).is_ok());
+    }
+
+    #[test]
+    fn an_ephemeral_needs_lock_too_and_a_session_needs_lock_somewhere() {
+        let ephemeral = CreateRequest { path: "/a/e".into(), session_id: 7, ..CreateRequest::default() };
+        assert!(authorize(&list(), "alice", &ephemeral.needs()).is_err());
+        assert!(authorize(&list(), "alice", &CreateSessionRequest::default().needs()).is_err());
+        let mut with_lock = list();
+        with_lock.change("/a", "alice", acl::LOCK, false).expect("grant");
+        assert!(authorize(&with_lock, "alice", &ephemeral.needs()).is_ok());
+        assert!(authorize(&with_lock, "alice", &CreateSessionRequest::default().needs()).is_ok());
+    }
+
+    #[test]
+    fn the_list_survives_its_wire_form_and_a_stale_one_is_not_taken() {
+        let mut list = list();
+        list.change_group("ops", "bob", false).expect("group");
+        assert_eq!(acl_from_proto(acl_to_proto(&list)), list);
+        let cache = AclCache::default();
+        cache.offer(list.clone());
+        cache.offer(Acl::default());
+        assert_eq!(cache.version(), list.version());
+    }
+}
