@@ -16,6 +16,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
+use support::fleet::{Fleet, Reach, Security};
 use support::routed::{cluster_with_groups, start_router, TIMEOUT};
 use tokio::sync::{mpsc, oneshot};
 use warden_client::recipes::*;
@@ -113,7 +114,7 @@ const STEPS_PER_HOLD: u32 = 3;
 /// One lock client: lock → fenced writes → unlock, until `stop`; if `crash` is set when it has
 /// just taken the lock, it reports on `holding` and stops there (to be crashed mid-hold).
 async fn lock_worker(
-    router: SocketAddr,
+    router: Reach,
     path: &'static str,
     writer: usize,
     resource: Arc<Resource>,
@@ -121,7 +122,7 @@ async fn lock_worker(
     stop: Arc<AtomicBool>,
     crash: Option<(Arc<AtomicBool>, oneshot::Sender<()>)>,
 ) {
-    let client = connect(router).await;
+    let client = router.connect().await;
     let session = session(&client, path).await;
     let mutex = Mutex::new(&session, path);
     let mut crash = crash;
@@ -164,9 +165,20 @@ async fn wait_for_progress(holds: &AtomicUsize, more: usize, within: Duration, w
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutex_excludes_through_client_crashes_and_a_leader_kill() {
+    mutex_scenario(Security::Off).await;
+}
+
+/// The same with security on: TLS, the workers a principal with a grant, their sessions
+/// and locks checked against it on the router and the nodes (issue 17).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mutex_excludes_through_client_crashes_and_a_leader_kill_with_security_on() {
+    mutex_scenario(Security::On).await;
+}
+
+async fn mutex_scenario(security: Security) {
     const PATH: &str = "/locks/resource";
-    let cluster = cluster_with_groups(&["/locks"]).await;
-    let router = start_router(&cluster, 0);
+    let fleet = Fleet::start(&["/locks"], security).await;
+    let (cluster, router) = (&fleet.cluster, &fleet.reach);
     let resource = Arc::new(Resource::default());
     let holds = Arc::new(AtomicUsize::new(0));
     let stop = Arc::new(AtomicBool::new(false));
@@ -174,12 +186,12 @@ async fn mutex_excludes_through_client_crashes_and_a_leader_kill() {
     // Two clients that live throughout, two that crash mid-hold.
     let mut steady = Vec::new();
     for writer in 0..2 {
-        steady.push(tokio::spawn(lock_worker(router.addr, PATH, writer, resource.clone(), holds.clone(), stop.clone(), None)));
+        steady.push(tokio::spawn(lock_worker(router.clone(), PATH, writer, resource.clone(), holds.clone(), stop.clone(), None)));
     }
     let mut crashers = Vec::new();
     for writer in 2..4 {
         let (now, (holding, held)) = (Arc::new(AtomicBool::new(false)), oneshot::channel());
-        let worker = lock_worker(router.addr, PATH, writer, resource.clone(), holds.clone(), stop.clone(), Some((now.clone(), holding)));
+        let worker = lock_worker(router.clone(), PATH, writer, resource.clone(), holds.clone(), stop.clone(), Some((now.clone(), holding)));
         crashers.push((Process::start(worker), now, held));
     }
     wait_for_progress(&holds, 20, TIMEOUT, "at first").await;
@@ -192,7 +204,7 @@ async fn mutex_excludes_through_client_crashes_and_a_leader_kill() {
     wait_for_progress(&holds, 10, TAKEOVER, "after a holder crashed").await;
 
     // Kill the leader of the lock's group; then the second crash, mid-hold, while it is down.
-    let group = client_group(router.addr, PATH).await;
+    let group = client_group(router, PATH).await;
     let leader = cluster.wait_leader(group, TIMEOUT).await.expect("leader of the lock's group");
     cluster.kill(leader);
     wait_for_progress(&holds, 10, TAKEOVER, "after the leader was killed").await;
@@ -221,8 +233,8 @@ async fn mutex_excludes_through_client_crashes_and_a_leader_kill() {
 }
 
 /// The group serving `path` (as a lock's sequencer names it).
-async fn client_group(router: SocketAddr, path: &str) -> u64 {
-    let client = connect(router).await;
+async fn client_group(router: &Reach, path: &str) -> u64 {
+    let client = router.connect().await;
     let session = session(&client, path).await;
     let probe = format!("{path}-probe");
     let guard = session.lock(&probe).await.expect("probe lock");

@@ -7,6 +7,7 @@ mod support;
 
 use std::time::Duration;
 
+use support::fleet::{Fleet, Security};
 use support::routed::{client, cluster_with_groups, create_group, restart_router, start_router, start_stale_router, TIMEOUT};
 use tonic::transport::Channel;
 use warden_proto::v1::warden_client::WardenClient;
@@ -135,10 +136,21 @@ async fn a_router_restarted_mid_stream_loses_nothing() {
 /// Resuming from the per-group start revisions replays exactly the same events.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below() {
+    recursive_watch_and_delete(Security::Off).await;
+}
+
+/// The same with security on (issue 17): the watch's parts in every group and the delete's
+/// fan-out are the principal's calls, each judged by its group; a principal without `watch`
+/// at the watched path is refused the whole recursive watch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below_with_security_on() {
+    recursive_watch_and_delete(Security::On).await;
+}
+
+async fn recursive_watch_and_delete(security: Security) {
     use support::watch::{persistent, WatchConn};
-    let cluster = cluster_with_groups(&["/t/x", "/t/y"]).await;
-    let router_process = start_router(&cluster, 0);
-    let mut router = client(router_process.addr);
+    let fleet = Fleet::start(&["/t/x", "/t/y"], security).await;
+    let mut router = fleet.reach.raw();
     router.create(CreateRequest { path: "/t".into(), ..CreateRequest::default() }).await.expect("create /t");
     let group_of = |path: &str| {
         if path.starts_with("/t/x") {
@@ -150,7 +162,7 @@ async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below() {
         }
     };
 
-    let mut watch = WatchConn::open(router_process.addr).await.expect("watch stream");
+    let mut watch = WatchConn::over(fleet.reach.raw()).await.expect("watch stream");
     let created = watch.create(persistent("/t", true, 0)).await.expect("created").created.expect("not canceled");
     assert_eq!(created.start_revisions.keys().copied().collect::<std::collections::BTreeSet<_>>(), [1, 2, 3].into(), "one part per group");
 
@@ -180,7 +192,7 @@ async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below() {
     assert_eq!(created_paths, paths.to_vec());
 
     // The same watch from the per-group start revisions replays the same events.
-    let mut again = WatchConn::open(router_process.addr).await.expect("watch stream");
+    let mut again = WatchConn::over(fleet.reach.raw()).await.expect("watch stream");
     let resume = WatchCreate {
         start_revision: created.start_revisions[&1],
         group_start_revisions: created.start_revisions.clone(),
@@ -192,6 +204,15 @@ async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below() {
     replayed.sort();
     original.sort();
     assert_eq!(replayed, original);
+
+    if let Some(outsider) = fleet.reach_as("outsider") {
+        let mut refused = WatchConn::over(outsider.raw()).await.expect("watch stream");
+        let answer = refused.create(persistent("/t", true, 0)).await.expect("an answer");
+        let error = answer.canceled.and_then(|c| c.error).expect("refused");
+        assert_eq!(error.code, warden_error::Code::PermissionDenied as i32, "{error:?}");
+        let listing = outsider.raw().get_children(GetChildrenRequest { path: "/t".into(), ..GetChildrenRequest::default() }).await;
+        assert_eq!(listing.expect_err("no read at /t").code(), tonic::Code::PermissionDenied);
+    }
 }
 
 /// The first `count` events of a watch stream as (group, revision, path, type).

@@ -124,6 +124,7 @@ mod tests {
             nodes: vec![NodeEntry { id: 1, addr: "a:1".into(), ..NodeEntry::default() }],
             groups: vec![entry(1, "/", true), entry(2, "/a", true), entry(3, "/a/b", false), entry(4, "/c/d", true)],
             scheduler_paused: false,
+            acl: None,
         });
         assert_eq!(table.route("/a/b/c").map(GroupRoute::id), Some(2), "a group not ready is not routed");
         assert_eq!(table.route("/ab").map(GroupRoute::id), Some(1));

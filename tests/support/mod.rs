@@ -2,6 +2,7 @@
 #![allow(dead_code)]
 
 pub mod api;
+pub mod fleet;
 pub mod history;
 pub mod moving;
 pub mod processes;

@@ -30,12 +30,13 @@ impl WatchConn {
             .connect()
             .await
             .map_err(|e| tonic::Status::unavailable(e.to_string()))?;
+        WatchConn::over(WardenClient::new(channel)).await
+    }
+
+    /// Opens a watch stream with `client` (its channel's TLS and identity).
+    pub async fn over(client: WardenClient<Channel>) -> Result<WatchConn, tonic::Status> {
         let (requests, outgoing) = mpsc::channel(REQUESTS_QUEUED_MAX);
-        let responses = WardenClient::new(channel)
-            .max_decoding_message_size(64 << 20)
-            .watch(tokio_stream::wrappers::ReceiverStream::new(outgoing))
-            .await?
-            .into_inner();
+        let responses = client.max_decoding_message_size(64 << 20).watch(tokio_stream::wrappers::ReceiverStream::new(outgoing)).await?.into_inner();
         Ok(WatchConn { requests, responses })
     }
 

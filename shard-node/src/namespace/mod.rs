@@ -709,7 +709,7 @@ mod tests {
 
     fn txn(op: Op) -> Vec<u8> {
         let request = TxnRequest { then: vec![TxnOp { op: Some(op) }], ..TxnRequest::default() };
-        Command { now_ms: 1, op: Some(CommandOp::Txn(request)) }.encode_to_vec()
+        Command { now_ms: 1, principal: String::new(), op: Some(CommandOp::Txn(request)) }.encode_to_vec()
     }
 
     fn outcome(output: ApplyOutput) -> Option<CommandOutcome> {
@@ -728,13 +728,20 @@ mod tests {
         let mut writes = SmWrites::new(1);
         sm.apply(1, &txn(Op::Create(CreateRequest { path: "/plain".into(), ..CreateRequest::default() })), &mut writes).expect("applied");
         assert!(!sm.needs_ticks(), "a plain node needs no clock");
-        let open = Command { now_ms: 1, op: Some(CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: 10_000 })) };
+        let open = Command {
+            now_ms: 1,
+            principal: String::new(),
+            op: Some(CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: 10_000, owner: String::new() })),
+        };
         let Some(CommandOutcome::CreateSession(session)) = outcome(sm.apply(2, &open.encode_to_vec(), &mut writes)) else {
             panic!("session not created")
         };
         assert!(sm.needs_ticks(), "a session's lease is judged by the leader's clock");
-        let close =
-            Command { now_ms: 1, op: Some(CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id: session.session_id })) };
+        let close = Command {
+            now_ms: 1,
+            principal: String::new(),
+            op: Some(CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id: session.session_id })),
+        };
         assert!(matches!(outcome(sm.apply(3, &close.encode_to_vec(), &mut writes)), Some(CommandOutcome::CloseSession(_))));
         assert!(!sm.needs_ticks(), "the session is gone");
         let ttl = CreateRequest { path: "/ttl".into(), kind: NodeKind::Ttl as i32, ttl_ms: 60_000, ..CreateRequest::default() };
