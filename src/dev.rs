@@ -102,7 +102,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         client_base_port,
         ..ClusterConfig::default()
     };
-    let own_tls = tls.as_ref().map(|tls| tls.router.clone());
+    let router_tls = tls.as_ref().map(|tls| tls.router.clone());
     let cluster = Arc::new(Cluster::start_at(config, Arc::new(ShardNodeFactory::default()), &args.data_dir)?);
     let first = cluster.handle(1).ok_or_else(|| anyhow::anyhow!("node 1 did not start"))?;
     match first.status(PLACEMENT_GROUP_ID).await {
@@ -115,10 +115,13 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             // The parent of two example groups, in the root group, so it lists them.
             let leader = cluster.wait_leader(root.group_id, Duration::from_secs(30)).await?;
             let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
-            let mut api = warden_proto::v1::warden_client::WardenClient::new(node_channel(addr, own_tls.as_ref()).await?);
+            // The setup is the system's own: made with a node's certificate (a router's speaks
+            // only for the principals it forwards for).
+            let setup_tls = cluster.tls(leader);
+            let mut api = warden_proto::v1::warden_client::WardenClient::new(node_channel(addr, setup_tls.as_ref()).await?);
             api.create(warden_proto::v1::CreateRequest { path: "/teams".into(), ..Default::default() }).await?;
             for prefix in EXAMPLE_PREFIXES {
-                create_group(&cluster, prefix, own_tls.as_ref()).await?;
+                create_group(&cluster, prefix, setup_tls.as_ref()).await?;
             }
         }
         Err(error) => return Err(error.into()),
@@ -127,7 +130,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
     let router = tokio::spawn(warden_router::serve(
         listener,
-        warden_router::RouterConfig { batch_streams: args.batch_streams, tls: own_tls.clone(), ..warden_router::RouterConfig::new(seeds) },
+        warden_router::RouterConfig { batch_streams: args.batch_streams, tls: router_tls, ..warden_router::RouterConfig::new(seeds) },
     ));
     for id in cluster.node_ids() {
         let clients = cluster.client_addr(id).map(|addr| format!(", clients: {addr}")).unwrap_or_default();

@@ -566,10 +566,36 @@ fn a_secure_dev_cluster_and_its_command_line() {
     let issued = c.ok(&["admin", "certs", "--dir", &tls, "--clients", "bob"]);
     assert!(issued.contains("warden://client/bob"), "{issued}");
     let (ca, cert, key) = (format!("{tls}/ca.pem"), format!("{tls}/client-bob.pem"), format!("{tls}/client-bob.key"));
-    let mut as_bob = c.command(&["--ca", &ca, "--cert", &cert, "--key", &key, "get", "/teams/payments/secure"]);
-    as_bob.env_remove("WARDEN_CA").env_remove("WARDEN_CERT").env_remove("WARDEN_KEY");
-    let out = wait_within(&mut as_bob.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn"), COMMAND_DEADLINE);
-    assert!(out.status.success(), "bob reads: {}", text(&out.stderr));
+    let as_bob = || {
+        let mut as_bob = c.command(&["--ca", &ca, "--cert", &cert, "--key", &key, "get", "/teams/payments/secure"]);
+        as_bob.env_remove("WARDEN_CA").env_remove("WARDEN_CERT").env_remove("WARDEN_KEY");
+        wait_within(&mut as_bob.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn"), COMMAND_DEADLINE)
+    };
+    // Security is on: bob may read nothing until root grants it.
+    let out = as_bob();
+    assert!(!out.status.success() && text(&out.stderr).contains("permission denied"), "bob is refused: {}", text(&out.stderr));
+    let granted = c.ok(&["admin", "acl", "grant", "/teams/payments", "bob", "read", "--seeds", &c.nodes]);
+    assert!(granted.contains("acl version"), "{granted}");
+    let listed = c.ok(&["admin", "acl", "list", "--seeds", &c.nodes]);
+    assert!(listed.contains("/teams/payments\tbob\tread"), "{listed}");
+    // In force once the router and the group's nodes heard of it.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let out = loop {
+        let out = as_bob();
+        if out.status.success() || Instant::now() >= deadline {
+            break out;
+        }
+        std::thread::sleep(Duration::from_millis(300));
+    };
+    assert!(out.status.success(), "bob reads once granted: {}", text(&out.stderr));
+    assert_eq!(text(&out.stdout), "hello");
+
+    // Root's bearer token instead of a certificate, through the router.
+    let token = std::fs::read_to_string(format!("{tls}/root.token")).expect("dev wrote root's token");
+    let mut with_token = c.command(&["--ca", &ca, "--token", token.trim(), "get", "/teams/payments/secure"]);
+    with_token.env_remove("WARDEN_CA").env_remove("WARDEN_CERT").env_remove("WARDEN_KEY");
+    let out = wait_within(&mut with_token.stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("spawn"), COMMAND_DEADLINE);
+    assert!(out.status.success(), "root's token reads: {}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "hello");
 
     // Administration on the nodes' client ports.

@@ -16,7 +16,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use serde::{Deserialize, Serialize};
 
-use crate::paths::{is_at_or_below, validate_path};
+use crate::paths::{parent, validate_path};
 
 /// Get, Exists, GetChildren, LockInfo, CheckSequencer, a transaction's compares and reads.
 pub const READ: u32 = 1;
@@ -120,6 +120,9 @@ impl Acl {
 
     /// Whether `principal` holds every bit of `permission` at `path` (through a grant on
     /// `path` or an ancestor, to it or to a group it is in; `ADMIN` holds every permission).
+    /// Looks up `path` and each ancestor (at most `PATH_DEPTH_MAX` + 1 lookups), and at each
+    /// the principal's own grant and the group grants there: the cost does not grow with the
+    /// number of grants elsewhere (benches/access.rs).
     pub fn allows(&self, principal: &str, path: &str, permission: u32) -> bool {
         if principal == ROOT_PRINCIPAL {
             return true;
@@ -128,16 +131,21 @@ impl Acl {
             return false;
         }
         let mut held = 0;
-        for (prefix, by_principal) in &self.grants {
-            if !is_at_or_below(path, prefix) {
-                continue;
-            }
-            for (who, bits) in by_principal {
-                if self.names(who, principal) {
-                    held |= bits;
+        let mut at = Some(path);
+        while let Some(prefix) = at {
+            if let Some(by_principal) = self.grants.get(prefix) {
+                held |= by_principal.get(principal).copied().unwrap_or(0);
+                // Grants to groups sort together (`group:` first): only those are scanned.
+                let groups = by_principal.range::<str, _>((std::ops::Bound::Included(GROUP_MARK), std::ops::Bound::Unbounded));
+                for (who, bits) in groups.take_while(|(who, _)| who.starts_with(GROUP_MARK)) {
+                    if self.names(who, principal) {
+                        held |= bits;
+                    }
                 }
             }
+            at = parent(prefix);
         }
+        debug_assert!(held & !ALL == 0, "only known permission bits are granted");
         held & ADMIN != 0 || held & permission == permission
     }
 
@@ -330,6 +338,44 @@ mod tests {
         assert_eq!(prefixes, ["/a", "/a/x"]);
         assert_eq!(seen.groups().count(), 0);
         assert_eq!(acl.visible_to(ROOT_PRINCIPAL), acl);
+    }
+
+    /// The same question answered by scanning every grant (what `allows` does by looking up
+    /// ancestors only).
+    fn allows_by_scan(acl: &Acl, principal: &str, path: &str, permission: u32) -> bool {
+        if principal == ROOT_PRINCIPAL {
+            return true;
+        }
+        let held = acl
+            .grants()
+            .filter(|grant| crate::paths::is_at_or_below(path, &grant.prefix) && acl.names(&grant.principal, principal))
+            .fold(0, |held, grant| held | grant.permissions);
+        !principal.is_empty() && (held & ADMIN != 0 || held & permission == permission)
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn looking_up_ancestors_answers_as_scanning_every_grant(
+            grants in proptest::collection::vec((0usize..6, 0usize..4, 1u32..32), 0..20),
+            members in proptest::collection::vec((0usize..2, 0usize..3), 0..4),
+            asks in proptest::collection::vec((0usize..8, 0usize..3, 1u32..32), 1..20),
+        ) {
+            let prefixes = ["/", "/a", "/a/b", "/a/b/c", "/ab", "/x"];
+            let grantees = ["alice", "bob", "group:g0", "group:g1"];
+            let paths = ["/", "/a", "/a/b", "/a/b/c/d", "/ab/c", "/x/y", "/b", "/a/bc"];
+            let principals = ["alice", "bob", "carol"];
+            let mut acl = Acl::default();
+            for (prefix, who, bits) in grants {
+                acl.change(prefixes[prefix], grantees[who], bits, false).expect("grant");
+            }
+            for (group, who) in members {
+                acl.change_group(&format!("g{group}"), principals[who], false).expect("member");
+            }
+            for (path, who, permission) in asks {
+                let (path, who) = (paths[path], principals[who]);
+                proptest::prop_assert_eq!(acl.allows(who, path, permission), allows_by_scan(&acl, who, path, permission), "{} {} {}", who, path, permission);
+            }
+        }
     }
 
     #[test]

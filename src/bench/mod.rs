@@ -208,8 +208,7 @@ pub struct RoutedCluster {
     pub cluster: std::sync::Arc<warden_shard_node::cluster::Cluster>,
     /// Where the router listens.
     pub router_addr: std::net::SocketAddr,
-    /// With TLS: a client's (`warden://client/bench`) and a router's (`warden://router/bench`,
-    /// for calls straight to a node's peer port) TLS of the cluster's CA.
+    /// With TLS: the client `root`'s, the router's and a node's TLS of the cluster's CA.
     pub tls: Option<BenchTls>,
     router: RouterRuntime,
     dir: std::path::PathBuf,
@@ -219,16 +218,20 @@ pub struct RoutedCluster {
 pub struct BenchTls {
     /// For calls through the router.
     pub client: std::sync::Arc<warden_proto::tls::Tls>,
-    /// For calls straight to a node's peer port (as a router makes them).
+    /// The router's.
     pub router: std::sync::Arc<warden_proto::tls::Tls>,
+    /// For calls straight to a node's peer port and the benchmark's setup: node 1's (the
+    /// system's own calls, which no grant checks; a router's certificate speaks only for
+    /// the principals it forwards for).
+    pub node: std::sync::Arc<warden_proto::tls::Tls>,
 }
 
 impl RoutedCluster {
     /// A channel to `addr`, a router (`expected` Router: as a client) or a node's peer port
-    /// (as a router), with TLS when the cluster has it.
+    /// (as a node), with TLS when the cluster has it.
     pub async fn channel(&self, addr: std::net::SocketAddr, expected: warden_proto::tls::Expected) -> anyhow::Result<tonic::transport::Channel> {
         let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))?.tcp_nodelay(true);
-        let tls = self.tls.as_ref().map(|tls| if expected == warden_proto::tls::Expected::Router { &tls.client } else { &tls.router });
+        let tls = self.tls.as_ref().map(|tls| if expected == warden_proto::tls::Expected::Router { &tls.client } else { &tls.node });
         Ok(warden_proto::tls::connect_channel(endpoint, tls, expected).await?)
     }
 }
@@ -265,7 +268,8 @@ impl RoutedCluster {
             Some(tls_dir) => {
                 let authority = Authority::load(tls_dir)?;
                 let client = Tls::load(authority.issue_files(tls_dir, &Identity::client("root"))?)?;
-                Some(BenchTls { client, router: Tls::load(authority.issue_files(tls_dir, &Identity::router("bench"))?)? })
+                let node = cluster.tls(1).ok_or_else(|| anyhow::anyhow!("node 1 has no TLS"))?;
+                Some(BenchTls { client, router: Tls::load(authority.issue_files(tls_dir, &Identity::router("bench"))?)?, node })
             }
             None => None,
         };
@@ -274,7 +278,7 @@ impl RoutedCluster {
             let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
             let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))?;
             let channel =
-                warden_proto::tls::connect_channel(endpoint, tls.as_ref().map(|tls| &tls.router), warden_proto::tls::Expected::AnyNode).await?;
+                warden_proto::tls::connect_channel(endpoint, tls.as_ref().map(|tls| &tls.node), warden_proto::tls::Expected::AnyNode).await?;
             PlacementClient::new(channel).create_group(CreateGroupRequest { prefix: prefix.clone() }).await?;
         }
         let router_tls = tls.as_ref().map(|tls| tls.router.clone());
