@@ -4,6 +4,8 @@
 //!   compare-and-set transactions of 256-byte values) applied as the engine applies a ready's
 //!   entries: each into the batch's writes, one RocksDB write (not synced, as in the engine),
 //!   then the watch hub is published to (`Harness::apply_batch` over a temporary RocksDB).
+//!   `create_under_quota` is `create` under a subtree quota with room: what counting a
+//!   quota's usage (and checking its share) adds to apply.
 //! - `locks/grant`: the FIFO grant rule (`locks::holders`) over 10,000 queued waiters, and the
 //!   whole computation apply runs for every touched lock (`locks::waiters` read through a
 //!   `TxnView`, then `locks::holders`) over a lock with stored waiters.
@@ -20,7 +22,9 @@ use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Crit
 use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
-use warden_proto::namespace::{AcquireLock, Command, CommandResult, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, LockWaiterRecord};
+use warden_proto::namespace::{
+    AcquireLock, Command, CommandResult, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, LockWaiterRecord, SetQuotaShare,
+};
 use warden_proto::v1::compare::{Op as CompareOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::{Compare, CreateRequest, GetRequest, GroupDescriptor, LockMode, SetRequest, TxnOp, TxnRequest};
@@ -87,6 +91,19 @@ fn bench_batches(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, mut ns: H
     group.bench_function(name, |b| b.iter_batched(&mut batch, |commands| ns.apply_batch(&commands), BatchSize::SmallInput));
 }
 
+/// Batches of creates of new nodes under `/bench`.
+fn new_nodes() -> impl FnMut() -> Vec<Vec<u8>> {
+    let mut created = 0u64;
+    move || {
+        (0..BATCH)
+            .map(|_| {
+                created += 1;
+                txn_command(Vec::new(), vec![create(format!("/bench/n{created:012}"), created as u8)])
+            })
+            .collect()
+    }
+}
+
 fn apply_batch(c: &mut Criterion) {
     let mut group = c.benchmark_group("namespace/apply_batch");
     group.throughput(Throughput::Elements(BATCH as u64));
@@ -94,16 +111,24 @@ fn apply_batch(c: &mut Criterion) {
     // Creates of new nodes under one parent (the parent's children index grows).
     let mut ns = harness();
     ns.create_simple("/bench", b"").expect("create /bench");
-    let mut created = 0u64;
-    let creates = move || {
-        (0..BATCH)
-            .map(|_| {
-                created += 1;
-                txn_command(Vec::new(), vec![create(format!("/bench/n{created:012}"), created as u8)])
-            })
-            .collect()
+    bench_batches(&mut group, "create", ns, new_nodes());
+
+    // The same creates under a subtree quota (with room): what counting costs apply.
+    let mut ns = harness();
+    ns.create_simple("/bench", b"").expect("create /bench");
+    let limits = warden_proto::v1::QuotaLimits { nodes: Some(u64::MAX / 2), bytes: Some(u64::MAX / 2), ..Default::default() };
+    let allotment = warden_proto::v1::QuotaCounts { nodes: u64::MAX / 2, bytes: u64::MAX / 2, ..Default::default() };
+    let share = SetQuotaShare {
+        prefix: "/bench".into(),
+        version: 1,
+        limits: Some(limits),
+        allotment: Some(allotment),
+        shrink: false,
+        remove: false,
+        cap: false,
     };
-    bench_batches(&mut group, "create", ns, creates);
+    ns.set_quota_share(share).expect("a quota share");
+    bench_batches(&mut group, "create_under_quota", ns, new_nodes());
 
     // Sets of existing nodes.
     let mut round = 0u8;

@@ -14,6 +14,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .bytes(".warden.v1.WatchEvent")
         // Errors travel in `Result`s everywhere; the rarely present descriptor stays out of line.
         .boxed(".warden.v1.WardenError.descriptor")
+        .boxed(".warden.v1.WardenError.quota")
         // Batched items are decoded by method on arrival: no copy of their payloads.
         .bytes(".warden.batch")
         .compile_protos(&protos, &["proto"])?;

@@ -10,6 +10,7 @@ use warden_proto::tls::authority::Authority;
 use warden_proto::tls::Identity;
 
 use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::QuotaLimits;
 
 use crate::cli::status::{group_json, group_text, node_json, node_text, route_json, route_text, routes};
 use crate::cli::Output;
@@ -139,6 +140,13 @@ pub enum AdminCommand {
         #[command(subcommand)]
         action: AclAction,
     },
+    /// Subtree quotas: how many nodes, bytes, sessions, lock waiters and watches a prefix
+    /// may hold (`warden admin quota --help`).
+    Quota {
+        /// What to do.
+        #[command(subcommand)]
+        action: QuotaAction,
+    },
     /// Pause or resume the balance schedulers (repair, drain and decommission keep running).
     Scheduler {
         /// `pause` or `resume`.
@@ -206,6 +214,113 @@ pub enum AclAction {
         #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
         seeds: Vec<String>,
     },
+}
+
+/// What `warden admin quota` does. A quota holds for its prefix and everything below it,
+/// across every group serving that subtree; a write past it is refused RESOURCE_EXHAUSTED,
+/// naming the quota. Sessions count where their path hint is (without one: under `/`);
+/// watches count per node serving them.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum QuotaAction {
+    /// Set the limits of the quota on PREFIX (needs `admin` at PREFIX); a limit not given is
+    /// not limited. Setting it again replaces every limit.
+    Set {
+        /// The subtree.
+        prefix: String,
+        /// Nodes at or below PREFIX (PREFIX's own included).
+        #[arg(long)]
+        nodes: Option<u64>,
+        /// Bytes of node data at or below PREFIX.
+        #[arg(long)]
+        bytes: Option<u64>,
+        /// Sessions opened with a path hint at or below PREFIX.
+        #[arg(long)]
+        sessions: Option<u64>,
+        /// Waiters (holders included) of the locks at or below PREFIX.
+        #[arg(long)]
+        lock_waiters: Option<u64>,
+        /// Watches of paths at or below PREFIX, on each node serving them.
+        #[arg(long)]
+        watches: Option<u64>,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Remove the quota on PREFIX (needs `admin` at PREFIX).
+    Remove {
+        /// The subtree.
+        prefix: String,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// List the quotas the caller administers: limits, usage summed over the groups, and
+    /// each group's share and usage.
+    List {
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+}
+
+async fn quota(action: QuotaAction, out: Output) -> anyhow::Result<()> {
+    let (seeds, request) = match action {
+        QuotaAction::Set { prefix, nodes, bytes, sessions, lock_waiters, watches, seeds } => {
+            let limits = QuotaLimits { nodes, bytes, sessions, lock_waiters, watches };
+            (seeds, Some(SetQuotaRequest { prefix, limits: Some(limits), remove: false }))
+        }
+        QuotaAction::Remove { prefix, seeds } => (seeds, Some(SetQuotaRequest { prefix, limits: None, remove: true })),
+        QuotaAction::List { seeds } => (seeds, None),
+    };
+    let quotas = match request {
+        Some(request) => vec![
+            at_any(&seeds, |mut c| {
+                let request = request.clone();
+                async move { c.set_quota(request).await }
+            })
+            .await?,
+        ],
+        None => at_any(&seeds, |mut c| async move { c.list_quotas(ListQuotasRequest {}).await }).await?.quotas,
+    };
+    for quota in quotas.iter().filter(|quota| quota.limits.is_some()) {
+        let limits = quota.limits.unwrap_or_default();
+        let usage = quota.usage.unwrap_or_default();
+        let kinds = [
+            ("nodes", limits.nodes, Some(usage.nodes)),
+            ("bytes", limits.bytes, Some(usage.bytes)),
+            ("sessions", limits.sessions, Some(usage.sessions)),
+            ("lock_waiters", limits.lock_waiters, Some(usage.lock_waiters)),
+            ("watches", limits.watches, None),
+        ];
+        let mut json = serde_json::json!({ "prefix": quota.prefix });
+        let mut text = quota.prefix.clone();
+        for (name, limit, used) in kinds {
+            json[name] = serde_json::json!({ "limit": limit, "usage": used });
+            if let Some(limit) = limit {
+                match used {
+                    Some(used) => text.push_str(&format!("\t{name} {used}/{limit}")),
+                    None => text.push_str(&format!("\t{name} -/{limit} per node")),
+                }
+            }
+        }
+        json["groups"] = quota
+            .shares
+            .iter()
+            .map(|share| {
+                let (allotment, usage) = (share.allotment.unwrap_or_default(), share.usage.unwrap_or_default());
+                serde_json::json!({
+                    "group": share.group_id,
+                    "share": [allotment.nodes, allotment.bytes, allotment.sessions, allotment.lock_waiters],
+                    "usage": [usage.nodes, usage.bytes, usage.sessions, usage.lock_waiters],
+                })
+            })
+            .collect();
+        out.emit(json, || text.clone())?;
+    }
+    if quotas.iter().all(|quota| quota.limits.is_none()) && !quotas.is_empty() {
+        println!("quota removed");
+    }
+    Ok(())
 }
 
 /// The permission bits of a comma-separated list of their names.
@@ -395,6 +510,7 @@ pub async fn run(command: AdminCommand, out: Output, tls: &crate::tls_args::TlsA
             println!("group {} serves {} on nodes {:?} (split with its data)", descriptor.group_id, descriptor.prefix, descriptor.replicas);
         }
         AdminCommand::Acl { action } => acl(action, out).await?,
+        AdminCommand::Quota { action } => quota(action, out).await?,
         AdminCommand::Token { principal } => {
             warden_placement::acl::validate_name(&principal)?;
             let token = warden_proto::tls::tokens::generate()?;

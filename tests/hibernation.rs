@@ -230,8 +230,12 @@ async fn a_session_opened_on_waking_a_long_sleep_gets_a_full_ttl() {
     let ttl_ms = Limits::default().session_ttl_ms_min;
     tokio::time::sleep(Duration::from_millis(ttl_ms + 500)).await;
 
-    let command = Command { now_ms: 0, principal: String::new(), op: Some(CommandOp::CreateSession(CreateSession { ttl_ms, owner: String::new() })) }
-        .encode_to_vec();
+    let command = Command {
+        now_ms: 0,
+        principal: String::new(),
+        op: Some(CommandOp::CreateSession(CreateSession { ttl_ms, owner: String::new(), scope: String::new() })),
+    }
+    .encode_to_vec();
     let output = cluster.propose(1, command, TIMEOUT).await.expect("the session is created");
     let result = CommandResult::decode(output.as_slice()).expect("a command result");
     let Some(CommandOutcome::CreateSession(created)) = result.result else { panic!("not a session: {result:?}") };

@@ -13,8 +13,11 @@ use support::routed::{start_secure_router, TIMEOUT};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 use warden_placement::acl;
+use warden_proto::namespace::SetQuotaShare;
 use warden_proto::placement::placement_client::PlacementClient;
-use warden_proto::placement::{ChangeAclRequest, CreateReplicaRequest, GetRoutingTableRequest, HeartbeatRequest};
+use warden_proto::placement::{
+    ChangeAclRequest, CreateReplicaRequest, GetRoutingTableRequest, HeartbeatRequest, RequestQuotaRequest, SetQuotaRequest, SetQuotaShareRequest,
+};
 use warden_proto::tls::authority::Authority;
 use warden_proto::tls::{lazy_channel, Expected, Identity, Tls};
 use warden_proto::transport::raft_transport_client::RaftTransportClient;
@@ -216,6 +219,13 @@ async fn peer_ports_admit_the_clusters_nodes_and_routers_only_and_a_node_speaks_
     assert_eq!(code(as_router.heartbeat(heartbeat(1, "127.0.0.1:1")).await), Code::PermissionDenied, "a router's heartbeat");
     let replica = CreateReplicaRequest { group_id: 77, voters: vec![1, 2, 3], ..CreateReplicaRequest::default() };
     assert_eq!(code(as_router.create_replica(replica.clone()).await), Code::PermissionDenied, "a router creating a replica");
+    let quota = RequestQuotaRequest { group_id: 1, prefix: "/".into(), kind: 0, need: 1_000_000 };
+    assert_eq!(code(as_router.request_quota(quota.clone()).await), Code::PermissionDenied, "a router asking for a quota share");
+    let share = SetQuotaShareRequest {
+        group_id: 1,
+        share: Some(SetQuotaShare { prefix: "/".into(), version: u64::MAX, remove: true, ..Default::default() }),
+    };
+    assert_eq!(code(as_router.set_quota_share(share.clone()).await), Code::PermissionDenied, "a router setting a group's quota share");
     let router_raft = raft_stream(Secure::channel(node_1, Some(&router), Expected::Node(1)), raft_batch(1, 1, 1)).await;
     assert_eq!(code(router_raft), Code::PermissionDenied, "a router sending raft messages");
 
@@ -239,6 +249,8 @@ async fn peer_ports_admit_the_clusters_nodes_and_routers_only_and_a_node_speaks_
     let mut on_client_port = PlacementClient::new(Secure::channel(node_client_port, Some(&node_2), Expected::Node(1)));
     assert_eq!(code(on_client_port.create_replica(replica).await), Code::PermissionDenied, "CreateReplica on the client port");
     assert_eq!(code(on_client_port.heartbeat(heartbeat(2, "127.0.0.1:1")).await), Code::PermissionDenied, "Heartbeat on the client port");
+    assert_eq!(code(on_client_port.request_quota(quota).await), Code::PermissionDenied, "RequestQuota on the client port");
+    assert_eq!(code(on_client_port.set_quota_share(share).await), Code::PermissionDenied, "SetQuotaShare on the client port");
     let raft_on_client_port = raft_stream(Secure::channel(node_client_port, Some(&node_2), Expected::Node(1)), raft_batch(2, 2, 1)).await;
     assert_eq!(code(raft_on_client_port), Code::Unimplemented, "the raft transport is not on the client port");
     on_client_port.get_routing_table(GetRoutingTableRequest {}).await.expect("the routing table is");
@@ -538,14 +550,24 @@ async fn every_public_call_answers_as_the_grants_say() {
     assert_eq!(existing.message().replace("/team-a/data", "P"), missing.message().replace("/team-a/nothing", "P"));
 
     // Administration: bob administers /team-b only; carol nothing.
-    let grant = |prefix: &str| ChangeAclRequest { prefix: prefix.into(), principal: "dave".into(), permissions: acl::READ, revoke: false };
-    let on_nodes = |name: &str, request: ChangeAclRequest| {
+    // Grants and quotas alike.
+    let grant =
+        |prefix: &str| Admin::Grant(ChangeAclRequest { prefix: prefix.into(), principal: "dave".into(), permissions: acl::READ, revoke: false });
+    let quota = |prefix: &str| {
+        Admin::Quota(SetQuotaRequest { prefix: prefix.into(), limits: Some(QuotaLimits { nodes: Some(100), ..Default::default() }), remove: false })
+    };
+    let on_nodes = |name: &str, request: Admin| {
         let tls = secure.tls(&Identity::client(name));
         let ports: Vec<_> = (1..=5).map(|node| (node, secure.client_port(node))).collect();
         async move {
             for (node, port) in ports {
-                match PlacementClient::new(Secure::channel(port, Some(&tls), Expected::Node(node))).change_acl(request.clone()).await {
-                    Ok(_) => return "ok",
+                let mut placement = PlacementClient::new(Secure::channel(port, Some(&tls), Expected::Node(node)));
+                let answer = match request.clone() {
+                    Admin::Grant(request) => placement.change_acl(request).await.map(drop),
+                    Admin::Quota(request) => placement.set_quota(request).await.map(drop),
+                };
+                match answer {
+                    Ok(()) => return "ok",
                     Err(status) if status.code() == Code::PermissionDenied => return "denied",
                     Err(_) => continue,
                 }
@@ -556,6 +578,8 @@ async fn every_public_call_answers_as_the_grants_say() {
     assert_eq!(on_nodes("bob", grant("/team-a")).await, "denied");
     assert_eq!(on_nodes("carol", grant("/team-a")).await, "denied");
     assert_eq!(on_nodes("bob", grant("/team-b/x")).await, "ok");
+    assert_eq!(on_nodes("bob", quota("/team-a")).await, "denied");
+    assert_eq!(on_nodes("bob", quota("/team-b")).await, "ok");
 
     // No certificate, or another CA's: the connection is refused.
     let mallory = stranger(&secure.dir.path().join("other"), &Identity::client("root"));
@@ -621,4 +645,11 @@ async fn a_bearer_token_names_its_principal_until_its_line_is_removed() {
         }
         tokio::time::sleep(Duration::from_millis(300)).await;
     }
+}
+
+/// An administration call the matrix makes as different principals.
+#[derive(Clone)]
+enum Admin {
+    Grant(ChangeAclRequest),
+    Quota(SetQuotaRequest),
 }

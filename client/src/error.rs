@@ -85,6 +85,19 @@ pub enum Error {
         /// The server's explanation.
         message: String,
     },
+    /// A quota of the subtree `prefix` would be exceeded (`warden admin quota`); nothing was
+    /// changed. Delete something under `prefix`, or have an admin raise the quota.
+    #[error("quota exceeded: {message}")]
+    QuotaExceeded {
+        /// The quota's prefix.
+        prefix: String,
+        /// What it limits: `nodes`, `bytes`, `sessions`, `lock waiters` or `watches`.
+        kind: &'static str,
+        /// The quota's limit.
+        limit: u64,
+        /// The server's explanation.
+        message: String,
+    },
     /// A watch asked for events older than the history kept: re-read, then watch from the
     /// read's revision + 1 (at least `revision + 1`).
     #[error("events up to revision {revision} are compacted")]
@@ -183,7 +196,7 @@ impl Error {
 
     /// The typed form of a Warden error.
     pub(crate) fn from_detail(error: WardenError) -> Error {
-        let WardenError { code, message, path, compact_revision, limit, moved_to_group: error_moved_to, .. } = error;
+        let WardenError { code, message, path, compact_revision, limit, moved_to_group: error_moved_to, quota, .. } = error;
         match Code::try_from(code) {
             Ok(Code::NoNode) => Error::NoNode { path },
             Ok(Code::NodeExists) => Error::NodeExists { path },
@@ -196,6 +209,11 @@ impl Error {
             Ok(Code::RateLimited) => Error::RateLimited { requests_per_s: limit, message },
             Ok(Code::PermissionDenied) => Error::PermissionDenied { path, message },
             Ok(Code::Unauthenticated) => Error::Unauthenticated { message },
+            Ok(Code::ResourceExhausted) => {
+                let quota = quota.map(|quota| *quota).unwrap_or_default();
+                let kind = warden_proto::v1::QuotaKind::try_from(quota.kind).map_or("unknown", warden_proto::quota_kind_name);
+                Error::QuotaExceeded { prefix: quota.prefix, kind, limit: quota.limit, message }
+            }
             Ok(Code::Compacted) => Error::Compacted { revision: compact_revision },
             Ok(Code::SequenceExhausted) => Error::SequenceExhausted { path },
             Ok(Code::SlowWatcher) => Error::SlowWatcher { message },

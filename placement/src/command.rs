@@ -164,6 +164,41 @@ pub enum Command {
         /// Remove it instead of adding it.
         remove: bool,
     },
+    /// Sets the limits of the subtree quota on a prefix, or removes it (`None`)
+    /// ([`Quotas::set`](crate::quota::Quotas::set)).
+    SetQuota {
+        /// The subtree.
+        prefix: String,
+        /// Its limits.
+        limits: Option<crate::quota::Limits>,
+    },
+    /// A new version of a group's share of a quota, before the group shrinks it.
+    BumpQuotaShare {
+        /// The quota's prefix.
+        prefix: String,
+        /// The group.
+        group_id: u64,
+    },
+    /// Gives a group a (bigger) share of a quota, if the shares stay within its limits.
+    RaiseQuotaShare {
+        /// The quota's prefix.
+        prefix: String,
+        /// The group.
+        group_id: u64,
+        /// Its new share of each counted kind.
+        allotment: crate::quota::Counts,
+    },
+    /// What a group kept of its share when it shrank for `version`.
+    LowerQuotaShare {
+        /// The quota's prefix.
+        prefix: String,
+        /// The group.
+        group_id: u64,
+        /// What it kept of each counted kind.
+        allotment: crate::quota::Counts,
+        /// The version it shrank for.
+        version: u64,
+    },
     /// Forgets a group whose creation failed (never ready). The groups it would have carved
     /// paths out of get a newer epoch, so their current descriptor can be sent again over one
     /// an aborted hand-over may have given them (the creation is rolled back).
@@ -222,6 +257,10 @@ pub enum Outcome {
     MergeAborted(GroupInfo),
     /// `ChangeAcl`, `ChangeAclGroup`: the ACL's new version.
     AclChanged(u64),
+    /// `LowerQuotaShare`: done.
+    QuotaChanged,
+    /// `SetQuota`, `BumpQuotaShare`, `RaiseQuotaShare`: the new version.
+    QuotaShareVersion(u64),
     /// The group that was dropped.
     GroupDropped {
         /// The group, forgotten.
@@ -271,6 +310,16 @@ impl Placement {
                 let version = self.acl.change_group(group, principal, *remove)?;
                 self.bump_routing_version();
                 Ok(Outcome::AclChanged(version))
+            }
+            Command::SetQuota { prefix, limits } => Ok(Outcome::QuotaShareVersion(self.quotas.set(prefix, *limits)?)),
+            Command::BumpQuotaShare { prefix, group_id } => Ok(Outcome::QuotaShareVersion(self.quotas.bump(prefix, *group_id)?)),
+            Command::RaiseQuotaShare { prefix, group_id, allotment } => {
+                let groups = &self.groups;
+                Ok(Outcome::QuotaShareVersion(self.quotas.raise(prefix, *group_id, *allotment, |group| groups.contains_key(&group))?))
+            }
+            Command::LowerQuotaShare { prefix, group_id, allotment, version } => {
+                self.quotas.lower(prefix, *group_id, *allotment, *version)?;
+                Ok(Outcome::QuotaChanged)
             }
             Command::MergeAborted { group_id } => {
                 let group = self.groups.get_mut(group_id).ok_or(PlacementError::UnknownGroup(*group_id))?;

@@ -132,6 +132,9 @@ pub enum PlacementError {
     /// An ACL change was refused.
     #[error(transparent)]
     Acl(#[from] crate::acl::AclError),
+    /// A quota change was refused.
+    #[error(transparent)]
+    Quota(#[from] crate::quota::QuotaError),
     /// A snapshot could not be decoded.
     #[error("bad placement snapshot: {0}")]
     BadSnapshot(String),

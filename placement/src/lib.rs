@@ -37,6 +37,7 @@ mod node;
 mod paths;
 mod policy;
 mod query;
+pub mod quota;
 mod schedule;
 mod state;
 

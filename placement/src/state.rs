@@ -11,6 +11,7 @@ use crate::error::PlacementError;
 use crate::group::{GroupInfo, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
 use crate::node::{validate_node, NodeInfo, NodeState};
 use crate::paths::validate_prefix;
+use crate::quota::Quotas;
 
 /// Local settings of a placement replica. Not replicated state: every replica of the
 /// placement group must be given the same values, and snapshots do not carry them.
@@ -78,6 +79,9 @@ pub struct Placement {
     /// Who may do what where (security on).
     #[serde(default)]
     pub(crate) acl: Acl,
+    /// Subtree quotas and their shares.
+    #[serde(default)]
+    pub(crate) quotas: Quotas,
 }
 
 impl Placement {
@@ -92,12 +96,18 @@ impl Placement {
             next_group_id: ROOT_GROUP_ID + 1,
             scheduler_paused: false,
             acl: Acl::default(),
+            quotas: Quotas::default(),
         }
     }
 
     /// The access control list.
     pub fn acl(&self) -> &Acl {
         &self.acl
+    }
+
+    /// The subtree quotas.
+    pub fn quotas(&self) -> &Quotas {
+        &self.quotas
     }
 
     /// The local settings.

@@ -133,6 +133,10 @@ fn command(placement: &Placement, op: &Op, now_ms: u64) -> Command {
         | Command::MergeAborted { .. }
         | Command::ChangeAcl { .. }
         | Command::ChangeAclGroup { .. }
+        | Command::SetQuota { .. }
+        | Command::BumpQuotaShare { .. }
+        | Command::RaiseQuotaShare { .. }
+        | Command::LowerQuotaShare { .. }
         | Command::RetireGroup { .. } => {}
     }
     command

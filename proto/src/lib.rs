@@ -74,7 +74,7 @@ pub fn status(error: v1::WardenError) -> tonic::Status {
         Code::NoNode => GrpcCode::NotFound,
         Code::NodeExists => GrpcCode::AlreadyExists,
         Code::InvalidPath | Code::InvalidArgument => GrpcCode::InvalidArgument,
-        Code::TooLarge | Code::SequenceExhausted | Code::SlowWatcher | Code::RateLimited => GrpcCode::ResourceExhausted,
+        Code::TooLarge | Code::SequenceExhausted | Code::SlowWatcher | Code::RateLimited | Code::ResourceExhausted => GrpcCode::ResourceExhausted,
         Code::Compacted => GrpcCode::OutOfRange,
         Code::OutcomeUnknown => GrpcCode::DeadlineExceeded,
         Code::PermissionDenied => GrpcCode::PermissionDenied,
@@ -86,8 +86,22 @@ pub fn status(error: v1::WardenError) -> tonic::Status {
     // length a quote adds, so what the constructor quoted passes unchanged.)
     let path = quote(&error.path, QUOTED_PATH_BYTES_MAX + QUOTE_SUFFIX_BYTES_MAX);
     let message = quote(&error.message, QUOTED_MESSAGE_BYTES_MAX + QUOTE_SUFFIX_BYTES_MAX);
-    let error = v1::WardenError { path, message, ..error };
+    let quota = error
+        .quota
+        .map(|quota| Box::new(v1::QuotaExceeded { prefix: quote(&quota.prefix, QUOTED_PATH_BYTES_MAX + QUOTE_SUFFIX_BYTES_MAX), ..*quota }));
+    let error = v1::WardenError { path, message, quota, ..error };
     tonic::Status::with_details(grpc, error.message.clone(), error.encode_to_vec().into())
+}
+
+/// How users name what a quota limits (`warden admin quota set --nodes …`, error messages).
+pub fn quota_kind_name(kind: v1::QuotaKind) -> &'static str {
+    match kind {
+        v1::QuotaKind::QuotaNodes => "nodes",
+        v1::QuotaKind::QuotaBytes => "bytes",
+        v1::QuotaKind::QuotaSessions => "sessions",
+        v1::QuotaKind::QuotaLockWaiters => "lock waiters",
+        v1::QuotaKind::QuotaWatches => "watches",
+    }
 }
 
 /// Bytes of a path an error quotes at most (DESIGN.md rule 8).

@@ -11,6 +11,8 @@ use tonic::Status;
 use warden_placement::home_group;
 use warden_proto::namespace::session_check_client::SessionCheckClient;
 use warden_proto::namespace::CheckSessionsRequest;
+use warden_proto::placement::placement_client::PlacementClient;
+use warden_proto::placement::RequestQuotaRequest;
 use warden_proto::tls::Tls;
 use warden_proto::v1::warden_error::Code;
 use warden_router::upstream::{bounded, Target, Upstreams};
@@ -68,5 +70,33 @@ impl GroupLinks {
             Err(status) if warden_proto::error_of(&status).is_some_and(|e| e.code == Code::SessionExpired as i32) => Ok(Vec::new()),
             Err(status) => Err(status),
         }
+    }
+
+    /// Asks the placement leader (first `leader`, this node's guess, then every node known,
+    /// following NOT_LEADER hints) to grow a group's share of a quota (see
+    /// `placement/quota.rs`). Answers whether it grew.
+    pub async fn request_quota(&self, leader: Option<u64>, request: RequestQuotaRequest, deadline: Instant) -> Result<bool, Status> {
+        let mut candidates: Vec<u64> = leader.into_iter().chain(self.directory.ids()).collect();
+        let mut last = Status::unavailable("no node to ask for a quota share");
+        let mut asked = 0;
+        while let Some(id) = (!candidates.is_empty()).then(|| candidates.remove(0)) {
+            // Every node at most twice (once more after a hint), so a leaderless moment ends.
+            asked += 1;
+            if asked > 2 * self.directory.ids().len().max(1) || Instant::now() >= deadline {
+                break;
+            }
+            let Some(addr) = self.directory.get(id) else { continue };
+            let channel = self.upstreams().channel(&addr.to_string())?;
+            match PlacementClient::new(channel).request_quota(bounded(request.clone(), deadline)).await {
+                Ok(response) => return Ok(response.into_inner().granted),
+                Err(status) => {
+                    if let Some(hint) = warden_proto::error_of(&status).map(|e| e.leader_id).filter(|id| *id != 0) {
+                        candidates.insert(0, hint);
+                    }
+                    last = status;
+                }
+            }
+        }
+        Err(last)
     }
 }

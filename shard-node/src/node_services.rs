@@ -182,6 +182,8 @@ const PLACEMENT_CLIENT_METHODS: &[&str] = &[
     "ChangeAcl",
     "ChangeAclGroup",
     "ListAcl",
+    "SetQuota",
+    "ListQuotas",
 ];
 
 /// A gRPC service with only some of its methods; the others answer PERMISSION_DENIED. For a

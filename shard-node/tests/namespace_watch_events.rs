@@ -46,6 +46,7 @@ fn hub(ns: &Harness) -> Arc<WatchHub> {
 fn open_watch(hub: &WatchHub, start: u64) -> (Arc<WatchStream>, CatchUp) {
     let stream = WatchStream::new(16 << 20);
     let watch = StreamWatch {
+        charge: None,
         group: hub.group(),
         path: Arc::from("/"),
         spec: WatchSpec::new(Kind::Persistent, true, false, false, false, true),

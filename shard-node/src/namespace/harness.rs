@@ -186,9 +186,17 @@ impl Harness {
 
     /// Opens a session.
     pub fn create_session(&mut self, ttl_ms: u64) -> Outcome<CreateSessionResponse> {
-        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms, owner: String::new() });
+        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms, owner: String::new(), scope: String::new() });
         match self.apply_result(op)? {
             CommandOutcome::CreateSession(response) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Applies placement's share of a subtree quota; answers the group's record after it.
+    pub fn set_quota_share(&mut self, share: warden_proto::namespace::SetQuotaShare) -> Outcome<warden_proto::namespace::QuotaShare> {
+        match self.apply_result(CommandOp::SetQuotaShare(share))? {
+            CommandOutcome::QuotaShare(record) => Ok(record),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }

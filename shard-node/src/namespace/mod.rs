@@ -12,6 +12,7 @@ pub mod hot;
 pub mod locks;
 pub mod path;
 pub mod query;
+pub mod quota;
 pub mod sessions;
 pub mod split;
 pub mod store;
@@ -120,6 +121,7 @@ impl StateMachineFactory for NamespaceFactory {
             descriptor: None,
             split: SplitState::default(),
             writes: hot::WriteCounts::default(),
+            quotas: quota::GroupQuotas::default(),
         })
     }
 }
@@ -169,6 +171,8 @@ pub struct NamespaceStateMachine {
     split: SplitState,
     /// Writes applied per top-level child of the prefix (in memory only: hot subtrees).
     writes: hot::WriteCounts,
+    /// The group's shares of subtree quotas and its usage (replicated state, rebuilt from disk).
+    quotas: quota::GroupQuotas,
 }
 
 impl NamespaceStateMachine {
@@ -266,7 +270,13 @@ impl NamespaceStateMachine {
         // A moved subtree's records are not changes of its nodes: no watch events.
         let moves_records = matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::HandSubtree(_) | CommandOp::AbortSplit(_)));
         // An ingested page takes no revision: the target's first comes with its descriptor.
-        let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_)));
+        // Nor does a quota share: no node changes.
+        let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::SetQuotaShare(_)));
+        // A client's write is refused past its quotas; the system's own are only counted.
+        let client_write = matches!(command.op, Some(CommandOp::Txn(_) | CommandOp::CreateSession(_) | CommandOp::AcquireLock(_)));
+        let sets_quota = matches!(command.op, Some(CommandOp::SetQuotaShare(_)));
+        let mut quota_shares = Vec::new();
+        let mut quota_removed = None;
         let mut new_split = None;
         let mut moved = None;
         // A new descriptor may raise the revision first (placement's floor: tokens of paths
@@ -302,7 +312,17 @@ impl NamespaceStateMachine {
                     ..error::error(warden_proto::v1::warden_error::Code::WrongGroup, "", message)
                 }))
             }
-            Some(CommandOp::CreateSession(create)) => txn.create_session(self.group, create.ttl_ms, &create.owner).map(CommandOutcome::CreateSession),
+            Some(CommandOp::CreateSession(create)) => {
+                txn.create_session(self.group, create.ttl_ms, &create.owner, &create.scope).map(CommandOutcome::CreateSession)
+            }
+            Some(CommandOp::SetQuotaShare(set)) => self.quotas.set_share(txn.view, &set).map(|share| {
+                if set.remove {
+                    quota_removed = Some(set.prefix.clone());
+                } else {
+                    quota_shares.push(share.clone());
+                }
+                CommandOutcome::QuotaShare(share)
+            }),
             Some(CommandOp::CloseSession(close)) => match txn.close_session(close.session_id) {
                 Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
                 Ok(None) => Err(Failure::Refused(error::session_expired(close.session_id, ""))),
@@ -385,6 +405,13 @@ impl NamespaceStateMachine {
             Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
             Err(Failure::Storage(error)) => return Err(error),
         };
+        // What it changes under quotas is counted (a client's write past one refused: the view
+        // is dropped, nothing written).
+        match self.quotas.charge(&mut view, client_write) {
+            Ok(charged) => quota_shares.extend(charged),
+            Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
+            Err(Failure::Storage(error)) => return Err(error),
+        }
         // Only a transaction that changed something takes a revision.
         if !view.is_unchanged() {
             if takes_revision {
@@ -405,6 +432,10 @@ impl NamespaceStateMachine {
             }
             if moved.is_some() {
                 self.unpublished_move = moved;
+            }
+            self.quotas.update(quota_shares, quota_removed);
+            if sets_quota {
+                self.hub.set_watch_limits(self.quotas.watch_limits());
             }
             for change in ttl_changes {
                 match change {
@@ -448,7 +479,7 @@ impl NamespaceStateMachine {
             CommandOutcome::CreateSession(created) => CommandOutcome::CreateSession(CreateSessionResponse { header, ..created }),
             CommandOutcome::CloseSession(closed) => CommandOutcome::CloseSession(CloseSessionResponse { header, ..closed }),
             CommandOutcome::Lock(lock) => CommandOutcome::Lock(LockResponse { header, ..lock }),
-            error @ CommandOutcome::Error(_) => error,
+            other @ (CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_)) => other,
         };
         Ok(CommandResult { result: Some(response), lock_attempt })
     }
@@ -527,6 +558,8 @@ impl StateMachine for NamespaceStateMachine {
             .collect();
         // A replica that (re)loads its state (a snapshot) re-grants every lease if it leads.
         self.leases.regrant(&self.sessions);
+        self.quotas = quota::GroupQuotas::load(reader)?;
+        self.hub.set_watch_limits(self.quotas.watch_limits());
         self.reader = Some(reader.clone());
         Ok(())
     }
@@ -563,7 +596,8 @@ impl StateMachine for NamespaceStateMachine {
                 | CommandOp::FreezeSubtree(_)
                 | CommandOp::IngestSubtree(_)
                 | CommandOp::HandSubtree(_)
-                | CommandOp::AbortSplit(_),
+                | CommandOp::AbortSplit(_)
+                | CommandOp::SetQuotaShare(_),
             ) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }
@@ -731,7 +765,7 @@ mod tests {
         let open = Command {
             now_ms: 1,
             principal: String::new(),
-            op: Some(CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: 10_000, owner: String::new() })),
+            op: Some(CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: 10_000, owner: String::new(), scope: String::new() })),
         };
         let Some(CommandOutcome::CreateSession(session)) = outcome(sm.apply(2, &open.encode_to_vec(), &mut writes)) else {
             panic!("session not created")

@@ -432,7 +432,7 @@ impl Txn<'_, '_> {
                 self.session_changes.push(SessionChange::RemoteAdded(session));
                 // Its owner is learned from its home group when a caller next uses it here
                 // (`ensure_remote_sessions`).
-                SessionRecord { session_id: session, ttl_ms: 0, ephemerals: 0, remote: true, owner: String::new() }
+                SessionRecord { session_id: session, ttl_ms: 0, ephemerals: 0, remote: true, owner: String::new(), ..SessionRecord::default() }
             }
         };
         record.ephemerals += 1;

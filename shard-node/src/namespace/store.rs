@@ -6,7 +6,8 @@
 //! (each session's ephemeral nodes, in path order); `l<path>` → `LockMeta` (a lock's
 //! metadata, removed with its node); `mrevision` → the group revision and
 //! `mnext_session` → the next session sequence (8 bytes, big-endian each); `mdescriptor` →
-//! the group's descriptor (what it serves); `msplit` → `SplitState` (subtree moves).
+//! the group's descriptor (what it serves); `msplit` → `SplitState` (subtree moves);
+//! `q<prefix>` → `QuotaShare` (the group's share of a subtree quota, `quota.rs`).
 
 use std::collections::BTreeMap;
 
@@ -494,11 +495,26 @@ impl<'a> TxnView<'a> {
         Ok(changes)
     }
 
+    /// Every session record the transaction wrote: before it and after it (`None`: absent).
+    pub fn session_changes(&self) -> Result<Vec<RecordChange<SessionRecord>>, StorageError> {
+        let decode = |bytes: Option<&Vec<u8>>| {
+            bytes.map(|b| SessionRecord::decode(b.as_slice()).map_err(|e| StorageError::Corrupt(format!("session record: {e}")))).transpose()
+        };
+        let mut changes = Vec::new();
+        for (key, after) in self.local.range(vec![SESSION]..vec![SESSION + 1]) {
+            changes.push((decode(self.base_get(key)?.as_ref())?, decode(after.as_ref())?));
+        }
+        Ok(changes)
+    }
+
     /// Ends the transaction, keeping its buffered writes (see [`Changes::commit_into`]).
     pub fn into_changes(self) -> Changes {
         Changes(self.local)
     }
 }
+
+/// A record before a transaction and after it (`None`: absent).
+pub type RecordChange<T> = (Option<T>, Option<T>);
 
 /// A node a transaction wrote.
 pub struct NodeChange {

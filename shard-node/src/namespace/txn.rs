@@ -459,14 +459,15 @@ impl Txn<'_, '_> {
     }
 
     /// Opens a session of `group` with `ttl_ms` (clamped to the limits).
-    pub fn create_session(&mut self, group: u64, ttl_ms: u64, owner: &str) -> Result<CreateSessionResponse, Failure> {
+    pub fn create_session(&mut self, group: u64, ttl_ms: u64, owner: &str, scope: &str) -> Result<CreateSessionResponse, Failure> {
         let granted = ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
         let sequence = self.view.take_session_sequence()?;
         if sequence >= 1 << sessions::SESSION_SEQUENCE_BITS {
             return Err(error(Code::TooLarge, "", "session ids of this group are exhausted").into());
         }
         let session_id = sessions::session_id(group, sequence);
-        self.view.put_session(&SessionRecord { session_id, ttl_ms: granted, ephemerals: 0, remote: false, owner: owner.to_string() });
+        let record = SessionRecord { session_id, ttl_ms: granted, ephemerals: 0, remote: false, owner: owner.to_string(), scope: scope.to_string() };
+        self.view.put_session(&record);
         self.session_changes.push(SessionChange::Added(session_id, granted));
         Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
     }
@@ -510,7 +511,7 @@ impl Txn<'_, '_> {
                 continue;
             }
             {
-                self.view.put_session(&SessionRecord { session_id: *id, ttl_ms: 0, ephemerals: 0, remote: true, owner });
+                self.view.put_session(&SessionRecord { session_id: *id, ttl_ms: 0, ephemerals: 0, remote: true, owner, ..SessionRecord::default() });
                 self.session_changes.push(SessionChange::RemoteAdded(*id));
             }
         }

@@ -5,7 +5,8 @@
 //! placement group a node is alive (and which groups it leads); [`scheduler`] is the placement
 //! leader carrying out repair, drain and balance operators; [`split`] moves a live subtree
 //! into a new group, [`merge`] gives a group's subtree back to its parent path's group,
-//! [`auto_split`] proposes (or performs) the split of a hot one; [`factory`] gives each group
+//! [`auto_split`] proposes (or performs) the split of a hot one; [`quota`] shares each
+//! subtree quota out among the groups serving it; [`factory`] gives each group
 //! its state machine (the placement group's, or a namespace).
 //!
 //! Architecture invariant: the routing table changes only through commands applied by the
@@ -15,6 +16,7 @@ pub mod auto_split;
 pub mod factory;
 pub mod heartbeat;
 pub mod merge;
+pub mod quota;
 pub mod scheduler;
 pub mod service;
 pub mod split;

@@ -102,6 +102,7 @@ impl PlacementService {
 
     async fn schedule_round(&self, limits: &ScheduleLimits) -> Result<(), tonic::Status> {
         let state = self.state().await?;
+        self.reconcile_quotas(&state).await;
         for group in state.groups().values() {
             for learner in group.learners.clone() {
                 if self.running.claim(group.id) {

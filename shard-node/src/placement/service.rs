@@ -48,6 +48,7 @@ use crate::host::{NodeHandle, ReadConsistency};
 use crate::service::{engine_status, status};
 use crate::transport::PeerDirectory;
 use warden_placement::acl;
+use warden_placement::quota::QuotaError;
 use warden_proto::tls::{caller, calling_node, peer_identity, Caller, Expected, Role, Tls};
 use warden_router::access::{acl_to_proto, AclCache};
 
@@ -83,6 +84,9 @@ pub struct PlacementService {
     tls: Option<Arc<Tls>>,
     /// The ACL as this node last heard it: who may administer what (security on).
     acl: Arc<AclCache>,
+    /// Held while this node moves room between the groups' quota shares (one change at a
+    /// time; placement's log keeps the shares within the limits whatever runs).
+    pub(super) quota_changes: Arc<tokio::sync::Mutex<()>>,
 }
 
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
@@ -119,6 +123,7 @@ impl PlacementService {
             leaders_heard: Arc::default(),
             running: Arc::default(),
             faults,
+            quota_changes: Arc::default(),
         }
     }
 
@@ -506,6 +511,11 @@ pub(super) fn placement_status(error: PlacementError) -> Status {
         | PlacementError::NotAVoter { .. } => Code::InvalidArgument,
         PlacementError::Acl(warden_placement::AclError::Full { .. }) => Code::TooLarge,
         PlacementError::Acl(_) => Code::InvalidArgument,
+        PlacementError::Quota(QuotaError::InvalidPrefix(_)) => Code::InvalidPath,
+        PlacementError::Quota(QuotaError::TooMany) => Code::TooLarge,
+        PlacementError::Quota(QuotaError::Unknown(_)) => Code::NoNode,
+        // Lost a race with another change of the shares: the caller tries again.
+        PlacementError::Quota(QuotaError::OverAllotted { .. } | QuotaError::Stale { .. }) => Code::Unavailable,
         PlacementError::BadSnapshot(_) | PlacementError::Inconsistent(_) => Code::Unknown,
     };
     status(WardenError { code: code as i32, message: error.to_string(), ..WardenError::default() })
@@ -837,6 +847,51 @@ impl PlacementApi for PlacementService {
             None => state.acl().clone(),
         };
         Ok(Response::new(acl_to_proto(&list)))
+    }
+
+    async fn set_quota(&self, request: Request<SetQuotaRequest>) -> Result<Response<QuotaState>, Status> {
+        self.require_admin(&request, &request.get_ref().prefix, false)?;
+        self.ensure_leader()?;
+        let SetQuotaRequest { prefix, limits, remove } = request.into_inner();
+        let limits = (!remove).then(|| super::quota::limits_from_proto(limits.as_ref()));
+        let version = match self.propose(&Command::SetQuota { prefix: prefix.clone(), limits }).await? {
+            Outcome::QuotaShareVersion(version) => version,
+            other => return Err(internal(format!("unexpected outcome {other:?}"))),
+        };
+        Ok(Response::new(self.share_out(&prefix, version).await?))
+    }
+
+    async fn list_quotas(&self, request: Request<ListQuotasRequest>) -> Result<Response<QuotaList>, Status> {
+        let seen_by = match peer_identity(&request).map(|identity| identity.role) {
+            Some(Role::Node | Role::Router) => None,
+            _ => caller(&request)?.principal().map(str::to_string),
+        };
+        let acl = self.acl.get();
+        let shown = |prefix: &str| seen_by.as_ref().is_none_or(|principal| acl.allows(principal, prefix, acl::ADMIN));
+        Ok(Response::new(QuotaList { quotas: self.quota_states(shown).await? }))
+    }
+
+    async fn request_quota(&self, request: Request<RequestQuotaRequest>) -> Result<Response<RequestQuotaResponse>, Status> {
+        calling_node(&request)?;
+        self.ensure_leader()?;
+        let RequestQuotaRequest { group_id, prefix, kind, need } = request.into_inner();
+        let kind = usize::try_from(kind).ok().filter(|kind| *kind < warden_placement::quota::COUNTED_KINDS);
+        let kind = kind.ok_or_else(|| invalid_argument("only nodes, bytes, sessions and lock waiters are shared among groups"))?;
+        Ok(Response::new(RequestQuotaResponse { granted: self.grant(group_id, &prefix, kind, need.max(1)).await? }))
+    }
+
+    async fn set_quota_share(&self, request: Request<SetQuotaShareRequest>) -> Result<Response<warden_proto::namespace::QuotaShare>, Status> {
+        calling_node(&request)?;
+        let SetQuotaShareRequest { group_id, share } = request.into_inner();
+        let share = share.ok_or_else(|| invalid_argument("no share"))?;
+        let command = NamespaceCommand { now_ms: now_ms(), principal: String::new(), op: Some(CommandOp::SetQuotaShare(share)) };
+        let output =
+            self.node.propose(group_id, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
+        match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
+            Some(CommandOutcome::QuotaShare(record)) => Ok(Response::new(record)),
+            Some(CommandOutcome::Error(error)) => Err(status(error)),
+            other => Err(internal(format!("unexpected outcome of a quota share: {other:?}"))),
+        }
     }
 
     async fn remove_group(&self, request: Request<RemoveGroupRequest>) -> Result<Response<RemoveGroupResponse>, Status> {

@@ -80,8 +80,12 @@ impl PlacementService {
         self.fault_point(5).await?;
         let hand = Step::Hand(HandSubtree { target_group: group.id, descriptor: Some(descriptor_proto(&descriptor_of(source.id)?)) });
         let handed_at = self.split_step(&state, source, hand).await?;
-        // 6.
+        // 6. The new group counts under the quotas on its subtree before it serves (else it
+        // would write past them until the scheduler's next pass gives it its share).
         self.fault_point(6).await?;
+        if let Err(status) = self.join_quotas(group.id, &group.prefix).await {
+            tracing::warn!(group = group.id, %status, "the new group has no quota share yet (the scheduler retries)");
+        }
         self.set_descriptor_at(&state, &descriptor_of(group.id)?, handed_at).await?;
         // 7.
         self.fault_point(7).await?;

@@ -36,7 +36,7 @@ use warden_router::access::{authorize_call, Access, AclCache};
 use crate::error::EngineError;
 use crate::group_links::GroupLinks;
 use crate::host::{NodeHandle, ReadConsistency};
-use crate::namespace::{sessions, txn, Limits};
+use crate::namespace::{path, sessions, txn, Limits};
 use crate::transport::PeerDirectory;
 use crate::watch::WatchHubs;
 
@@ -49,6 +49,9 @@ pub const DEFAULT_GROUP: u64 = 1;
 pub use warden_proto::KEEPALIVE_SESSIONS_MAX;
 /// Longest a `Lock` call waits.
 pub const LOCK_WAIT_MS_MAX: u64 = 300_000;
+/// Proposals of one command refused by a quota share that placement then grew (other
+/// writers may take the new room first).
+const QUOTA_RETRIES_MAX: u32 = 8;
 /// Keepalive responses queued on one stream before the stream waits for its client.
 const KEEPALIVE_STREAM_QUEUE_MAX: usize = 16;
 
@@ -145,9 +148,20 @@ impl WardenService {
         timeout: Duration,
     ) -> Result<(CommandOutcome, ResponseHeader, u64), Status> {
         let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let command = Command { now_ms, principal: principal.to_string(), op: Some(op) };
-        let output = self.node.propose(group, command.encode_to_vec(), timeout).await.map_err(|e| self.engine_status(group, e))?;
-        let result = CommandResult::decode(output.as_slice()).map_err(|e| internal(format!("command result: {e}")))?;
+        let command = Command { now_ms, principal: principal.to_string(), op: Some(op) }.encode_to_vec();
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut attempts = 0;
+        let result = loop {
+            let output = self.node.propose(group, command.clone(), timeout).await.map_err(|e| self.engine_status(group, e))?;
+            let result = CommandResult::decode(output.as_slice()).map_err(|e| internal(format!("command result: {e}")))?;
+            // Refused by the group's share of a quota with room elsewhere: ask placement for
+            // more, then try again (a refused command changed nothing).
+            attempts += 1;
+            match &result.result {
+                Some(CommandOutcome::Error(error)) if attempts < QUOTA_RETRIES_MAX && self.more_quota(group, error, deadline).await => continue,
+                _ => break result,
+            }
+        };
         let revision = |header: &Option<ResponseHeader>| header.as_ref().map_or(0, |h| h.revision);
         match result.result {
             Some(CommandOutcome::Error(error)) => Err(status(error)),
@@ -157,11 +171,33 @@ impl WardenService {
                     CommandOutcome::CreateSession(r) => revision(&r.header),
                     CommandOutcome::CloseSession(r) => revision(&r.header),
                     CommandOutcome::Lock(r) => revision(&r.header),
-                    CommandOutcome::Error(_) => 0,
+                    CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) => 0,
                 };
                 Ok((outcome, self.header(group, at), result.lock_attempt))
             }
             None => Err(internal("empty command result".into())),
+        }
+    }
+
+    /// Whether placement grew `group`'s share of the quota `error` (a refusal) names, so the
+    /// command is worth proposing again. Only a share below its quota's limit can grow.
+    async fn more_quota(&self, group: u64, error: &WardenError, deadline: tokio::time::Instant) -> bool {
+        let Some(quota) = error.quota.as_ref().filter(|q| error.code == Code::ResourceExhausted as i32 && q.share < q.limit) else {
+            return false;
+        };
+        let request = warden_proto::placement::RequestQuotaRequest {
+            group_id: group,
+            prefix: quota.prefix.clone(),
+            kind: quota.kind,
+            need: quota.usage.saturating_sub(quota.share),
+        };
+        let leader = Some(self.node.leader_info(warden_placement::PLACEMENT_GROUP_ID).leader_id).filter(|id| *id != 0);
+        match self.links.request_quota(leader, request, deadline).await {
+            Ok(granted) => granted,
+            Err(status) => {
+                tracing::debug!(group, prefix = %quota.prefix, %status, "could not ask placement for a bigger quota share");
+                false
+            }
         }
     }
 
@@ -489,7 +525,11 @@ impl Warden for WardenService {
         let owner = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let granted = request.ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
-        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: granted, owner: owner.clone() });
+        if !request.path_hint.is_empty() {
+            path::validate(&request.path_hint, true).map_err(|reason| status(crate::namespace::error::invalid_path(&request.path_hint, &reason)))?;
+        }
+        let scope = request.path_hint.clone();
+        let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: granted, owner: owner.clone(), scope });
         match self.propose(group_of(request.routing.as_ref()), op, &owner, timeout).await? {
             (CommandOutcome::CreateSession(response), header) => Ok(Response::new(CreateSessionResponse {
                 header: Some(header),

@@ -274,6 +274,10 @@ impl Driver {
         };
         let spec = WatchSpec::new(kind, create.recursive, create.no_create, create.no_delete, create.no_change, create.prev_data);
         let start_revision = revision + 1;
+        let charge = self
+            .hubs
+            .charge_watch(hub.watch_limits_covering(&create.path))
+            .map_err(|full| crate::namespace::quota::watches_exceeded(&full.prefix, full.limit))?;
         let watch = StreamWatch {
             group,
             path: Arc::from(create.path.as_str()),
@@ -281,6 +285,7 @@ impl Driver {
             phase: Phase::CatchingUp { next_revision: start_revision },
             progress_notify: create.progress_notify,
             active: false,
+            charge,
         };
         let created =
             Outgoing::Created { watch_id, group, revision, created: Box::new(WatchCreated { start_revision, read, ..WatchCreated::default() }) };

@@ -93,6 +93,8 @@ pub struct WatchHub {
     group: u64,
     limits: WatchLimits,
     state: Mutex<HubState>,
+    /// The watch limits of the quotas on the group's subtree, by prefix (from its shares).
+    watch_limits: Mutex<std::collections::BTreeMap<String, u64>>,
 }
 
 impl WatchHub {
@@ -111,7 +113,30 @@ impl WatchHub {
                 closed: false,
                 moves: VecDeque::new(),
             }),
+            watch_limits: Mutex::default(),
         })
+    }
+
+    /// Replaces the watch limits of the group's quotas (the state machine's, on every change).
+    pub fn set_watch_limits(&self, limits: std::collections::BTreeMap<String, u64>) {
+        *self.watch_limits.lock().unwrap_or_else(|e| e.into_inner()) = limits;
+    }
+
+    /// The watch limits of the quotas at `path` or above it: `(prefix, limit)`.
+    pub fn watch_limits_covering(&self, path: &str) -> Vec<(String, u64)> {
+        let limits = self.watch_limits.lock().unwrap_or_else(|e| e.into_inner());
+        if limits.is_empty() {
+            return Vec::new();
+        }
+        let mut covering = Vec::new();
+        let mut at = Some(path);
+        while let Some(current) = at {
+            if let Some(limit) = limits.get(current) {
+                covering.push((current.to_string(), *limit));
+            }
+            at = path::parent(current);
+        }
+        covering
     }
 
     fn lock(&self) -> MutexGuard<'_, HubState> {
@@ -416,6 +441,7 @@ mod tests {
             phase: Phase::CatchingUp { next_revision: start },
             progress_notify: false,
             active: false,
+            charge: None,
         };
         stream.add(watch_id, watch, Outgoing::Created { watch_id, group: 1, revision: start, created: Box::default() });
     }

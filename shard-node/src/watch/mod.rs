@@ -57,18 +57,74 @@ impl Default for WatchLimits {
 /// Hubs by (node, group).
 type HubsByReplica = HashMap<(u64, u64), Arc<WatchHub>>;
 
+/// The watches a node serves under each quota prefix that limits watches (issue 17: watches
+/// are not replicated, so their quota holds per node serving them).
+#[derive(Debug, Default)]
+pub struct WatchCounts {
+    counts: std::sync::Mutex<HashMap<String, u64>>,
+}
+
+/// A watch's place in its node's [`WatchCounts`], given back when the last copy of its
+/// stream entry is dropped (whichever way the watch ended).
+#[derive(Debug)]
+pub struct WatchCharge {
+    counts: Arc<WatchCounts>,
+    prefixes: Vec<String>,
+}
+
+impl Drop for WatchCharge {
+    fn drop(&mut self) {
+        let mut counts = self.counts.counts.lock().unwrap_or_else(|e| e.into_inner());
+        for prefix in &self.prefixes {
+            if let Some(count) = counts.get_mut(prefix) {
+                *count = count.saturating_sub(1);
+                if *count == 0 {
+                    counts.remove(prefix);
+                }
+            }
+        }
+    }
+}
+
+/// A watch the quota `prefix` has no room for: its `limit` and the usage it would reach.
+#[derive(Debug)]
+pub struct WatchQuotaExceeded {
+    /// The quota's prefix.
+    pub prefix: String,
+    /// Its watch limit.
+    pub limit: u64,
+}
+
 /// The hubs of every replica hosted in this process, by (node, group): the state machines
 /// register theirs, the `Watch` service looks them up. Carries the limits both use.
 #[derive(Clone, Default)]
 pub struct WatchHubs {
     hubs: Arc<RwLock<HubsByReplica>>,
     limits: Arc<WatchLimits>,
+    counts: Arc<WatchCounts>,
 }
 
 impl WatchHubs {
     /// No hubs yet; watches will have `limits`.
     pub fn new(limits: WatchLimits) -> WatchHubs {
-        WatchHubs { hubs: Arc::default(), limits: Arc::new(limits) }
+        WatchHubs { hubs: Arc::default(), limits: Arc::new(limits), counts: Arc::default() }
+    }
+
+    /// Counts one more watch under each of the quotas `covering` it (`(prefix, limit)`),
+    /// or refuses it when one has no room. `None`: no quota covers it.
+    pub fn charge_watch(&self, covering: Vec<(String, u64)>) -> Result<Option<Arc<WatchCharge>>, WatchQuotaExceeded> {
+        if covering.is_empty() {
+            return Ok(None);
+        }
+        let mut counts = self.counts.counts.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((prefix, limit)) = covering.iter().find(|(prefix, limit)| counts.get(prefix).copied().unwrap_or(0) >= *limit) {
+            return Err(WatchQuotaExceeded { prefix: prefix.clone(), limit: *limit });
+        }
+        let prefixes: Vec<String> = covering.into_iter().map(|(prefix, _)| prefix).collect();
+        for prefix in &prefixes {
+            *counts.entry(prefix.clone()).or_default() += 1;
+        }
+        Ok(Some(Arc::new(WatchCharge { counts: self.counts.clone(), prefixes })))
     }
 
     /// The limits of watches.

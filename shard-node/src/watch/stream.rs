@@ -44,6 +44,8 @@ pub struct StreamWatch {
     pub progress_notify: bool,
     /// Events were queued since the last idle check.
     pub active: bool,
+    /// Its place under the watch quotas covering it (given back when it ends).
+    pub charge: Option<Arc<super::WatchCharge>>,
 }
 
 /// A queued response, turned into a `WatchResponse` by the sender.
@@ -369,6 +371,7 @@ mod tests {
             phase: Phase::Live,
             progress_notify: true,
             active: false,
+            charge: None,
         }
     }
 

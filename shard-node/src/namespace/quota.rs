@@ -1,0 +1,374 @@
+//! Subtree quotas inside one group (issue 17; ARCHITECTURE.md "Quotas").
+//!
+//! A quota limits what lives at or below a prefix: nodes, bytes of data, sessions (by their
+//! scope, the path hint they were opened with), lock waiters. When the subtree spans several
+//! groups, placement splits each limit into shares, one per group, whose sum never exceeds
+//! the limit; each group keeps a [`QuotaShare`] record (`q<prefix>`): its share, and its
+//! usage, counted by apply from the records each command changes. So the usage is exact
+//! (replicated state, the same on every replica), and a command that would take a group's
+//! usage of a kind past its share is refused RESOURCE_EXHAUSTED before it changes anything.
+//! A refusal below the limit makes the serving node ask placement for a bigger share
+//! (`placement/quota.rs`), which it takes back from the other groups' unused shares.
+//!
+//! Only a client's writes are refused; what the system does (expiries, subtree moves) is
+//! counted but never refused, so a group may be over its share (then only shrinking writes
+//! pass). Watches are not replicated state: their limit is kept per node by the watch hubs.
+//!
+//! Architecture invariant: nothing here knows about placement or RPCs; a share arrives as a
+//! replicated `SetQuotaShare` command and is judged from the group's own records alone.
+
+use std::collections::BTreeMap;
+
+use prost::Message as _;
+use warden_proto::namespace::{NodeRecord, QuotaShare, SessionRecord, SetQuotaShare};
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::{QuotaCounts, QuotaExceeded, QuotaKind, QuotaLimits, WardenError};
+
+use super::error::{error, invalid, Failure};
+use super::path;
+use super::store::{NodeChange, TxnView};
+use crate::error::StorageError;
+use crate::state_machine::SmReader;
+
+/// First byte of a share record's key (`q<prefix>`).
+pub const QUOTA: u8 = b'q';
+/// Shares one group keeps at most (a new one past it is refused).
+pub const SHARES_MAX: usize = 1_000;
+
+/// The kinds a group counts, in [`Counts`] order.
+pub const COUNTED: [QuotaKind; 4] = [QuotaKind::QuotaNodes, QuotaKind::QuotaBytes, QuotaKind::QuotaSessions, QuotaKind::QuotaLockWaiters];
+
+/// One number per counted kind, in [`COUNTED`] order.
+pub type Counts = [u64; 4];
+
+/// Changes of [`Counts`] a command makes.
+type Deltas = [i64; 4];
+
+/// `counts` as the wire has them.
+pub fn counts_to_proto(counts: Counts) -> QuotaCounts {
+    QuotaCounts { nodes: counts[0], bytes: counts[1], sessions: counts[2], lock_waiters: counts[3] }
+}
+
+/// The wire's counts.
+pub fn counts_of(counts: Option<&QuotaCounts>) -> Counts {
+    counts.map_or([0; 4], |c| [c.nodes, c.bytes, c.sessions, c.lock_waiters])
+}
+
+/// The limit of each counted kind (`None`: not limited).
+pub fn limits_of(limits: Option<&QuotaLimits>) -> [Option<u64>; 4] {
+    limits.map_or([None; 4], |l| [l.nodes, l.bytes, l.sessions, l.lock_waiters])
+}
+
+fn key(prefix: &str) -> Vec<u8> {
+    let mut key = vec![QUOTA];
+    key.extend_from_slice(prefix.as_bytes());
+    key
+}
+
+/// What a node record counts for: one node, its data bytes, one waiter if it is a lock's.
+fn node_counts(record: Option<&NodeRecord>) -> Deltas {
+    match record {
+        None => [0; 4],
+        Some(record) => [1, record.data.len() as i64, 0, i64::from(record.lock_waiter.is_some())],
+    }
+}
+
+/// Where a session counts: its scope (`/` without one).
+fn scope(record: &SessionRecord) -> &str {
+    if record.scope.is_empty() {
+        "/"
+    } else {
+        &record.scope
+    }
+}
+
+/// A group's shares of the quotas on its subtree (replicated state, rebuilt from disk).
+#[derive(Clone, Debug, Default)]
+pub struct GroupQuotas {
+    shares: BTreeMap<String, QuotaShare>,
+}
+
+impl GroupQuotas {
+    /// The shares on disk.
+    pub fn load(reader: &SmReader) -> Result<GroupQuotas, StorageError> {
+        let mut shares = BTreeMap::new();
+        let mut corrupt = None;
+        reader.scan_range(&[QUOTA], Some(&[QUOTA + 1]), |_, value| {
+            match QuotaShare::decode(value) {
+                Ok(share) => {
+                    shares.insert(share.prefix.clone(), share);
+                }
+                Err(e) => corrupt = Some(StorageError::Corrupt(format!("quota share: {e}"))),
+            }
+            corrupt.is_none()
+        })?;
+        corrupt.map_or(Ok(GroupQuotas { shares }), Err)
+    }
+
+    /// Whether the group holds no share (then nothing is counted).
+    pub fn is_empty(&self) -> bool {
+        self.shares.is_empty()
+    }
+
+    /// The watch limit of each quota that has one, by prefix (for the watch hubs).
+    pub fn watch_limits(&self) -> BTreeMap<String, u64> {
+        self.shares.iter().filter_map(|(prefix, share)| Some((prefix.clone(), share.limits.as_ref()?.watches?))).collect()
+    }
+
+    /// The shares whose prefix is `path` or one of its ancestors.
+    fn covering<'s>(&'s self, path: &str) -> impl Iterator<Item = &'s QuotaShare> + 's {
+        let mut at = Some(path.to_string());
+        std::iter::from_fn(move || {
+            while let Some(current) = at.take() {
+                at = path::parent(&current).map(str::to_string);
+                if let Some(share) = self.shares.get(&current) {
+                    return Some(share);
+                }
+            }
+            None
+        })
+    }
+
+    /// What the transaction in `view` changes of each share's usage (only shares it
+    /// changes), from its node and session records.
+    fn deltas(&self, view: &TxnView<'_>) -> Result<BTreeMap<String, Deltas>, StorageError> {
+        let mut deltas: BTreeMap<String, Deltas> = BTreeMap::new();
+        let mut add = |prefix: &str, change: Deltas| {
+            if change != [0; 4] {
+                let entry = deltas.entry(prefix.to_string()).or_default();
+                for (total, delta) in entry.iter_mut().zip(change) {
+                    *total += delta;
+                }
+            }
+        };
+        for NodeChange { path, before, after } in view.node_changes()? {
+            let (was, is) = (node_counts(before.as_ref()), node_counts(after.as_ref()));
+            let change = [is[0] - was[0], is[1] - was[1], 0, is[3] - was[3]];
+            for share in self.covering(&path) {
+                add(&share.prefix, change);
+            }
+        }
+        // Sessions homed here count (a remote record is another group's session).
+        for (before, after) in view.session_changes()? {
+            for (record, sign) in [(before, -1), (after, 1)] {
+                let Some(record) = record.filter(|r| !r.remote) else { continue };
+                for share in self.covering(scope(&record)) {
+                    add(&share.prefix, [0, 0, sign, 0]);
+                }
+            }
+        }
+        Ok(deltas)
+    }
+
+    /// Counts what the transaction in `view` changes into the shares it touches (their
+    /// records join the transaction's writes); with `refuse`, a client's command, refuses
+    /// RESOURCE_EXHAUSTED instead when it would take a usage past its share.
+    pub fn charge(&self, view: &mut TxnView<'_>, refuse: bool) -> Result<Vec<QuotaShare>, Failure> {
+        if self.shares.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut changed = Vec::new();
+        for (prefix, deltas) in self.deltas(view)? {
+            let Some(share) = self.shares.get(&prefix) else { continue };
+            let (allotment, limits) = (counts_of(share.allotment.as_ref()), limits_of(share.limits.as_ref()));
+            let mut usage = counts_of(share.usage.as_ref());
+            for (index, delta) in deltas.iter().enumerate() {
+                let after = usage[index].saturating_add_signed(*delta);
+                if refuse && *delta > 0 {
+                    if let Some(limit) = limits[index].filter(|_| after > allotment[index]) {
+                        return Err(exceeded(&prefix, index, limit, after, allotment[index]).into());
+                    }
+                }
+                usage[index] = after;
+            }
+            let share = QuotaShare { usage: Some(counts_to_proto(usage)), ..share.clone() };
+            view.put_raw(&key(&prefix), &share.encode_to_vec());
+            changed.push(share);
+        }
+        Ok(changed)
+    }
+
+    /// Applies placement's `SetQuotaShare` to the view (see its doc in namespace.proto);
+    /// answers the record after it. A new share counts the group's usage first.
+    pub fn set_share(&self, view: &mut TxnView<'_>, set: &SetQuotaShare) -> Result<QuotaShare, Failure> {
+        path::validate(&set.prefix, true).map_err(|reason| super::error::invalid_path(&set.prefix, &reason))?;
+        let current = self.shares.get(&set.prefix);
+        if set.version == 0 || current.is_some_and(|c| c.version > set.version) {
+            return Ok(current.cloned().unwrap_or_else(|| QuotaShare { prefix: set.prefix.clone(), ..QuotaShare::default() }));
+        }
+        if set.remove {
+            if current.is_some() {
+                view.delete_raw(&key(&set.prefix));
+            }
+            return Ok(QuotaShare { prefix: set.prefix.clone(), version: set.version, ..QuotaShare::default() });
+        }
+        if current.is_none() && self.shares.len() >= SHARES_MAX {
+            return Err(invalid(&set.prefix, format!("a group keeps at most {SHARES_MAX} quota shares")).into());
+        }
+        let usage = match current {
+            Some(share) => counts_of(share.usage.as_ref()),
+            None => usage_of(view, &set.prefix)?,
+        };
+        let wanted = counts_of(set.allotment.as_ref());
+        let allotment = match (set.shrink, current) {
+            // Never above what it had; not below the usage unless capped.
+            (true, Some(share)) => {
+                let had = counts_of(share.allotment.as_ref());
+                std::array::from_fn(|i| had[i].min(if set.cap { wanted[i] } else { wanted[i].max(usage[i]) }))
+            }
+            (true, None) => [0; 4],
+            (false, _) => wanted,
+        };
+        let share = QuotaShare {
+            prefix: set.prefix.clone(),
+            version: set.version,
+            limits: set.limits,
+            allotment: Some(counts_to_proto(allotment)),
+            usage: Some(counts_to_proto(usage)),
+        };
+        view.put_raw(&key(&set.prefix), &share.encode_to_vec());
+        Ok(share)
+    }
+
+    /// Takes in the records a committed command wrote.
+    pub fn update(&mut self, shares: Vec<QuotaShare>, removed: Option<String>) {
+        if let Some(prefix) = removed {
+            self.shares.remove(&prefix);
+        }
+        for share in shares {
+            self.shares.insert(share.prefix.clone(), share);
+        }
+    }
+}
+
+/// What the group holds at or below `prefix`: its node records (the root always exists),
+/// and the sessions homed here whose scope is there.
+fn usage_of(view: &TxnView<'_>, prefix: &str) -> Result<Counts, StorageError> {
+    let mut usage = [0u64; 4];
+    let ranges = if prefix == "/" { vec![(vec![b'n'], vec![b'o'])] } else { node_ranges(prefix) };
+    let mut root_stored = false;
+    for (from, to) in ranges {
+        for (key, value) in view.base_range(&from, &to)? {
+            let record = super::store::decode_record(&value)?;
+            root_stored |= key == b"n/";
+            let counts = node_counts(Some(&record));
+            for (total, count) in usage.iter_mut().zip(counts) {
+                *total += count as u64;
+            }
+        }
+    }
+    if prefix == "/" && !root_stored {
+        usage[0] += 1;
+    }
+    for (_, value) in view.base_range(b"s", b"t")? {
+        let record = SessionRecord::decode(value.as_slice()).map_err(|e| StorageError::Corrupt(format!("session record: {e}")))?;
+        if !record.remote && warden_placement::is_at_or_below(scope(&record), prefix) {
+            usage[2] += 1;
+        }
+    }
+    Ok(usage)
+}
+
+/// The key ranges of the node records at or below a non-root `prefix`.
+fn node_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let key = |tail: &[u8]| {
+        let mut key = vec![b'n'];
+        key.extend_from_slice(prefix.as_bytes());
+        key.extend_from_slice(tail);
+        key
+    };
+    // The node itself, then its descendants `prefix/…` ('0' follows '/').
+    vec![(key(b""), key(b"\0")), (key(b"/"), key(b"0"))]
+}
+
+/// The refusal of a request that would take `usage` of kind `index` past the group's
+/// `share` of `limit`.
+fn exceeded(prefix: &str, index: usize, limit: u64, usage: u64, share: u64) -> WardenError {
+    let kind = COUNTED[index];
+    let what = warden_proto::quota_kind_name(kind);
+    let message = if share < limit {
+        format!("the {what} quota of {prefix} ({limit}) is used up: this group's share is {share}, the request needs {usage}")
+    } else {
+        format!("the {what} quota of {prefix} ({limit}) is used up: the request needs {usage}")
+    };
+    WardenError {
+        quota: Some(Box::new(QuotaExceeded { prefix: prefix.to_string(), kind: kind as i32, limit, usage, share })),
+        ..error(Code::ResourceExhausted, prefix, message)
+    }
+}
+
+/// The refusal of a watch the node's count under `prefix` has no room for.
+pub fn watches_exceeded(prefix: &str, limit: u64) -> WardenError {
+    let message = format!("the watches quota of {prefix} ({limit}) is used up on this node");
+    WardenError {
+        quota: Some(Box::new(QuotaExceeded {
+            prefix: prefix.to_string(),
+            kind: QuotaKind::QuotaWatches as i32,
+            limit,
+            usage: limit + 1,
+            share: limit,
+        })),
+        ..error(Code::ResourceExhausted, prefix, message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::namespace::harness::Harness;
+    use crate::namespace::Limits;
+
+    fn share(version: u64, nodes: Option<u64>, allotment: Counts, shrink: bool) -> SetQuotaShare {
+        SetQuotaShare {
+            prefix: "/t".into(),
+            version,
+            limits: Some(QuotaLimits { nodes, ..QuotaLimits::default() }),
+            allotment: Some(counts_to_proto(allotment)),
+            shrink,
+            remove: false,
+            cap: false,
+        }
+    }
+
+    /// The usage is counted when the share arrives, kept by every write (moves included),
+    /// survives a restart, and a refused write changes nothing; a shrink keeps the usage, a
+    /// stale version changes nothing.
+    #[test]
+    fn a_share_counts_exactly_refuses_past_itself_and_survives_a_restart() {
+        let mut ns = Harness::new(Limits::default()).expect("harness");
+        ns.create_simple("/t", b"ab").expect("create");
+        ns.create_simple("/t/x", b"cde").expect("create");
+        ns.create_simple("/other", b"not counted").expect("create");
+        let record = ns.set_quota_share(share(5, Some(4), [4, 0, 0, 0], false)).expect("share");
+        assert_eq!(counts_of(record.usage.as_ref()), [2, 5, 0, 0], "counted when it arrives");
+        ns.create_simple("/t/y", b"").expect("3 of 4");
+        ns.create_simple("/t/z", b"").expect("4 of 4");
+        let refused = ns.create_simple("/t/x/past", b"").expect_err("5 of 4");
+        let quota = refused.quota.expect("names the quota");
+        assert_eq!((quota.prefix.as_str(), quota.limit, quota.usage, quota.share), ("/t", 4, 5, 4));
+        assert!(ns.create_simple("/other/free", b"").is_ok(), "outside the subtree");
+        ns.delete("/t/z", None, false).expect("delete");
+        ns.reopen().expect("restart");
+        let stale = ns.set_quota_share(share(4, Some(1), [1, 0, 0, 0], false)).expect("stale");
+        assert_eq!((stale.version, counts_of(stale.usage.as_ref())), (5, [3, 5, 0, 0]), "kept across the restart, a stale share ignored");
+        let shrunk = ns.set_quota_share(share(6, Some(4), [0, 0, 0, 0], true)).expect("shrink");
+        assert_eq!(counts_of(shrunk.allotment.as_ref()), [3, 0, 0, 0], "a shrink keeps the usage");
+        assert!(ns.create_simple("/t/w", b"").is_err(), "nothing left after the shrink");
+        let capped = ns.set_quota_share(SetQuotaShare { cap: true, ..share(7, Some(1), [1, 0, 0, 0], true) }).expect("cap");
+        assert_eq!(counts_of(capped.allotment.as_ref()), [1, 0, 0, 0], "a cap goes below the usage");
+        ns.delete("/t/y", None, false).expect("a shrinking write passes over the share");
+        assert!(ns.create_simple("/t/y", b"").is_err(), "growth waits until the usage is below the share");
+    }
+
+    #[test]
+    fn a_share_covers_its_prefix_and_everything_below_only() {
+        let mut quotas = GroupQuotas::default();
+        for prefix in ["/", "/a", "/a/b"] {
+            quotas.shares.insert(prefix.to_string(), QuotaShare { prefix: prefix.to_string(), ..QuotaShare::default() });
+        }
+        let covering = |path: &str| quotas.covering(path).map(|s| s.prefix.clone()).collect::<Vec<_>>();
+        assert_eq!(covering("/a/b/c"), ["/a/b", "/a", "/"]);
+        assert_eq!(covering("/a"), ["/a", "/"]);
+        assert_eq!(covering("/ab"), ["/"], "a sibling sharing the name's start is not below /a");
+    }
+}
