@@ -43,6 +43,11 @@ pub trait StateMachine: Send {
     /// Answers a read-only query from the applied state.
     fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError>;
 
+    /// Every command of a batch of committed entries is applied: state the machine kept in
+    /// memory during the batch goes into its writes now (once per batch, not per command).
+    /// Called before the batch is written, on the applying thread.
+    fn finish_batch(&mut self, _writes: &mut SmWrites) {}
+
     /// The writes of the entries applied since the last call have reached the store: make
     /// their effects visible to observers (watch events). Called on the applying thread.
     fn publish(&mut self) {}

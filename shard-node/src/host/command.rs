@@ -315,6 +315,7 @@ impl Replica {
                 }
             }
         }
+        self.sm.finish_batch(&mut writes);
         writes.ops_mut().push(state_put(self.group, StateKey::Apply, keys::encode_index_term(self.applied.index, self.applied.term).to_vec()));
         // Not synced: every applied entry is already durable in the log, so a crash that loses
         // this write re-applies from the log (the write carries its applied index).

@@ -82,6 +82,7 @@ impl Harness {
             self.index += 1;
             outputs.push(self.sm.apply(self.index, command.as_ref(), &mut writes));
         }
+        self.sm.finish_batch(&mut writes);
         self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.sm.publish();
         Ok(outputs)

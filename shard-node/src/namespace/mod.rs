@@ -210,10 +210,10 @@ impl NamespaceStateMachine {
         Ok(())
     }
 
-    /// The watch events of a transaction's node changes, in path order.
-    fn events_of(&self, view: &TxnView<'_>) -> Result<Vec<Event>, StorageError> {
+    /// The watch events of a transaction's node changes (in path order).
+    fn events_of(changes: Vec<store::NodeChange>) -> Vec<Event> {
         let state = |record: Option<warden_proto::namespace::NodeRecord>| record.map(|r| node_state(r.stat, r.data));
-        Ok(view.node_changes()?.into_iter().flat_map(|change| Event::of_change(&change.path, state(change.before), state(change.after))).collect())
+        changes.into_iter().flat_map(|change| Event::of_change(&change.path, state(change.before), state(change.after))).collect()
     }
 
     /// Refuses a command touching a path this group does not serve (WRONG_GROUP), or
@@ -407,7 +407,11 @@ impl NamespaceStateMachine {
         };
         // What it changes under quotas is counted (a client's write past one refused: the view
         // is dropped, nothing written).
-        match self.quotas.charge(&mut view, client_write) {
+        // Every node the command changed, before and after (read once, for quotas and events;
+        // a subtree move's records make no events, so without quotas they are not read).
+        let needs_changes = !view.is_unchanged() && (!moves_records || !self.quotas.is_empty());
+        let node_changes = if needs_changes { view.node_changes()? } else { Vec::new() };
+        match self.quotas.charge(&view, &node_changes, client_write) {
             Ok(charged) => quota_shares.extend(charged),
             Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
             Err(Failure::Storage(error)) => return Err(error),
@@ -417,7 +421,7 @@ impl NamespaceStateMachine {
             if takes_revision {
                 self.revision = revision;
             }
-            let events: Vec<Event> = if moves_records { Vec::new() } else { self.events_of(&view)? };
+            let events: Vec<Event> = if moves_records { Vec::new() } else { Self::events_of(node_changes) };
             self.writes.record(&root, events.iter().map(|event| event.path.as_str()));
             if !events.is_empty() {
                 self.unpublished.push(EventBatch { revision: self.revision, events });
@@ -612,6 +616,10 @@ impl StateMachine for NamespaceStateMachine {
 
     fn on_leadership(&mut self, leading: bool, clock: LeaderClock) {
         self.leases.set_leading(leading, &self.sessions, clock.monotonic_ms);
+    }
+
+    fn finish_batch(&mut self, writes: &mut SmWrites) {
+        self.quotas.flush(writes);
     }
 
     fn leader_clock(&mut self, clock: LeaderClock) {

@@ -3,7 +3,7 @@
 //! A quota limits what lives at or below a prefix: nodes, bytes of data, sessions (by their
 //! scope, the path hint they were opened with), lock waiters. When the subtree spans several
 //! groups, placement splits each limit into shares, one per group, whose sum never exceeds
-//! the limit; each group keeps a [`QuotaShare`] record (`q<prefix>`): its share, and its
+//! the limit; each group keeps a [`QuotaShare`] record (`Q<prefix>`): its share, and its
 //! usage, counted by apply from the records each command changes. So the usage is exact
 //! (replicated state, the same on every replica), and a command that would take a group's
 //! usage of a kind past its share is refused RESOURCE_EXHAUSTED before it changes anything.
@@ -30,8 +30,12 @@ use super::store::{NodeChange, TxnView};
 use crate::error::StorageError;
 use crate::state_machine::SmReader;
 
-/// First byte of a share record's key (`q<prefix>`).
-pub const QUOTA: u8 = b'q';
+/// First byte of a share record's key (`Q<prefix>`). It sorts before the node records
+/// (`n`): a record rewritten every batch above them would widen every flushed SST's key range
+/// past the newest paths, and RocksDB (no bloom filters here) would then probe each SST for
+/// every new path a create checks — 27% more apply time for sequential creates, measured by
+/// `namespace/apply_batch/create_under_quota`, against 5% with this byte.
+pub const QUOTA: u8 = b'Q';
 /// Shares one group keeps at most (a new one past it is refused).
 pub const SHARES_MAX: usize = 1_000;
 
@@ -83,9 +87,13 @@ fn scope(record: &SessionRecord) -> &str {
 }
 
 /// A group's shares of the quotas on its subtree (replicated state, rebuilt from disk).
+/// During a batch of applied commands the usage lives here; the records of the shares it
+/// changed are written once, when the batch ends ([`GroupQuotas::flush`]).
 #[derive(Clone, Debug, Default)]
 pub struct GroupQuotas {
     shares: BTreeMap<String, QuotaShare>,
+    /// Shares whose record on disk is behind.
+    dirty: std::collections::BTreeSet<String>,
 }
 
 impl GroupQuotas {
@@ -102,7 +110,7 @@ impl GroupQuotas {
             }
             corrupt.is_none()
         })?;
-        corrupt.map_or(Ok(GroupQuotas { shares }), Err)
+        corrupt.map_or(Ok(GroupQuotas { shares, dirty: Default::default() }), Err)
     }
 
     /// Whether the group holds no share (then nothing is counted).
@@ -115,23 +123,22 @@ impl GroupQuotas {
         self.shares.iter().filter_map(|(prefix, share)| Some((prefix.clone(), share.limits.as_ref()?.watches?))).collect()
     }
 
-    /// The shares whose prefix is `path` or one of its ancestors.
-    fn covering<'s>(&'s self, path: &str) -> impl Iterator<Item = &'s QuotaShare> + 's {
-        let mut at = Some(path.to_string());
-        std::iter::from_fn(move || {
-            while let Some(current) = at.take() {
-                at = path::parent(&current).map(str::to_string);
-                if let Some(share) = self.shares.get(&current) {
-                    return Some(share);
-                }
+    /// The shares whose prefix is `path` or one of its ancestors, nearest first.
+    fn covering(&self, path: &str) -> Vec<&QuotaShare> {
+        let mut covering = Vec::new();
+        let mut at = Some(path);
+        while let Some(current) = at {
+            if let Some(share) = self.shares.get(current) {
+                covering.push(share);
             }
-            None
-        })
+            at = path::parent(current);
+        }
+        covering
     }
 
-    /// What the transaction in `view` changes of each share's usage (only shares it
-    /// changes), from its node and session records.
-    fn deltas(&self, view: &TxnView<'_>) -> Result<BTreeMap<String, Deltas>, StorageError> {
+    /// What a transaction changes of each share's usage (only shares it changes), from the
+    /// node records it changed (`changes`) and the session records in its `view`.
+    fn deltas(&self, view: &TxnView<'_>, changes: &[NodeChange]) -> Result<BTreeMap<String, Deltas>, StorageError> {
         let mut deltas: BTreeMap<String, Deltas> = BTreeMap::new();
         let mut add = |prefix: &str, change: Deltas| {
             if change != [0; 4] {
@@ -141,10 +148,13 @@ impl GroupQuotas {
                 }
             }
         };
-        for NodeChange { path, before, after } in view.node_changes()? {
+        for NodeChange { path, before, after } in changes {
             let (was, is) = (node_counts(before.as_ref()), node_counts(after.as_ref()));
             let change = [is[0] - was[0], is[1] - was[1], 0, is[3] - was[3]];
-            for share in self.covering(&path) {
+            if change == [0; 4] {
+                continue;
+            }
+            for share in self.covering(path) {
                 add(&share.prefix, change);
             }
         }
@@ -160,15 +170,15 @@ impl GroupQuotas {
         Ok(deltas)
     }
 
-    /// Counts what the transaction in `view` changes into the shares it touches (their
-    /// records join the transaction's writes); with `refuse`, a client's command, refuses
-    /// RESOURCE_EXHAUSTED instead when it would take a usage past its share.
-    pub fn charge(&self, view: &mut TxnView<'_>, refuse: bool) -> Result<Vec<QuotaShare>, Failure> {
+    /// What the transaction in `view` (which changed the nodes `changes`) makes of the shares
+    /// it touches (to [`update`](Self::update) once it commits); with `refuse`, a client's
+    /// command, refuses RESOURCE_EXHAUSTED instead when it would take a usage past its share.
+    pub fn charge(&self, view: &TxnView<'_>, changes: &[NodeChange], refuse: bool) -> Result<Vec<QuotaShare>, Failure> {
         if self.shares.is_empty() {
             return Ok(Vec::new());
         }
         let mut changed = Vec::new();
-        for (prefix, deltas) in self.deltas(view)? {
+        for (prefix, deltas) in self.deltas(view, changes)? {
             let Some(share) = self.shares.get(&prefix) else { continue };
             let (allotment, limits) = (counts_of(share.allotment.as_ref()), limits_of(share.limits.as_ref()));
             let mut usage = counts_of(share.usage.as_ref());
@@ -181,9 +191,7 @@ impl GroupQuotas {
                 }
                 usage[index] = after;
             }
-            let share = QuotaShare { usage: Some(counts_to_proto(usage)), ..share.clone() };
-            view.put_raw(&key(&prefix), &share.encode_to_vec());
-            changed.push(share);
+            changed.push(QuotaShare { usage: Some(counts_to_proto(usage)), ..share.clone() });
         }
         Ok(changed)
     }
@@ -230,13 +238,25 @@ impl GroupQuotas {
         Ok(share)
     }
 
-    /// Takes in the records a committed command wrote.
+    /// Takes in what a committed command made of the shares (their records are written by
+    /// the next [`flush`](Self::flush)); a removed share's record was deleted by the command.
     pub fn update(&mut self, shares: Vec<QuotaShare>, removed: Option<String>) {
         if let Some(prefix) = removed {
+            self.dirty.remove(&prefix);
             self.shares.remove(&prefix);
         }
         for share in shares {
+            self.dirty.insert(share.prefix.clone());
             self.shares.insert(share.prefix.clone(), share);
+        }
+    }
+
+    /// Writes the records of the shares changed since the last flush (at the end of a batch).
+    pub fn flush(&mut self, writes: &mut crate::state_machine::SmWrites) {
+        for prefix in std::mem::take(&mut self.dirty) {
+            if let Some(share) = self.shares.get(&prefix) {
+                writes.put(&key(&prefix), &share.encode_to_vec());
+            }
         }
     }
 }
@@ -366,7 +386,7 @@ mod tests {
         for prefix in ["/", "/a", "/a/b"] {
             quotas.shares.insert(prefix.to_string(), QuotaShare { prefix: prefix.to_string(), ..QuotaShare::default() });
         }
-        let covering = |path: &str| quotas.covering(path).map(|s| s.prefix.clone()).collect::<Vec<_>>();
+        let covering = |path: &str| quotas.covering(path).into_iter().map(|s| s.prefix.clone()).collect::<Vec<_>>();
         assert_eq!(covering("/a/b/c"), ["/a/b", "/a", "/"]);
         assert_eq!(covering("/a"), ["/a", "/"]);
         assert_eq!(covering("/ab"), ["/"], "a sibling sharing the name's start is not below /a");

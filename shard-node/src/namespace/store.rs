@@ -7,7 +7,7 @@
 //! metadata, removed with its node); `mrevision` → the group revision and
 //! `mnext_session` → the next session sequence (8 bytes, big-endian each); `mdescriptor` →
 //! the group's descriptor (what it serves); `msplit` → `SplitState` (subtree moves);
-//! `q<prefix>` → `QuotaShare` (the group's share of a subtree quota, `quota.rs`).
+//! `Q<prefix>` → `QuotaShare` (the group's share of a subtree quota, `quota.rs`).
 
 use std::collections::BTreeMap;
 
