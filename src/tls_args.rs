@@ -58,9 +58,7 @@ pub struct Bearer(Option<tonic::metadata::AsciiMetadataValue>);
 
 impl tonic::service::Interceptor for Bearer {
     fn call(&mut self, mut request: tonic::Request<()>) -> Result<tonic::Request<()>, tonic::Status> {
-        if let Some(value) = &self.0 {
-            request.metadata_mut().insert(warden_proto::tls::tokens::AUTHORIZATION_HEADER, value.clone());
-        }
+        warden_proto::tls::tokens::authorize(&mut request, self.0.as_ref());
         Ok(request)
     }
 }
@@ -79,7 +77,7 @@ static COMMAND_TLS: std::sync::OnceLock<Option<Arc<Tls>>> = std::sync::OnceLock:
 pub fn use_for_commands(args: &TlsArgs) -> anyhow::Result<()> {
     let tls = args.load()?;
     let bearer = match &args.token {
-        Some(token) => Some(format!("Bearer {token}").parse().map_err(|_| anyhow::anyhow!("a token is printable ASCII"))?),
+        Some(token) => Some(warden_proto::tls::tokens::bearer(token).ok_or_else(|| anyhow::anyhow!("a token is printable ASCII"))?),
         None => None,
     };
     // Set once per process: a second call (there is none) keeps the first.

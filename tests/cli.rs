@@ -492,6 +492,31 @@ fn split(c: &Cluster) {
     assert!(!routes.lines().any(|l| l.starts_with("/cli/split/a ")), "{routes}");
 }
 
+/// `warden admin quota`: a limit refuses the write past it (exit 1, naming the quota), `list`
+/// shows limits and usage, and `remove` lifts it.
+fn quota(c: &Cluster) {
+    c.ok(&["create", "-p", "/cli/quota/a"]);
+    let set = c.json(&["admin", "quota", "set", "/cli/quota", "--nodes", "3", "--bytes", "100", "--seeds", &c.nodes]);
+    assert_eq!(
+        (set["prefix"].as_str(), set["nodes"]["limit"].as_u64(), set["nodes"]["usage"].as_u64()),
+        (Some("/cli/quota"), Some(3), Some(2)),
+        "{set}"
+    );
+    c.ok(&["create", "/cli/quota/b", "x"]);
+    assert_fails(&c.run(&["create", "/cli/quota/c"], None), 1, "nodes quota of /cli/quota (3)");
+    let listed = c.json_lines(&["admin", "quota", "list", "--seeds", &c.nodes]);
+    let quota = listed.iter().find(|q| q["prefix"] == "/cli/quota").unwrap_or_else(|| panic!("listed: {listed:?}"));
+    assert_eq!(
+        (quota["nodes"]["usage"].as_u64(), quota["bytes"]["usage"].as_u64(), quota["sessions"]["limit"].as_u64()),
+        (Some(3), Some(1), None),
+        "{quota}"
+    );
+    let human = c.ok(&["admin", "quota", "list", "--seeds", &c.nodes]);
+    assert!(human.lines().any(|l| l.starts_with("/cli/quota\tnodes 3/3\tbytes 1/100")), "{human}");
+    assert!(c.ok(&["admin", "quota", "remove", "/cli/quota", "--seeds", &c.nodes]).contains("quota removed"));
+    c.ok(&["create", "/cli/quota/c"]);
+}
+
 fn elect(c: &Cluster) {
     let (mut alpha, mut alpha_lines) = c.spawn(&["elect", "/cli/elect/e", "alpha"]);
     assert!(alpha_lines.line(Duration::from_secs(20)).starts_with("elected leader of /cli/elect/e"));
@@ -512,7 +537,7 @@ type Step = (&'static str, fn(&Cluster));
 #[test]
 fn the_command_line_against_a_dev_cluster() {
     let mut cluster = Cluster::start();
-    let steps: [Step; 14] = [
+    let steps: [Step; 15] = [
         ("nodes_commands", nodes_commands),
         ("nonexistent_node", nonexistent_node),
         ("json_output", json_output),
@@ -526,6 +551,7 @@ fn the_command_line_against_a_dev_cluster() {
         ("sessions", sessions),
         ("status", status),
         ("split", split),
+        ("quota", quota),
         ("elect", elect),
     ];
     let mut failed = Vec::new();

@@ -117,9 +117,9 @@ impl Client {
         let current = first_reachable.ok_or_else(|| Error::Transport { message: format!("no endpoint is reachable ({})", failures.join("; ")) })?;
         let endpoints = Endpoints { channels, current: AtomicUsize::new(current) };
         let authorization = match &config.token {
-            Some(token) => {
-                Some(format!("Bearer {token}").parse().map_err(|_| Error::InvalidArgument { message: "a token is printable ASCII".into() })?)
-            }
+            Some(token) => Some(
+                warden_proto::tls::tokens::bearer(token).ok_or_else(|| Error::InvalidArgument { message: "a token is printable ASCII".into() })?,
+            ),
             None => None,
         };
         let shared = Shared { endpoints, request_timeout: config.request_timeout, authorization };
@@ -133,9 +133,7 @@ impl Client {
 
     /// Adds this client's bearer token (if it has one) to `request`.
     pub(crate) fn authorize<T>(&self, request: &mut Request<T>) {
-        if let Some(value) = &self.shared.authorization {
-            request.metadata_mut().insert(warden_proto::tls::tokens::AUTHORIZATION_HEADER, value.clone());
-        }
+        warden_proto::tls::tokens::authorize(request, self.shared.authorization.as_ref());
     }
 
     /// The deadline of one call.

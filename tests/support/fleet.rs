@@ -155,7 +155,7 @@ impl Fleet {
 
 /// Runs `call` as `tls` on the client port of each node in turn until one (the placement
 /// leader) answers, within [`TIMEOUT`].
-async fn at_placement<F, Fut>(cluster: &Cluster, tls: &Arc<Tls>, call: F)
+pub async fn at_placement<F, Fut>(cluster: &Cluster, tls: &Arc<Tls>, call: F)
 where
     F: Fn(PlacementClient<Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<(), tonic::Status>>,

@@ -70,6 +70,19 @@ impl Tokens {
     }
 }
 
+/// The `authorization` metadata value carrying `token` (`Bearer TOKEN`); `None` when the
+/// token is not printable ASCII.
+pub fn bearer(token: &str) -> Option<tonic::metadata::AsciiMetadataValue> {
+    format!("Bearer {token}").parse().ok()
+}
+
+/// Adds the `authorization` value `bearer` (see [`bearer`]), if any, to `request`.
+pub fn authorize<T>(request: &mut tonic::Request<T>, bearer: Option<&tonic::metadata::AsciiMetadataValue>) {
+    if let Some(value) = bearer {
+        request.metadata_mut().insert(AUTHORIZATION_HEADER, value.clone());
+    }
+}
+
 /// A new random token (32 bytes, hex).
 pub fn generate() -> Result<String, TlsError> {
     use ring::rand::SecureRandom as _;
