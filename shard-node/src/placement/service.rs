@@ -407,14 +407,24 @@ impl PlacementService {
         }
     }
 
-    /// Proposes a namespace command of placement's (a descriptor, a split step) to `group`,
-    /// which this node must lead; answers the group's revision once it applied.
-    async fn propose_namespace(&self, group: u64, op: CommandOp) -> Result<u64, Status> {
+    /// Proposes a namespace command of placement's (a descriptor, a split step, a quota share)
+    /// to `group`, which this node must lead; answers its outcome once applied (a refusal as
+    /// its status).
+    async fn propose_namespace(&self, group: u64, op: CommandOp) -> Result<CommandOutcome, Status> {
         let command = NamespaceCommand { now_ms: now_ms(), principal: String::new(), op: Some(op) };
         let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
         match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
             Some(CommandOutcome::Error(error)) => Err(status(error)),
-            Some(CommandOutcome::Txn(txn)) => Ok(txn.header.map_or(0, |h| h.revision)),
+            Some(outcome) => Ok(outcome),
+            None => Err(internal("a namespace command without an outcome")),
+        }
+    }
+
+    /// As [`Self::propose_namespace`], for a command answered by a transaction: the group's
+    /// revision once it applied.
+    async fn propose_namespace_txn(&self, group: u64, op: CommandOp) -> Result<u64, Status> {
+        match self.propose_namespace(group, op).await? {
+            CommandOutcome::Txn(txn) => Ok(txn.header.map_or(0, |h| h.revision)),
             other => Err(internal(format!("unexpected outcome of a placement command: {other:?}"))),
         }
     }
@@ -661,7 +671,7 @@ impl PlacementApi for PlacementService {
             Some(split_step_request::Step::Abort(abort)) => CommandOp::AbortSplit(abort),
             None => return Err(invalid_argument("a split step names its step")),
         };
-        let revision = self.propose_namespace(group_id, op).await?;
+        let revision = self.propose_namespace_txn(group_id, op).await?;
         Ok(Response::new(SplitStepResponse { revision }))
     }
 
@@ -744,7 +754,7 @@ impl PlacementApi for PlacementService {
             .ok_or_else(|| status(WardenError { code: Code::InvalidArgument as i32, message: "no descriptor".into(), ..WardenError::default() }))?;
         let group = descriptor.group_id;
         let set = SetDescriptor { descriptor: Some(descriptor), revision_floor };
-        let revision = self.propose_namespace(group, CommandOp::SetDescriptor(set)).await?;
+        let revision = self.propose_namespace_txn(group, CommandOp::SetDescriptor(set)).await?;
         Ok(Response::new(SetDescriptorResponse { revision }))
     }
 
@@ -884,12 +894,8 @@ impl PlacementApi for PlacementService {
         calling_node(&request)?;
         let SetQuotaShareRequest { group_id, share } = request.into_inner();
         let share = share.ok_or_else(|| invalid_argument("no share"))?;
-        let command = NamespaceCommand { now_ms: now_ms(), principal: String::new(), op: Some(CommandOp::SetQuotaShare(share)) };
-        let output =
-            self.node.propose(group_id, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
-        match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
-            Some(CommandOutcome::QuotaShare(record)) => Ok(Response::new(record)),
-            Some(CommandOutcome::Error(error)) => Err(status(error)),
+        match self.propose_namespace(group_id, CommandOp::SetQuotaShare(share)).await? {
+            CommandOutcome::QuotaShare(record) => Ok(Response::new(record)),
             other => Err(internal(format!("unexpected outcome of a quota share: {other:?}"))),
         }
     }
