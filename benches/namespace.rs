@@ -164,7 +164,7 @@ fn apply_batch(c: &mut Criterion) {
 /// How many waiters hold the lock at `path`, computed as apply does after a change.
 fn holding(view: &TxnView<'_>, path: &str) -> usize {
     let meta = view.lock_meta(path).expect("read lock metadata");
-    let Ok(waiters) = locks::waiters(view, path) else { panic!("{path} is not a lock") };
+    let Ok(waiters) = locks::waiters(view, path, Limits::FIRST_RELEASE.lock_waiters_max) else { panic!("{path} is not a lock") };
     locks::holders(&waiters, meta.as_ref())
 }
 

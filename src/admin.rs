@@ -10,7 +10,7 @@ use warden_proto::tls::authority::Authority;
 use warden_proto::tls::Identity;
 
 use warden_proto::v1::warden_error::Code;
-use warden_proto::v1::QuotaLimits;
+use warden_proto::v1::{ApplyLimits, QuotaLimits};
 
 use crate::cli::status::{group_json, group_text, node_json, node_text, route_json, route_text, routes};
 use crate::cli::Output;
@@ -146,6 +146,14 @@ pub enum AdminCommand {
         /// What to do.
         #[command(subcommand)]
         action: QuotaAction,
+    },
+    /// The limits every group checks when it applies a command (value size, transaction
+    /// operations, session TTLs …): replicated, so a rolling upgrade that changes a default
+    /// cannot make replicas disagree (`warden admin limits --help`).
+    Limits {
+        /// What to do.
+        #[command(subcommand)]
+        action: LimitsAction,
     },
     /// Pause or resume the balance schedulers (repair, drain and decommission keep running).
     Scheduler {
@@ -320,6 +328,118 @@ async fn quota(action: QuotaAction, out: Output) -> anyhow::Result<()> {
     if quotas.iter().all(|quota| quota.limits.is_none()) && !quotas.is_empty() {
         println!("quota removed");
     }
+    Ok(())
+}
+
+/// What `warden admin limits` does (needs `admin` on `/`). Placement records the limits;
+/// each group's leader proposes them to its group within a heartbeat or two.
+#[derive(Clone, Debug, clap::Subcommand)]
+pub enum LimitsAction {
+    /// Show the cluster's limits (a limit not shown is the first release's).
+    Show {
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Change some limits (the others keep their value).
+    Set {
+        /// The limits to change.
+        #[command(flatten)]
+        changes: LimitChanges,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+}
+
+/// The limits `warden admin limits set` changes (each one not given keeps its value).
+#[derive(Clone, Debug, clap::Args)]
+pub struct LimitChanges {
+    /// Largest node data, bytes.
+    #[arg(long)]
+    pub value_bytes_max: Option<u64>,
+    /// Operations in one transaction.
+    #[arg(long)]
+    pub txn_ops_max: Option<u64>,
+    /// Nodes one recursive delete may remove.
+    #[arg(long)]
+    pub recursive_delete_nodes_max: Option<u64>,
+    /// Longest TTL of a TTL node, ms.
+    #[arg(long)]
+    pub ttl_ms_max: Option<u64>,
+    /// Shortest session TTL granted, ms.
+    #[arg(long)]
+    pub session_ttl_ms_min: Option<u64>,
+    /// Longest session TTL granted, ms.
+    #[arg(long)]
+    pub session_ttl_ms_max: Option<u64>,
+    /// Ephemeral nodes one session may own.
+    #[arg(long)]
+    pub ephemerals_per_session_max: Option<u64>,
+    /// Sessions one expiry entry ends at most.
+    #[arg(long)]
+    pub sessions_per_expiry_max: Option<u64>,
+    /// Waiters one lock may have.
+    #[arg(long)]
+    pub lock_waiters_max: Option<u64>,
+    /// Longest lock-delay, ms.
+    #[arg(long)]
+    pub lock_delay_ms_max: Option<u64>,
+}
+
+async fn limits(action: LimitsAction, out: Output) -> anyhow::Result<()> {
+    let limits = match action {
+        LimitsAction::Show { seeds } => at_any(&seeds, |mut c| async move { c.get_limits(GetLimitsRequest {}).await }).await?,
+        LimitsAction::Set { changes, seeds } => {
+            let LimitChanges {
+                value_bytes_max,
+                txn_ops_max,
+                recursive_delete_nodes_max,
+                ttl_ms_max,
+                session_ttl_ms_min,
+                session_ttl_ms_max,
+                ephemerals_per_session_max,
+                sessions_per_expiry_max,
+                lock_waiters_max,
+                lock_delay_ms_max,
+            } = changes;
+            let changes = ApplyLimits {
+                version: 0,
+                value_bytes_max,
+                txn_ops_max,
+                recursive_delete_nodes_max,
+                ttl_ms_max,
+                session_ttl_ms_min,
+                session_ttl_ms_max,
+                ephemerals_per_session_max,
+                sessions_per_expiry_max,
+                lock_waiters_max,
+                lock_delay_ms_max,
+            };
+            at_any(&seeds, |mut c| async move { c.set_limits(SetLimitsRequest { changes: Some(changes) }).await }).await?
+        }
+    };
+    let named = [
+        ("value_bytes_max", limits.value_bytes_max),
+        ("txn_ops_max", limits.txn_ops_max),
+        ("recursive_delete_nodes_max", limits.recursive_delete_nodes_max),
+        ("ttl_ms_max", limits.ttl_ms_max),
+        ("session_ttl_ms_min", limits.session_ttl_ms_min),
+        ("session_ttl_ms_max", limits.session_ttl_ms_max),
+        ("ephemerals_per_session_max", limits.ephemerals_per_session_max),
+        ("sessions_per_expiry_max", limits.sessions_per_expiry_max),
+        ("lock_waiters_max", limits.lock_waiters_max),
+        ("lock_delay_ms_max", limits.lock_delay_ms_max),
+    ];
+    let mut json = serde_json::json!({ "version": limits.version });
+    let mut text = format!("version {}", limits.version);
+    for (name, value) in named {
+        if let Some(value) = value {
+            json[name] = serde_json::json!(value);
+            text.push_str(&format!("\n{name} {value}"));
+        }
+    }
+    out.emit(json, || text)?;
     Ok(())
 }
 
@@ -511,6 +631,7 @@ pub async fn run(command: AdminCommand, out: Output, tls: &crate::tls_args::TlsA
         }
         AdminCommand::Acl { action } => acl(action, out).await?,
         AdminCommand::Quota { action } => quota(action, out).await?,
+        AdminCommand::Limits { action } => limits(action, out).await?,
         AdminCommand::Token { principal } => {
             warden_placement::acl::validate_name(&principal)?;
             let token = warden_proto::tls::tokens::generate()?;

@@ -517,6 +517,23 @@ fn quota(c: &Cluster) {
     c.ok(&["create", "/cli/quota/c"]);
 }
 
+/// `warden admin limits`: `show` prints the cluster's apply limits (recorded at bootstrap),
+/// `set` changes one and keeps the others, a bad value is refused (exit 1) and changes nothing.
+fn limits(c: &Cluster) {
+    let shown = c.json(&["admin", "limits", "show", "--seeds", &c.nodes]);
+    let version = shown["version"].as_u64().unwrap_or_default();
+    assert!(version >= 1 && shown["value_bytes_max"] == 1 << 20, "{shown}");
+    let set = c.json(&["admin", "limits", "set", "--txn-ops-max", "64", "--seeds", &c.nodes]);
+    assert_eq!(
+        (set["version"].as_u64(), set["txn_ops_max"].as_u64(), &set["value_bytes_max"]),
+        (Some(version + 1), Some(64), &shown["value_bytes_max"])
+    );
+    assert_fails(&c.run(&["admin", "limits", "set", "--txn-ops-max", "0", "--seeds", &c.nodes], None), 1, "txn_ops_max must be");
+    let human = c.ok(&["admin", "limits", "show", "--seeds", &c.nodes]);
+    assert!(human.lines().any(|l| l == "txn_ops_max 64"), "{human}");
+    c.ok(&["admin", "limits", "set", "--txn-ops-max", "128", "--seeds", &c.nodes]);
+}
+
 fn elect(c: &Cluster) {
     let (mut alpha, mut alpha_lines) = c.spawn(&["elect", "/cli/elect/e", "alpha"]);
     assert!(alpha_lines.line(Duration::from_secs(20)).starts_with("elected leader of /cli/elect/e"));
@@ -537,7 +554,7 @@ type Step = (&'static str, fn(&Cluster));
 #[test]
 fn the_command_line_against_a_dev_cluster() {
     let mut cluster = Cluster::start();
-    let steps: [Step; 15] = [
+    let steps: [Step; 16] = [
         ("nodes_commands", nodes_commands),
         ("nonexistent_node", nonexistent_node),
         ("json_output", json_output),
@@ -552,6 +569,7 @@ fn the_command_line_against_a_dev_cluster() {
         ("status", status),
         ("split", split),
         ("quota", quota),
+        ("limits", limits),
         ("elect", elect),
     ];
     let mut failed = Vec::new();

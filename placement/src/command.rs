@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::PlacementError;
 use crate::group::{Epoch, GroupInfo, Merging, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
+use crate::limits::{ApplyLimitsRecord, APPLY_LIMITS_BYTES_MAX};
 use crate::node::{validate_node, NodeInfo, NodeState};
 use crate::paths::{is_strictly_below, validate_prefix};
 use crate::state::Placement;
@@ -24,6 +25,15 @@ pub enum Command {
         nodes: Vec<(u64, String, String)>,
         /// Leader time: their first heartbeat.
         now_ms: u64,
+        /// The bootstrapping binary's apply limits (encoded `warden.v1.ApplyLimits`; empty:
+        /// none, groups keep the first release's).
+        #[serde(default)]
+        limits: Vec<u8>,
+    },
+    /// Records new apply limits (issue 18): the version grows by one.
+    SetApplyLimits {
+        /// The encoded `warden.v1.ApplyLimits`, validated by the proposer.
+        encoded: Vec<u8>,
     },
     /// Adds a node or updates its address and zone; marks it up.
     RegisterNode {
@@ -257,6 +267,8 @@ pub enum Outcome {
     MergeAborted(GroupInfo),
     /// `ChangeAcl`, `ChangeAclGroup`: the ACL's new version.
     AclChanged(u64),
+    /// `SetApplyLimits`: the limits' new version.
+    ApplyLimitsVersion(u64),
     /// `LowerQuotaShare`: done.
     QuotaChanged,
     /// `SetQuota`, `BumpQuotaShare`, `RaiseQuotaShare`: the new version.
@@ -278,7 +290,14 @@ impl Placement {
             return Err(PlacementError::NotBootstrapped);
         }
         match command {
-            Command::Bootstrap { nodes, now_ms } => self.bootstrap(nodes, *now_ms),
+            Command::Bootstrap { nodes, now_ms, limits } => self.bootstrap(nodes, *now_ms, limits),
+            Command::SetApplyLimits { encoded } => {
+                if encoded.len() > APPLY_LIMITS_BYTES_MAX {
+                    return Err(PlacementError::LimitsTooLarge(encoded.len()));
+                }
+                self.apply_limits = ApplyLimitsRecord { version: self.apply_limits.version + 1, encoded: encoded.clone() };
+                Ok(Outcome::ApplyLimitsVersion(self.apply_limits.version))
+            }
             Command::RegisterNode { id, addr, zone, now_ms } => self.register_node(*id, addr, zone, *now_ms),
             Command::Heartbeat { ids, now_ms } => self.heartbeat(ids, *now_ms),
             Command::MarkDown { ids, now_ms } => self.mark_down(ids, *now_ms),
@@ -333,12 +352,15 @@ impl Placement {
         }
     }
 
-    fn bootstrap(&mut self, nodes: &[(u64, String, String)], now_ms: u64) -> Result<Outcome, PlacementError> {
+    fn bootstrap(&mut self, nodes: &[(u64, String, String)], now_ms: u64, limits: &[u8]) -> Result<Outcome, PlacementError> {
         if self.is_bootstrapped() {
             return Err(PlacementError::AlreadyBootstrapped);
         }
         if nodes.is_empty() {
             return Err(PlacementError::NotEnoughNodes { wanted: 1, up: 0 });
+        }
+        if limits.len() > APPLY_LIMITS_BYTES_MAX {
+            return Err(PlacementError::LimitsTooLarge(limits.len()));
         }
         // Built aside and swapped in whole: the state before bootstrap is empty.
         let mut next = Placement::new(self.config.clone());
@@ -363,6 +385,9 @@ impl Placement {
         };
         next.groups.insert(ROOT_GROUP_ID, root.clone());
         next.routes.insert(root.prefix.clone(), ROOT_GROUP_ID);
+        if !limits.is_empty() {
+            next.apply_limits = ApplyLimitsRecord { version: 1, encoded: limits.to_vec() };
+        }
         next.bump_routing_version();
         *self = next;
         Ok(Outcome::Bootstrapped(root))

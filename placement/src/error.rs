@@ -67,6 +67,9 @@ pub enum PlacementError {
     /// The root group owns `/` forever.
     #[error("the root group cannot be removed")]
     RootGroup,
+    /// An apply-limits record longer than `APPLY_LIMITS_BYTES_MAX`.
+    #[error("an apply-limits record of {0} bytes is too large")]
+    LimitsTooLarge(usize),
     /// The node was decommissioned: it may not come back, and its id is not reused.
     #[error("node {0} is a tombstone (decommissioned)")]
     NodeTombstoned(u64),

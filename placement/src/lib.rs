@@ -33,6 +33,7 @@ pub mod acl;
 mod command;
 mod error;
 mod group;
+pub mod limits;
 mod node;
 mod paths;
 mod policy;
@@ -64,7 +65,7 @@ mod testutil {
     /// A `Bootstrap` at time 0 of nodes `(id, zone)`, addresses `n<id>:7000`.
     pub fn bootstrap_command(nodes: &[(u64, &str)]) -> Command {
         let nodes = nodes.iter().map(|(id, zone)| (*id, format!("n{id}:7000"), zone.to_string())).collect();
-        Command::Bootstrap { nodes, now_ms: 0 }
+        Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() }
     }
 
     /// A state bootstrapped at time 0 with nodes 1..=`nodes`, all in zone "z", and

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 use crate::acl::Acl;
 use crate::error::PlacementError;
 use crate::group::{GroupInfo, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
+use crate::limits::ApplyLimitsRecord;
 use crate::node::{validate_node, NodeInfo, NodeState};
 use crate::paths::validate_prefix;
 use crate::quota::Quotas;
@@ -82,6 +83,9 @@ pub struct Placement {
     /// Subtree quotas and their shares.
     #[serde(default)]
     pub(crate) quotas: Quotas,
+    /// The limits every group checks in apply (issue 18).
+    #[serde(default)]
+    pub(crate) apply_limits: ApplyLimitsRecord,
 }
 
 impl Placement {
@@ -97,6 +101,7 @@ impl Placement {
             scheduler_paused: false,
             acl: Acl::default(),
             quotas: Quotas::default(),
+            apply_limits: ApplyLimitsRecord::default(),
         }
     }
 
@@ -108,6 +113,11 @@ impl Placement {
     /// The subtree quotas.
     pub fn quotas(&self) -> &Quotas {
         &self.quotas
+    }
+
+    /// The limits every group checks in apply (version 0: never set).
+    pub fn apply_limits(&self) -> &ApplyLimitsRecord {
+        &self.apply_limits
     }
 
     /// The local settings.

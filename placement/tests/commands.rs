@@ -20,7 +20,7 @@ fn node(id: u64, zone: &str) -> (u64, String, String) {
 fn bootstrapped(nodes: u64, replicas: usize) -> Placement {
     let mut placement = Placement::new(config(replicas));
     let nodes = (1..=nodes).map(|id| node(id, ["a", "b", "c"][(id % 3) as usize])).collect();
-    placement.apply(&Command::Bootstrap { nodes, now_ms: 0 }).unwrap();
+    placement.apply(&Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() }).unwrap();
     placement
 }
 
@@ -52,7 +52,8 @@ fn ids(groups: &[GroupInfo]) -> Vec<u64> {
 #[test]
 fn bootstrap_creates_the_root_group() {
     let mut placement = Placement::new(config(3));
-    let outcome = placement.apply(&Command::Bootstrap { nodes: vec![node(3, "a"), node(1, "a"), node(2, "b"), node(4, "b")], now_ms: 7 });
+    let outcome =
+        placement.apply(&Command::Bootstrap { nodes: vec![node(3, "a"), node(1, "a"), node(2, "b"), node(4, "b")], now_ms: 7, limits: Vec::new() });
     let root = GroupInfo {
         id: ROOT_GROUP_ID,
         prefix: "/".into(),
@@ -86,24 +87,24 @@ fn bootstrap_with_fewer_nodes_than_replicas_uses_them_all() {
 #[test]
 fn bootstrap_refusals() {
     let mut placement = Placement::new(config(5));
-    refused(&mut placement, Command::Bootstrap { nodes: vec![], now_ms: 0 }, PlacementError::NotEnoughNodes { wanted: 1, up: 0 });
+    refused(&mut placement, Command::Bootstrap { nodes: vec![], now_ms: 0, limits: Vec::new() }, PlacementError::NotEnoughNodes { wanted: 1, up: 0 });
     refused(
         &mut placement,
-        Command::Bootstrap { nodes: vec![node(1, "a"), node(2, "a"), node(1, "b")], now_ms: 0 },
+        Command::Bootstrap { nodes: vec![node(1, "a"), node(2, "a"), node(1, "b")], now_ms: 0, limits: Vec::new() },
         PlacementError::DuplicateNode(1),
     );
     refused(
         &mut placement,
-        Command::Bootstrap { nodes: vec![node(1, "a"), node(0, "a")], now_ms: 0 },
+        Command::Bootstrap { nodes: vec![node(1, "a"), node(0, "a")], now_ms: 0, limits: Vec::new() },
         PlacementError::InvalidNode { id: 0, reason: NodeError::ZeroId },
     );
     refused(
         &mut placement,
-        Command::Bootstrap { nodes: vec![(1, String::new(), "a".into())], now_ms: 0 },
+        Command::Bootstrap { nodes: vec![(1, String::new(), "a".into())], now_ms: 0, limits: Vec::new() },
         PlacementError::InvalidNode { id: 1, reason: NodeError::EmptyAddr },
     );
     let mut placement = bootstrapped(3, 3);
-    refused(&mut placement, Command::Bootstrap { nodes: vec![node(9, "a")], now_ms: 0 }, PlacementError::AlreadyBootstrapped);
+    refused(&mut placement, Command::Bootstrap { nodes: vec![node(9, "a")], now_ms: 0, limits: Vec::new() }, PlacementError::AlreadyBootstrapped);
 }
 
 #[test]
@@ -398,7 +399,7 @@ fn routing_version_counts_state_changes_only() {
 #[test]
 fn commands_outcomes_and_errors_encode() {
     let commands = [
-        Command::Bootstrap { nodes: vec![node(1, "a")], now_ms: 1 },
+        Command::Bootstrap { nodes: vec![node(1, "a")], now_ms: 1, limits: Vec::new() },
         Command::RegisterNode { id: 1, addr: "a:1".into(), zone: String::new(), now_ms: 2 },
         Command::Heartbeat { ids: vec![1, 2], now_ms: 3 },
         Command::MarkDown { ids: vec![3], now_ms: 4 },

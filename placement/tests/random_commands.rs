@@ -57,7 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
     let addr = prop::sample::select(vec!["h1:1", "h2:1", ""]).prop_map(String::from);
     let bootstrap_node = (node_id(), addr.clone(), zone.clone());
     prop_oneof![
-        1 => prop::collection::vec(bootstrap_node, 0..7).prop_map(|nodes| Op::Apply(Command::Bootstrap { nodes, now_ms: 0 })),
+        1 => prop::collection::vec(bootstrap_node, 0..7).prop_map(|nodes| Op::Apply(Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() })),
         2 => (node_id(), addr, zone).prop_map(|(id, addr, zone)| Op::Apply(Command::RegisterNode { id, addr, zone, now_ms: 0 })),
         3 => prop::collection::vec(node_id(), 0..4).prop_map(|ids| Op::Apply(Command::Heartbeat { ids, now_ms: 0 })),
         1 => prop::collection::vec(node_id(), 0..4).prop_map(|ids| Op::Apply(Command::MarkDown { ids, now_ms: 0 })),
@@ -78,6 +78,8 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (node_id(), prop::sample::select(vec![NodeState::Serving, NodeState::Draining, NodeState::Decommissioning, NodeState::Tombstone]))
             .prop_map(|(id, state)| Op::Apply(Command::SetNodeState { id, state })),
         1 => any::<bool>().prop_map(|paused| Op::Apply(Command::SetSchedulerPaused { paused })),
+        // Limits records up to past their size limit (the longest are refused).
+        1 => prop::sample::select(vec![0usize, 12, 4096, 4097]).prop_map(|len| Op::Apply(Command::SetApplyLimits { encoded: vec![7; len] })),
         3 => (0u64..16, node_id()).prop_map(|(group_id, node)| Op::Apply(Command::AddLearner { group_id, node })),
         3 => (0u64..16, node_id(), prop::option::of(node_id())).prop_map(|(group_id, node, replacing)| Op::Apply(Command::PromoteLearner { group_id, node, replacing })),
         1 => (0u64..16, node_id()).prop_map(|(group_id, node)| Op::Apply(Command::RemoveLearner { group_id, node })),
@@ -89,7 +91,7 @@ fn op() -> impl Strategy<Value = Op> {
 fn run() -> impl Strategy<Value = Vec<(Op, u64)>> {
     let first = prop::collection::btree_map(1u64..=7, prop::sample::select(ZONES.to_vec()), 1..7).prop_map(|nodes| {
         let nodes = nodes.into_iter().map(|(id, zone)| (id, format!("n{id}:1"), zone.to_string())).collect();
-        Op::Apply(Command::Bootstrap { nodes, now_ms: 0 })
+        Op::Apply(Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() })
     });
     (first, prop::collection::vec((op(), 0u64..2_000), 0..80)).prop_map(|(first, rest)| {
         let mut now = 0;
@@ -137,6 +139,7 @@ fn command(placement: &Placement, op: &Op, now_ms: u64) -> Command {
         | Command::BumpQuotaShare { .. }
         | Command::RaiseQuotaShare { .. }
         | Command::LowerQuotaShare { .. }
+        | Command::SetApplyLimits { .. }
         | Command::RetireGroup { .. } => {}
     }
     command

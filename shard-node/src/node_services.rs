@@ -10,7 +10,6 @@ use std::collections::HashMap;
 use std::convert::Infallible;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use warden_router::access::AclCache;
 
 use futures::future::{Either, Ready};
 use tokio::sync::watch;
@@ -22,7 +21,10 @@ use warden_placement::{PlacementConfig, ScheduleLimits};
 use crate::group_links::GroupLinks;
 use crate::host::{NodeError, NodeRoutes, NodeServices, ServiceContext};
 use crate::kv::KvFactory;
-use crate::namespace::NamespaceFactory;
+use crate::namespace::limits::LimitsBoard;
+use crate::namespace::{Limits, NamespaceFactory};
+use crate::placement::heartbeat::Heard;
+use crate::placement::limits::{bootstrap_record, spread_periodically};
 use crate::placement::service::{PlacementService, Security, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
 use crate::placement::ShardNodeFactory;
 use crate::service::{RemoteSessionMetrics, WardenService};
@@ -48,6 +50,16 @@ pub trait ServingFactory: StateMachineFactory {
     fn placement_config(&self) -> Option<PlacementConfig> {
         None
     }
+
+    /// Where the namespace replicas publish the limits they apply (`None`: no namespace).
+    fn limits_board(&self) -> Option<LimitsBoard> {
+        None
+    }
+
+    /// This binary's limits (the replicated ones are what a bootstrap records).
+    fn default_limits(&self) -> Limits {
+        Limits::default()
+    }
 }
 
 impl ServingFactory for KvFactory {}
@@ -55,6 +67,14 @@ impl ServingFactory for KvFactory {}
 impl ServingFactory for NamespaceFactory {
     fn watch_hubs(&self) -> Option<WatchHubs> {
         Some(self.hubs.clone())
+    }
+
+    fn limits_board(&self) -> Option<LimitsBoard> {
+        Some(self.board.clone())
+    }
+
+    fn default_limits(&self) -> Limits {
+        self.limits.clone()
     }
 }
 
@@ -69,6 +89,14 @@ impl ServingFactory for ShardNodeFactory {
 
     fn placement_config(&self) -> Option<PlacementConfig> {
         Some(self.placement.clone())
+    }
+
+    fn limits_board(&self) -> Option<LimitsBoard> {
+        self.namespace.limits_board()
+    }
+
+    fn default_limits(&self) -> Limits {
+        self.namespace.default_limits()
     }
 }
 
@@ -99,13 +127,17 @@ impl NodeServices for ApiServices {
         let timeout = Duration::from_millis(config.request_timeout_ms);
         // 1. The public API, and the checks of sessions homed in other groups it depends on.
         let links = Arc::new(GroupLinks::new(context.directory.clone(), context.faults.clone(), config.tls.clone()));
-        // The ACL every call is judged by (security on), kept current by the heartbeats.
-        let acl = Arc::new(AclCache::default());
+        // The ACL every call is judged by (security on) and the cluster's apply limits, kept
+        // current by the heartbeats.
+        let heard = Heard::default();
+        let acl = heard.acl.clone();
+        let board = self.factory.limits_board();
         let api = WardenService::new(
             context.handle.clone(),
             context.directory.clone(),
             timeout,
             config.election_timeout(),
+            board.clone().unwrap_or_default(),
             self.factory.watch_hubs(),
             links,
             acl.clone(),
@@ -126,7 +158,8 @@ impl NodeServices for ApiServices {
             placement_config.clone().unwrap_or_default(),
             context.faults.clone(),
             Security { tls: config.tls.clone(), acl: acl.clone() },
-        );
+        )
+        .with_bootstrap_limits(bootstrap_record(&self.factory.default_limits(), config.election_timeout().as_millis() as u64 * 3 / 2));
         context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
         if placement_config.is_some() {
             context.runtime.spawn(placement.clone().schedule_periodically(SCHEDULE_INTERVAL, ScheduleLimits::default()));
@@ -143,9 +176,13 @@ impl NodeServices for ApiServices {
                 config.zone.clone(),
                 interval,
                 config.tls.clone(),
-                acl,
+                heard.clone(),
             );
             context.runtime.spawn(heartbeat);
+            // Every group this node leads applies the limits placement has (`limits.rs`).
+            if let Some(board) = board {
+                context.runtime.spawn(spread_periodically(context.handle.clone(), board, heard.limits.clone(), interval, timeout));
+            }
         }
         let health = context.health.clone();
         context.runtime.spawn(async move {
@@ -184,6 +221,8 @@ const PLACEMENT_CLIENT_METHODS: &[&str] = &[
     "ListAcl",
     "SetQuota",
     "ListQuotas",
+    "SetLimits",
+    "GetLimits",
 ];
 
 /// A gRPC service with only some of its methods; the others answer PERMISSION_DENIED. For a

@@ -47,10 +47,24 @@ impl Harness {
     pub fn for_group(limits: Limits, group: u64) -> Result<Harness, EngineError> {
         let dir = tempfile::tempdir().map_err(|e| EngineError::Invalid(e.to_string()))?;
         let db = Db::open(dir.path()).map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let factory = NamespaceFactory { limits, ..NamespaceFactory::default() };
+        let factory = NamespaceFactory { limits: limits.clone(), ..NamespaceFactory::default() };
         let mut sm = factory.create(NODE, group);
         sm.reload(&SmReader::new(db.clone(), group), 0).map_err(|e| EngineError::Invalid(e.to_string()))?;
-        Ok(Harness { _dir: dir, db, factory, sm, group, index: 0, now_ms: 1_000_000 })
+        let mut harness = Harness { _dir: dir, db, factory, sm, group, index: 0, now_ms: 1_000_000 };
+        // Replicated limits other than the first release's come through the log, as in a
+        // cluster (`limits.rs`).
+        if limits.with_record(None) != limits {
+            harness.set_limits(limits.to_record(1)).map_err(|e| EngineError::Invalid(e.message))?;
+        }
+        Ok(harness)
+    }
+
+    /// Applies a `SetLimits` of `record`: the limits the group applies after it.
+    pub fn set_limits(&mut self, record: ApplyLimits) -> Outcome<ApplyLimits> {
+        match self.apply_result(CommandOp::SetLimits(record))? {
+            CommandOutcome::Limits(limits) => Ok(limits),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
     }
 
     /// Rebuilds the state machine from disk, as a restart does.

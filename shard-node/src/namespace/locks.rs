@@ -23,10 +23,6 @@ use super::store::TxnView;
 
 /// Name prefix of waiter nodes.
 pub const WAITER_PREFIX: &str = "lock-";
-/// Longest lock-delay (Chubby's bound).
-pub const LOCK_DELAY_MS_MAX: u64 = 60_000;
-/// Waiters one lock may have.
-pub const WAITERS_MAX: usize = 10_000;
 
 /// One waiter of a lock.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -69,9 +65,9 @@ pub fn waiters_only_by_lock_operations(path: &str) -> Failure {
 }
 
 /// The waiters of the lock at `path`, in grant order. A child that is not a waiter makes
-/// the path unusable as a lock.
-pub fn waiters(view: &TxnView<'_>, lock_path: &str) -> Result<Vec<Waiter>, Failure> {
-    let (names, more) = view.children(lock_path, "", WAITERS_MAX)?;
+/// the path unusable as a lock, and so do more than `waiters_max` waiters.
+pub fn waiters(view: &TxnView<'_>, lock_path: &str, waiters_max: usize) -> Result<Vec<Waiter>, Failure> {
+    let (names, more) = view.children(lock_path, "", waiters_max)?;
     if more {
         return Err(error(Code::TooLarge, lock_path, "the lock has too many waiters").into());
     }

@@ -9,6 +9,7 @@ pub mod descriptor;
 pub mod error;
 pub mod harness;
 pub mod hot;
+pub mod limits;
 pub mod locks;
 pub mod path;
 pub mod query;
@@ -38,6 +39,8 @@ use crate::state_machine::{ApplyOutput, SmReader, SmWrites, StateMachine, StateM
 use crate::watch::event::node_state;
 use crate::watch::{Event, EventBatch, WatchHub, WatchHubs};
 use error::Failure;
+pub use limits::Limits;
+use limits::LimitsBoard;
 pub use sessions::LeaderClock;
 use sessions::LeaseTable;
 use store::TxnView;
@@ -47,53 +50,14 @@ use txn::{SessionChange, TtlChange, Txn};
 /// far enough below `u64::MAX` that revisions never wrap.
 pub const REVISION_FLOOR_MAX: u64 = 1 << 62;
 
-/// Limits of the namespace (DESIGN.md rule 8).
-#[derive(Clone, Debug)]
-pub struct Limits {
-    /// Largest node data.
-    pub value_bytes_max: usize,
-    /// Operations in one transaction (`then` + `else`).
-    pub txn_ops_max: usize,
-    /// Children returned per `GetChildren` page.
-    pub children_page_max: usize,
-    /// Nodes one recursive delete may remove.
-    pub recursive_delete_nodes_max: usize,
-    /// Longest TTL.
-    pub ttl_ms_max: u64,
-    /// TTL expiries the leader proposes per scan.
-    pub ttl_expiries_per_scan_max: usize,
-    /// Shortest session TTL granted (DESIGN: at least 1.5 × the election timeout).
-    pub session_ttl_ms_min: u64,
-    /// Longest session TTL granted.
-    pub session_ttl_ms_max: u64,
-    /// Ephemeral nodes one session may own.
-    pub ephemerals_per_session_max: usize,
-    /// Sessions one expiry entry ends at most (so expiring many never stalls the group).
-    pub sessions_per_expiry_max: usize,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            value_bytes_max: 1 << 20,
-            txn_ops_max: 128,
-            children_page_max: 10_000,
-            recursive_delete_nodes_max: 10_000,
-            ttl_ms_max: 30 * 24 * 3600 * 1000,
-            ttl_expiries_per_scan_max: 128,
-            session_ttl_ms_min: 3_000,
-            session_ttl_ms_max: 600_000,
-            ephemerals_per_session_max: 10_000,
-            sessions_per_expiry_max: 64,
-        }
-    }
-}
-
 /// Creates a [`NamespaceStateMachine`] per group.
 #[derive(Default)]
 pub struct NamespaceFactory {
-    /// Limits every group enforces.
+    /// This binary's limits: the local ones apply as they are; the replicated ones only as
+    /// what this binary records when it bootstraps a cluster (`limits.rs`).
     pub limits: Limits,
+    /// Where each replica publishes the limits it applies.
+    pub board: LimitsBoard,
     /// Where each replica's watch hub is registered (with the limits of watches).
     pub hubs: WatchHubs,
 }
@@ -109,7 +73,10 @@ impl StateMachineFactory for NamespaceFactory {
             hub,
             unpublished: Vec::new(),
             unpublished_move: None,
-            limits: self.limits.clone(),
+            // The replicated limits are the record's, once `reload` has read it.
+            limits: self.limits.with_record(None),
+            limits_version: 0,
+            board: self.board.clone(),
             reader: None,
             revision: 0,
             ttl: BTreeMap::new(),
@@ -146,7 +113,13 @@ pub struct NamespaceStateMachine {
     /// A subtree handed over to another group, not yet told to the hub: `(prefix, group,
     /// revision)` (its watches end with MOVED once the hand-over is in the store).
     unpublished_move: Option<(String, u64, u64)>,
+    /// The limits apply checks: the replicated ones from the group's record (replicated
+    /// state, rebuilt from disk), the local ones from the factory.
     limits: Limits,
+    /// The version of the group's limits record (0: none applied, the first release's).
+    limits_version: u64,
+    /// Where this replica publishes its limits.
+    board: LimitsBoard,
     reader: Option<SmReader>,
     revision: u64,
     ttl: BTreeMap<String, TtlEntry>,
@@ -176,6 +149,13 @@ pub struct NamespaceStateMachine {
 }
 
 impl NamespaceStateMachine {
+    /// Applies `limits` (record `version`) from now on, and says so on the board.
+    fn set_limits(&mut self, version: u64, limits: Limits) {
+        self.board.set(self.node_id, self.group, version, limits.clone());
+        self.limits = limits;
+        self.limits_version = version;
+    }
+
     fn reader(&self) -> Result<&SmReader, StorageError> {
         self.reader.as_ref().ok_or_else(|| StorageError::Corrupt(format!("group {}: namespace used before load", self.group)))
     }
@@ -194,7 +174,7 @@ impl NamespaceStateMachine {
             let view = TxnView::new(reader, Some(writes));
             for lock_path in touched {
                 let Some(meta) = view.lock_meta(lock_path)? else { continue };
-                let waiters = match locks::waiters(&view, lock_path) {
+                let waiters = match locks::waiters(&view, lock_path, self.limits.lock_waiters_max) {
                     Ok(waiters) => waiters,
                     Err(Failure::Storage(error)) => return Err(error),
                     // A lock with foreign children serves nobody.
@@ -270,14 +250,15 @@ impl NamespaceStateMachine {
         // A moved subtree's records are not changes of its nodes: no watch events.
         let moves_records = matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::HandSubtree(_) | CommandOp::AbortSplit(_)));
         // An ingested page takes no revision: the target's first comes with its descriptor.
-        // Nor does a quota share: no node changes.
-        let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::SetQuotaShare(_)));
+        // Nor does a quota share or a limits record: no node changes.
+        let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::SetQuotaShare(_) | CommandOp::SetLimits(_)));
         // A client's write is refused past its quotas; the system's own are only counted.
         let client_write = matches!(command.op, Some(CommandOp::Txn(_) | CommandOp::CreateSession(_) | CommandOp::AcquireLock(_)));
         let sets_quota = matches!(command.op, Some(CommandOp::SetQuotaShare(_)));
         let mut quota_shares = Vec::new();
         let mut quota_removed = None;
         let mut new_split = None;
+        let mut new_limits = None;
         let mut moved = None;
         // A new descriptor may raise the revision first (placement's floor: tokens of paths
         // that move here never go backwards, DESIGN.md rule 5).
@@ -323,6 +304,21 @@ impl NamespaceStateMachine {
                 }
                 CommandOutcome::QuotaShare(share)
             }),
+            // Only a newer record changes the limits (a stale proposal answers the current).
+            Some(CommandOp::SetLimits(record)) if record.version <= self.limits_version => {
+                Ok(CommandOutcome::Limits(self.limits.to_record(self.limits_version)))
+            }
+            Some(CommandOp::SetLimits(record)) => {
+                let limits = self.limits.with_record(Some(&record));
+                match limits.check() {
+                    Ok(()) => {
+                        txn.view.put_limits(&record);
+                        new_limits = Some((record.version, limits));
+                        Ok(CommandOutcome::Limits(record))
+                    }
+                    Err(reason) => Err(Failure::Refused(error::invalid("", reason))),
+                }
+            }
             Some(CommandOp::CloseSession(close)) => match txn.close_session(close.session_id) {
                 Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
                 Ok(None) => Err(Failure::Refused(error::session_expired(close.session_id, ""))),
@@ -434,6 +430,9 @@ impl NamespaceStateMachine {
             if let Some(state) = new_split {
                 self.split = state;
             }
+            if let Some((version, limits)) = new_limits {
+                self.set_limits(version, limits);
+            }
             if moved.is_some() {
                 self.unpublished_move = moved;
             }
@@ -483,7 +482,7 @@ impl NamespaceStateMachine {
             CommandOutcome::CreateSession(created) => CommandOutcome::CreateSession(CreateSessionResponse { header, ..created }),
             CommandOutcome::CloseSession(closed) => CommandOutcome::CloseSession(CloseSessionResponse { header, ..closed }),
             CommandOutcome::Lock(lock) => CommandOutcome::Lock(LockResponse { header, ..lock }),
-            other @ (CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_)) => other,
+            other @ (CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) | CommandOutcome::Limits(_)) => other,
         };
         Ok(CommandResult { result: Some(response), lock_attempt })
     }
@@ -492,6 +491,7 @@ impl NamespaceStateMachine {
 impl Drop for NamespaceStateMachine {
     fn drop(&mut self) {
         self.hubs.remove(self.node_id, self.group, &self.hub);
+        self.board.remove(self.node_id, self.group);
         self.hub.close();
     }
 }
@@ -527,6 +527,8 @@ impl StateMachine for NamespaceStateMachine {
         self.revision = store::read_revision(reader)?;
         self.descriptor = store::read_descriptor(reader)?;
         self.split = store::read_split(reader)?;
+        let record = store::read_limits(reader)?;
+        self.set_limits(record.as_ref().map_or(0, |r| r.version), self.limits.with_record(record.as_ref()));
         self.unpublished.clear();
         self.unpublished_move = None;
         self.writes.clear();
@@ -601,7 +603,8 @@ impl StateMachine for NamespaceStateMachine {
                 | CommandOp::IngestSubtree(_)
                 | CommandOp::HandSubtree(_)
                 | CommandOp::AbortSplit(_)
-                | CommandOp::SetQuotaShare(_),
+                | CommandOp::SetQuotaShare(_)
+                | CommandOp::SetLimits(_),
             ) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }

@@ -46,11 +46,15 @@ fn node(reader: &SmReader, path: &str) -> Result<Option<warden_proto::namespace:
 }
 
 /// The waiters and metadata of the lock at `path` (none if it is not a lock).
-fn lock_state(reader: &SmReader, lock_path: &str) -> Result<(Vec<locks::Waiter>, Option<warden_proto::namespace::LockMeta>), Failure> {
+fn lock_state(
+    reader: &SmReader,
+    lock_path: &str,
+    waiters_max: usize,
+) -> Result<(Vec<locks::Waiter>, Option<warden_proto::namespace::LockMeta>), Failure> {
     path::validate(lock_path, false).map_err(|e| invalid_path(lock_path, &e))?;
     let view = store::TxnView::new(reader, None);
     let Some(meta) = view.lock_meta(lock_path)? else { return Ok((Vec::new(), None)) };
-    Ok((locks::waiters(&view, lock_path)?, Some(meta)))
+    Ok((locks::waiters(&view, lock_path, waiters_max)?, Some(meta)))
 }
 
 fn answer(reader: &SmReader, limits: &Limits, split: &warden_proto::namespace::SplitState, query: Query) -> Result<QueryOutcome, Failure> {
@@ -89,7 +93,7 @@ fn answer(reader: &SmReader, limits: &Limits, split: &warden_proto::namespace::S
         }
         Some(QueryKind::Revision(_)) => QueryOutcome::Exists(ExistsResponse::default()),
         Some(QueryKind::LockInfo(query)) => {
-            let (waiters, meta) = lock_state(reader, &query.path)?;
+            let (waiters, meta) = lock_state(reader, &query.path, limits.lock_waiters_max)?;
             let holding = locks::holders(&waiters, meta.as_ref());
             QueryOutcome::LockInfo(LockInfoResponse {
                 header: None,
@@ -100,14 +104,14 @@ fn answer(reader: &SmReader, limits: &Limits, split: &warden_proto::namespace::S
         }
         Some(QueryKind::CheckSequencer(query)) => {
             let sequencer = query.sequencer.unwrap_or_default();
-            let (waiters, meta) = lock_state(reader, &sequencer.path)?;
+            let (waiters, meta) = lock_state(reader, &sequencer.path, limits.lock_waiters_max)?;
             let holding = locks::holders(&waiters, meta.as_ref());
             let holds = waiters[..holding].iter().any(|w| w.path == sequencer.waiter && w.token == sequencer.token);
             QueryOutcome::CheckSequencer(CheckSequencerResponse { header: None, holds })
         }
         Some(QueryKind::Waiter(query)) => {
             let sequencer = query.sequencer.unwrap_or_default();
-            let (waiters, meta) = lock_state(reader, &sequencer.path)?;
+            let (waiters, meta) = lock_state(reader, &sequencer.path, limits.lock_waiters_max)?;
             let holding = locks::holders(&waiters, meta.as_ref());
             let position = waiters.iter().position(|w| w.path == sequencer.waiter && w.token == sequencer.token);
             let session_alive = store::TxnView::new(reader, None).session(query.session_id)?.is_some();

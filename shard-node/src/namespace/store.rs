@@ -27,6 +27,7 @@ const REVISION_KEY: &[u8] = b"mrevision";
 const NEXT_SESSION_KEY: &[u8] = b"mnext_session";
 const DESCRIPTOR_KEY: &[u8] = b"mdescriptor";
 const SPLIT_KEY: &[u8] = b"msplit";
+const LIMITS_KEY: &[u8] = b"mlimits";
 
 /// Key of a node's record.
 pub fn node_key(path: &str) -> Vec<u8> {
@@ -131,6 +132,14 @@ pub fn read_descriptor(reader: &SmReader) -> Result<Option<GroupDescriptor>, Sto
     reader
         .get(DESCRIPTOR_KEY)?
         .map(|bytes| GroupDescriptor::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("descriptor: {e}"))))
+        .transpose()
+}
+
+/// The group's apply limits record (`None`: none applied, the first release's limits).
+pub fn read_limits(reader: &SmReader) -> Result<Option<warden_proto::v1::ApplyLimits>, StorageError> {
+    reader
+        .get(LIMITS_KEY)?
+        .map(|bytes| warden_proto::v1::ApplyLimits::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("limits: {e}"))))
         .transpose()
 }
 
@@ -345,6 +354,11 @@ impl<'a> TxnView<'a> {
             .map(|bytes| SplitState::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("split state: {e}"))))
             .transpose()
             .map(Option::unwrap_or_default)
+    }
+
+    /// Writes the group's apply limits record.
+    pub fn put_limits(&mut self, record: &warden_proto::v1::ApplyLimits) {
+        self.local.insert(LIMITS_KEY.to_vec(), Some(record.encode_to_vec()));
     }
 
     /// Writes the group's record of subtree moves.

@@ -567,7 +567,7 @@ impl Txn<'_, '_> {
     fn start_lock_delay_if_holding(&mut self, waiter: &str) -> Result<(), Failure> {
         let Some(lock_path) = path::parent(waiter) else { return Ok(()) };
         let Some(mut meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
-        let waiters = locks::waiters(self.view, lock_path)?;
+        let waiters = locks::waiters(self.view, lock_path, self.limits.lock_waiters_max)?;
         let holding = &waiters[..locks::holders(&waiters, Some(&meta))];
         let Some(expired) = holding.iter().find(|w| w.path == waiter) else { return Ok(()) };
         if expired.record.lock_delay_ms == 0 {
@@ -669,8 +669,8 @@ impl Txn<'_, '_> {
             return Err(invalid(lock_path, "the group's root cannot be a lock").into());
         }
         let mode = LockMode::try_from(request.mode).map_err(|_| invalid(lock_path, "unknown lock mode"))?;
-        if request.lock_delay_ms > locks::LOCK_DELAY_MS_MAX {
-            return Err(invalid(lock_path, format!("lock_delay_ms is at most {}", locks::LOCK_DELAY_MS_MAX)).into());
+        if request.lock_delay_ms > self.limits.lock_delay_ms_max {
+            return Err(invalid(lock_path, format!("lock_delay_ms is at most {}", self.limits.lock_delay_ms_max)).into());
         }
         if self.view.session(request.session_id)?.is_none() {
             return Err(session_expired(request.session_id, lock_path).into());
@@ -683,7 +683,7 @@ impl Txn<'_, '_> {
         }
         let meta = self.view.lock_meta(lock_path)?;
         let mut waiters = match meta {
-            Some(_) => locks::waiters(self.view, lock_path)?,
+            Some(_) => locks::waiters(self.view, lock_path, self.limits.lock_waiters_max)?,
             // A node becomes a lock only while childless: a lock's children are its waiters.
             None if stat.num_children > 0 => {
                 return Err(invalid(lock_path, format!("{lock_path} has children that are not lock waiters")).into());

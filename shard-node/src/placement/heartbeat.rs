@@ -20,6 +20,7 @@ use warden_proto::tls::{Expected, Tls};
 
 use warden_router::access::{acl_from_proto, AclCache};
 
+use super::limits::ClusterLimits;
 use crate::host::NodeHandle;
 use crate::service::error_of;
 use crate::transport::PeerDirectory;
@@ -27,10 +28,18 @@ use crate::transport::PeerDirectory;
 /// Groups listed in one heartbeat, at most (led and hosted each).
 pub const GROUPS_PER_HEARTBEAT_MAX: usize = 100_000;
 
+/// What a node hears from placement in its heartbeat answers.
+#[derive(Clone, Default)]
+pub struct Heard {
+    /// The ACL: each answer with a newer one updates it, so a grant or revoke reaches this
+    /// node's checks within a heartbeat or two.
+    pub acl: Arc<AclCache>,
+    /// The cluster's apply limits, likewise (`limits.rs`).
+    pub limits: Arc<ClusterLimits>,
+}
+
 /// Sends heartbeats until the runtime it runs on stops (with `tls`, to nodes proving their
-/// identity, as the node `tls` names).
-/// Each answer with a newer ACL updates `acl`, so a grant or revoke reaches this node's
-/// checks within a heartbeat or two.
+/// identity, as the node `tls` names), keeping `heard` current.
 pub async fn run(
     node: NodeHandle,
     directory: Arc<PeerDirectory>,
@@ -38,7 +47,7 @@ pub async fn run(
     zone: String,
     interval: Duration,
     tls: Option<Arc<Tls>>,
-    acl: Arc<AclCache>,
+    heard: Heard,
 ) {
     let mut hint: Option<u64> = None;
     let mut turn = 0usize;
@@ -70,15 +79,24 @@ pub async fn run(
             groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID).take(GROUPS_PER_HEARTBEAT_MAX).collect()
         };
         let (led_groups, hosted_groups) = (shard_groups(node.led_groups()), shard_groups(node.hosted_groups()));
-        let acl_version = acl.version();
-        let request =
-            HeartbeatRequest { node_id: node.node_id(), addr: addr.to_string(), zone: zone.clone(), led_groups, hosted_groups, acl_version };
+        let request = HeartbeatRequest {
+            node_id: node.node_id(),
+            addr: addr.to_string(),
+            zone: zone.clone(),
+            led_groups,
+            hosted_groups,
+            acl_version: heard.acl.version(),
+            limits_version: heard.limits.version(),
+        };
         match client.heartbeat(request).await {
             Ok(response) => {
                 hint = target;
                 let response = response.into_inner();
                 if let Some(newer) = response.acl {
-                    acl.offer(acl_from_proto(newer));
+                    heard.acl.offer(acl_from_proto(newer));
+                }
+                if let Some(newer) = response.limits {
+                    heard.limits.offer(newer);
                 }
                 for group in response.removed_groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID) {
                     if let Err(error) = node.destroy_group(group).await {

@@ -87,6 +87,8 @@ pub struct PlacementService {
     /// Held while this node moves room between the groups' quota shares (one change at a
     /// time; placement's log keeps the shares within the limits whatever runs).
     pub(super) quota_changes: Arc<tokio::sync::Mutex<()>>,
+    /// The apply limits a bootstrap by this node records (`limits.rs`).
+    bootstrap_limits: warden_proto::v1::ApplyLimits,
 }
 
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
@@ -124,7 +126,14 @@ impl PlacementService {
             running: Arc::default(),
             faults,
             quota_changes: Arc::default(),
+            bootstrap_limits: warden_proto::v1::ApplyLimits::default(),
         }
+    }
+
+    /// The service, recording `limits` when it bootstraps a cluster (default: none, groups
+    /// keep the first release's).
+    pub fn with_bootstrap_limits(self, limits: warden_proto::v1::ApplyLimits) -> PlacementService {
+        PlacementService { bootstrap_limits: limits, ..self }
     }
 
     /// The service, wrapped for tonic.
@@ -504,7 +513,7 @@ pub(super) fn placement_status(error: PlacementError) -> Status {
         PlacementError::InvalidPrefix { .. } => Code::InvalidPath,
         PlacementError::PrefixTaken { .. } | PlacementError::AlreadyBootstrapped | PlacementError::DuplicateNode(_) => Code::NodeExists,
         PlacementError::NotBootstrapped | PlacementError::NotEnoughNodes { .. } => Code::Unavailable,
-        PlacementError::GroupIdsExhausted => Code::TooLarge,
+        PlacementError::GroupIdsExhausted | PlacementError::LimitsTooLarge(_) => Code::TooLarge,
         PlacementError::NodeNotServing(_) | PlacementError::ChangeInProgress { .. } | PlacementError::GroupNotReady(_) => Code::Unavailable,
         PlacementError::ReplicaExists { .. } => Code::NodeExists,
         PlacementError::NodeNotEmpty { .. } => Code::NotEmpty,
@@ -595,7 +604,7 @@ fn node_entry(node: &warden_placement::NodeInfo) -> NodeEntry {
     }
 }
 
-fn invalid_argument(message: impl Into<String>) -> Status {
+pub(super) fn invalid_argument(message: impl Into<String>) -> Status {
     status(WardenError { code: Code::InvalidArgument as i32, message: message.into(), ..WardenError::default() })
 }
 
@@ -716,11 +725,14 @@ impl PlacementApi for PlacementService {
             .collect();
         // The ACL goes only to a node that has an older one.
         let acl = (state.acl().version() > request.acl_version).then(|| acl_to_proto(state.acl()));
+        // So do the apply limits.
+        let limits = (state.apply_limits().version > request.limits_version).then(|| super::limits::cluster_limits(&state)).transpose()?;
         Ok(Response::new(HeartbeatResponse {
             routing_version: state.routing_version(),
             nodes: state.nodes().values().map(node_entry).collect(),
             removed_groups,
             acl,
+            limits,
         }))
     }
 
@@ -728,7 +740,9 @@ impl PlacementApi for PlacementService {
         calling_node(&request)?;
         let nodes =
             self.directory.ids().into_iter().filter_map(|id| self.directory.get(id).map(|addr| (id, addr.to_string(), String::new()))).collect();
-        let root = match self.propose(&Command::Bootstrap { nodes, now_ms: now_ms() }).await? {
+        let limits =
+            if self.bootstrap_limits == warden_proto::v1::ApplyLimits::default() { Vec::new() } else { self.bootstrap_limits.encode_to_vec() };
+        let root = match self.propose(&Command::Bootstrap { nodes, now_ms: now_ms(), limits }).await? {
             Outcome::Bootstrapped(root) => root,
             other => return Err(internal(format!("unexpected outcome {other:?}"))),
         };
@@ -857,6 +871,17 @@ impl PlacementApi for PlacementService {
             None => state.acl().clone(),
         };
         Ok(Response::new(acl_to_proto(&list)))
+    }
+
+    async fn set_limits(&self, request: Request<SetLimitsRequest>) -> Result<Response<warden_proto::v1::ApplyLimits>, Status> {
+        self.require_admin(&request, "/", false)?;
+        let changes = request.into_inner().changes.unwrap_or_default();
+        Ok(Response::new(self.change_limits(&changes).await?))
+    }
+
+    async fn get_limits(&self, request: Request<GetLimitsRequest>) -> Result<Response<warden_proto::v1::ApplyLimits>, Status> {
+        self.require_admin(&request, "/", false)?;
+        Ok(Response::new(super::limits::cluster_limits(&self.state().await?)?))
     }
 
     async fn set_quota(&self, request: Request<SetQuotaRequest>) -> Result<Response<QuotaState>, Status> {

@@ -36,6 +36,7 @@ use warden_router::access::{authorize_call, Access, AclCache};
 use crate::error::EngineError;
 use crate::group_links::GroupLinks;
 use crate::host::{NodeHandle, ReadConsistency};
+use crate::namespace::limits::LimitsBoard;
 use crate::namespace::{path, sessions, txn, Limits};
 use crate::transport::PeerDirectory;
 use crate::watch::WatchHubs;
@@ -60,7 +61,11 @@ pub struct WardenService {
     node: NodeHandle,
     directory: Arc<PeerDirectory>,
     timeout: Duration,
-    limits: Limits,
+    /// The limits each of this node's replicas applies (its early checks use the same).
+    board: LimitsBoard,
+    /// The shortest session TTL granted, whatever the group's limits say: 1.5 × the
+    /// election timeout (DESIGN.md rule 6: a TTL must outlast an election).
+    session_ttl_ms_floor: u64,
     /// Where watches find the hubs of this node's replicas (`None`: no watches served).
     hubs: Option<WatchHubs>,
     /// Calls to other groups (sessions homed elsewhere).
@@ -77,7 +82,8 @@ impl Clone for WardenService {
             node: self.node.clone(),
             directory: self.directory.clone(),
             timeout: self.timeout,
-            limits: self.limits.clone(),
+            board: self.board.clone(),
+            session_ttl_ms_floor: self.session_ttl_ms_floor,
             hubs: self.hubs.clone(),
             links: self.links.clone(),
             remote_metrics: self.remote_metrics.clone(),
@@ -87,20 +93,28 @@ impl Clone for WardenService {
 }
 
 impl WardenService {
-    /// The service of `node`. Sessions are granted at least 1.5 × `election_timeout`
-    /// (DESIGN.md rule 6: a TTL must outlast an election).
+    /// The service of `node`, whose replicas publish their limits on `board`. Sessions are
+    /// granted at least 1.5 × `election_timeout` (DESIGN.md rule 6: a TTL must outlast an
+    /// election).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         node: NodeHandle,
         directory: Arc<PeerDirectory>,
         timeout: Duration,
         election_timeout: Duration,
+        board: LimitsBoard,
         hubs: Option<WatchHubs>,
         links: Arc<GroupLinks>,
         acl: Arc<AclCache>,
     ) -> WardenService {
-        let mut limits = Limits::default();
-        limits.session_ttl_ms_min = limits.session_ttl_ms_min.max(election_timeout.as_millis() as u64 * 3 / 2);
-        WardenService { node, directory, timeout, limits, hubs, links, remote_metrics: Arc::default(), acl }
+        let session_ttl_ms_floor = election_timeout.as_millis() as u64 * 3 / 2;
+        WardenService { node, directory, timeout, board, session_ttl_ms_floor, hubs, links, remote_metrics: Arc::default(), acl }
+    }
+
+    /// The limits `group` applies on this node (the first release's when it has no replica
+    /// here: the proposal fails anyway).
+    fn limits(&self, group: u64) -> Arc<Limits> {
+        self.board.get(self.node.node_id(), group).map_or_else(|| Arc::new(Limits::FIRST_RELEASE), |(_, limits)| limits)
     }
 
     /// The public API over this service, wrapped for tonic with the request-size limit.
@@ -171,7 +185,7 @@ impl WardenService {
                     CommandOutcome::CreateSession(r) => revision(&r.header),
                     CommandOutcome::CloseSession(r) => revision(&r.header),
                     CommandOutcome::Lock(r) => revision(&r.header),
-                    CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) => 0,
+                    CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) | CommandOutcome::Limits(_) => 0,
                 };
                 Ok((outcome, self.header(group, at), result.lock_attempt))
             }
@@ -204,8 +218,8 @@ impl WardenService {
     /// Proposes a transaction and returns its response, with the header filled in.
     async fn write(&self, routing: Option<&Routing>, request: TxnRequest, principal: &str, timeout: Duration) -> Result<TxnResponse, Status> {
         // Bad input is refused here, typed, before it costs a proposal.
-        txn::check_request(&request, &self.limits).map_err(status)?;
         let group = group_of(routing);
+        txn::check_request(&request, &self.limits(group)).map_err(status)?;
         // Ephemerals of sessions homed elsewhere need their sessions recorded here first.
         let owners = request.then.iter().chain(&request.r#else).filter_map(|op| match &op.op {
             Some(Op::Create(create)) => Some(create.session_id),
@@ -524,13 +538,15 @@ impl Warden for WardenService {
         let timeout = self.timeout(&request);
         let owner = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
-        let granted = request.ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
+        let group = group_of(request.routing.as_ref());
+        let limits = self.limits(group);
+        let granted = request.ttl_ms.max(self.session_ttl_ms_floor).clamp(limits.session_ttl_ms_min, limits.session_ttl_ms_max);
         if !request.path_hint.is_empty() {
             path::validate(&request.path_hint, true).map_err(|reason| status(crate::namespace::error::invalid_path(&request.path_hint, &reason)))?;
         }
         let scope = request.path_hint.clone();
         let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: granted, owner: owner.clone(), scope });
-        match self.propose(group_of(request.routing.as_ref()), op, &owner, timeout).await? {
+        match self.propose(group, op, &owner, timeout).await? {
             (CommandOutcome::CreateSession(response), header) => Ok(Response::new(CreateSessionResponse {
                 header: Some(header),
                 ttl_adjusted: response.ttl_adjusted || granted != request.ttl_ms,

@@ -200,7 +200,7 @@ impl WardenService {
         }
         outcome.unreachable_homes = unreachable.len() as u64;
         // 3. End the dead ones, in bounded entries.
-        for batch in dead.chunks(self.limits.sessions_per_expiry_max) {
+        for batch in dead.chunks(self.limits(group).sessions_per_expiry_max) {
             let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: batch.to_vec() });
             match self.propose(group, op, "", timeout).await {
                 Ok(_) => {
