@@ -9,6 +9,7 @@ use std::sync::Arc;
 
 use warden_placement::{AutoSplit, PlacementConfig};
 use warden_shard_node::config::HIBERNATE_AFTER_TICKS_DEFAULT;
+use warden_shard_node::host::drain::DrainLimits;
 use warden_shard_node::host::Listeners;
 use warden_shard_node::node_services::ApiServices;
 use warden_shard_node::placement::ShardNodeFactory;
@@ -128,6 +129,17 @@ pub async fn run(args: NodeArgs, tls: &crate::tls_args::TlsArgs) -> anyhow::Resu
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         stop = tokio::signal::ctrl_c() => stop?,
+        _ = terminate.recv() => {}
+    }
+    // A graceful stop: leaderships handed over, what is in flight answered (a second signal
+    // cuts it short).
+    tracing::info!(node = args.id, "stopping: handing over its leaderships");
+    tokio::select! {
+        report = node.drainer().drain(DrainLimits::default()) => {
+            let (took_ms, transfers, still_led) = (report.took.as_millis() as u64, report.transfers, report.still_led);
+            tracing::info!(node = args.id, took_ms, transfers, ?still_led, in_flight = report.proposals_in_flight, "drained");
+        }
+        _ = tokio::signal::ctrl_c() => {}
         _ = terminate.recv() => {}
     }
     drop(node);

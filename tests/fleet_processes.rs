@@ -22,8 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use support::processes::{admin, wait_for, ClusterOptions, ProcessCluster, PLACEMENT_NODES, STEP_TIMEOUT};
-use support::workload::{connect, Workload, PREFIXES};
-use warden_client::{CreateOptions, LockOptions, SessionConfig};
+use support::workload::{ClientLoad, Workload, PREFIXES};
 use warden_proto::placement::{GetRoutingTableRequest, GroupEntry, NodeState, ReplicaStatusRequest, ReplicaStatusResponse, RoutingTable};
 
 /// Nodes at the start.
@@ -104,7 +103,7 @@ async fn a_drained_node_empties_under_load_and_decommission_makes_it_a_tombstone
     let before = table(&cluster).await;
     let drained = (PLACEMENT_NODES.len() as u64 + 1..=NODES).max_by_key(|id| hosted(&before, *id).len()).expect("a node outside placement");
     let hosted_before = hosted(&before, drained);
-    let load = ClientLoad::start(cluster.router_addr()).await;
+    let load = ClientLoad::start(cluster.router_addr(), Duration::from_secs(10)).await;
 
     admin(&["drain", &drained.to_string(), "--seeds", cluster.seeds()]);
     let empty = wait_for(&format!("node {drained} hosts nothing"), MOVES_WAIT, || async {
@@ -307,79 +306,5 @@ impl EpochWatch {
         let violations = self.violations.lock().expect("violations").clone();
         assert!(violations.is_empty(), "epochs went backwards: {violations:?}");
         self.task.abort();
-    }
-}
-
-/// Clients of the library working through the router: writers and readers in every group
-/// and a session taking and releasing a lock. Any error the library lets through is kept.
-struct ClientLoad {
-    stop: Arc<AtomicBool>,
-    operations: Arc<Mutex<(u64, Vec<String>)>>,
-    tasks: Vec<tokio::task::JoinHandle<()>>,
-}
-
-impl ClientLoad {
-    async fn start(router_addr: &str) -> ClientLoad {
-        let client = connect(router_addr).await;
-        let stop = Arc::new(AtomicBool::new(false));
-        let operations = Arc::new(Mutex::new((0, Vec::new())));
-        let mut tasks = Vec::new();
-        for prefix in ["/a", "/b", "/c", "/d"] {
-            let path = format!("{prefix}/drain/key");
-            client.create(&path, Vec::new(), &CreateOptions::persistent().create_parents()).await.expect("create a key");
-            let (client, stop, operations) = (client.clone(), stop.clone(), operations.clone());
-            tasks.push(tokio::spawn(async move {
-                let mut n = 0u64;
-                while !stop.load(Ordering::Relaxed) {
-                    n += 1;
-                    let value = n.to_string().into_bytes();
-                    let result = match client.set(&path, value.clone(), None).await {
-                        Ok(_) => client.get(&path).await.map(|node| (node.data == value).then_some(()).ok_or("read back another value".to_string())),
-                        Err(error) => Err(error),
-                    };
-                    let mut operations = operations.lock().expect("operations");
-                    operations.0 += 1;
-                    match result {
-                        Ok(Ok(())) => {}
-                        Ok(Err(problem)) => operations.1.push(format!("{path}: {problem}")),
-                        Err(error) => operations.1.push(format!("{path}: {error}")),
-                    }
-                }
-            }));
-        }
-        let (stop_flag, counts) = (stop.clone(), operations.clone());
-        let session = client
-            .session(SessionConfig { path_hint: Some("/b/drain".into()), ..SessionConfig::new(Duration::from_secs(10)) })
-            .await
-            .expect("a session");
-        tasks.push(tokio::spawn(async move {
-            while !stop_flag.load(Ordering::Relaxed) {
-                let result = match session.lock_with("/b/drain/lock", &LockOptions::default()).await {
-                    Ok(Some(guard)) => guard.unlock().await.map(|_| ()),
-                    Ok(None) => Ok(()),
-                    Err(error) => Err(error),
-                };
-                let mut counts = counts.lock().expect("operations");
-                counts.0 += 1;
-                if let Err(error) = result {
-                    counts.1.push(format!("lock: {error}"));
-                }
-                if session.state().has_ended() {
-                    counts.1.push("the session ended".into());
-                    return;
-                }
-            }
-        }));
-        ClientLoad { stop, operations, tasks }
-    }
-
-    /// Stops the clients; answers the number of operations and the errors seen.
-    async fn finish(self) -> (u64, Vec<String>) {
-        self.stop.store(true, Ordering::SeqCst);
-        for task in self.tasks {
-            task.await.expect("a client task");
-        }
-        let operations = self.operations.lock().expect("operations");
-        (operations.0, operations.1.clone())
     }
 }

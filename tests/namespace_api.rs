@@ -6,9 +6,12 @@ mod support;
 use std::time::Duration;
 
 use support::api::{namespace_cluster, ApiClient, CallError};
+use tonic_health::pb::health_check_response::ServingStatus;
+use tonic_health::pb::health_client::HealthClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::ClusterConfig;
+use warden_shard_node::host::drain::DrainLimits;
 use warden_shard_node::service::error_of;
 
 const TIMEOUT: Duration = Duration::from_secs(20);
@@ -150,10 +153,52 @@ async fn health_and_reflection_serve_generic_clients() {
     let addr = cluster.addr(1).expect("addr");
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}")).expect("uri").connect().await.expect("connect");
     let mut health = tonic_health::pb::health_client::HealthClient::new(channel.clone());
-    let response =
-        health.check(tonic_health::pb::HealthCheckRequest { service: "warden.v1.Warden".into() }).await.expect("health check").into_inner();
-    assert_eq!(response.status, tonic_health::pb::health_check_response::ServingStatus::Serving as i32);
+    // SERVING once the node knows the leader of every group it hosts.
+    wait_health(&mut health, "warden.v1.Warden", ServingStatus::Serving).await;
     let unknown = health.check(tonic_health::pb::HealthCheckRequest { service: "no.such.Service".into() }).await;
     assert_eq!(unknown.expect_err("unknown service").code(), tonic::Code::NotFound);
     let _ = CallError::Unknown(String::new());
+}
+
+/// Waits (with a deadline) until the node's health says `want` for `service`.
+async fn wait_health(health: &mut HealthClient<tonic::transport::Channel>, service: &str, want: ServingStatus) {
+    let deadline = std::time::Instant::now() + TIMEOUT;
+    loop {
+        let response = health.check(tonic_health::pb::HealthCheckRequest { service: service.into() }).await.expect("health check");
+        if response.into_inner().status == want as i32 {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{service} never became {want:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A graceful stop (issue 18 item 5; `warden node` on SIGTERM): the leader hands its
+/// leadership to a peer, says NOT_SERVING, refuses new calls UNAVAILABLE (typed: the caller
+/// goes elsewhere, nothing was done), and the group goes on writing with its new leader.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_draining_leader_hands_over_and_refuses_new_calls() {
+    let cluster = namespace_cluster(ClusterConfig::default()).await;
+    let api = ApiClient::new(&cluster);
+    api.call(TIMEOUT, false, |mut c| async move { c.create(CreateRequest { path: "/before".into(), ..CreateRequest::default() }).await })
+        .await
+        .expect("create");
+    let leader = cluster.leader(1).await.expect("leader");
+    let channel = tonic::transport::Channel::from_shared(format!("http://{}", cluster.addr(leader).expect("addr"))).expect("uri").connect_lazy();
+    let mut health = HealthClient::new(channel);
+    wait_health(&mut health, "warden.v1.Warden", ServingStatus::Serving).await;
+    let report = cluster.drainer(leader).expect("running").drain(DrainLimits::default()).await;
+    assert!(report.transfers >= 1 && report.still_led.is_empty() && report.proposals_in_flight == 0, "{report:?}");
+    let now = cluster.wait_leader(1, TIMEOUT).await.expect("a new leader");
+    assert_ne!(now, leader, "the drained node still leads");
+    for service in ["", "warden.v1.Warden"] {
+        wait_health(&mut health, service, ServingStatus::NotServing).await;
+    }
+    let refused = api.node(leader).create(CreateRequest { path: "/refused".into(), ..CreateRequest::default() }).await.expect_err("refused");
+    assert_eq!(error_of(&refused).map(|e| e.code), Some(Code::Unavailable as i32), "{refused:?}");
+    api.call(TIMEOUT, false, |mut c| async move { c.create(CreateRequest { path: "/after".into(), ..CreateRequest::default() }).await })
+        .await
+        .expect("the group writes with its new leader");
+    let refused_read = api.node(leader).get(GetRequest { path: "/after".into(), ..GetRequest::default() }).await;
+    assert!(refused_read.is_err(), "a stopping node takes no new call");
 }

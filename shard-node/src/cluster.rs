@@ -226,6 +226,11 @@ impl Cluster {
         self.nodes().get(&id).map(Node::handle)
     }
 
+    /// What runs a graceful stop of node `id` (see [`Node::drainer`]; `None`: not running).
+    pub fn drainer(&self, id: u64) -> Option<crate::host::drain::Drainer> {
+        self.nodes().get(&id).map(Node::drainer)
+    }
+
     /// Stops node `id` as a crash would (see [`Node::kill`]).
     pub fn kill(&self, id: u64) {
         let node = self.nodes().remove(&id);

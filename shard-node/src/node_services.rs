@@ -184,8 +184,27 @@ impl NodeServices for ApiServices {
                 context.runtime.spawn(spread_periodically(context.handle.clone(), board, heard.limits.clone(), interval, timeout));
             }
         }
+        // Health: NOT_SERVING while the node starts, until placement has answered one of its
+        // heartbeats or every group it hosts knows its leader (whichever comes first);
+        // `host/drain.rs` turns it back off when the node stops.
         let health = context.health.clone();
+        let answered = heard.answered.subscribe();
+        let node = context.handle.clone();
         context.runtime.spawn(async move {
+            health.set_service_status("", tonic_health::ServingStatus::NotServing).await;
+            health.set_not_serving::<warden_proto::v1::warden_server::WardenServer<WardenService>>().await;
+            let mut poll = tokio::time::interval(STARTING_POLL);
+            loop {
+                poll.tick().await;
+                let led_known = node.hosted_groups().iter().all(|group| node.leader_info(*group).leader_id != 0);
+                if node.activity().is_stopping() {
+                    return;
+                }
+                if *answered.borrow() || led_known {
+                    break;
+                }
+            }
+            health.set_service_status("", tonic_health::ServingStatus::Serving).await;
             health.set_serving::<warden_proto::v1::warden_server::WardenServer<WardenService>>().await;
         });
         // 3. The peer port serves everything; the client port the public API and placement's
@@ -202,6 +221,9 @@ impl NodeServices for ApiServices {
         Ok(())
     }
 }
+
+/// How often a starting node checks whether it is ready to report SERVING.
+const STARTING_POLL: Duration = Duration::from_millis(100);
 
 /// The placement methods a node's client port serves: reading the routing table and the
 /// administration a person runs (`warden admin`, `warden status`).

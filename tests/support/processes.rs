@@ -241,6 +241,19 @@ impl ProcessCluster {
         drop(process);
     }
 
+    /// Stops node `id` as an operator does (SIGTERM): it hands its leaderships over, answers
+    /// what is in flight and exits on its own. Waits until it has, and answers its log.
+    pub async fn terminate(&mut self, id: u64) -> String {
+        self.running(id).signal(libc::SIGTERM);
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        while !self.process(id).as_mut().is_some_and(Process::has_exited) {
+            assert!(Instant::now() < deadline, "node {id} did not exit within {STEP_TIMEOUT:?} of SIGTERM");
+            tokio::time::sleep(POLL).await;
+        }
+        drop(self.process(id).take());
+        std::fs::read_to_string(&self.spec(id).log).unwrap_or_default()
+    }
+
     /// Starts node `id` again with the same flags (same `--id`, `--listen`, `--data-dir`,
     /// `--peers`), once it is down.
     pub fn restart(&mut self, id: u64) {

@@ -3,6 +3,7 @@
 //! through a cloneable [`NodeHandle`].
 
 mod command;
+pub mod drain;
 mod fatal;
 mod hibernate;
 mod membership;
@@ -128,9 +129,16 @@ pub struct NodeHandle {
     /// Extra time the caller waits past a request's deadline for the worker's own answer
     /// (the worker checks deadlines once per tick).
     deadline_slack: Duration,
+    /// What the services tell a graceful stop (`drain.rs`).
+    activity: Arc<drain::Activity>,
 }
 
 impl NodeHandle {
+    /// Calls arriving and proposals in flight, for a graceful stop (`drain.rs`).
+    pub fn activity(&self) -> &drain::Activity {
+        &self.activity
+    }
+
     /// This node's id.
     pub fn node_id(&self) -> u64 {
         self.node_id
@@ -276,7 +284,7 @@ impl NodeHandle {
 impl NodeHandle {
     /// A handle whose groups all live behind `inbox`, for tests of what reaches a worker.
     pub(crate) fn with_inbox(node_id: u64, inbox: Sender<WorkerMsg>) -> NodeHandle {
-        NodeHandle { node_id, leaders: Arc::default(), workers: vec![inbox].into(), deadline_slack: Duration::ZERO }
+        NodeHandle { node_id, leaders: Arc::default(), workers: vec![inbox].into(), deadline_slack: Duration::ZERO, activity: Arc::default() }
     }
 }
 
@@ -378,6 +386,8 @@ pub struct Node {
     transport_metrics: Arc<TransportMetrics>,
     runtime: Option<tokio::runtime::Runtime>,
     listen_addr: SocketAddr,
+    /// The node's gRPC health, reported NOT_SERVING once a graceful stop begins.
+    health: tonic_health::server::HealthReporter,
 }
 
 impl Node {
@@ -419,8 +429,13 @@ impl Node {
             inboxes.push(inbox);
         }
         let leaders = Arc::new(LeaderTable::default());
-        let handle =
-            NodeHandle { node_id, leaders: leaders.clone(), workers: senders.into(), deadline_slack: Duration::from_millis(config.tick_ms * 2) };
+        let handle = NodeHandle {
+            node_id,
+            leaders: leaders.clone(),
+            workers: senders.into(),
+            deadline_slack: Duration::from_millis(config.tick_ms * 2),
+            activity: Arc::default(),
+        };
         let limits = TransportLimits::default();
         let transport = Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits, config.tls.clone());
         let transport_metrics = transport.metrics();
@@ -500,6 +515,7 @@ impl Node {
             });
         }
         let serving = serve(listener, config.tls.clone(), Admit::Peers, routes.peer.routes());
+        let health = health_reporter.clone();
         runtime.spawn(async move {
             health_reporter.set_serving::<warden_proto::transport::raft_transport_server::RaftTransportServer<RaftTransportService>>().await;
             // A node whose transport server is gone hears nobody: it cannot go on.
@@ -507,7 +523,19 @@ impl Node {
                 fatal.fail(&format!("transport server: {error}"));
             }
         });
-        Ok(Node { config, handle, stop, workers, store: Some(store), db, host_metrics, transport_metrics, runtime: Some(runtime), listen_addr })
+        Ok(Node {
+            config,
+            handle,
+            stop,
+            workers,
+            store: Some(store),
+            db,
+            host_metrics,
+            transport_metrics,
+            runtime: Some(runtime),
+            listen_addr,
+            health,
+        })
     }
 
     /// A handle to this node's groups.
@@ -538,6 +566,13 @@ impl Node {
             sleeping_replicas: self.host_metrics.sleeping_replicas.load(Ordering::Relaxed),
             hibernations: self.host_metrics.hibernations.load(Ordering::Relaxed),
         }
+    }
+
+    /// What runs the first part of a graceful stop (SIGTERM): health NOT_SERVING, new calls
+    /// refused, every leadership handed to an up-to-date peer, the proposals in flight
+    /// answered (`drain.rs`). Drop the node afterwards to stop it.
+    pub fn drainer(&self) -> drain::Drainer {
+        drain::Drainer { node: self.handle.clone(), health: self.health.clone() }
     }
 
     /// Stops everything at once, as a crash would: workers stop between rounds, writes not

@@ -106,4 +106,17 @@ pub struct GroupStatus {
     pub learners: Vec<u64>,
     /// True while this replica hibernates (neither ticks nor heartbeats; `host/hibernate.rs`).
     pub asleep: bool,
+    /// The leader's view of each replica (empty on a follower).
+    pub progress: Vec<PeerProgress>,
+}
+
+/// What a leader knows of one replica of its group.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct PeerProgress {
+    /// The replica's node.
+    pub id: u64,
+    /// The highest log index known to match the leader's.
+    pub matched: u64,
+    /// Heard from within the last election timeout (check-quorum's judgement).
+    pub recent_active: bool,
 }

@@ -11,7 +11,7 @@ use raft::{RawNode, StateRole};
 use tokio::sync::oneshot;
 
 use super::command::CommandBatch;
-use super::msg::{GroupStatus, Reply};
+use super::msg::{GroupStatus, PeerProgress, Reply};
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::{ApplyOutput, LeaderClock, SmReader, StateMachine, StateMachineFactory};
@@ -222,6 +222,11 @@ impl Replica {
             voters: conf.voters,
             learners: conf.learners,
             asleep: self.is_asleep(),
+            progress: if self.is_leader() {
+                raft.prs().iter().map(|(id, pr)| PeerProgress { id: *id, matched: pr.matched, recent_active: pr.recent_active }).collect()
+            } else {
+                Vec::new()
+            },
         }
     }
 

@@ -29,13 +29,22 @@ use crate::transport::PeerDirectory;
 pub const GROUPS_PER_HEARTBEAT_MAX: usize = 100_000;
 
 /// What a node hears from placement in its heartbeat answers.
-#[derive(Clone, Default)]
+#[derive(Clone)]
 pub struct Heard {
     /// The ACL: each answer with a newer one updates it, so a grant or revoke reaches this
     /// node's checks within a heartbeat or two.
     pub acl: Arc<AclCache>,
     /// The cluster's apply limits, likewise (`limits.rs`).
     pub limits: Arc<ClusterLimits>,
+    /// Set once placement has answered a heartbeat (the node is registered, knows its
+    /// peers and the ACL): its health says SERVING from then on.
+    pub answered: Arc<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Default for Heard {
+    fn default() -> Self {
+        Heard { acl: Arc::default(), limits: Arc::default(), answered: Arc::new(tokio::sync::watch::Sender::new(false)) }
+    }
 }
 
 /// Sends heartbeats until the runtime it runs on stops (with `tls`, to nodes proving their
@@ -98,6 +107,7 @@ pub async fn run(
                 if let Some(newer) = response.limits {
                     heard.limits.offer(newer);
                 }
+                heard.answered.send_replace(true);
                 for group in response.removed_groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID) {
                     if let Err(error) = node.destroy_group(group).await {
                         tracing::debug!(group, %error, "could not destroy the replica of a removed group");

@@ -136,6 +136,10 @@ impl WardenService {
     /// As [`admit`](Self::admit), for a message that came over the connection `peer` in a
     /// call with `metadata` (a stream's).
     pub(super) fn admit_of<R: Access>(&self, peer: Option<&PeerInfo>, metadata: &MetadataMap, message: &R) -> Result<Caller, Status> {
+        // A stopping node takes no new call: its groups are led elsewhere (`host/drain.rs`).
+        if let Err(stopping) = self.node.activity().arrive() {
+            return Err(status(warden_proto::warden_error(Code::Unavailable, "", stopping.to_string())));
+        }
         let caller = warden_proto::tls::caller_of(peer, metadata)?;
         authorize_call(&self.acl, &caller, message)?;
         Ok(caller)
@@ -165,6 +169,8 @@ impl WardenService {
         let command = Command { now_ms, principal: principal.to_string(), op: Some(op) }.encode_to_vec();
         let deadline = tokio::time::Instant::now() + timeout;
         let mut attempts = 0;
+        // A graceful stop waits for this answer before the node goes.
+        let _in_flight = self.node.activity().propose();
         let result = loop {
             let output = self.node.propose(group, command.clone(), timeout).await.map_err(|e| self.engine_status(group, e))?;
             let result = CommandResult::decode(output.as_slice()).map_err(|e| internal(format!("command result: {e}")))?;
