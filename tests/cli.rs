@@ -464,8 +464,12 @@ fn status(c: &Cluster) {
     let root = groups.iter().find(|g| g["prefix"] == "/").expect("the root group");
     assert_eq!(root["replicas"].as_array().map(Vec::len), Some(5));
     assert!(root["leader"].as_u64().is_some(), "the root group's leader is known: {root}");
+    let states = root["replica_states"].as_array().expect("replica states");
+    assert!(states.len() == 5 && states.iter().all(|r| r["lag"].is_u64()), "each replica's lag: {root}");
+    assert_eq!(status["healthy"], true, "a dev cluster with every node up is healthy (exit 0): {status}");
     let human = c.ok(&["status", "--nodes", &c.nodes]);
     assert!(human.contains("nodes (5):") && human.contains("routes (") && human.contains("/teams/payments"), "{human}");
+    assert!(human.contains("healthy: every group has a leader") && human.contains(" lag "), "{human}");
     let listed = c.ok(&["admin", "routes", "--seeds", &c.nodes]);
     assert!(listed.lines().any(|l| l.starts_with("/teams/search")), "{listed}");
     let groups = c.ok(&["--json", "admin", "groups", "--seeds", &c.nodes]);

@@ -27,14 +27,18 @@ pub use output::Output;
 /// The exit codes, for `warden --help`.
 pub const EXIT_CODES_HELP: &str = "\
 Exit codes of the commands using a cluster: 0 success; 1 failure (one line `error: …` on \
-stderr, e.g. a missing node or a failed compare-and-swap); 2 malformed command line or input. \
-`warden lock` exits with its command's status (128 + N if killed by signal N; 126/127 if it \
+stderr, e.g. a missing node or a failed compare-and-swap); 2 malformed command line or input; \
+3 `warden status` found a group without a leader or with fewer than a quorum plus one live \
+voters. `warden lock` exits with its command's status (128 + N if killed by signal N; 126/127 if it \
 cannot run). Endpoints: --endpoints or WARDEN_ENDPOINTS (default 127.0.0.1:7100, `warden dev`).";
 
 /// Exit code of a command that failed (after printing `error: …`).
 pub const EXIT_FAILURE: i32 = 1;
 /// Exit code of a malformed command line or input (what clap uses too).
 pub const EXIT_USAGE: i32 = 2;
+/// Exit code of `warden status` when a group is unhealthy (no leader, or fewer than a
+/// quorum plus one live voters), for scripts and probes.
+pub const EXIT_UNHEALTHY: i32 = 3;
 
 /// Flags every command takes.
 #[derive(clap::Args, Clone, Debug)]

@@ -1,6 +1,9 @@
 //! `warden status`: the cluster as placement's routing table describes it (nodes, shard
-//! groups, routes), with each group's leader and revision asked of the routers. The
-//! per-item formatting here is shared with `warden admin groups` / `warden admin routes`.
+//! groups, routes), with each group's leader and revision asked of the routers and each
+//! replica's state asked of its node (applied index, lag behind the leader's commit). Exits
+//! [`EXIT_UNHEALTHY`] when a group has no leader or fewer than a quorum plus one live voters
+//! (one voter down is tolerated, two would lose the quorum). The per-item formatting here
+//! is shared with `warden admin groups` / `warden admin routes`.
 
 use std::time::Duration;
 
@@ -10,7 +13,7 @@ use warden_proto::v1 as pb;
 use warden_proto::v1::warden_client::WardenClient;
 
 use super::output::{rfc3339, Output};
-use super::GlobalArgs;
+use super::{ExitWith, GlobalArgs, EXIT_UNHEALTHY};
 
 /// How long the routing table is asked for before giving up.
 const TABLE_PATIENCE: Duration = Duration::from_secs(5);
@@ -45,13 +48,148 @@ pub struct GroupHealth {
     pub revision: Option<u64>,
 }
 
+/// Replicas asked at once for their state.
+const REPLICA_ASKS_IN_FLIGHT_MAX: usize = 64;
+
+/// One replica as its node reports it.
+#[derive(Clone, Copy, Debug)]
+struct ReplicaHealth {
+    node: u64,
+    /// `None`: the node did not answer for it (down, partitioned, or the replica is gone).
+    applied: Option<u64>,
+    /// Entries its applied index is behind the leader's commit index (`None`: unknown).
+    lag: Option<u64>,
+    /// Whether it leads.
+    leads: bool,
+    learner: bool,
+    hibernating: bool,
+}
+
+/// Asks each replica of every ready group (voters and learners) for its state, through its
+/// node; a group's lag is measured against the commit index its leader reports.
+async fn replica_health(table: &RoutingTable) -> Vec<Vec<ReplicaHealth>> {
+    use futures::StreamExt as _;
+    let asks: Vec<(usize, u64, u64, bool, String)> = table
+        .groups
+        .iter()
+        .enumerate()
+        .flat_map(|(index, group)| {
+            let descriptor = group.descriptor.clone().unwrap_or_default();
+            let voters = descriptor.replicas.iter().map(|id| (*id, false));
+            let learners = group.learners.iter().map(|id| (*id, true));
+            voters
+                .chain(learners)
+                .map(|(node, learner)| {
+                    let addr = table.nodes.iter().find(|n| n.id == node).map(|n| n.addr.clone()).unwrap_or_default();
+                    (index, descriptor.group_id, node, learner, addr)
+                })
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let answers: Vec<_> = futures::stream::iter(asks)
+        .map(|(index, group_id, node, learner, addr)| async move {
+            let answer = async {
+                let channel = crate::tls_args::node_channel(&addr).ok()?;
+                let mut client = warden_proto::placement::placement_client::PlacementClient::new(channel);
+                let request = warden_proto::placement::ReplicaStatusRequest { group_id };
+                tokio::time::timeout(LEADER_PATIENCE, client.replica_status(request)).await.ok()?.ok().map(tonic::Response::into_inner)
+            }
+            .await;
+            (index, node, learner, answer)
+        })
+        .buffer_unordered(REPLICA_ASKS_IN_FLIGHT_MAX)
+        .collect()
+        .await;
+    let mut groups: Vec<Vec<(u64, bool, Option<warden_proto::placement::ReplicaStatusResponse>)>> = vec![Vec::new(); table.groups.len()];
+    for (index, node, learner, answer) in answers {
+        groups[index].push((node, learner, answer));
+    }
+    groups
+        .into_iter()
+        .map(|mut replicas| {
+            replicas.sort_by_key(|(node, learner, _)| (*learner, *node));
+            let commit = replicas.iter().filter_map(|(_, _, a)| a.as_ref()).find(|a| a.leader_id == a.node_id && a.node_id != 0).map(|a| a.commit);
+            replicas
+                .into_iter()
+                .map(|(node, learner, answer)| ReplicaHealth {
+                    node,
+                    applied: answer.as_ref().map(|a| a.applied),
+                    lag: commit.zip(answer.as_ref()).map(|(commit, a)| commit.saturating_sub(a.applied)),
+                    leads: answer.as_ref().is_some_and(|a| a.leader_id == a.node_id && a.node_id != 0),
+                    learner,
+                    hibernating: answer.as_ref().is_some_and(|a| a.hibernating),
+                })
+                .collect()
+        })
+        .collect()
+}
+
+/// Why a group is unhealthy, if it is: no leader, or fewer than a quorum plus one voters
+/// answering on up nodes (all of them when the group has fewer voters than that). When no
+/// replica of any group answered (`replicas_reachable` false: with security on a node's
+/// replica status is served on its peer port, which admits nodes and routers only), a voter
+/// counts as live when placement says its node is up.
+fn group_problem(
+    group: &GroupEntry,
+    health: &GroupHealth,
+    replicas: &[ReplicaHealth],
+    nodes: &[NodeEntry],
+    replicas_reachable: bool,
+) -> Option<String> {
+    let descriptor = group.descriptor.as_ref()?;
+    if !group.ready || group.retired {
+        return None;
+    }
+    let id = descriptor.group_id;
+    if health.leader.is_none() && !replicas.iter().any(|r| r.leads) {
+        return Some(format!("group {id} ({}) has no leader", descriptor.prefix));
+    }
+    let voters = descriptor.replicas.len();
+    let needed = (voters / 2 + 2).min(voters);
+    let dead = dead_replicas(group, nodes);
+    let live = replicas.iter().filter(|r| !r.learner && (r.applied.is_some() || !replicas_reachable) && !dead.contains(&r.node)).count();
+    (live < needed).then(|| format!("group {id} ({}) has {live} live voters of {voters}, fewer than a quorum plus one ({needed})", descriptor.prefix))
+}
+
+/// A group's replicas as JSON.
+fn replicas_json(replicas: &[ReplicaHealth]) -> Value {
+    replicas
+        .iter()
+        .map(|r| {
+            let role = match (r.learner, r.leads) {
+                (true, _) => "learner",
+                (false, true) => "leader",
+                (false, false) => "follower",
+            };
+            json!({ "node": r.node, "role": role, "answered": r.applied.is_some(), "applied": r.applied, "lag": r.lag, "hibernating": r.hibernating })
+        })
+        .collect()
+}
+
+/// A group's replicas in a line: `lag 1:0 2:0 3:12 4:? 5+learner:900` (`?`: no answer).
+fn replicas_text(replicas: &[ReplicaHealth]) -> String {
+    let each = replicas.iter().map(|r| {
+        let learner = if r.learner { "+learner" } else { "" };
+        let lag = match (r.applied, r.lag) {
+            (None, _) => "?".to_string(),
+            (Some(_), Some(lag)) => lag.to_string(),
+            (Some(applied), None) => format!("applied {applied}"),
+        };
+        format!("{}{learner}:{lag}", r.node)
+    });
+    format!("lag {}", each.collect::<Vec<_>>().join(" "))
+}
+
 /// Prints the overview: one JSON object, or sections of text.
 pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::Result<()> {
     let table = crate::admin::routing_table(&args.nodes, TABLE_PATIENCE).await?;
     if args.hot {
         return hot(&table, &args, out).await;
     }
-    let health = group_health(&global.endpoints, &table.groups).await;
+    let (health, replicas) = tokio::join!(group_health(&global.endpoints, &table.groups), replica_health(&table));
+    let reachable = replicas.iter().flatten().any(|r| r.applied.is_some());
+    let problems: Vec<String> =
+        table.groups.iter().zip(&health).zip(&replicas).filter_map(|((g, h), r)| group_problem(g, h, r, &table.nodes, reachable)).collect();
     let routes = routes(&table);
     // Replica moves in flight (repairs, drains, balancing): the learner each is adding.
     let moves: Vec<(u64, u64)> =
@@ -59,17 +197,30 @@ pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::
     let value = json!({
         "routing_version": table.version,
         "nodes": table.nodes.iter().map(node_json).collect::<Vec<_>>(),
-        "groups": table.groups.iter().zip(&health).map(|(g, h)| group_json(g, Some(*h), &table.nodes)).collect::<Vec<_>>(),
+        "groups": table.groups.iter().zip(&health).zip(&replicas).map(|((g, h), r)| {
+            let mut group = group_json(g, Some(*h), &table.nodes);
+            group["replica_states"] = replicas_json(r);
+            group
+        }).collect::<Vec<_>>(),
         "routes": routes.iter().copied().map(route_json).collect::<Vec<_>>(),
         "moves": moves.iter().map(|(group, learner)| json!({ "group": group, "learner": learner })).collect::<Vec<_>>(),
         "scheduler_paused": table.scheduler_paused,
+        "healthy": problems.is_empty(),
+        "problems": problems,
     });
-    Ok(out.emit(value, || {
+    out.emit(value, || {
         let mut lines = vec![format!("routing version {}", table.version), String::new(), format!("nodes ({}):", table.nodes.len())];
         lines.extend(table.nodes.iter().map(|n| format!("  {}", node_text(n))));
         lines.push(String::new());
         lines.push(format!("groups ({}):", table.groups.len()));
-        lines.extend(table.groups.iter().zip(&health).map(|(g, h)| format!("  {}", group_text(g, Some(*h), &table.nodes))));
+        lines.extend(
+            table
+                .groups
+                .iter()
+                .zip(&health)
+                .zip(&replicas)
+                .map(|((g, h), r)| format!("  {}  {}", group_text(g, Some(*h), &table.nodes), replicas_text(r))),
+        );
         lines.push(String::new());
         lines.push(format!("routes ({}):", routes.len()));
         lines.extend(routes.iter().map(|g| format!("  {}", route_text(g))));
@@ -77,8 +228,18 @@ pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::
         let paused = if table.scheduler_paused { " (balancing paused)" } else { "" };
         lines.push(format!("replica moves running ({}){paused}:", moves.len()));
         lines.extend(moves.iter().map(|(group, learner)| format!("  group {group}: adding a replica on node {learner}")));
+        lines.push(String::new());
+        match problems.is_empty() {
+            true => lines.push("healthy: every group has a leader and a quorum plus one live voters".into()),
+            false => lines.extend(std::iter::once("UNHEALTHY:".to_string()).chain(problems.iter().map(|p| format!("  {p}")))),
+        }
         lines.join("\n")
-    })?)
+    })?;
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ExitWith(EXIT_UNHEALTHY).into())
+    }
 }
 
 /// A subtree and how many writes per second it took.

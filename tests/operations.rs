@@ -1,0 +1,86 @@
+//! Issue 18 with real processes.
+//!
+//! - `restarting_every_node_in_turn_under_load_costs_clients_nothing` (item 5): a rolling
+//!   restart of all five `warden node`s under load. Each node in turn is sent SIGTERM (it
+//!   hands every leadership to an up-to-date peer, refuses new calls, answers what is in
+//!   flight, exits), restarted on its data, and waited for until it has caught up; clients
+//!   of the library working through the router see no error and their session never expires.
+//! - `warden_status_exits_non_zero_without_a_quorum_plus_one` (item 4): `warden status`
+//!   shows each replica's lag and exits 0 with all five nodes, and with one SIGKILLed; with
+//!   two gone every group has fewer than a quorum plus one live voters: exit 3, naming them;
+//!   back to 0 once they are restarted.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::Value;
+use support::processes::{wait_for, ProcessCluster, BIN, STEP_TIMEOUT};
+use support::workload::{ClientLoad, PREFIXES};
+
+/// The load's session: short, so a keepalive gap during a leader move would end it.
+const SESSION_TTL: Duration = Duration::from_secs(4);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_every_node_in_turn_under_load_costs_clients_nothing() {
+    let mut cluster = ProcessCluster::start(&PREFIXES).await;
+    let groups = cluster.shard_groups().await;
+    let load = ClientLoad::start(cluster.router_addr(), SESSION_TTL).await;
+    let mut transfers = 0;
+    for id in cluster.node_ids() {
+        let log = cluster.terminate(id).await;
+        let drained = log.lines().rev().find(|line| line.contains(" drained ")).unwrap_or_else(|| panic!("node {id} logged no drain:\n{log}"));
+        assert!(drained.contains("still_led=[]") && drained.contains("in_flight=0"), "node {id} stopped while it led or carried a write: {drained}");
+        let field = drained.split("transfers=").nth(1).and_then(|rest| rest.split(' ').next());
+        transfers += field.and_then(|n| n.parse::<u64>().ok()).unwrap_or_else(|| panic!("no transfers in {drained}"));
+        cluster.restart(id);
+        cluster.wait_caught_up(id, &groups).await;
+    }
+    let (operations, errors) = load.finish().await;
+    assert!(transfers > 0, "no node led anything when it was stopped");
+    assert!(operations > 100, "too few operations ran during the restarts ({operations})");
+    assert!(errors.is_empty(), "the client library let errors through during the rolling restart ({operations} operations): {errors:?}");
+}
+
+/// `warden status --json` against `cluster`: its exit code and its output.
+fn status(cluster: &ProcessCluster) -> (Option<i32>, Value) {
+    let args = ["--json", "--endpoints", cluster.router_addr(), "status", "--nodes", cluster.seeds()];
+    let output = std::process::Command::new(BIN).args(args).output().expect("run warden status");
+    let value = serde_json::from_slice(&output.stdout).unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&output.stdout)));
+    (output.status.code(), value)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn warden_status_exits_non_zero_without_a_quorum_plus_one() {
+    let mut cluster = ProcessCluster::start(&PREFIXES).await;
+    let groups = cluster.shard_groups().await;
+    let (code, all_up) = wait_for("warden status says healthy", STEP_TIMEOUT, || async {
+        let (code, value) = status(&cluster);
+        (code == Some(0)).then_some((code, value))
+    })
+    .await;
+    assert_eq!(code, Some(0));
+    assert_eq!(all_up["healthy"], true, "{all_up}");
+    for group in all_up["groups"].as_array().expect("groups").iter().filter(|g| g["ready"] == true && g["prefix"] != "") {
+        let states = group["replica_states"].as_array().expect("replica states");
+        assert_eq!(states.len(), 5, "{group}");
+        assert_eq!(states.iter().filter(|r| r["role"] == "leader").count(), 1, "one leader: {group}");
+        assert!(states.iter().all(|r| r["answered"] == true && r["lag"].is_u64()), "every replica answers with its lag: {group}");
+    }
+    // One voter gone: a quorum plus one is still there.
+    cluster.kill(5);
+    let (code, one_down) = status(&cluster);
+    assert_eq!(code, Some(0), "one node down is tolerated: {one_down}");
+    // Two gone: every five-voter group has three live voters, fewer than four.
+    cluster.kill(4);
+    let (code, two_down) = status(&cluster);
+    assert_eq!(code, Some(3), "{two_down}");
+    let problems = two_down["problems"].as_array().expect("problems");
+    assert!(problems.len() >= groups.len(), "every shard group is named: {problems:?}");
+    assert!(problems.iter().all(|p| p.as_str().is_some_and(|p| p.contains("live voters of 5") || p.contains("no leader"))), "{problems:?}");
+    for id in [4, 5] {
+        cluster.restart(id);
+        cluster.wait_caught_up(id, &groups).await;
+    }
+    wait_for("warden status says healthy again", STEP_TIMEOUT, || async { (status(&cluster).0 == Some(0)).then_some(()) }).await;
+}
