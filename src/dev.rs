@@ -44,6 +44,10 @@ pub struct DevArgs {
     secure: bool,
 }
 
+/// The metrics ports: the router's at base + 199, node i's at base + 200 + i - 1 (so two
+/// dev clusters with other base ports never share one).
+const METRICS_PORT_OFFSET: u16 = 200;
+
 /// The certificates of a secure `warden dev`.
 struct DevTls {
     dir: PathBuf,
@@ -100,6 +104,9 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         fatal: FatalPolicy::Abort,
         tls_dir: tls.as_ref().map(|tls| tls.dir.clone()),
         client_base_port,
+        metrics_base_port: Some(
+            args.base_port.checked_add(METRICS_PORT_OFFSET).ok_or_else(|| anyhow::anyhow!("--base-port too high for metrics ports"))?,
+        ),
         ..ClusterConfig::default()
     };
     let router_tls = tls.as_ref().map(|tls| tls.router.clone());
@@ -128,14 +135,22 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(args.router).await?;
     let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
+    let router_metrics = std::net::SocketAddr::from(([127, 0, 0, 1], args.base_port + METRICS_PORT_OFFSET - 1));
     let router = tokio::spawn(warden_router::serve(
         listener,
-        warden_router::RouterConfig { batch_streams: args.batch_streams, tls: router_tls, ..warden_router::RouterConfig::new(seeds) },
+        warden_router::RouterConfig {
+            batch_streams: args.batch_streams,
+            tls: router_tls,
+            metrics_listen: Some(Arc::new(std::net::TcpListener::bind(router_metrics)?)),
+            ..warden_router::RouterConfig::new(seeds)
+        },
     ));
     for id in cluster.node_ids() {
         let clients = cluster.client_addr(id).map(|addr| format!(", clients: {addr}")).unwrap_or_default();
-        println!("node {id}: 127.0.0.1:{}{clients}", u64::from(args.base_port) + id - 1);
+        let metrics = cluster.metrics_addr(id).map(|addr| format!(", metrics: http://{addr}/metrics")).unwrap_or_default();
+        println!("node {id}: 127.0.0.1:{}{clients}{metrics}", u64::from(args.base_port) + id - 1);
     }
+    println!("router metrics: http://{router_metrics}/metrics");
     let router_addr = args.router;
     println!("placement group on nodes 1-3; shard groups for / and {}", EXAMPLE_PREFIXES.join(", "));
     println!("router (the whole warden.v1.Warden API, forwarded by path): {router_addr}. Try:");

@@ -67,6 +67,9 @@ struct RouterArgs {
     /// this router; over it, calls are refused RATE_LIMITED. Needs TLS. Default: no limit.
     #[arg(long)]
     requests_per_s_per_principal: Option<std::num::NonZeroU32>,
+    /// Where to serve Prometheus metrics (`GET /metrics`). Default: not served.
+    #[arg(long)]
+    metrics_listen: Option<std::net::SocketAddr>,
 }
 
 async fn run_router(args: RouterArgs, tls: &tls_args::TlsArgs) -> anyhow::Result<()> {
@@ -76,9 +79,11 @@ async fn run_router(args: RouterArgs, tls: &tls_args::TlsArgs) -> anyhow::Result
         batch_streams: args.batch_streams,
         tls: tls.load()?,
         requests_per_s_per_principal: args.requests_per_s_per_principal,
+        metrics_listen: args.metrics_listen.map(std::net::TcpListener::bind).transpose()?.map(std::sync::Arc::new),
         ..warden_router::RouterConfig::new(args.seeds)
     };
-    println!("router listening on {}", args.listen);
+    let metrics = args.metrics_listen.map(|addr| format!(", metrics on http://{addr}/metrics")).unwrap_or_default();
+    println!("router listening on {}{metrics}", args.listen);
     tokio::select! {
         served = warden_router::serve(listener, config) => served?,
         stop = tokio::signal::ctrl_c() => stop?,

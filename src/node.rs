@@ -38,6 +38,10 @@ pub struct NodeArgs {
     #[arg(long)]
     #[serde(default)]
     client_listen: Option<std::net::SocketAddr>,
+    /// Where to serve Prometheus metrics (`GET /metrics`). None: not served.
+    #[arg(long)]
+    #[serde(default)]
+    metrics_listen: Option<std::net::SocketAddr>,
     /// Data directory (created if missing).
     #[arg(long, default_value = "warden-node")]
     data_dir: PathBuf,
@@ -105,6 +109,7 @@ pub async fn run(args: NodeArgs, tls: &crate::tls_args::TlsArgs) -> anyhow::Resu
     let mut config = NodeConfig::new(args.id, args.data_dir.clone());
     config.zone = args.zone.clone();
     config.hibernate_after_ticks = args.hibernate_after_ticks;
+    config.metrics_listen = args.metrics_listen;
     // A node that cannot go on ends the process, for its supervisor to restart.
     config.fatal = FatalPolicy::Abort;
     config.tls = tls.load()?;
@@ -125,6 +130,10 @@ pub async fn run(args: NodeArgs, tls: &crate::tls_args::TlsArgs) -> anyhow::Resu
     let node = Node::start(config, listeners, directory.clone(), Arc::new(NetFaults::new()), factory, Some(&services))?;
     directory.insert(args.id, peers[&args.id]);
     let clients = args.client_listen.map(|addr| format!(", clients on {addr}")).unwrap_or_default();
+    let clients = match node.metrics_addr() {
+        Some(addr) => format!("{clients}, metrics on http://{addr}/metrics"),
+        None => clients,
+    };
     println!("node {} listening on {}{clients} ({secure}; data in {})", args.id, args.listen, args.data_dir.display());
     let mut terminate = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {

@@ -86,12 +86,14 @@ fn wait_within(child: &mut Child, deadline: Duration) -> Output {
     Output { status, stdout, stderr }
 }
 
-/// Ports `base..base + count` (the dev cluster's nodes) and, with `client_ports`, `base + 100
-/// ..` as many (their client ports under `--secure`) all free now.
+/// Ports `base..base + count` (the dev cluster's nodes), `base + 199 ..= base + 200 + count`
+/// (the router's and the nodes' metrics) and, with `client_ports`, `base + 100 ..` as many
+/// (their client ports under `--secure`) all free now.
 fn free_port_range(count: u16, client_ports: bool) -> u16 {
     for attempt in 0..200u32 {
         let base = 20_000 + u16::try_from((std::process::id() * 7919 + attempt * 104_729) % 40_000).unwrap_or(0);
-        let mut ports = (base..base + count).chain((base + 100..base + 100 + count).filter(|_| client_ports));
+        let metrics = base + METRICS_OFFSET - 1..base + METRICS_OFFSET + count;
+        let mut ports = (base..base + count).chain((base + 100..base + 100 + count).filter(|_| client_ports)).chain(metrics);
         let free = ports.all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
         if free {
             return base;
@@ -104,11 +106,16 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
+/// `warden dev` serves node i's metrics at its base port + 200 + i - 1, the router's at + 199.
+const METRICS_OFFSET: u16 = 200;
+
 /// A `warden dev` cluster and how to run the CLI against it.
 struct Cluster {
     dev: Process,
     router: String,
     nodes: String,
+    /// The dev cluster's base port.
+    base: u16,
     dir: tempfile::TempDir,
     /// `WARDEN_CA`, `WARDEN_CERT`, `WARDEN_KEY` of the client `root` (`--secure`).
     tls_env: Vec<(&'static str, PathBuf)>,
@@ -152,7 +159,7 @@ impl Cluster {
             }
             false => Vec::new(),
         };
-        let cluster = Cluster { dev, router, nodes, dir, tls_env };
+        let cluster = Cluster { dev, router, nodes, base, dir, tls_env };
         let deadline = Instant::now() + Duration::from_secs(90);
         loop {
             let out = cluster.run(&["ls", "/teams"], None);
@@ -521,6 +528,62 @@ fn quota(c: &Cluster) {
     c.ok(&["create", "/cli/quota/c"]);
 }
 
+/// `GET /metrics` on `port` (a plain HTTP/1.0 exchange): the body.
+fn scrape(port: u16) -> String {
+    use std::io::{Read as _, Write as _};
+    let mut stream = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap_or_else(|e| panic!("metrics on {port}: {e}"));
+    stream.set_read_timeout(Some(Duration::from_secs(10))).expect("timeout");
+    stream.write_all(b"GET /metrics HTTP/1.0\r\nHost: localhost\r\n\r\n").expect("request");
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).expect("response");
+    assert!(answer.starts_with("HTTP/1.") && answer.contains(" 200 "), "{answer}");
+    answer.split_once("\r\n\r\n").map(|(_, body)| body.to_string()).unwrap_or_default()
+}
+
+/// The sum of the samples named exactly `series` (name and labels) in scraped `texts`.
+fn sum_of(texts: &[String], series: &str) -> f64 {
+    texts
+        .iter()
+        .flat_map(|text| text.lines())
+        .filter_map(|line| line.strip_prefix(series).and_then(|rest| rest.strip_prefix(' ')))
+        .filter_map(|value| value.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// Prometheus metrics of `warden dev` (issue 18): scraped before and after 20 creates through
+/// the router, they account for the work: at least 20 more proposals committed over the
+/// nodes, 20 more `Create` calls answered OK by the router, fsyncs timed, every group's
+/// replicas hosted, and placement's groups reported by its leader alone.
+fn metrics(c: &Cluster) {
+    let nodes = |c: &Cluster| (0..5).map(|i| scrape(c.base + METRICS_OFFSET + i)).collect::<Vec<_>>();
+    let router = |c: &Cluster| vec![scrape(c.base + METRICS_OFFSET - 1)];
+    let committed = "warden_raft_proposals_total{outcome=\"committed\"}";
+    let creates = "warden_router_requests_total{code=\"Ok\",method=\"create\"}";
+    let (nodes_before, router_before) = (nodes(c), router(c));
+    for i in 0..20 {
+        c.ok(&["create", "-p", &format!("/cli/metrics/n{i}")]);
+    }
+    let (nodes_after, router_after) = (nodes(c), router(c));
+    assert!(sum_of(&nodes_after, committed) >= sum_of(&nodes_before, committed) + 20.0, "{nodes_after:?}");
+    assert!(sum_of(&router_after, creates) >= sum_of(&router_before, creates) + 20.0, "{router_after:?}");
+    assert!(sum_of(&nodes_after, "warden_storage_fsync_seconds_count") > sum_of(&nodes_before, "warden_storage_fsync_seconds_count"));
+    assert!(sum_of(&nodes_after, "warden_storage_fsyncs_total") >= 1.0 && sum_of(&nodes_after, "warden_storage_sst_bytes") >= 0.0);
+    let status = c.json(&["status", "--nodes", &c.nodes]);
+    let groups = status["groups"].as_array().expect("groups");
+    let replicas: usize = groups.iter().filter_map(|g| g["replicas"].as_array()).map(Vec::len).sum();
+    // The placement group's three replicas are hosted too.
+    assert_eq!(sum_of(&nodes_after, "warden_raft_groups{role=\"hosted\"}"), (replicas + 3) as f64, "{status}");
+    assert_eq!(sum_of(&nodes_after, "warden_raft_groups{role=\"leaderless\"}"), 0.0);
+    let ready = groups.iter().filter(|g| g["ready"] == true && g["retired"] == false && g["merging_into"] == 0).count();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    // The placement leader refreshes its gauges every 5 s.
+    while sum_of(&nodes(c), "warden_placement_groups{state=\"ready\"}") != ready as f64 {
+        assert!(Instant::now() < deadline, "placement's ready groups never reported as {ready}: {:?}", nodes(c));
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    assert!(router_after[0].contains("warden_router_routing_table_version "), "{}", router_after[0]);
+}
+
 /// `warden admin limits`: `show` prints the cluster's apply limits (recorded at bootstrap),
 /// `set` changes one and keeps the others, a bad value is refused (exit 1) and changes nothing.
 fn limits(c: &Cluster) {
@@ -558,7 +621,7 @@ type Step = (&'static str, fn(&Cluster));
 #[test]
 fn the_command_line_against_a_dev_cluster() {
     let mut cluster = Cluster::start();
-    let steps: [Step; 16] = [
+    let steps: [Step; 17] = [
         ("nodes_commands", nodes_commands),
         ("nonexistent_node", nonexistent_node),
         ("json_output", json_output),
@@ -574,6 +637,7 @@ fn the_command_line_against_a_dev_cluster() {
         ("split", split),
         ("quota", quota),
         ("limits", limits),
+        ("metrics", metrics),
         ("elect", elect),
     ];
     let mut failed = Vec::new();

@@ -34,6 +34,7 @@ pub mod batch {
     tonic::include_proto!("warden.batch");
 }
 
+pub mod metrics;
 pub mod tls;
 
 /// Sessions one keepalive request renews at most (a router splits a request by home group,

@@ -19,6 +19,7 @@ pub mod access;
 pub mod batch;
 pub mod fan_out;
 pub mod limits;
+pub mod metrics;
 pub mod principal;
 pub mod service;
 pub mod table;
@@ -55,6 +56,8 @@ pub struct RouterConfig {
     /// Calls per second each client principal may start through this router (`None`: no
     /// limit; applies only with TLS, which names principals).
     pub requests_per_s_per_principal: Option<std::num::NonZeroU32>,
+    /// Where the router serves its Prometheus metrics (`GET /metrics`; `None`: not served).
+    pub metrics_listen: Option<Arc<std::net::TcpListener>>,
 }
 
 impl RouterConfig {
@@ -69,14 +72,25 @@ impl RouterConfig {
             batch_streams: 1,
             tls: None,
             requests_per_s_per_principal: None,
+            metrics_listen: None,
         }
     }
 }
 
 /// Serves the router on `listener` until the future is dropped, refreshing the routing
 /// table in the background.
-pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> Result<(), tonic::transport::Error> {
-    let upstreams = Arc::new(Upstreams::batched(config.seeds, config.batch_streams, config.tls.clone()));
+pub async fn serve(listener: tokio::net::TcpListener, mut config: RouterConfig) -> Result<(), tonic::transport::Error> {
+    let upstreams = Arc::new(Upstreams::batched(config.seeds.clone(), config.batch_streams, config.tls.clone()));
+    let metrics = config.metrics_listen.take().map(|listener| {
+        let upstreams = upstreams.clone();
+        tokio::spawn(async move {
+            let render: warden_proto::metrics::Render = Arc::new(move || upstreams.metrics.render(upstreams.table().version));
+            let listener = listener.try_clone().and_then(|l| l.set_nonblocking(true).map(|()| l)).and_then(tokio::net::TcpListener::from_std);
+            if let Err(error) = async { warden_proto::metrics::serve(listener?, render).await }.await {
+                tracing::error!(%error, "the metrics endpoint stopped");
+            }
+        })
+    });
     let refresher = {
         let upstreams = upstreams.clone();
         tokio::spawn(async move {
@@ -114,5 +128,8 @@ pub async fn serve(listener: tokio::net::TcpListener, config: RouterConfig) -> R
         .serve_with_incoming(incoming)
         .await;
     refresher.abort();
+    if let Some(metrics) = metrics {
+        metrics.abort();
+    }
     served
 }

@@ -124,14 +124,16 @@ fn sequencer_target(sequencer: &Sequencer) -> Target<'_> {
 macro_rules! forward {
     ($self:ident, $target:expr, $idempotent:expr, $deadline:expr, $request:ident, $method:ident) => {{
         let deadline: Instant = $deadline;
-        $self
+        let started = std::time::Instant::now();
+        let result = $self
             .upstreams
             .call($target, $idempotent, deadline, |upstream, routing| {
                 let request = with_routing($request.clone(), routing);
                 upstream.forward(request, deadline, |mut client, request| async move { client.$method(request).await })
             })
-            .await
-            .map(Response::new)
+            .await;
+        $self.upstreams.metrics.forwarded(stringify!($method), started, &result);
+        result.map(Response::new)
     }};
 }
 

@@ -104,6 +104,8 @@ pub struct Upstreams {
     tls: Option<Arc<Tls>>,
     /// The ACL, as the routing table last brought it.
     acl: AclCache,
+    /// The router's metrics.
+    pub metrics: crate::metrics::RouterMetrics,
 }
 
 pub use warden_proto::error_of;
@@ -128,6 +130,7 @@ impl Upstreams {
             channels: Mutex::new(HashMap::new()),
             batch_streams,
             leaders: moka::sync::Cache::builder().max_capacity(LEADERS_CACHED_MAX).time_to_live(LEADER_TTL).build(),
+            metrics: crate::metrics::RouterMetrics::new(),
         }
     }
 
@@ -294,6 +297,9 @@ impl Upstreams {
                 return Err(Status::unavailable(format!("group {} has no replicas", group.id())));
             }
             let node = self.leaders.get(&group.id()).filter(|n| replicas.contains(n)).unwrap_or(replicas[attempt % replicas.len()]);
+            if attempt > 0 {
+                self.metrics.retries.inc();
+            }
             attempt += 1;
             let addr = table.addr(node).unwrap_or_default().to_string();
             let client = self.upstream(&addr)?;

@@ -68,6 +68,9 @@ pub struct ClusterConfig {
     /// Each node also opens a client port ([`Cluster::client_addr`]): node `i` on
     /// `base + i - 1`, or any free port when the base is 0. `None`: no client ports.
     pub client_base_port: Option<u16>,
+    /// Each node serves its Prometheus metrics ([`Cluster::metrics_addr`]): node `i` on
+    /// `base + i - 1`, or any free port when the base is 0. `None`: not served.
+    pub metrics_base_port: Option<u16>,
 }
 
 impl Default for ClusterConfig {
@@ -85,6 +88,7 @@ impl Default for ClusterConfig {
             fatal: FatalPolicy::StopNode,
             tls_dir: None,
             client_base_port: None,
+            metrics_base_port: None,
         }
     }
 }
@@ -177,7 +181,16 @@ impl Cluster {
         config.log_compact_entries = self.config.log_compact_entries;
         config.fatal = self.config.fatal;
         config.tls = self.tls.get(&id).cloned();
+        config.metrics_listen = self.config.metrics_base_port.map(|base| {
+            let port = if base == 0 { 0 } else { u16::try_from(u64::from(base) + id - 1).unwrap_or(0) };
+            std::net::SocketAddr::from(([127, 0, 0, 1], port))
+        });
         config
+    }
+
+    /// Where node `id` serves its metrics (`ClusterConfig::metrics_base_port`).
+    pub fn metrics_addr(&self, id: u64) -> Option<SocketAddr> {
+        self.nodes().get(&id).and_then(Node::metrics_addr)
     }
 
     fn start_node(&self, id: u64, listeners: Listeners) -> Result<(), NodeError> {

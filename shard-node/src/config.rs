@@ -67,6 +67,8 @@ pub struct NodeConfig {
     pub zone: String,
     /// How often the node tells the placement group it is alive (0: never).
     pub placement_heartbeat_ms: u64,
+    /// Where the node serves its Prometheus metrics (`GET /metrics`; `None`: not served).
+    pub metrics_listen: Option<std::net::SocketAddr>,
     /// How often the leader of each group asks the home groups of its remote sessions
     /// whether they are alive (0: never; DESIGN.md rule 7).
     pub remote_session_check_ms: u64,
@@ -122,6 +124,7 @@ impl NodeConfig {
             request_timeout_ms: 5000,
             zone: String::new(),
             placement_heartbeat_ms: 1_000,
+            metrics_listen: None,
             remote_session_check_ms: 1_000,
             fatal: FatalPolicy::Abort,
             tls: None,

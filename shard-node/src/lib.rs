@@ -17,6 +17,7 @@ pub mod group_links;
 pub mod host;
 pub mod kv;
 pub mod log_limit;
+pub mod metrics;
 pub mod namespace;
 pub mod node_services;
 pub mod placement;

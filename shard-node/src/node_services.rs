@@ -23,6 +23,7 @@ use crate::host::{NodeError, NodeRoutes, NodeServices, ServiceContext};
 use crate::kv::KvFactory;
 use crate::namespace::limits::LimitsBoard;
 use crate::namespace::{Limits, NamespaceFactory};
+use crate::placement::gauges::PlacementGauges;
 use crate::placement::heartbeat::Heard;
 use crate::placement::limits::{bootstrap_record, spread_periodically};
 use crate::placement::service::{PlacementService, Security, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
@@ -163,6 +164,15 @@ impl NodeServices for ApiServices {
         context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
         if placement_config.is_some() {
             context.runtime.spawn(placement.clone().schedule_periodically(SCHEDULE_INTERVAL, ScheduleLimits::default()));
+            match PlacementGauges::register(context.handle.metrics().registry()) {
+                Ok(gauges) => {
+                    context.runtime.spawn(placement.clone().report_gauges_periodically(gauges));
+                }
+                Err(error) => tracing::warn!(%error, "placement metrics not registered"),
+            }
+        }
+        if let Some(hubs) = self.factory.watch_hubs() {
+            context.handle.metrics().attach_watches(hubs);
         }
         if let Some(auto_split) = placement_config.as_ref().and_then(|c| c.auto_split.clone()) {
             context.runtime.spawn(placement.clone().auto_split_periodically(auto_split));

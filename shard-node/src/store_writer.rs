@@ -41,7 +41,7 @@ pub struct Persisted {
 }
 
 /// Counters of the store writer, readable while it runs.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct StoreMetrics {
     /// Synced RocksDB writes.
     pub fsyncs: AtomicU64,
@@ -51,6 +51,35 @@ pub struct StoreMetrics {
     pub bytes: AtomicU64,
     /// Worker tasks served.
     pub tasks: AtomicU64,
+    /// Time of each synced write (write and WAL fsync), seconds.
+    pub fsync_seconds: prometheus::Histogram,
+    /// Raft entries each synced write made durable.
+    pub entries_per_fsync: prometheus::Histogram,
+    /// Bytes each synced write wrote.
+    pub bytes_per_fsync: prometheus::Histogram,
+}
+
+impl Default for StoreMetrics {
+    fn default() -> Self {
+        use warden_proto::metrics::{histogram_opts, BYTES_BUCKETS, COUNT_BUCKETS, LATENCY_BUCKETS};
+        let histogram = |name: &str, help: &str, buckets: &[f64]| {
+            // Valid names and buckets: construction cannot fail (checked by the node's metrics test).
+            prometheus::Histogram::with_opts(histogram_opts(name, help, buckets)).unwrap_or_else(|e| unreachable!("{name}: {e}"))
+        };
+        StoreMetrics {
+            fsyncs: AtomicU64::new(0),
+            entries: AtomicU64::new(0),
+            bytes: AtomicU64::new(0),
+            tasks: AtomicU64::new(0),
+            fsync_seconds: histogram(
+                "warden_storage_fsync_seconds",
+                "Time of each synced write of the node's store (write + WAL fsync).",
+                &LATENCY_BUCKETS,
+            ),
+            entries_per_fsync: histogram("warden_storage_fsync_entries", "Raft entries each synced write made durable.", &COUNT_BUCKETS),
+            bytes_per_fsync: histogram("warden_storage_fsync_bytes", "Bytes each synced write wrote.", &BYTES_BUCKETS),
+        }
+    }
 }
 
 /// A point-in-time copy of [`StoreMetrics`].
@@ -197,6 +226,7 @@ fn run(db: &Db, receiver: &Receiver<WriteTask>, stop: &AtomicBool, metrics: &Sto
             // which nobody relies on (peer storage serves them from its cache until durable).
             let result = db.write(commit.batch, false).and_then(|()| db.sync_wal()).map_err(|error| error.to_string());
             let elapsed = started.elapsed();
+            metrics.fsync_seconds.observe(elapsed.as_secs_f64());
             if elapsed >= SLOW_FSYNC {
                 static SLOW_FSYNCS: crate::log_limit::LogLimit = crate::log_limit::LogLimit::new(1);
                 if let Some(suppressed) = SLOW_FSYNCS.admit() {
@@ -213,6 +243,8 @@ fn run(db: &Db, receiver: &Receiver<WriteTask>, stop: &AtomicBool, metrics: &Sto
                 metrics.fsyncs.fetch_add(1, Ordering::Relaxed);
                 metrics.entries.fetch_add(*entries, Ordering::Relaxed);
                 metrics.bytes.fetch_add(*bytes, Ordering::Relaxed);
+                metrics.entries_per_fsync.observe(*entries as f64);
+                metrics.bytes_per_fsync.observe(*bytes as f64);
             }
         }
         metrics.tasks.fetch_add(batch_tasks.len() as u64, Ordering::Relaxed);

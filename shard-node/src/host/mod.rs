@@ -16,6 +16,8 @@ mod worker;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use crate::metrics::NodeMetrics;
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -52,6 +54,9 @@ pub trait RaftSender: Send + Sync {
 #[derive(Debug, Default)]
 pub struct LeaderTable {
     groups: std::sync::RwLock<HashMap<u64, LeaderInfo>>,
+    /// Times a hosted group's known leader became another node (etcd's "leader changes
+    /// seen"), for `warden_raft_leader_changes_seen_total`.
+    changes_seen: AtomicU64,
 }
 
 /// A group's leadership as one replica sees it.
@@ -69,7 +74,15 @@ pub struct LeaderInfo {
 impl LeaderTable {
     /// Records `group`'s leadership.
     pub fn set(&self, group: u64, info: LeaderInfo) {
-        self.groups.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(group, info);
+        let before = self.groups.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(group, info);
+        if info.leader_id != 0 && before.is_none_or(|before| before.leader_id != info.leader_id) {
+            self.changes_seen.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// Times a hosted group's known leader became another node.
+    pub fn changes_seen(&self) -> u64 {
+        self.changes_seen.load(Ordering::Relaxed)
     }
 
     /// Forgets `group` (its replica left this node).
@@ -131,9 +144,16 @@ pub struct NodeHandle {
     deadline_slack: Duration,
     /// What the services tell a graceful stop (`drain.rs`).
     activity: Arc<drain::Activity>,
+    /// The node's metrics (`metrics.rs`).
+    metrics: Arc<NodeMetrics>,
 }
 
 impl NodeHandle {
+    /// The node's metrics.
+    pub fn metrics(&self) -> &Arc<NodeMetrics> {
+        &self.metrics
+    }
+
     /// Calls arriving and proposals in flight, for a graceful stop (`drain.rs`).
     pub fn activity(&self) -> &drain::Activity {
         &self.activity
@@ -219,8 +239,13 @@ impl NodeHandle {
     /// Proposes `command` to `group` (this node must lead it); answers with the state
     /// machine's output once the entry is durable on a quorum and applied here.
     pub async fn propose(&self, group: u64, command: Vec<u8>, timeout: Duration) -> ApplyOutput {
-        let deadline = Instant::now() + timeout;
-        self.ask(group, timeout, |reply| WorkerMsg::Propose { group, command, deadline, reply }).await
+        let started = Instant::now();
+        let deadline = started + timeout;
+        self.metrics.proposals_pending.inc();
+        let output = self.ask(group, timeout, |reply| WorkerMsg::Propose { group, command, deadline, reply }).await;
+        self.metrics.proposals_pending.dec();
+        self.metrics.proposed(output.is_ok(), started.elapsed().as_secs_f64());
+        output
     }
 
     /// Answers `query` from `group`'s state machine with the given consistency.
@@ -284,7 +309,14 @@ impl NodeHandle {
 impl NodeHandle {
     /// A handle whose groups all live behind `inbox`, for tests of what reaches a worker.
     pub(crate) fn with_inbox(node_id: u64, inbox: Sender<WorkerMsg>) -> NodeHandle {
-        NodeHandle { node_id, leaders: Arc::default(), workers: vec![inbox].into(), deadline_slack: Duration::ZERO, activity: Arc::default() }
+        NodeHandle {
+            node_id,
+            leaders: Arc::default(),
+            workers: vec![inbox].into(),
+            deadline_slack: Duration::ZERO,
+            activity: Arc::default(),
+            metrics: Arc::default(),
+        }
     }
 }
 
@@ -388,6 +420,8 @@ pub struct Node {
     listen_addr: SocketAddr,
     /// The node's gRPC health, reported NOT_SERVING once a graceful stop begins.
     health: tonic_health::server::HealthReporter,
+    /// Where the node serves its metrics, if it does.
+    metrics_addr: Option<SocketAddr>,
 }
 
 impl Node {
@@ -435,12 +469,22 @@ impl Node {
             workers: senders.into(),
             deadline_slack: Duration::from_millis(config.tick_ms * 2),
             activity: Arc::default(),
+            metrics: Arc::new(NodeMetrics::new()),
         };
         let limits = TransportLimits::default();
         let transport = Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits, config.tls.clone());
         let transport_metrics = transport.metrics();
         let transport: Arc<dyn RaftSender> = Arc::new(transport);
         let host_metrics = Arc::new(HostMetrics::default());
+        let sleeping = host_metrics.clone();
+        handle.metrics.attach(crate::metrics::Sources {
+            node_id,
+            leaders: leaders.clone(),
+            transport: transport_metrics.clone(),
+            store: store.metrics(),
+            db: db.clone(),
+            sleeping_replicas: Arc::new(move || sleeping.sleeping_replicas.load(Ordering::Relaxed)),
+        });
 
         // 2. Replicas from disk, each on the worker its id maps to.
         let mut replicas: Vec<HashMap<u64, Replica>> = (0..config.workers).map(|_| HashMap::new()).collect();
@@ -514,6 +558,25 @@ impl Node {
                 }
             });
         }
+        let metrics_addr = match config.metrics_listen {
+            Some(addr) => {
+                let listener = std::net::TcpListener::bind(addr)?;
+                listener.set_nonblocking(true)?;
+                let metrics_addr = listener.local_addr()?;
+                let metrics = handle.metrics.clone();
+                runtime.spawn(async move {
+                    let served = match tokio::net::TcpListener::from_std(listener) {
+                        Ok(listener) => warden_proto::metrics::serve(listener, Arc::new(move || metrics.render())).await,
+                        Err(error) => Err(error),
+                    };
+                    if let Err(error) = served {
+                        tracing::error!(node = node_id, %error, "the metrics endpoint stopped");
+                    }
+                });
+                Some(metrics_addr)
+            }
+            None => None,
+        };
         let serving = serve(listener, config.tls.clone(), Admit::Peers, routes.peer.routes());
         let health = health_reporter.clone();
         runtime.spawn(async move {
@@ -535,6 +598,7 @@ impl Node {
             runtime: Some(runtime),
             listen_addr,
             health,
+            metrics_addr,
         })
     }
 
@@ -551,6 +615,11 @@ impl Node {
     /// Where the node's gRPC server listens.
     pub fn listen_addr(&self) -> SocketAddr {
         self.listen_addr
+    }
+
+    /// Where the node serves its Prometheus metrics (`NodeConfig::metrics_listen`).
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
     }
 
     /// The store writer's counters.

@@ -65,6 +65,7 @@ pub struct NamespaceFactory {
 impl StateMachineFactory for NamespaceFactory {
     fn create(&self, node_id: u64, group: u64) -> Box<dyn StateMachine> {
         let hub = WatchHub::new(group, self.hubs.limits().clone());
+        hub.count_into(self.hubs.counters(node_id));
         self.hubs.insert(node_id, group, hub.clone());
         Box::new(NamespaceStateMachine {
             node_id,

@@ -6,7 +6,8 @@
 //! leader carrying out repair, drain and balance operators; [`split`] moves a live subtree
 //! into a new group, [`merge`] gives a group's subtree back to its parent path's group,
 //! [`auto_split`] proposes (or performs) the split of a hot one; [`quota`] shares each
-//! subtree quota out among the groups serving it; [`limits`] brings the apply limits placement
+//! subtree quota out among the groups serving it; [`gauges`] reports placement's view as
+//! metrics; [`limits`] brings the apply limits placement
 //! records to every group; [`factory`] gives each group
 //! its state machine (the placement group's, or a namespace).
 //!
@@ -15,6 +16,7 @@
 
 pub mod auto_split;
 pub mod factory;
+pub mod gauges;
 pub mod heartbeat;
 pub mod limits;
 pub mod merge;

@@ -64,7 +64,7 @@ pub const SETTLE_CREATIONS_INTERVAL: Duration = Duration::from_secs(5);
 /// The placement service of one node.
 #[derive(Clone)]
 pub struct PlacementService {
-    node: NodeHandle,
+    pub(super) node: NodeHandle,
     directory: Arc<PeerDirectory>,
     timeout: Duration,
     /// The routing version this node's placement replica applied (`None`: no placement

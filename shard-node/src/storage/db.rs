@@ -31,6 +31,9 @@ pub enum Cf {
 }
 
 impl Cf {
+    /// Every column family.
+    pub const ALL: [Cf; 3] = [Cf::RaftLog, Cf::RaftState, Cf::Sm];
+
     fn name(self) -> &'static str {
         match self {
             Cf::RaftLog => CF_RAFT_LOG,
@@ -89,6 +92,16 @@ impl Drop for SnapshotBuildPermit {
 }
 
 impl Db {
+    /// The sum over column families of a RocksDB integer property (`rocksdb.total-sst-files-size`,
+    /// `rocksdb.estimate-pending-compaction-bytes` …); 0 where RocksDB has none.
+    pub fn property_sum(&self, property: &str) -> u64 {
+        Cf::ALL
+            .iter()
+            .filter_map(|cf| self.inner.cf_handle(cf.name()))
+            .filter_map(|cf| self.inner.property_int_value_cf(&cf, property).ok().flatten())
+            .sum()
+    }
+
     /// Opens (creating if missing) the database at `path`.
     pub fn open(path: &Path) -> Result<Arc<Db>, StorageError> {
         let mut options = Options::default();

@@ -95,6 +95,8 @@ pub struct WatchHub {
     state: Mutex<HubState>,
     /// The watch limits of the quotas on the group's subtree, by prefix (from its shares).
     watch_limits: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Where the events sent and the slow watchers cancelled are counted (its node's).
+    counters: std::sync::OnceLock<Arc<super::WatchCounters>>,
 }
 
 impl WatchHub {
@@ -114,6 +116,7 @@ impl WatchHub {
                 moves: VecDeque::new(),
             }),
             watch_limits: Mutex::default(),
+            counters: std::sync::OnceLock::new(),
         })
     }
 
@@ -156,6 +159,11 @@ impl WatchHub {
     /// Events up to this revision are no longer in the history.
     pub fn compact_revision(&self) -> u64 {
         self.lock().compact_revision
+    }
+
+    /// Counts this hub's events and cancels into `counters` (its node's), from now on.
+    pub fn count_into(&self, counters: Arc<super::WatchCounters>) {
+        let _ = self.counters.set(counters);
     }
 
     /// Revisions and bytes in the history, and live watches.
@@ -212,10 +220,19 @@ impl WatchHub {
                 if selected.is_empty() {
                     return true;
                 }
+                let events = selected.len() as u64;
                 let keep = match watcher.stream.push_events(watcher.watch_id, self.group, vec![(batch.clone(), selected)], None) {
-                    Pushed::Queued => true,
+                    Pushed::Queued => {
+                        if let Some(counters) = self.counters.get() {
+                            counters.events_sent.fetch_add(events, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        true
+                    }
                     Pushed::Fired | Pushed::Gone => false,
                     Pushed::Full => {
+                        if let Some(counters) = self.counters.get() {
+                            counters.slow_cancels.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
                         let error = error(Code::SlowWatcher, "", "the watch stream's queue is full: the client reads too slowly");
                         watcher.stream.cancel(watcher.watch_id, Some(error), batch.revision);
                         false

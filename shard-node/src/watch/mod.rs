@@ -26,6 +26,15 @@ pub use event::{Event, EventBatch, EventKind, WatchSpec};
 pub use hub::WatchHub;
 pub use stream::WatchStream;
 
+/// What a node's watch hubs did, for its metrics.
+#[derive(Debug, Default)]
+pub struct WatchCounters {
+    /// Events queued to watch streams.
+    pub events_sent: std::sync::atomic::AtomicU64,
+    /// Watches cancelled SLOW_WATCHER (their stream's queue was full).
+    pub slow_cancels: std::sync::atomic::AtomicU64,
+}
+
 /// Limits of watches (DESIGN.md rule 8).
 #[derive(Clone, Debug)]
 pub struct WatchLimits {
@@ -99,6 +108,8 @@ pub struct WatchQuotaExceeded {
 /// register theirs, the `Watch` service looks them up. Carries the limits both use.
 #[derive(Clone, Default)]
 pub struct WatchHubs {
+    /// What each node's hubs counted, by node id (kept across replicas: counters only grow).
+    counters: Arc<RwLock<HashMap<u64, Arc<WatchCounters>>>>,
     hubs: Arc<RwLock<HubsByReplica>>,
     limits: Arc<WatchLimits>,
     counts: Arc<WatchCounts>,
@@ -107,7 +118,7 @@ pub struct WatchHubs {
 impl WatchHubs {
     /// No hubs yet; watches will have `limits`.
     pub fn new(limits: WatchLimits) -> WatchHubs {
-        WatchHubs { hubs: Arc::default(), limits: Arc::new(limits), counts: Arc::default() }
+        WatchHubs { counters: Arc::default(), hubs: Arc::default(), limits: Arc::new(limits), counts: Arc::default() }
     }
 
     /// Counts one more watch under each of the quotas `covering` it (`(prefix, limit)`),
@@ -130,6 +141,21 @@ impl WatchHubs {
     /// The limits of watches.
     pub fn limits(&self) -> &WatchLimits {
         &self.limits
+    }
+
+    /// The counters of `node`'s hubs (made on first use).
+    pub fn counters(&self, node: u64) -> Arc<WatchCounters> {
+        if let Some(counters) = self.counters.read().unwrap_or_else(|e| e.into_inner()).get(&node) {
+            return counters.clone();
+        }
+        self.counters.write().unwrap_or_else(|e| e.into_inner()).entry(node).or_default().clone()
+    }
+
+    /// Live watches on `node`'s hubs.
+    pub fn watches_on(&self, node: u64) -> usize {
+        let hubs: Vec<Arc<WatchHub>> =
+            self.hubs.read().unwrap_or_else(|e| e.into_inner()).iter().filter(|((n, _), _)| *n == node).map(|(_, hub)| hub.clone()).collect();
+        hubs.iter().map(|hub| hub.stats().2).sum()
     }
 
     /// The hub of `group`'s replica on `node`, if hosted.

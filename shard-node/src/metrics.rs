@@ -1,0 +1,207 @@
+//! A node's Prometheus metrics (issue 18): one registry per node, served at `GET /metrics`
+//! on `--metrics-listen` (`warden_proto::metrics`).
+//!
+//! Two kinds of values: those counted where they happen (proposals and their latency,
+//! fsync latency and sizes: prometheus counters and histograms), and those the engine
+//! already keeps as atomics or tables (messages sent, fsyncs, leaders, watches, RocksDB's
+//! own figures), copied into the registry at each scrape ([`NodeMetrics::render`]).
+//!
+//! Architecture invariant: no label takes a value per path, session or group; per-group
+//! figures are summed over the node's replicas (`warden_raft_groups{role=…}`), so a node
+//! with 10,000 groups has the same series as one with ten.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Mutex};
+
+use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
+use warden_proto::metrics::{histogram_opts, LATENCY_BUCKETS};
+
+use crate::host::LeaderTable;
+use crate::storage::Db;
+use crate::store_writer::StoreMetrics;
+use crate::transport::TransportMetrics;
+use crate::watch::WatchHubs;
+
+/// What the registry copies at each scrape.
+pub(crate) struct Sources {
+    pub node_id: u64,
+    pub leaders: Arc<LeaderTable>,
+    pub transport: Arc<TransportMetrics>,
+    pub store: Arc<StoreMetrics>,
+    pub db: Arc<Db>,
+    pub sleeping_replicas: Arc<dyn Fn() -> u64 + Send + Sync>,
+}
+
+/// One node's metrics.
+pub struct NodeMetrics {
+    registry: Registry,
+    /// Proposals by `outcome`: `committed` (applied and answered) or `failed` (refused,
+    /// dropped by a leader change, or past its deadline).
+    pub proposals: IntCounterVec,
+    /// Proposals waiting for their answer.
+    pub proposals_pending: IntGauge,
+    /// Time from a proposal to its answer (committed on a quorum and applied here).
+    pub propose_seconds: Histogram,
+    leader_changes: IntCounter,
+    messages_sent: IntCounter,
+    heartbeats_sent: IntCounter,
+    groups: IntGaugeVec,
+    fsyncs: IntCounter,
+    entries: IntCounter,
+    bytes_written: IntCounter,
+    sst_bytes: IntGauge,
+    pending_compaction_bytes: IntGauge,
+    watches: IntGauge,
+    watch_events: IntCounter,
+    slow_watchers: IntCounter,
+    sources: Mutex<Option<Sources>>,
+    hubs: Mutex<Option<WatchHubs>>,
+}
+
+/// Makes and registers one metric (the names are constants: a failure is a bug).
+fn registered<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: Result<M, prometheus::Error>) -> M {
+    let metric = metric.unwrap_or_else(|e| unreachable!("a metric of a constant name: {e}"));
+    registry.register(Box::new(metric.clone())).unwrap_or_else(|e| unreachable!("a metric registered twice: {e}"));
+    metric
+}
+
+/// Brings a counter kept elsewhere (an atomic that only grows) up to `total`.
+fn sync_counter(counter: &IntCounter, total: u64) {
+    counter.inc_by(total.saturating_sub(counter.get()));
+}
+
+impl Default for NodeMetrics {
+    fn default() -> Self {
+        NodeMetrics::new()
+    }
+}
+
+impl NodeMetrics {
+    /// Every metric of a node, registered, zero.
+    pub fn new() -> NodeMetrics {
+        let r = Registry::new();
+        let counter = |name: &str, help: &str| registered(&r, IntCounter::new(name, help));
+        let gauge = |name: &str, help: &str| registered(&r, IntGauge::new(name, help));
+        NodeMetrics {
+            proposals: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("warden_raft_proposals_total", "Proposals made on this node, by outcome (committed, failed)."),
+                    &["outcome"],
+                ),
+            ),
+            proposals_pending: gauge("warden_raft_proposals_pending", "Proposals waiting for their answer."),
+            propose_seconds: registered(
+                &r,
+                Histogram::with_opts(histogram_opts(
+                    "warden_raft_propose_seconds",
+                    "Time from a proposal to its answer (committed on a quorum, applied here).",
+                    &LATENCY_BUCKETS,
+                )),
+            ),
+            leader_changes: counter("warden_raft_leader_changes_seen_total", "Times a group hosted here got a new leader."),
+            messages_sent: counter("warden_raft_messages_sent_total", "Raft messages handed to the transport."),
+            heartbeats_sent: counter("warden_raft_heartbeats_sent_total", "Leader heartbeats among the raft messages sent."),
+            groups: registered(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new("warden_raft_groups", "Groups hosted here, by role: hosted, led, leaderless (no leader known), asleep (hibernating)."),
+                    &["role"],
+                ),
+            ),
+            fsyncs: counter("warden_storage_fsyncs_total", "Synced writes of the node's store (one serves many groups)."),
+            entries: counter("warden_storage_entries_total", "Raft entries made durable."),
+            bytes_written: counter("warden_storage_written_bytes_total", "Bytes written by synced writes."),
+            sst_bytes: gauge("warden_storage_sst_bytes", "Size of the store's SST files (RocksDB's total-sst-files-size)."),
+            pending_compaction_bytes: gauge("warden_storage_pending_compaction_bytes", "Bytes RocksDB estimates compaction has to rewrite."),
+            watches: gauge("warden_namespace_watches", "Live watches served by this node."),
+            watch_events: counter("warden_watch_events_sent_total", "Watch events queued to watch streams."),
+            slow_watchers: counter("warden_watch_slow_cancels_total", "Watches cancelled SLOW_WATCHER (their client read too slowly)."),
+            sources: Mutex::new(None),
+            hubs: Mutex::new(None),
+            registry: r,
+        }
+    }
+
+    /// The registry (services register their own metrics in it).
+    pub fn registry(&self) -> &Registry {
+        &self.registry
+    }
+
+    /// Reads the engine's figures at each scrape from `sources`, and registers the store's
+    /// histograms.
+    pub(crate) fn attach(&self, sources: Sources) {
+        for histogram in [&sources.store.fsync_seconds, &sources.store.entries_per_fsync, &sources.store.bytes_per_fsync] {
+            if let Err(error) = self.registry.register(Box::new(histogram.clone())) {
+                tracing::debug!(%error, "store histogram already registered");
+            }
+        }
+        *self.sources.lock().unwrap_or_else(|e| e.into_inner()) = Some(sources);
+    }
+
+    /// Reads the watches of the node's hubs at each scrape.
+    pub fn attach_watches(&self, hubs: WatchHubs) {
+        *self.hubs.lock().unwrap_or_else(|e| e.into_inner()) = Some(hubs);
+    }
+
+    /// A proposal was answered (`committed` or not) after `seconds`.
+    pub fn proposed(&self, committed: bool, seconds: f64) {
+        self.proposals.with_label_values(&[if committed { "committed" } else { "failed" }]).inc();
+        if committed {
+            self.propose_seconds.observe(seconds);
+        }
+    }
+
+    /// Copies the figures kept elsewhere into the registry.
+    fn refresh(&self) {
+        if let Some(s) = self.sources.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            sync_counter(&self.leader_changes, s.leaders.changes_seen());
+            sync_counter(&self.messages_sent, s.transport.messages_sent.load(Ordering::Relaxed));
+            sync_counter(&self.heartbeats_sent, s.transport.heartbeats_sent.load(Ordering::Relaxed));
+            let hosted = s.leaders.groups();
+            let leaderless = hosted.iter().filter(|group| s.leaders.get(**group).leader_id == 0).count();
+            let gauge = |role: &str, value: usize| self.groups.with_label_values(&[role]).set(value as i64);
+            gauge("hosted", hosted.len());
+            gauge("led", s.leaders.led_by(s.node_id).len());
+            gauge("leaderless", leaderless);
+            gauge("asleep", (s.sleeping_replicas)() as usize);
+            sync_counter(&self.fsyncs, s.store.fsyncs.load(Ordering::Relaxed));
+            sync_counter(&self.entries, s.store.entries.load(Ordering::Relaxed));
+            sync_counter(&self.bytes_written, s.store.bytes.load(Ordering::Relaxed));
+            self.sst_bytes.set(s.db.property_sum("rocksdb.total-sst-files-size") as i64);
+            self.pending_compaction_bytes.set(s.db.property_sum("rocksdb.estimate-pending-compaction-bytes") as i64);
+            if let Some(hubs) = self.hubs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                self.watches.set(hubs.watches_on(s.node_id) as i64);
+                let counters = hubs.counters(s.node_id);
+                sync_counter(&self.watch_events, counters.events_sent.load(Ordering::Relaxed));
+                sync_counter(&self.slow_watchers, counters.slow_cancels.load(Ordering::Relaxed));
+            }
+        }
+    }
+
+    /// The node's metrics in the Prometheus text format.
+    pub fn render(&self) -> String {
+        self.refresh();
+        warden_proto::metrics::render(&self.registry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every metric is made and registered (no clash of names), and renders.
+    #[test]
+    fn every_metric_registers_and_renders() {
+        let metrics = NodeMetrics::new();
+        metrics.proposed(true, 0.003);
+        metrics.proposed(false, 0.0);
+        let text = metrics.render();
+        assert!(text.contains("warden_raft_proposals_total{outcome=\"committed\"} 1"), "{text}");
+        assert!(text.contains("warden_raft_proposals_total{outcome=\"failed\"} 1"), "{text}");
+        assert!(text.contains("warden_raft_propose_seconds_count 1"), "{text}");
+        let store = StoreMetrics::default();
+        store.fsync_seconds.observe(0.001);
+        assert_eq!(store.fsync_seconds.get_sample_count(), 1);
+    }
+}
