@@ -1,12 +1,15 @@
 #!/usr/bin/env bash
 # Installs the system packages the build needs, and only those that are missing.
 # librocksdb-sys needs libclang (bindgen); proto/ needs protoc (tonic-prost-build); the
-# etcd-client crate's build needs protoc's well-known types (google/protobuf/*.proto).
+# etcd-client crate's build needs protoc's well-known types (google/protobuf/*.proto); the
+# tests need promtool.
 set -euo pipefail
 missing=()
 dpkg -s libclang-dev >/dev/null 2>&1 || missing+=(libclang-dev)
 command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 dpkg -s libprotobuf-dev >/dev/null 2>&1 || missing+=(libprotobuf-dev)
+# promtool checks deploy/alerts.yml in the tests (Debian ships it in `prometheus`).
+command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

@@ -5,7 +5,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::CommandExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
@@ -90,8 +90,13 @@ fn wait_within(child: &mut Child, deadline: Duration) -> Output {
 /// (the router's and the nodes' metrics) and, with `client_ports`, `base + 100 ..` as many
 /// (their client ports under `--secure`) all free now.
 fn free_port_range(count: u16, client_ports: bool) -> u16 {
+    // Each call starts elsewhere: two clusters started at once (tests in parallel) would
+    // otherwise both find the first range free before either binds it.
+    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     for attempt in 0..200u32 {
-        let base = 20_000 + u16::try_from((std::process::id() * 7919 + attempt * 104_729) % 40_000).unwrap_or(0);
+        let seed = std::process::id().wrapping_mul(7919).wrapping_add((attempt + call * 1000).wrapping_mul(104_729));
+        let base = 20_000 + u16::try_from(seed % 40_000).unwrap_or(0);
         let metrics = base + METRICS_OFFSET - 1..base + METRICS_OFFSET + count;
         let mut ports = (base..base + count).chain((base + 100..base + 100 + count).filter(|_| client_ports)).chain(metrics);
         let free = ports.all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
@@ -582,6 +587,30 @@ fn metrics(c: &Cluster) {
         std::thread::sleep(Duration::from_millis(200));
     }
     assert!(router_after[0].contains("warden_router_routing_table_version "), "{}", router_after[0]);
+    // Every metric deploy/'s alerts and dashboard name is one a node or the router exports.
+    let exported: Vec<&str> =
+        nodes_after.iter().chain(&router_after).flat_map(|t| t.lines()).filter_map(|l| l.strip_prefix("# TYPE ")?.split(' ').next()).collect();
+    for file in ["alerts.yml", "alerts_test.yml", "grafana-dashboard.json"] {
+        let text = std::fs::read_to_string(Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy").join(file)).expect("deploy file");
+        for name in metric_names(&text) {
+            let base = ["_bucket", "_sum", "_count"].iter().find_map(|s| name.strip_suffix(s).filter(|b| exported.contains(b))).unwrap_or(&name);
+            assert!(exported.contains(&base), "deploy/{file} names {name}, which nothing exports");
+        }
+    }
+}
+
+/// The `warden_…` metric names in `text`.
+fn metric_names(text: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    let mut rest = text;
+    while let Some(at) = rest.find("warden_") {
+        let name: String = rest[at..].chars().take_while(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || *c == '_').collect();
+        rest = &rest[at + name.len()..];
+        if !names.contains(&name) {
+            names.push(name);
+        }
+    }
+    names
 }
 
 /// `warden admin limits`: `show` prints the cluster's apply limits (recorded at bootstrap),

@@ -29,6 +29,7 @@ pub(crate) struct Sources {
     pub transport: Arc<TransportMetrics>,
     pub store: Arc<StoreMetrics>,
     pub db: Arc<Db>,
+    pub data_dir: std::path::PathBuf,
     pub sleeping_replicas: Arc<dyn Fn() -> u64 + Send + Sync>,
 }
 
@@ -51,6 +52,8 @@ pub struct NodeMetrics {
     bytes_written: IntCounter,
     sst_bytes: IntGauge,
     pending_compaction_bytes: IntGauge,
+    disk_available: IntGauge,
+    disk_size: IntGauge,
     watches: IntGauge,
     watch_events: IntCounter,
     slow_watchers: IntCounter,
@@ -114,6 +117,8 @@ impl NodeMetrics {
             bytes_written: counter("warden_storage_written_bytes_total", "Bytes written by synced writes."),
             sst_bytes: gauge("warden_storage_sst_bytes", "Size of the store's SST files (RocksDB's total-sst-files-size)."),
             pending_compaction_bytes: gauge("warden_storage_pending_compaction_bytes", "Bytes RocksDB estimates compaction has to rewrite."),
+            disk_available: gauge("warden_storage_disk_available_bytes", "Bytes available to the node on its data directory's file system."),
+            disk_size: gauge("warden_storage_disk_size_bytes", "Size of the node's data directory's file system."),
             watches: gauge("warden_namespace_watches", "Live watches served by this node."),
             watch_events: counter("warden_watch_events_sent_total", "Watch events queued to watch streams."),
             slow_watchers: counter("warden_watch_slow_cancels_total", "Watches cancelled SLOW_WATCHER (their client read too slowly)."),
@@ -170,6 +175,14 @@ impl NodeMetrics {
             sync_counter(&self.bytes_written, s.store.bytes.load(Ordering::Relaxed));
             self.sst_bytes.set(s.db.property_sum("rocksdb.total-sst-files-size") as i64);
             self.pending_compaction_bytes.set(s.db.property_sum("rocksdb.estimate-pending-compaction-bytes") as i64);
+            match rustix::fs::statvfs(&s.data_dir) {
+                Ok(fs) => {
+                    let bytes = |blocks: u64| i64::try_from(blocks.saturating_mul(fs.f_frsize)).unwrap_or(i64::MAX);
+                    self.disk_available.set(bytes(fs.f_bavail));
+                    self.disk_size.set(bytes(fs.f_blocks));
+                }
+                Err(error) => tracing::debug!(%error, "statvfs of the data directory"),
+            }
             if let Some(hubs) = self.hubs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 self.watches.set(hubs.watches_on(s.node_id) as i64);
                 let counters = hubs.counters(s.node_id);

@@ -483,6 +483,7 @@ impl Node {
             transport: transport_metrics.clone(),
             store: store.metrics(),
             db: db.clone(),
+            data_dir: config.data_dir.clone(),
             sleeping_replicas: Arc::new(move || sleeping.sleeping_replicas.load(Ordering::Relaxed)),
         });
 
