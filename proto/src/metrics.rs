@@ -48,6 +48,14 @@ pub const COUNT_BUCKETS: [f64; 13] = [1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.
 /// Size buckets (bytes per fsync): 256 B to 16 MiB.
 pub const BYTES_BUCKETS: [f64; 10] = [256.0, 1024.0, 4096.0, 16384.0, 65536.0, 262144.0, 1048576.0, 4194304.0, 8388608.0, 16777216.0];
 
+/// Makes and registers one metric of a constant name (a failure is a bug: an invalid name
+/// or one registered twice).
+pub fn registered<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: Result<M, prometheus::Error>) -> M {
+    let metric = metric.unwrap_or_else(|e| unreachable!("a metric of a constant name: {e}"));
+    registry.register(Box::new(metric.clone())).unwrap_or_else(|e| unreachable!("a metric registered twice: {e}"));
+    metric
+}
+
 /// Histogram options: `name`, `help`, `buckets`.
 pub fn histogram_opts(name: &str, help: &str, buckets: &[f64]) -> HistogramOpts {
     HistogramOpts::new(name, help).buckets(buckets.to_vec())

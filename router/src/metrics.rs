@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use tonic::Status;
-use warden_proto::metrics::{histogram_opts, LATENCY_BUCKETS};
+use warden_proto::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
 
 /// One router's metrics.
 pub struct RouterMetrics {
@@ -28,27 +28,20 @@ impl RouterMetrics {
     /// Every metric, registered, zero.
     pub fn new() -> RouterMetrics {
         let registry = Registry::new();
-        // Constant names and labels: construction and registration cannot fail.
-        let requests =
-            IntCounterVec::new(Opts::new("warden_router_requests_total", "Forwarded calls, by method and gRPC code."), &["method", "code"])
-                .unwrap_or_else(|e| unreachable!("{e}"));
-        let forward_seconds = HistogramVec::new(
-            histogram_opts("warden_router_forward_seconds", "Time to answer a forwarded call, retries included, by method.", &LATENCY_BUCKETS),
-            &["method"],
-        )
-        .unwrap_or_else(|e| unreachable!("{e}"));
-        let retries =
-            IntCounter::new("warden_router_retries_total", "Attempts of a forwarded call after its first.").unwrap_or_else(|e| unreachable!("{e}"));
-        let table_version = IntGauge::new("warden_router_routing_table_version", "The routing table version the router routes by.")
-            .unwrap_or_else(|e| unreachable!("{e}"));
-        for metric in [
-            Box::new(requests.clone()) as Box<dyn prometheus::core::Collector>,
-            Box::new(forward_seconds.clone()),
-            Box::new(retries.clone()),
-            Box::new(table_version.clone()),
-        ] {
-            registry.register(metric).unwrap_or_else(|e| unreachable!("{e}"));
-        }
+        let requests = registered(
+            &registry,
+            IntCounterVec::new(Opts::new("warden_router_requests_total", "Forwarded calls, by method and gRPC code."), &["method", "code"]),
+        );
+        let forward_seconds = registered(
+            &registry,
+            HistogramVec::new(
+                histogram_opts("warden_router_forward_seconds", "Time to answer a forwarded call, retries included, by method.", &LATENCY_BUCKETS),
+                &["method"],
+            ),
+        );
+        let retries = registered(&registry, IntCounter::new("warden_router_retries_total", "Attempts of a forwarded call after its first."));
+        let table_version =
+            registered(&registry, IntGauge::new("warden_router_routing_table_version", "The routing table version the router routes by."));
         RouterMetrics { registry, requests, forward_seconds, retries, table_version }
     }
 

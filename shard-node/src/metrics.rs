@@ -14,7 +14,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-use warden_proto::metrics::{histogram_opts, LATENCY_BUCKETS};
+use warden_proto::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
 
 use crate::host::LeaderTable;
 use crate::storage::Db;
@@ -36,9 +36,11 @@ pub(crate) struct Sources {
 /// One node's metrics.
 pub struct NodeMetrics {
     registry: Registry,
-    /// Proposals by `outcome`: `committed` (applied and answered) or `failed` (refused,
-    /// dropped by a leader change, or past its deadline).
-    pub proposals: IntCounterVec,
+    /// `warden_raft_proposals_total{outcome="committed"}`: applied and answered (resolved
+    /// once: no label lookup per proposal).
+    committed: IntCounter,
+    /// `…{outcome="failed"}`: refused, dropped by a leader change, or past its deadline.
+    failed: IntCounter,
     /// Proposals waiting for their answer.
     pub proposals_pending: IntGauge,
     /// Time from a proposal to its answer (committed on a quorum and applied here).
@@ -61,13 +63,6 @@ pub struct NodeMetrics {
     hubs: Mutex<Option<WatchHubs>>,
 }
 
-/// Makes and registers one metric (the names are constants: a failure is a bug).
-fn registered<M: prometheus::core::Collector + Clone + 'static>(registry: &Registry, metric: Result<M, prometheus::Error>) -> M {
-    let metric = metric.unwrap_or_else(|e| unreachable!("a metric of a constant name: {e}"));
-    registry.register(Box::new(metric.clone())).unwrap_or_else(|e| unreachable!("a metric registered twice: {e}"));
-    metric
-}
-
 /// Brings a counter kept elsewhere (an atomic that only grows) up to `total`.
 fn sync_counter(counter: &IntCounter, total: u64) {
     counter.inc_by(total.saturating_sub(counter.get()));
@@ -85,14 +80,16 @@ impl NodeMetrics {
         let r = Registry::new();
         let counter = |name: &str, help: &str| registered(&r, IntCounter::new(name, help));
         let gauge = |name: &str, help: &str| registered(&r, IntGauge::new(name, help));
-        NodeMetrics {
-            proposals: registered(
-                &r,
-                IntCounterVec::new(
-                    Opts::new("warden_raft_proposals_total", "Proposals made on this node, by outcome (committed, failed)."),
-                    &["outcome"],
-                ),
+        let proposals = registered(
+            &r,
+            IntCounterVec::new(
+                Opts::new("warden_raft_proposals_total", "Proposals made on this node, by outcome (committed, failed)."),
+                &["outcome"],
             ),
+        );
+        NodeMetrics {
+            committed: proposals.with_label_values(&["committed"]),
+            failed: proposals.with_label_values(&["failed"]),
             proposals_pending: gauge("warden_raft_proposals_pending", "Proposals waiting for their answer."),
             propose_seconds: registered(
                 &r,
@@ -151,9 +148,11 @@ impl NodeMetrics {
 
     /// A proposal was answered (`committed` or not) after `seconds`.
     pub fn proposed(&self, committed: bool, seconds: f64) {
-        self.proposals.with_label_values(&[if committed { "committed" } else { "failed" }]).inc();
         if committed {
+            self.committed.inc();
             self.propose_seconds.observe(seconds);
+        } else {
+            self.failed.inc();
         }
     }
 

@@ -17,7 +17,6 @@
 //! leader until the end, and the node stops anyway.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use super::NodeHandle;
@@ -42,11 +41,25 @@ impl Default for DrainLimits {
 
 /// What the public API tells a graceful stop: whether calls are still arriving, and the
 /// proposals in flight. Shared by the node's services through its [`NodeHandle`].
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Activity {
     stopping: AtomicBool,
     proposals_in_flight: AtomicU64,
-    last_arrival: Mutex<Option<Instant>>,
+    /// When the last call arrived, in µs after `born` plus one (0: none yet). An atomic, not
+    /// a lock: every public call sets it.
+    last_arrival_us: AtomicU64,
+    born: Instant,
+}
+
+impl Default for Activity {
+    fn default() -> Self {
+        Activity {
+            stopping: AtomicBool::new(false),
+            proposals_in_flight: AtomicU64::new(0),
+            last_arrival_us: AtomicU64::new(0),
+            born: Instant::now(),
+        }
+    }
 }
 
 /// A proposal in flight: counted until dropped.
@@ -61,7 +74,8 @@ impl Drop for InFlight<'_> {
 impl Activity {
     /// A call arrived; `Err` when the node is stopping (the call must be refused).
     pub fn arrive(&self) -> Result<(), Stopping> {
-        *self.last_arrival.lock().unwrap_or_else(|e| e.into_inner()) = Some(Instant::now());
+        let at_us = u64::try_from(self.born.elapsed().as_micros()).unwrap_or(u64::MAX - 1);
+        self.last_arrival_us.store(at_us + 1, Ordering::Relaxed);
         if self.stopping.load(Ordering::SeqCst) {
             return Err(Stopping);
         }
@@ -80,7 +94,10 @@ impl Activity {
     }
 
     fn quiet_for(&self, quiet: Duration) -> bool {
-        self.last_arrival.lock().unwrap_or_else(|e| e.into_inner()).is_none_or(|at| at.elapsed() >= quiet)
+        match self.last_arrival_us.load(Ordering::Relaxed) {
+            0 => true,
+            at_us => self.born.elapsed().saturating_sub(Duration::from_micros(at_us - 1)) >= quiet,
+        }
     }
 }
 
