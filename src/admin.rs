@@ -155,6 +155,28 @@ pub enum AdminCommand {
         #[command(subcommand)]
         action: LimitsAction,
     },
+    /// Write a consistent backup of every shard group (each at one revision, read while
+    /// writes go on) and of placement's state (routes, quotas, limits, ACL) to FILE. Sessions
+    /// and their ephemeral nodes are not in it (ARCHITECTURE.md "Backup and restore").
+    Backup {
+        /// The backup file (written as FILE.partial, renamed once complete).
+        #[arg(long)]
+        out: std::path::PathBuf,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
+    /// Restore a backup into a fresh cluster: its limits, quotas and ACL, a group for every
+    /// prefix the backup has, and every group's nodes with their data and stat. Refused by a
+    /// group that holds nodes already.
+    Restore {
+        /// The backup file.
+        #[arg(long)]
+        from: std::path::PathBuf,
+        /// Node addresses to ask (any node with a placement replica answers).
+        #[arg(long, value_delimiter = ',', default_value = DEV_SEEDS)]
+        seeds: Vec<String>,
+    },
     /// Pause or resume the balance schedulers (repair, drain and decommission keep running).
     Scheduler {
         /// `pause` or `resume`.
@@ -535,7 +557,7 @@ pub(crate) async fn routing_table(addrs: &[String], patience: Duration) -> anyho
 }
 
 /// [`at_any`] for up to `patience`.
-async fn at_any_within<T, F, Fut>(addrs: &[String], patience: Duration, call: F) -> anyhow::Result<T>
+pub(crate) async fn at_any_within<T, F, Fut>(addrs: &[String], patience: Duration, call: F) -> anyhow::Result<T>
 where
     F: Fn(PlacementClient<CommandChannel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
@@ -637,6 +659,14 @@ pub async fn run(command: AdminCommand, out: Output, tls: &crate::tls_args::TlsA
             let token = warden_proto::tls::tokens::generate()?;
             println!("token: {token}");
             println!("tokens file line: {}", warden_proto::tls::tokens::line(&principal, &token));
+        }
+        AdminCommand::Backup { out: file, seeds } => {
+            let summary = crate::backup::backup(&seeds, &file).await?;
+            out.emit(summary.json(), || summary.text(&format!("backed up into {}:", file.display())))?;
+        }
+        AdminCommand::Restore { from, seeds } => {
+            let summary = crate::backup::restore(&seeds, &from).await?;
+            out.emit(summary.json(), || summary.text("restored"))?;
         }
         AdminCommand::Scheduler { action, seeds } => {
             let paused = matches!(action, SchedulerAction::Pause);

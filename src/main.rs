@@ -4,6 +4,7 @@
 //! a cluster.
 
 mod admin;
+mod backup;
 mod bench;
 mod cli;
 mod dev;

@@ -160,7 +160,8 @@ impl NodeServices for ApiServices {
             context.faults.clone(),
             Security { tls: config.tls.clone(), acl: acl.clone() },
         )
-        .with_bootstrap_limits(bootstrap_record(&self.factory.default_limits(), config.election_timeout().as_millis() as u64 * 3 / 2));
+        .with_bootstrap_limits(bootstrap_record(&self.factory.default_limits(), config.election_timeout().as_millis() as u64 * 3 / 2))
+        .with_store(context.db.clone());
         context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
         if placement_config.is_some() {
             context.runtime.spawn(placement.clone().schedule_periodically(SCHEDULE_INTERVAL, ScheduleLimits::default()));

@@ -165,6 +165,17 @@ impl SmWrites {
     }
 }
 
+/// Reads of one group's range of the `sm` family, live ([`SmReader`]) or from one point in
+/// time ([`SmImage`]).
+pub trait SmRead {
+    /// `(key, value)` pairs with `from <= key < to` (no upper bound when `to` is `None`) in
+    /// key order, until `visit` returns false.
+    fn scan_range(&self, from: &[u8], to: Option<&[u8]>, visit: impl FnMut(&[u8], &[u8]) -> bool) -> Result<(), StorageError>;
+
+    /// The value of `key`.
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError>;
+}
+
 /// Read access to one group's range of the `sm` family.
 #[derive(Clone)]
 pub struct SmReader {
@@ -186,14 +197,28 @@ impl SmReader {
         })
     }
 
-    /// `(key, value)` pairs with `from <= key < to` (no upper bound when `to` is `None`) in
-    /// key order, until `visit` returns false.
-    pub fn scan_range(&self, from: &[u8], to: Option<&[u8]>, mut visit: impl FnMut(&[u8], &[u8]) -> bool) -> Result<(), StorageError> {
+    /// Hands `read` an image of the group's data as it is now (one RocksDB snapshot): what is
+    /// applied meanwhile is not in it. For reads of a whole group (backups) off the workers.
+    pub fn with_image<R>(&self, read: impl FnOnce(&SmImage<'_>) -> R) -> R {
+        let snapshot = self.db.raw().snapshot();
+        read(&SmImage { reader: self, snapshot })
+    }
+
+    fn scan_at(
+        &self,
+        snapshot: Option<&rocksdb::Snapshot<'_>>,
+        from: &[u8],
+        to: Option<&[u8]>,
+        mut visit: impl FnMut(&[u8], &[u8]) -> bool,
+    ) -> Result<(), StorageError> {
         let mut read_options = rocksdb::ReadOptions::default();
         read_options.set_iterate_upper_bound(match to {
             Some(to) => keys::sm_key(self.group, to),
             None => keys::group_end(self.group),
         });
+        if let Some(snapshot) = snapshot {
+            read_options.set_snapshot(snapshot);
+        }
         let start = keys::sm_key(self.group, from);
         let iter = self.db.raw().iterator_cf_opt(self.db.cf(Cf::Sm)?, read_options, rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward));
         for item in iter {
@@ -204,9 +229,56 @@ impl SmReader {
         }
         Ok(())
     }
+}
+
+impl SmReader {
+    /// `(key, value)` pairs with `from <= key < to` (no upper bound when `to` is `None`) in
+    /// key order, until `visit` returns false.
+    pub fn scan_range(&self, from: &[u8], to: Option<&[u8]>, visit: impl FnMut(&[u8], &[u8]) -> bool) -> Result<(), StorageError> {
+        self.scan_at(None, from, to, visit)
+    }
 
     /// The value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
         self.db.get(Cf::Sm, &keys::sm_key(self.group, key))
+    }
+}
+
+impl SmRead for SmReader {
+    fn scan_range(&self, from: &[u8], to: Option<&[u8]>, visit: impl FnMut(&[u8], &[u8]) -> bool) -> Result<(), StorageError> {
+        SmReader::scan_range(self, from, to, visit)
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        SmReader::get(self, key)
+    }
+}
+
+/// One group's data at one point in time (see [`SmReader::with_image`]).
+pub struct SmImage<'a> {
+    reader: &'a SmReader,
+    snapshot: rocksdb::Snapshot<'a>,
+}
+
+impl SmImage<'_> {
+    /// The raft log index the image's data was applied up to (0: the group is not
+    /// initialized here).
+    pub fn applied_index(&self) -> Result<u64, StorageError> {
+        let db = &self.reader.db;
+        let apply = self.snapshot.get_cf(db.cf(Cf::RaftState)?, keys::state_key(self.reader.group, keys::StateKey::Apply))?;
+        match apply {
+            None => Ok(0),
+            Some(bytes) => keys::decode_index_term(&bytes).map(|(index, _)| index).ok_or_else(|| StorageError::Corrupt("apply state".into())),
+        }
+    }
+}
+
+impl SmRead for SmImage<'_> {
+    fn scan_range(&self, from: &[u8], to: Option<&[u8]>, visit: impl FnMut(&[u8], &[u8]) -> bool) -> Result<(), StorageError> {
+        self.reader.scan_at(Some(&self.snapshot), from, to, visit)
+    }
+
+    fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        Ok(self.snapshot.get_cf(self.reader.db.cf(Cf::Sm)?, keys::sm_key(self.reader.group, key))?)
     }
 }

@@ -336,6 +336,9 @@ pub struct ServiceContext {
     pub listen_addr: SocketAddr,
     /// The node's gRPC health service, for the services to report themselves serving.
     pub health: tonic_health::server::HealthReporter,
+    /// The node's store, for reads of a whole group's data off the workers (backups,
+    /// through [`crate::state_machine::SmReader::with_image`]).
+    pub db: Arc<Db>,
 }
 
 /// Services a node serves beside the raft transport, wired in by the caller so that the
@@ -530,6 +533,7 @@ impl Node {
         let transport_service = RaftTransportService::server(handle.clone(), limits);
         let (health_reporter, health) = tonic_health::server::health_reporter();
         let context = ServiceContext {
+            db: db.clone(),
             config: config.clone(),
             handle: handle.clone(),
             directory: directory.clone(),

@@ -5,6 +5,7 @@
 //! Data lives in RocksDB (`store`); in memory there is only the revision and an index of
 //! TTL nodes for the leader's expiry scan, both rebuilt on start and after a snapshot.
 
+pub mod backup;
 pub mod descriptor;
 pub mod error;
 pub mod harness;
@@ -249,7 +250,11 @@ impl NamespaceStateMachine {
             *session_ids = split::deferred(&self.split, &view, session_ids)?;
         }
         // A moved subtree's records are not changes of its nodes: no watch events.
-        let moves_records = matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::HandSubtree(_) | CommandOp::AbortSplit(_)));
+        // Nor are a restore's.
+        let moves_records = matches!(
+            command.op,
+            Some(CommandOp::IngestSubtree(_) | CommandOp::HandSubtree(_) | CommandOp::AbortSplit(_) | CommandOp::RestorePage(_))
+        );
         // An ingested page takes no revision: the target's first comes with its descriptor.
         // Nor does a quota share or a limits record: no node changes.
         let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::SetQuotaShare(_) | CommandOp::SetLimits(_)));
@@ -265,6 +270,8 @@ impl NamespaceStateMachine {
         // that move here never go backwards, DESIGN.md rule 5).
         let floor = match &command.op {
             Some(CommandOp::SetDescriptor(set)) => set.revision_floor,
+            // A restored group's revisions go on from the backup's.
+            Some(CommandOp::RestorePage(page)) => page.revision_floor,
             _ => 0,
         };
         let revision = self.revision.max(floor) + 1;
@@ -387,6 +394,10 @@ impl NamespaceStateMachine {
                 })
             }
             Some(CommandOp::IngestSubtree(ingest)) => txn.ingest_subtree(self.group, self.descriptor.as_ref(), &ingest).map(|state| {
+                new_split = Some(state);
+                CommandOutcome::Txn(empty())
+            }),
+            Some(CommandOp::RestorePage(page)) => txn.restore_page(self.descriptor.as_ref(), &page).map(|state| {
                 new_split = Some(state);
                 CommandOutcome::Txn(empty())
             }),
@@ -589,6 +600,12 @@ impl StateMachine for NamespaceStateMachine {
             Some(CommandOp::IngestSubtree(ingest)) if ingest.records.len() > split::INGEST_RECORDS_MAX => {
                 Err(EngineError::Invalid(format!("more than {} records in one ingested page", split::INGEST_RECORDS_MAX)))
             }
+            Some(CommandOp::RestorePage(page)) if page.records.len() > backup::RESTORE_RECORDS_MAX => {
+                Err(EngineError::Invalid(format!("more than {} records in one restored page", backup::RESTORE_RECORDS_MAX)))
+            }
+            Some(CommandOp::RestorePage(page)) if page.revision_floor > REVISION_FLOOR_MAX => {
+                Err(EngineError::Invalid(format!("revision floor {} is above {REVISION_FLOOR_MAX}", page.revision_floor)))
+            }
             Some(
                 CommandOp::ExpireTtl(_)
                 | CommandOp::CreateSession(_)
@@ -605,7 +622,8 @@ impl StateMachine for NamespaceStateMachine {
                 | CommandOp::HandSubtree(_)
                 | CommandOp::AbortSplit(_)
                 | CommandOp::SetQuotaShare(_)
-                | CommandOp::SetLimits(_),
+                | CommandOp::SetLimits(_)
+                | CommandOp::RestorePage(_),
             ) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }

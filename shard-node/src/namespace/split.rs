@@ -56,8 +56,12 @@ fn destination(state: &SplitState) -> u64 {
 fn held(state: &SplitState) -> impl Iterator<Item = (&str, u64)> {
     let outgoing = frozen(state).map(|prefix| (prefix, destination(state)));
     let incoming = (state.incoming_operation != 0).then_some((state.incoming_prefix.as_str(), 0));
-    outgoing.into_iter().chain(incoming)
+    let restoring = (state.restoring != 0).then_some((state.restoring_prefix.as_str(), RESTORING));
+    outgoing.into_iter().chain(incoming).chain(restoring)
 }
+
+/// The destination [`held`] gives a subtree a restore is writing (`backup.rs`).
+const RESTORING: u64 = u64::MAX;
 
 /// Whether `path` is in a subtree nothing may change in now (see [`held`]).
 pub fn is_held(state: &SplitState, path: &str) -> bool {
@@ -65,8 +69,12 @@ pub fn is_held(state: &SplitState, path: &str) -> bool {
 }
 
 fn moving(path: &str, prefix: &str, to: u64) -> WardenError {
-    let whither = if to == 0 { "here".to_string() } else { format!("to group {to}") };
-    error(Code::Unavailable, path, format!("{prefix} is moving {whither}: retry"))
+    let message = match to {
+        0 => format!("{prefix} is moving here: retry"),
+        RESTORING => format!("{prefix} is being restored from a backup: retry once the restore is done"),
+        to => format!("{prefix} is moving to group {to}: retry"),
+    };
+    error(Code::Unavailable, path, message)
 }
 
 /// Refuses (UNAVAILABLE, retried by routers and clients) a command that would change a

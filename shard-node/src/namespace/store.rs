@@ -16,7 +16,7 @@ use warden_proto::namespace::{LockMeta, NodeRecord, SessionRecord, SplitState};
 use warden_proto::v1::GroupDescriptor;
 
 use crate::error::StorageError;
-use crate::state_machine::{SmReader, SmWrites};
+use crate::state_machine::{SmRead, SmReader, SmWrites};
 
 const NODE: u8 = b'n';
 const CHILD: u8 = b'c';
@@ -123,12 +123,12 @@ pub fn decode_record(bytes: &[u8]) -> Result<NodeRecord, StorageError> {
 }
 
 /// Reads the stored revision.
-pub fn read_revision(reader: &SmReader) -> Result<u64, StorageError> {
+pub fn read_revision(reader: &impl SmRead) -> Result<u64, StorageError> {
     decode_u64(reader.get(REVISION_KEY)?, "revision")
 }
 
 /// The group's descriptor on disk (`None`: never set; the group serves every path).
-pub fn read_descriptor(reader: &SmReader) -> Result<Option<GroupDescriptor>, StorageError> {
+pub fn read_descriptor(reader: &impl SmRead) -> Result<Option<GroupDescriptor>, StorageError> {
     reader
         .get(DESCRIPTOR_KEY)?
         .map(|bytes| GroupDescriptor::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("descriptor: {e}"))))
@@ -144,8 +144,36 @@ pub fn read_limits(reader: &SmReader) -> Result<Option<warden_proto::v1::ApplyLi
 }
 
 /// The group's record of subtree moves on disk (default: none ever).
-pub fn read_split(reader: &SmReader) -> Result<SplitState, StorageError> {
-    TxnView::new(reader, None).split()
+pub fn read_split(reader: &impl SmRead) -> Result<SplitState, StorageError> {
+    decode_split(reader.get(SPLIT_KEY)?)
+}
+
+fn decode_split(bytes: Option<Vec<u8>>) -> Result<SplitState, StorageError> {
+    bytes
+        .map(|bytes| SplitState::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("split state: {e}"))))
+        .transpose()
+        .map(Option::unwrap_or_default)
+}
+
+/// Every ephemeral node's path (of every session, from the ephemeral index).
+pub fn read_ephemeral_paths(reader: &impl SmRead) -> Result<std::collections::BTreeSet<String>, StorageError> {
+    let mut paths = std::collections::BTreeSet::new();
+    let mut corrupt = None;
+    reader.scan_range(&[EPHEMERAL], Some(&[EPHEMERAL + 1]), |key, _| {
+        match key.get(1 + 8..).map(std::str::from_utf8) {
+            Some(Ok(path)) => {
+                paths.insert(path.to_string());
+            }
+            _ => corrupt = Some(StorageError::Corrupt("ephemeral index key".into())),
+        }
+        corrupt.is_none()
+    })?;
+    corrupt.map_or(Ok(paths), Err)
+}
+
+/// The key of a node's entry in its parent's children index (`None` for the root).
+pub fn child_key_of(path: &str) -> Option<Vec<u8>> {
+    super::path::parent(path).map(|parent| child_key(parent, super::path::name(path)))
 }
 
 /// The key ranges `[from, to)` holding a subtree's own records — its nodes, the children
@@ -350,10 +378,7 @@ impl<'a> TxnView<'a> {
 
     /// The group's record of subtree moves.
     pub fn split(&self) -> Result<SplitState, StorageError> {
-        self.get(SPLIT_KEY)?
-            .map(|bytes| SplitState::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("split state: {e}"))))
-            .transpose()
-            .map(Option::unwrap_or_default)
+        decode_split(self.get(SPLIT_KEY)?)
     }
 
     /// Writes the group's apply limits record.

@@ -7,14 +7,15 @@
 //! into a new group, [`merge`] gives a group's subtree back to its parent path's group,
 //! [`auto_split`] proposes (or performs) the split of a hot one; [`quota`] shares each
 //! subtree quota out among the groups serving it; [`gauges`] reports placement's view as
-//! metrics; [`limits`] brings the apply limits placement
-//! records to every group; [`factory`] gives each group
-//! its state machine (the placement group's, or a namespace).
+//! metrics; [`limits`] brings the apply limits placement records to every group; [`backup`]
+//! streams a group's backup and applies a restored page; [`factory`] gives each group its
+//! state machine (the placement group's, or a namespace).
 //!
 //! Architecture invariant: the routing table changes only through commands applied by the
 //! placement group; nodes and routers hold copies read from it.
 
 pub mod auto_split;
+pub mod backup;
 pub mod factory;
 pub mod gauges;
 pub mod heartbeat;

@@ -65,8 +65,8 @@ pub const SETTLE_CREATIONS_INTERVAL: Duration = Duration::from_secs(5);
 #[derive(Clone)]
 pub struct PlacementService {
     pub(super) node: NodeHandle,
-    directory: Arc<PeerDirectory>,
-    timeout: Duration,
+    pub(super) directory: Arc<PeerDirectory>,
+    pub(super) timeout: Duration,
     /// The routing version this node's placement replica applied (`None`: no placement
     /// state machines on this node's factory).
     routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
@@ -89,6 +89,10 @@ pub struct PlacementService {
     pub(super) quota_changes: Arc<tokio::sync::Mutex<()>>,
     /// The apply limits a bootstrap by this node records (`limits.rs`).
     bootstrap_limits: warden_proto::v1::ApplyLimits,
+    /// The node's store, read by backups (`backup.rs`; `None`: backups are refused here).
+    pub(super) store: Option<Arc<crate::storage::Db>>,
+    /// Leave to read one backup here (at most [`super::backup::BACKUPS_MAX`] at once).
+    pub(super) backups: Arc<tokio::sync::Semaphore>,
 }
 
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
@@ -127,7 +131,14 @@ impl PlacementService {
             faults,
             quota_changes: Arc::default(),
             bootstrap_limits: warden_proto::v1::ApplyLimits::default(),
+            store: None,
+            backups: Arc::new(tokio::sync::Semaphore::new(super::backup::BACKUPS_MAX)),
         }
+    }
+
+    /// The service, reading backups of the groups hosted in `store` (see `backup.rs`).
+    pub fn with_store(self, store: Arc<crate::storage::Db>) -> PlacementService {
+        PlacementService { store: Some(store), ..self }
     }
 
     /// The service, recording `limits` when it bootstraps a cluster (default: none, groups
@@ -877,6 +888,24 @@ impl PlacementApi for PlacementService {
         self.require_admin(&request, "/", false)?;
         let changes = request.into_inner().changes.unwrap_or_default();
         Ok(Response::new(self.change_limits(&changes).await?))
+    }
+
+    type BackupGroupStream = super::backup::BackupStream;
+
+    async fn backup_group(&self, request: Request<BackupGroupRequest>) -> Result<Response<Self::BackupGroupStream>, Status> {
+        self.require_admin(&request, "/", false)?;
+        Ok(Response::new(self.backup_stream(request.into_inner()).await?))
+    }
+
+    async fn restore_page(&self, request: Request<RestorePageRequest>) -> Result<Response<RestorePageResponse>, Status> {
+        self.require_admin(&request, "/", false)?;
+        let RestorePageRequest { group_id, page } = request.into_inner();
+        let page = page.ok_or_else(|| invalid_argument("a restore request carries a page"))?;
+        if group_id == PLACEMENT_GROUP_ID {
+            return Err(invalid_argument("placement's state is restored through its API"));
+        }
+        let revision = self.propose_namespace_txn(group_id, CommandOp::RestorePage(page)).await?;
+        Ok(Response::new(RestorePageResponse { revision }))
     }
 
     async fn get_limits(&self, request: Request<GetLimitsRequest>) -> Result<Response<warden_proto::v1::ApplyLimits>, Status> {
