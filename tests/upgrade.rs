@@ -193,3 +193,45 @@ async fn an_admins_change_of_the_limits_reaches_every_group() {
         client.create(&path, vec![1; 900], &CreateOptions::default()).await.expect("within the new limit");
     }
 }
+
+/// Admins changing different limits at the same moment: each change is merged into the
+/// record the previous one committed, so none is lost (the placement leader runs one
+/// read-merge-commit at a time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_changes_of_different_limits_all_take_effect() {
+    let fleet = Fleet::start(&[], Security::Off).await;
+    let cluster = &fleet.cluster;
+    let before = at_placement_leader(cluster, |mut c| async move { c.get_limits(GetLimitsRequest {}).await }).await.expect("limits");
+    let changes = [
+        ApplyLimits { value_bytes_max: Some(1001), ..ApplyLimits::default() },
+        ApplyLimits { txn_ops_max: Some(101), ..ApplyLimits::default() },
+        ApplyLimits { recursive_delete_nodes_max: Some(1002), ..ApplyLimits::default() },
+        ApplyLimits { ttl_ms_max: Some(100_003), ..ApplyLimits::default() },
+        ApplyLimits { ephemerals_per_session_max: Some(104), ..ApplyLimits::default() },
+        ApplyLimits { sessions_per_expiry_max: Some(105), ..ApplyLimits::default() },
+        ApplyLimits { lock_waiters_max: Some(106), ..ApplyLimits::default() },
+        ApplyLimits { lock_delay_ms_max: Some(10_007), ..ApplyLimits::default() },
+    ];
+    let calls = changes.iter().map(|changes| {
+        let changes = *changes;
+        at_placement_leader(cluster, move |mut c| async move { c.set_limits(SetLimitsRequest { changes: Some(changes) }).await })
+    });
+    for answer in futures::future::join_all(calls).await {
+        answer.expect("a change");
+    }
+    let after = at_placement_leader(cluster, |mut c| async move { c.get_limits(GetLimitsRequest {}).await }).await.expect("limits");
+    assert_eq!(after.version, before.version + changes.len() as u64);
+    let expected = ApplyLimits {
+        version: after.version,
+        value_bytes_max: Some(1001),
+        txn_ops_max: Some(101),
+        recursive_delete_nodes_max: Some(1002),
+        ttl_ms_max: Some(100_003),
+        ephemerals_per_session_max: Some(104),
+        sessions_per_expiry_max: Some(105),
+        lock_waiters_max: Some(106),
+        lock_delay_ms_max: Some(10_007),
+        ..before
+    };
+    assert_eq!(after, expected, "every change took effect");
+}

@@ -101,6 +101,9 @@ impl PlacementService {
     /// would check them, then committed. Answers the record with its new version.
     pub(super) async fn change_limits(&self, changes: &ApplyLimits) -> Result<ApplyLimits, Status> {
         self.ensure_leader()?;
+        // Read, merge, commit: two admins' changes of different limits at once must not
+        // both merge into the same record, the second committed losing the first's.
+        let _one_change = self.limits_changes.lock().await;
         let current = cluster_limits(&self.state().await?)?;
         let next = ApplyLimits { version: 0, ..merged(&current, changes) };
         Limits::FIRST_RELEASE.with_record(Some(&next)).check().map_err(super::service::invalid_argument)?;

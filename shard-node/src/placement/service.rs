@@ -87,6 +87,9 @@ pub struct PlacementService {
     /// Held while this node moves room between the groups' quota shares (one change at a
     /// time; placement's log keeps the shares within the limits whatever runs).
     pub(super) quota_changes: Arc<tokio::sync::Mutex<()>>,
+    /// Held while this node changes the apply limits (`limits.rs`: one read-merge-commit at
+    /// a time).
+    pub(super) limits_changes: Arc<tokio::sync::Mutex<()>>,
     /// The apply limits a bootstrap by this node records (`limits.rs`).
     bootstrap_limits: warden_proto::v1::ApplyLimits,
     /// The node's store, read by backups (`backup.rs`; `None`: backups are refused here).
@@ -130,6 +133,7 @@ impl PlacementService {
             running: Arc::default(),
             faults,
             quota_changes: Arc::default(),
+            limits_changes: Arc::default(),
             bootstrap_limits: warden_proto::v1::ApplyLimits::default(),
             store: None,
             backups: Arc::new(tokio::sync::Semaphore::new(super::backup::BACKUPS_MAX)),
