@@ -13,7 +13,7 @@
 //!   10 KiB (10 MiB) between two state machines, without raft: the source's freeze, every
 //!   1 MiB export page read and ingested by the target, the source's hand-over (deleting
 //!   the subtree) and the target's descriptor. What a split's write pause costs beyond
-//!   replicating the pages (README "Moving a subtree" compares it with the end-to-end pause).
+//!   replicating the pages (docs/operations.md "Moving a subtree" compares it with the end-to-end pause).
 
 use std::hint::black_box;
 

@@ -41,7 +41,7 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
     router.create(CreateRequest { path: format!("{SUBTREE}/w"), ..CreateRequest::default() }).await.expect("written node");
     router.create(CreateRequest { path: "/beside".into(), ..CreateRequest::default() }).await.expect("node beside");
     // WARDEN_SPLIT_VALUE_BYTES pads each node's data (10,240: a 100 MiB subtree, the
-    // issue's pause goal; README "Moving a subtree" has the figures).
+    // issue's pause goal; docs/operations.md "Moving a subtree" has the figures).
     let value_bytes: usize = std::env::var("WARDEN_SPLIT_VALUE_BYTES").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
     fill(&mut router, SUBTREE, NODES, value_bytes).await;
     let (sessions, renewals) = ephemerals_of_three_homes(&mut router, SUBTREE, ["/", "/g2", "/g3"], TTL_MS).await;

@@ -1,7 +1,7 @@
 //! Warden's Rust client library.
 //!
 //! - [`Client`]: connects to the routers (failing over between them), with a typed method per
-//!   call of the public API and the retry rules of the README: reads and keepalives are
+//!   call of the public API and the retry rules of docs/concepts.md ("Client library"): reads and keepalives are
 //!   retried until their deadline; a write is sent again only when the failure proves it was
 //!   not applied, else the caller gets [`Error::OutcomeUnknown`].
 //! - [`Session`]: a lease kept alive from its own task, with Chubby's states
