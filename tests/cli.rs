@@ -572,6 +572,7 @@ fn metrics(c: &Cluster) {
     assert!(sum_of(&nodes_after, committed) >= sum_of(&nodes_before, committed) + 20.0, "{nodes_after:?}");
     assert!(sum_of(&router_after, creates) >= sum_of(&router_before, creates) + 20.0, "{router_after:?}");
     assert!(sum_of(&nodes_after, "warden_storage_fsync_seconds_count") > sum_of(&nodes_before, "warden_storage_fsync_seconds_count"));
+    assert!(sum_of(&nodes_after, "warden_raft_apply_seconds_count") >= sum_of(&nodes_before, "warden_raft_apply_seconds_count") + 20.0);
     assert!(sum_of(&nodes_after, "warden_storage_fsyncs_total") >= 1.0 && sum_of(&nodes_after, "warden_storage_sst_bytes") >= 0.0);
     let status = c.json(&["status", "--nodes", &c.nodes]);
     let groups = status["groups"].as_array().expect("groups");

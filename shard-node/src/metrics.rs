@@ -8,7 +8,8 @@
 //!
 //! Architecture invariant: no label takes a value per path, session or group; per-group
 //! figures are summed over the node's replicas (`warden_raft_groups{role=…}`), so a node
-//! with 10,000 groups has the same series as one with ten.
+//! with 10,000 groups has the same series as one with ten. The one label per peer
+//! (`warden_raft_messages_dropped_total{peer}`) is bounded by the cluster's nodes.
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
@@ -45,7 +46,16 @@ pub struct NodeMetrics {
     pub proposals_pending: IntGauge,
     /// Time from a proposal to its answer (committed on a quorum and applied here).
     pub propose_seconds: Histogram,
+    /// Time one replica's state machine took to apply the committed entries of one ready.
+    pub apply_seconds: Histogram,
     leader_changes: IntCounter,
+    /// `warden_raft_snapshots_total{direction, outcome}`.
+    snapshots: IntCounterVec,
+    /// `warden_raft_snapshot_bytes_total{direction}`: bytes of the snapshots delivered.
+    snapshot_bytes: IntCounterVec,
+    /// `warden_raft_messages_dropped_total{peer}`: raft messages not sent because the peer's
+    /// queue was full (raft-rs sends again what matters).
+    messages_dropped: IntCounterVec,
     messages_sent: IntCounter,
     heartbeats_sent: IntCounter,
     groups: IntGaugeVec,
@@ -99,7 +109,36 @@ impl NodeMetrics {
                     &LATENCY_BUCKETS,
                 )),
             ),
+            apply_seconds: registered(
+                &r,
+                Histogram::with_opts(histogram_opts(
+                    "warden_raft_apply_seconds",
+                    "Time a replica's state machine took to apply the committed entries of one ready (before their write).",
+                    &LATENCY_BUCKETS,
+                )),
+            ),
             leader_changes: counter("warden_raft_leader_changes_seen_total", "Times a group hosted here got a new leader."),
+            snapshots: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new(
+                        "warden_raft_snapshots_total",
+                        "Raft snapshots by direction (sent, received) and outcome (delivered, failed: refused, broken off, timed out or not started).",
+                    ),
+                    &["direction", "outcome"],
+                ),
+            ),
+            snapshot_bytes: registered(
+                &r,
+                IntCounterVec::new(Opts::new("warden_raft_snapshot_bytes_total", "Bytes of the raft snapshots delivered, by direction."), &["direction"]),
+            ),
+            messages_dropped: registered(
+                &r,
+                IntCounterVec::new(
+                    Opts::new("warden_raft_messages_dropped_total", "Raft messages dropped because the queue to the peer (a node id) was full."),
+                    &["peer"],
+                ),
+            ),
             messages_sent: counter("warden_raft_messages_sent_total", "Raft messages handed to the transport."),
             heartbeats_sent: counter("warden_raft_heartbeats_sent_total", "Leader heartbeats among the raft messages sent."),
             groups: registered(
@@ -154,6 +193,29 @@ impl NodeMetrics {
         } else {
             self.failed.inc();
         }
+    }
+
+    /// A snapshot this node sent: delivered (its bytes) or not.
+    pub fn snapshot_sent(&self, delivered_bytes: Option<usize>) {
+        self.snapshot("sent", delivered_bytes);
+    }
+
+    /// A snapshot sent to this node: taken (its bytes) or refused.
+    pub fn snapshot_received(&self, taken_bytes: Option<usize>) {
+        self.snapshot("received", taken_bytes);
+    }
+
+    fn snapshot(&self, direction: &str, bytes: Option<usize>) {
+        let outcome = if bytes.is_some() { "delivered" } else { "failed" };
+        self.snapshots.with_label_values(&[direction, outcome]).inc();
+        if let Some(bytes) = bytes {
+            self.snapshot_bytes.with_label_values(&[direction]).inc_by(bytes as u64);
+        }
+    }
+
+    /// A raft message to `peer` was dropped (its queue was full).
+    pub fn message_dropped(&self, peer: u64) {
+        self.messages_dropped.with_label_values(&[&peer.to_string()]).inc();
     }
 
     /// Copies the figures kept elsewhere into the registry.
@@ -212,6 +274,21 @@ mod tests {
         assert!(text.contains("warden_raft_proposals_total{outcome=\"committed\"} 1"), "{text}");
         assert!(text.contains("warden_raft_proposals_total{outcome=\"failed\"} 1"), "{text}");
         assert!(text.contains("warden_raft_propose_seconds_count 1"), "{text}");
+        metrics.snapshot_sent(Some(1000));
+        metrics.snapshot_sent(None);
+        metrics.snapshot_received(Some(10));
+        metrics.message_dropped(3);
+        let text = metrics.render();
+        for line in [
+            "warden_raft_snapshots_total{direction=\"sent\",outcome=\"delivered\"} 1",
+            "warden_raft_snapshots_total{direction=\"sent\",outcome=\"failed\"} 1",
+            "warden_raft_snapshots_total{direction=\"received\",outcome=\"delivered\"} 1",
+            "warden_raft_snapshot_bytes_total{direction=\"sent\"} 1000",
+            "warden_raft_snapshot_bytes_total{direction=\"received\"} 10",
+            "warden_raft_messages_dropped_total{peer=\"3\"} 1",
+        ] {
+            assert!(text.lines().any(|l| l == line), "{line} in {text}");
+        }
         let store = StoreMetrics::default();
         store.fsync_seconds.observe(0.001);
         assert_eq!(store.fsync_seconds.get_sample_count(), 1);

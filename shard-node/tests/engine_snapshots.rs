@@ -91,6 +91,19 @@ async fn item_13_a_follower_catches_up_from_a_64_mib_snapshot_while_other_groups
     eprintln!("caught up in {:?}", started.elapsed());
     let status = follower.status(1).await.expect("status");
     assert!(status.first_index > lagging_last + 1, "the follower's log starts after a snapshot, not a replay");
+    // The metrics count it on both sides, with its bytes (over 64 MiB).
+    let counted = |node: u64, direction: &str| {
+        let text = cluster.handle(node).expect("node").metrics().render();
+        let value = |name: String| {
+            text.lines().find_map(|line| line.strip_prefix(name.as_str())).and_then(|v| v.trim().parse::<f64>().ok()).unwrap_or_default()
+        };
+        let delivered = value(format!("warden_raft_snapshots_total{{direction=\"{direction}\",outcome=\"delivered\"}}"));
+        (delivered, value(format!("warden_raft_snapshot_bytes_total{{direction=\"{direction}\"}}")))
+    };
+    let (sent, sent_bytes) = counted(leader, "sent");
+    let (received, received_bytes) = counted(lagging, "received");
+    assert!(sent >= 1.0 && received >= 1.0, "snapshots delivered: {sent} sent, {received} received");
+    assert!(sent_bytes >= (64 << 20) as f64 && received_bytes >= (64 << 20) as f64, "{sent_bytes} bytes sent, {received_bytes} received");
 
     // Its data is the leader's.
     for i in 0..VALUES {

@@ -504,6 +504,7 @@ impl Node {
             let (persisted_tx, persisted_rx) = crossbeam_channel::bounded(config.write_tasks_in_flight_max);
             let awake = replicas.keys().copied().collect();
             let worker = worker::Worker {
+                node_metrics: handle.metrics.clone(),
                 config: config.clone(),
                 db: db.clone(),
                 factory: factory.clone(),

@@ -17,6 +17,8 @@ pub(crate) struct RoundWrites {
     pub ops: Vec<WriteOp>,
     pub entries: u64,
     pub readies: Vec<(u64, u64)>,
+    /// Seconds each replica's apply took this round (observed by the worker).
+    pub apply_seconds: Vec<f64>,
 }
 
 impl Replica {
@@ -44,7 +46,12 @@ impl Replica {
         }
         // 3. Apply committed entries. raft-rs hands out only entries this replica has already
         //    persisted, so applying before this ready's own write is safe.
-        let replies = self.apply_committed(ready.take_committed_entries())?;
+        let committed = ready.take_committed_entries();
+        let applying = (!committed.is_empty()).then(std::time::Instant::now);
+        let replies = self.apply_committed(committed)?;
+        if let Some(started) = applying {
+            round.apply_seconds.push(started.elapsed().as_secs_f64());
+        }
         self.maybe_compact(&mut ops)?;
         // 4. New entries and hard state: raft reads them from the storage's cache at once
         //    (required before `advance_append_async`); the store writer makes them durable.

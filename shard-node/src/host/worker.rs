@@ -37,6 +37,8 @@ enum Event {
 
 /// Everything a worker thread owns.
 pub(crate) struct Worker {
+    /// The node's metrics (apply latency is observed here).
+    pub node_metrics: Arc<crate::metrics::NodeMetrics>,
     pub config: Arc<NodeConfig>,
     pub db: Arc<Db>,
     pub factory: Arc<dyn StateMachineFactory>,
@@ -316,6 +318,9 @@ impl Worker {
         for group in self.awake.iter().copied().chain(self.touched.drain()) {
             let Some(replica) = self.replicas.get_mut(&group) else { continue };
             replica.handle_ready(self.sender.as_ref(), &mut round)?;
+            for seconds in round.apply_seconds.drain(..) {
+                self.node_metrics.apply_seconds.observe(seconds);
+            }
             let info =
                 super::LeaderInfo { term: replica.raw.raft.term, leader_id: replica.raw.raft.leader_id, needs_ticks: replica.sm.needs_ticks() };
             if info != replica.published_leader {

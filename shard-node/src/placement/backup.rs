@@ -24,6 +24,11 @@ use crate::state_machine::SmReader;
 /// stream holds the reading back, so a backup's memory is this many pages.
 const PAGES_QUEUED_MAX: usize = 2;
 
+/// Longest a backup waits for its reader to take a page: a reader that stops reading but
+/// keeps its connection open does not hold the store's snapshot (and a backup's place) for
+/// ever.
+const PAGE_SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
 /// Backups one node reads at once (each holds a RocksDB snapshot, so the store keeps what it
 /// would have compacted away, and a thread).
 pub const BACKUPS_MAX: usize = 2;
@@ -53,11 +58,14 @@ impl PlacementService {
             .map_err(|_| Status::resource_exhausted(format!("{BACKUPS_MAX} backups are being read from this node already: retry later")))?;
         let (pages, stream) = tokio::sync::mpsc::channel(PAGES_QUEUED_MAX);
         let reader = SmReader::new(store, group_id);
+        let runtime = tokio::runtime::Handle::current();
         let spawned = std::thread::Builder::new().name(format!("backup-{group_id}")).spawn(move || {
             let _permit = permit;
-            if let Err(refusal) = reader.with_image(|image| send_image(image, group_id, floor, page_bytes_max, &pages)) {
+            // False once the reader is gone or stopped reading.
+            let send = |page: Result<BackupPage, Status>| runtime.block_on(pages.send_timeout(page, PAGE_SEND_TIMEOUT)).is_ok();
+            if let Err(refusal) = reader.with_image(|image| send_image(image, group_id, floor, page_bytes_max, |page| send(Ok(page)))) {
                 // The stream's reader may be gone already: nobody left to tell.
-                let _ = pages.blocking_send(Err(refusal));
+                send(Err(refusal));
             }
         });
         spawned.map_err(|e| internal(format!("cannot start a backup thread: {e}")))?;
@@ -76,13 +84,13 @@ impl PlacementService {
     }
 }
 
-/// Sends the backup of `image` (at `floor` or later) into `pages`.
+/// Hands the backup of `image` (at `floor` or later) to `send` page by page.
 fn send_image(
     image: &crate::state_machine::SmImage<'_>,
     group_id: u64,
     floor: u64,
     page_bytes_max: u32,
-    pages: &tokio::sync::mpsc::Sender<Result<BackupPage, Status>>,
+    send: impl FnMut(BackupPage) -> bool,
 ) -> Result<(), Status> {
     let applied_index = image.applied_index().map_err(internal)?;
     let revision = store::read_revision(image).map_err(internal)?;
@@ -91,7 +99,6 @@ fn send_image(
         // refused, not waited for, should a store ever lag its apply.
         return Err(Status::unavailable(format!("group {group_id}'s store is behind revision {floor} here: retry")));
     }
-    let send = |page: BackupPage| pages.blocking_send(Ok(page)).is_ok();
     match backup::read_image(image, group_id, applied_index, page_bytes_max, send) {
         Ok(_) => Ok(()),
         Err(Failure::Refused(error)) => Err(status(error)),

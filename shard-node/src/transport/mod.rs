@@ -226,13 +226,18 @@ impl RaftSender for Transport {
                 }
                 Err(refused) => {
                     tracing::warn!(from = self.node_id, to, group, bytes, %refused, "snapshot not sent");
+                    self.node.metrics().snapshot_sent(None);
                     Err(message)
                 }
             };
         }
-        let queue = self.peer_queue(message.to);
-        queue.try_send(Outgoing { group, message }).map_err(|error| match error {
-            mpsc::error::TrySendError::Full(outgoing) | mpsc::error::TrySendError::Closed(outgoing) => outgoing.message,
+        let to = message.to;
+        let queue = self.peer_queue(to);
+        queue.try_send(Outgoing { group, message }).map_err(|error| {
+            self.node.metrics().message_dropped(to);
+            match error {
+                mpsc::error::TrySendError::Full(outgoing) | mpsc::error::TrySendError::Closed(outgoing) => outgoing.message,
+            }
         })
     }
 }

@@ -140,6 +140,7 @@ impl Outgoing {
             }
         };
         let node = self.node.clone();
+        node.metrics().snapshot_sent((status == SnapshotStatus::Finish).then_some(bytes));
         // Free the transfer's place first: raft-rs may try again as soon as it hears.
         drop(self);
         node.report_snapshot(group, to, status).await;
@@ -182,9 +183,22 @@ pub async fn receive(
     node: &NodeHandle,
     transfers: &Arc<Transfers>,
     limits: &TransportLimits,
-    mut stream: Streaming<SnapshotChunk>,
+    stream: Streaming<SnapshotChunk>,
     sender: Option<u64>,
 ) -> Result<SnapshotDone, Status> {
+    let taken = take(node, transfers, limits, stream, sender).await;
+    node.metrics().snapshot_received(taken.as_ref().ok().copied());
+    taken.map(|_| SnapshotDone {})
+}
+
+/// [`receive`]'s work: the snapshot's bytes once its worker took it.
+async fn take(
+    node: &NodeHandle,
+    transfers: &Arc<Transfers>,
+    limits: &TransportLimits,
+    mut stream: Streaming<SnapshotChunk>,
+    sender: Option<u64>,
+) -> Result<usize, Status> {
     let first = stream.message().await?.ok_or_else(|| Status::invalid_argument("snapshot call without a header"))?;
     let header = first.header.ok_or_else(|| Status::invalid_argument("first snapshot chunk without a header"))?;
     let (from, group) = (header.from_node, header.group_id);
@@ -209,7 +223,7 @@ pub async fn receive(
         error => Status::resource_exhausted(error.to_string()),
     })?;
     tracing::info!(node = node.node_id(), from, group, index, bytes, "snapshot received");
-    Ok(SnapshotDone {})
+    Ok(bytes)
 }
 
 /// The data of a snapshot call: exactly `bytes`, in chunks after the header's own.
