@@ -246,3 +246,60 @@ async fn item_1_a_partitioned_leader_never_renews_a_lease_past_the_new_leaders_e
             api.call(TIMEOUT, false, |mut c| async move { c.close_session(CloseSessionRequest { session_id: session, routing: None }).await }).await;
     }
 }
+
+/// `warden_namespace_held{kind}` summed over the nodes (each group counted at its leader).
+fn held(cluster: &warden_shard_node::cluster::Cluster, kind: &str) -> u64 {
+    let series = format!("warden_namespace_held{{kind=\"{kind}\"}} ");
+    let value = |text: String| text.lines().find_map(|line| line.strip_prefix(series.as_str())?.trim().parse::<u64>().ok()).unwrap_or_default();
+    cluster.running().into_iter().filter_map(|id| cluster.handle(id)).map(|handle| value(handle.metrics().render())).sum()
+}
+
+/// The leaders' metrics count what the group holds: nodes, a session, its ephemerals and its
+/// lock waiter; once the session closes they count its nodes no more.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_leaders_metrics_count_nodes_sessions_ephemerals_and_lock_waiters() {
+    let cluster = namespace_cluster(ClusterConfig::default()).await;
+    let api = ApiClient::new(&cluster);
+    let session = open_session(&api).await;
+    for path in ["/m/a", "/m/b", "/m/lock"] {
+        let request = CreateRequest { path: path.into(), create_parents: true, ..CreateRequest::default() };
+        api.call(TIMEOUT, false, |mut c| {
+            let request = request.clone();
+            async move { c.create(request).await }
+        })
+        .await
+        .expect("create");
+    }
+    create_ephemeral(&api, "/m/e0", session).await;
+    create_ephemeral(&api, "/m/e1", session).await;
+    let lock = LockRequest { path: "/m/lock".into(), session_id: session, ..LockRequest::default() };
+    let locked = api
+        .call(TIMEOUT, false, |mut c| {
+            let lock = lock.clone();
+            async move { c.lock(lock).await }
+        })
+        .await
+        .expect("lock");
+    assert!(locked.acquired, "{locked:?}");
+    // Published once each batch is in the leader's store: waited for, not assumed.
+    let expect = |nodes, sessions, ephemerals, waiters| {
+        let cluster = cluster.clone();
+        async move {
+            let deadline = Instant::now() + TIMEOUT;
+            loop {
+                let seen = (held(&cluster, "nodes"), held(&cluster, "sessions"), held(&cluster, "ephemerals"), held(&cluster, "lock_waiters"));
+                if seen == (nodes, sessions, ephemerals, waiters) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "held (nodes, sessions, ephemerals, waiters): {seen:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    };
+    // /m, /m/a, /m/b, /m/lock, two ephemerals and the waiter (an ephemeral too).
+    expect(7, 1, 3, 1).await;
+    api.call(TIMEOUT, false, |mut c| async move { c.close_session(CloseSessionRequest { session_id: session, ..Default::default() }).await })
+        .await
+        .expect("close");
+    expect(4, 0, 0, 0).await;
+}

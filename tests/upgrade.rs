@@ -41,7 +41,7 @@ impl MixedVersions {
         let old = NamespaceFactory::default();
         let new_limits = Limits { value_bytes_max: 512 << 10, ..Limits::default() };
         // One node's replicas share one hub registry and limits board, as in one process.
-        let new = NamespaceFactory { limits: new_limits, hubs: old.hubs.clone(), board: old.board.clone() };
+        let new = NamespaceFactory { limits: new_limits, hubs: old.hubs.clone(), board: old.board.clone(), counts: old.counts.clone() };
         MixedVersions { old, new, upgraded }
     }
 }

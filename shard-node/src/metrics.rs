@@ -18,6 +18,7 @@ use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Op
 use warden_proto::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
 
 use crate::host::LeaderTable;
+use crate::namespace::counts::NamespaceCounts;
 use crate::storage::Db;
 use crate::store_writer::StoreMetrics;
 use crate::transport::TransportMetrics;
@@ -67,10 +68,13 @@ pub struct NodeMetrics {
     disk_available: IntGauge,
     disk_size: IntGauge,
     watches: IntGauge,
+    /// `warden_namespace_held{kind}`: what the groups this node leads hold.
+    held: IntGaugeVec,
     watch_events: IntCounter,
     slow_watchers: IntCounter,
     sources: Mutex<Option<Sources>>,
     hubs: Mutex<Option<WatchHubs>>,
+    namespace: Mutex<Option<NamespaceCounts>>,
 }
 
 /// Brings a counter kept elsewhere (an atomic that only grows) up to `total`.
@@ -156,10 +160,21 @@ impl NodeMetrics {
             disk_available: gauge("warden_storage_disk_available_bytes", "Bytes available to the node on its data directory's file system."),
             disk_size: gauge("warden_storage_disk_size_bytes", "Size of the node's data directory's file system."),
             watches: gauge("warden_namespace_watches", "Live watches served by this node."),
+            held: registered(
+                &r,
+                IntGaugeVec::new(
+                    Opts::new(
+                        "warden_namespace_held",
+                        "What the groups this node leads hold, by kind: nodes, ephemerals, lock_waiters (holders included), sessions, lock_delays (locks in their lock-delay). Summed over nodes: each group counted once.",
+                    ),
+                    &["kind"],
+                ),
+            ),
             watch_events: counter("warden_watch_events_sent_total", "Watch events queued to watch streams."),
             slow_watchers: counter("warden_watch_slow_cancels_total", "Watches cancelled SLOW_WATCHER (their client read too slowly)."),
             sources: Mutex::new(None),
             hubs: Mutex::new(None),
+            namespace: Mutex::new(None),
             registry: r,
         }
     }
@@ -183,6 +198,11 @@ impl NodeMetrics {
     /// Reads the watches of the node's hubs at each scrape.
     pub fn attach_watches(&self, hubs: WatchHubs) {
         *self.hubs.lock().unwrap_or_else(|e| e.into_inner()) = Some(hubs);
+    }
+
+    /// Reads what the node's namespace replicas hold at each scrape.
+    pub fn attach_namespace(&self, counts: NamespaceCounts) {
+        *self.namespace.lock().unwrap_or_else(|e| e.into_inner()) = Some(counts);
     }
 
     /// A proposal was answered (`committed` or not) after `seconds`.
@@ -243,6 +263,19 @@ impl NodeMetrics {
                     self.disk_size.set(bytes(fs.f_blocks));
                 }
                 Err(error) => tracing::debug!(%error, "statvfs of the data directory"),
+            }
+            if let Some(counts) = self.namespace.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+                let held = counts.sum(s.node_id, &s.leaders.led_by(s.node_id));
+                let kinds = [
+                    ("nodes", held.nodes),
+                    ("ephemerals", held.ephemerals),
+                    ("lock_waiters", held.lock_waiters),
+                    ("sessions", held.sessions),
+                    ("lock_delays", held.lock_delays),
+                ];
+                for (kind, value) in kinds {
+                    self.held.with_label_values(&[kind]).set(i64::try_from(value).unwrap_or(i64::MAX));
+                }
             }
             if let Some(hubs) = self.hubs.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
                 self.watches.set(hubs.watches_on(s.node_id) as i64);

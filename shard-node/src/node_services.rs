@@ -57,6 +57,12 @@ pub trait ServingFactory: StateMachineFactory {
         None
     }
 
+    /// Where the namespace replicas publish what they hold, for the metrics (`None`: no
+    /// namespace).
+    fn namespace_counts(&self) -> Option<crate::namespace::counts::NamespaceCounts> {
+        None
+    }
+
     /// This binary's limits (the replicated ones are what a bootstrap records).
     fn default_limits(&self) -> Limits {
         Limits::default()
@@ -72,6 +78,10 @@ impl ServingFactory for NamespaceFactory {
 
     fn limits_board(&self) -> Option<LimitsBoard> {
         Some(self.board.clone())
+    }
+
+    fn namespace_counts(&self) -> Option<crate::namespace::counts::NamespaceCounts> {
+        Some(self.counts.clone())
     }
 
     fn default_limits(&self) -> Limits {
@@ -94,6 +104,10 @@ impl ServingFactory for ShardNodeFactory {
 
     fn limits_board(&self) -> Option<LimitsBoard> {
         self.namespace.limits_board()
+    }
+
+    fn namespace_counts(&self) -> Option<crate::namespace::counts::NamespaceCounts> {
+        self.namespace.namespace_counts()
     }
 
     fn default_limits(&self) -> Limits {
@@ -171,6 +185,9 @@ impl NodeServices for ApiServices {
                 }
                 Err(error) => tracing::warn!(%error, "placement metrics not registered"),
             }
+        }
+        if let Some(counts) = self.factory.namespace_counts() {
+            context.handle.metrics().attach_namespace(counts);
         }
         if let Some(hubs) = self.factory.watch_hubs() {
             context.handle.metrics().attach_watches(hubs);

@@ -8,6 +8,7 @@ use support::{code, leading_harness};
 use warden_proto::namespace::AcquireLock;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
+use warden_shard_node::namespace::harness::Harness;
 
 fn acquire(path: &str, session_id: u64, mode: LockMode) -> AcquireLock {
     AcquireLock { path: path.into(), session_id, mode: mode as i32, ..AcquireLock::default() }
@@ -272,4 +273,43 @@ fn item_5_each_lock_call_sets_its_own_lock_delay() {
     ns.now_ms = expiry_at;
     assert_eq!(ns.leader_scan(expiry_at).expect("scan"), 1);
     assert_eq!(ns.lock_info("/job").expect("info").blocked_until_ms, 0, "a holder without lock-delay leaves none");
+}
+
+/// What the replica publishes it holds (`warden_namespace_held`) follows sessions, their
+/// ephemerals, lock waiters and lock-delays, and a restart counts the same from disk.
+#[test]
+fn held_counts_follow_sessions_ephemerals_waiters_and_lock_delays() {
+    let mut ns = leading_harness();
+    let counts = |ns: &mut Harness| {
+        let held = ns.held();
+        ns.reopen().expect("reopen");
+        // Leading again from time 0: the sessions' leases start again (a new leader's do).
+        ns.set_leading(true, 0);
+        assert_eq!(ns.held(), held, "counted from disk as moved by the commands");
+        (held.nodes, held.sessions, held.ephemerals, held.lock_waiters, held.lock_delays)
+    };
+    assert_eq!(counts(&mut ns), (0, 0, 0, 0, 0), "the root is not counted");
+    let holder = ns.create_session(3_000).expect("session").session_id;
+    let waiter = ns.create_session(600_000).expect("session").session_id;
+    for path in ["/m/a", "/m/b", "/m/lock"] {
+        ns.create(CreateRequest { path: path.into(), create_parents: true, ..CreateRequest::default() }).expect("create");
+    }
+    for path in ["/m/e0", "/m/e1"] {
+        ns.create(CreateRequest { path: path.into(), session_id: holder, ..CreateRequest::default() }).expect("ephemeral");
+    }
+    assert!(ns.lock(AcquireLock { lock_delay_ms: 5_000, ..acquire("/m/lock", holder, LockMode::Exclusive) }).expect("lock").acquired);
+    let waiting = ns.lock(acquire("/m/lock", waiter, LockMode::Exclusive)).expect("lock");
+    assert!(!waiting.acquired);
+    // /m, /m/a, /m/b, /m/lock, two ephemerals, two waiters (ephemerals too).
+    assert_eq!(counts(&mut ns), (8, 2, 4, 2, 0));
+    ns.now_ms = 3_000;
+    assert_eq!(ns.leader_scan(3_000).expect("scan"), 1, "the holder's session expires");
+    assert_eq!(counts(&mut ns), (5, 1, 1, 1, 1), "the holder's nodes gone, its lock in its lock-delay");
+    let blocked_until_ms = ns.lock_info("/m/lock").expect("info").blocked_until_ms;
+    ns.now_ms = blocked_until_ms;
+    assert!(ns.leader_scan(blocked_until_ms).expect("scan") >= 1);
+    assert!(ns.check_sequencer(&sequencer(&waiting)).expect("check"));
+    assert_eq!(counts(&mut ns), (5, 1, 1, 1, 0), "the lock-delay over, the waiter holds");
+    ns.close_session(waiter).expect("close");
+    assert_eq!(counts(&mut ns), (4, 0, 0, 0, 0), "the waiter's session and node gone too");
 }

@@ -1098,6 +1098,8 @@ impl Run {
         for path in &self.universe {
             same(&format!("exists {path}"), self.h.exists(path), self.m.exists(path))?;
         }
+        // What the metrics say the replica holds: every node but the root.
+        prop_assert_eq!(self.h.held().nodes, self.m.nodes.len() as u64 - 1, "nodes counted for warden_namespace_held");
         Ok(())
     }
 }

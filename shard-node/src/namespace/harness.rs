@@ -102,6 +102,11 @@ impl Harness {
         Ok(outputs)
     }
 
+    /// What the replica published it holds (the figures of `warden_namespace_held`).
+    pub fn held(&self) -> super::counts::Counts {
+        self.factory.counts.sum(NODE, &[self.group])
+    }
+
     /// A reader of the harness's group, for reads below the state machine (`store`, `locks`).
     pub fn reader(&self) -> SmReader {
         SmReader::new(self.db.clone(), self.group)

@@ -6,6 +6,7 @@
 //! TTL nodes for the leader's expiry scan, both rebuilt on start and after a snapshot.
 
 pub mod backup;
+pub mod counts;
 pub mod descriptor;
 pub mod error;
 pub mod harness;
@@ -61,6 +62,8 @@ pub struct NamespaceFactory {
     pub board: LimitsBoard,
     /// Where each replica's watch hub is registered (with the limits of watches).
     pub hubs: WatchHubs,
+    /// Where each replica publishes what it holds, for the metrics.
+    pub counts: counts::NamespaceCounts,
 }
 
 impl StateMachineFactory for NamespaceFactory {
@@ -91,6 +94,8 @@ impl StateMachineFactory for NamespaceFactory {
             split: SplitState::default(),
             writes: hot::WriteCounts::default(),
             quotas: quota::GroupQuotas::default(),
+            counts: counts::Counts::default(),
+            published_counts: self.counts.register(node_id, group),
         })
     }
 }
@@ -148,9 +153,21 @@ pub struct NamespaceStateMachine {
     writes: hot::WriteCounts,
     /// The group's shares of subtree quotas and its usage (replicated state, rebuilt from disk).
     quotas: quota::GroupQuotas,
+    /// Nodes, ephemerals and lock waiters held (counted from disk at load, then moved by each
+    /// command's node changes), for the metrics.
+    counts: counts::Counts,
+    /// Where those, the sessions and the lock-delays are published after each batch.
+    published_counts: Arc<counts::ReplicaCounts>,
 }
 
 impl NamespaceStateMachine {
+    /// Publishes what the group holds now (see `counts.rs`).
+    fn publish_counts(&self) {
+        let sessions = self.sessions.len() as u64;
+        let lock_delays = self.blocked_locks.len() as u64;
+        self.published_counts.publish(&counts::Counts { sessions, lock_delays, ..self.counts });
+    }
+
     /// Applies `limits` (record `version`) from now on, and says so on the board.
     fn set_limits(&mut self, version: u64, limits: Limits) {
         self.board.set(self.node_id, self.group, version, limits.clone());
@@ -415,10 +432,9 @@ impl NamespaceStateMachine {
         };
         // What it changes under quotas is counted (a client's write past one refused: the view
         // is dropped, nothing written).
-        // Every node the command changed, before and after (read once, for quotas and events;
-        // a subtree move's records make no events, so without quotas they are not read).
-        let needs_changes = !view.is_unchanged() && (!moves_records || !self.quotas.is_empty());
-        let node_changes = if needs_changes { view.node_changes()? } else { Vec::new() };
+        // Every node the command changed, before and after (read once, for quotas, events and
+        // the counts of what the group holds).
+        let node_changes = if view.is_unchanged() { Vec::new() } else { view.node_changes()? };
         match self.quotas.charge(&view, &node_changes, client_write) {
             Ok(charged) => quota_shares.extend(charged),
             Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
@@ -429,6 +445,7 @@ impl NamespaceStateMachine {
             if takes_revision {
                 self.revision = revision;
             }
+            self.counts.apply_changes(&node_changes);
             let events: Vec<Event> = if moves_records { Vec::new() } else { Self::events_of(node_changes) };
             self.writes.record(&root, events.iter().map(|event| event.path.as_str()));
             if !events.is_empty() {
@@ -529,6 +546,7 @@ impl StateMachine for NamespaceStateMachine {
     }
 
     fn publish(&mut self) {
+        self.publish_counts();
         self.hub.publish(std::mem::take(&mut self.unpublished), self.revision);
         if let Some((prefix, group, revision)) = self.unpublished_move.take() {
             self.hub.moved(&prefix, group, revision);
@@ -548,9 +566,14 @@ impl StateMachine for NamespaceStateMachine {
         self.ttl.clear();
         let mut ttl = BTreeMap::new();
         let mut corrupt = None;
+        let mut counts = counts::Counts::default();
         reader.scan_range(b"n", Some(b"o"), |key, value| {
             match store::decode_record(value) {
                 Ok(record) => {
+                    // The root always exists (stored or not): not counted, as in apply.
+                    if key != b"n/" {
+                        counts.count_node(&record, true);
+                    }
                     let stat = record.stat.unwrap_or_default();
                     if stat.kind == NodeKind::Ttl as i32 {
                         let path = String::from_utf8_lossy(&key[1..]).into_owned();
@@ -565,6 +588,7 @@ impl StateMachine for NamespaceStateMachine {
             return Err(error);
         }
         self.ttl = ttl;
+        self.counts = counts;
         self.ttl_recheck_at_ms = 0;
         let (remote, own): (Vec<_>, Vec<_>) = store::read_sessions(reader)?.into_values().partition(|record| record.remote);
         self.sessions = own.into_iter().map(|record| (record.session_id, record.ttl_ms)).collect();
@@ -579,6 +603,7 @@ impl StateMachine for NamespaceStateMachine {
         self.quotas = quota::GroupQuotas::load(reader)?;
         self.hub.set_watch_limits(self.quotas.watch_limits());
         self.reader = Some(reader.clone());
+        self.publish_counts();
         Ok(())
     }
 
