@@ -557,7 +557,7 @@ fn sum_of(texts: &[String], series: &str) -> f64 {
 
 /// Prometheus metrics of `warden dev` (issue 18): scraped before and after 20 creates through
 /// the router, they account for the work: at least 20 more proposals committed over the
-/// nodes, 20 more `Create` calls answered OK by the router, fsyncs timed, every group's
+/// nodes and applied, 20 more `Create` calls answered OK by the router, fsyncs timed, every group's
 /// replicas hosted, and placement's groups reported by its leader alone.
 fn metrics(c: &Cluster) {
     let nodes = |c: &Cluster| (0..5).map(|i| scrape(c.base + METRICS_OFFSET + i)).collect::<Vec<_>>();
@@ -573,6 +573,9 @@ fn metrics(c: &Cluster) {
     assert!(sum_of(&router_after, creates) >= sum_of(&router_before, creates) + 20.0, "{router_after:?}");
     assert!(sum_of(&nodes_after, "warden_storage_fsync_seconds_count") > sum_of(&nodes_before, "warden_storage_fsync_seconds_count"));
     assert!(sum_of(&nodes_after, "warden_raft_apply_seconds_count") >= sum_of(&nodes_before, "warden_raft_apply_seconds_count") + 20.0);
+    // Each create's leader applied it before answering.
+    let applied = "warden_raft_entries_applied_total";
+    assert!(sum_of(&nodes_after, applied) >= sum_of(&nodes_before, applied) + 20.0, "{nodes_after:?}");
     assert!(sum_of(&nodes_after, "warden_storage_fsyncs_total") >= 1.0 && sum_of(&nodes_after, "warden_storage_sst_bytes") >= 0.0);
     let status = c.json(&["status", "--nodes", &c.nodes]);
     let groups = status["groups"].as_array().expect("groups");

@@ -255,7 +255,7 @@ fn held(cluster: &warden_shard_node::cluster::Cluster, kind: &str) -> u64 {
 }
 
 /// The leaders' metrics count what the group holds: nodes, a session, its ephemerals and its
-/// lock waiter; once the session closes they count its nodes no more.
+/// lock held; once the session closes they count its nodes no more.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_leaders_metrics_count_nodes_sessions_ephemerals_and_lock_waiters() {
     let cluster = namespace_cluster(ClusterConfig::default()).await;
@@ -282,21 +282,21 @@ async fn the_leaders_metrics_count_nodes_sessions_ephemerals_and_lock_waiters() 
         .expect("lock");
     assert!(locked.acquired, "{locked:?}");
     // Published once each batch is in the leader's store: waited for, not assumed.
-    let expect = |nodes, sessions, ephemerals, waiters| {
+    let expect = |nodes, sessions, ephemerals, holders| {
         let cluster = cluster.clone();
         async move {
             let deadline = Instant::now() + TIMEOUT;
             loop {
-                let seen = (held(&cluster, "nodes"), held(&cluster, "sessions"), held(&cluster, "ephemerals"), held(&cluster, "lock_waiters"));
-                if seen == (nodes, sessions, ephemerals, waiters) {
+                let seen = (held(&cluster, "nodes"), held(&cluster, "sessions"), held(&cluster, "ephemerals"), held(&cluster, "lock_holders"));
+                if seen == (nodes, sessions, ephemerals, holders) {
                     return;
                 }
-                assert!(Instant::now() < deadline, "held (nodes, sessions, ephemerals, waiters): {seen:?}");
+                assert!(Instant::now() < deadline, "held (nodes, sessions, ephemerals, lock holders): {seen:?}");
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         }
     };
-    // /m, /m/a, /m/b, /m/lock, two ephemerals and the waiter (an ephemeral too).
+    // /m, /m/a, /m/b, /m/lock, two ephemerals and the holder's waiter (an ephemeral too).
     expect(7, 1, 3, 1).await;
     api.call(TIMEOUT, false, |mut c| async move { c.close_session(CloseSessionRequest { session_id: session, ..Default::default() }).await })
         .await

@@ -49,6 +49,8 @@ pub struct NodeMetrics {
     pub propose_seconds: Histogram,
     /// Time one replica's state machine took to apply the committed entries of one ready.
     pub apply_seconds: Histogram,
+    /// Committed raft entries applied by this node's replicas.
+    pub entries_applied: IntCounter,
     leader_changes: IntCounter,
     /// `warden_raft_snapshots_total{direction, outcome}`.
     snapshots: IntCounterVec,
@@ -121,6 +123,10 @@ impl NodeMetrics {
                     &LATENCY_BUCKETS,
                 )),
             ),
+            entries_applied: counter(
+                "warden_raft_entries_applied_total",
+                "Committed raft entries applied by this node's replicas (each replica applies each entry of its group).",
+            ),
             leader_changes: counter("warden_raft_leader_changes_seen_total", "Times a group hosted here got a new leader."),
             snapshots: registered(
                 &r,
@@ -165,7 +171,7 @@ impl NodeMetrics {
                 IntGaugeVec::new(
                     Opts::new(
                         "warden_namespace_held",
-                        "What the groups this node leads hold, by kind: nodes, ephemerals, lock_waiters (holders included), sessions, lock_delays (locks in their lock-delay). Summed over nodes: each group counted once.",
+                        "What the groups this node leads hold, by kind: nodes, ephemerals, lock_holders, lock_waiters (not holding), sessions, lock_delays (locks in their lock-delay). Summed over nodes: each group counted once.",
                     ),
                     &["kind"],
                 ),
@@ -269,7 +275,8 @@ impl NodeMetrics {
                 let kinds = [
                     ("nodes", held.nodes),
                     ("ephemerals", held.ephemerals),
-                    ("lock_waiters", held.lock_waiters),
+                    ("lock_holders", held.lock_holders),
+                    ("lock_waiters", held.lock_waiters.saturating_sub(held.lock_holders)),
                     ("sessions", held.sessions),
                     ("lock_delays", held.lock_delays),
                 ];

@@ -286,9 +286,9 @@ fn held_counts_follow_sessions_ephemerals_waiters_and_lock_delays() {
         // Leading again from time 0: the sessions' leases start again (a new leader's do).
         ns.set_leading(true, 0);
         assert_eq!(ns.held(), held, "counted from disk as moved by the commands");
-        (held.nodes, held.sessions, held.ephemerals, held.lock_waiters, held.lock_delays)
+        (held.nodes, held.sessions, held.ephemerals, held.lock_waiters, held.lock_holders, held.lock_delays)
     };
-    assert_eq!(counts(&mut ns), (0, 0, 0, 0, 0), "the root is not counted");
+    assert_eq!(counts(&mut ns), (0, 0, 0, 0, 0, 0), "the root is not counted");
     let holder = ns.create_session(3_000).expect("session").session_id;
     let waiter = ns.create_session(600_000).expect("session").session_id;
     for path in ["/m/a", "/m/b", "/m/lock"] {
@@ -300,16 +300,16 @@ fn held_counts_follow_sessions_ephemerals_waiters_and_lock_delays() {
     assert!(ns.lock(AcquireLock { lock_delay_ms: 5_000, ..acquire("/m/lock", holder, LockMode::Exclusive) }).expect("lock").acquired);
     let waiting = ns.lock(acquire("/m/lock", waiter, LockMode::Exclusive)).expect("lock");
     assert!(!waiting.acquired);
-    // /m, /m/a, /m/b, /m/lock, two ephemerals, two waiters (ephemerals too).
-    assert_eq!(counts(&mut ns), (8, 2, 4, 2, 0));
+    // /m, /m/a, /m/b, /m/lock, two ephemerals, two waiters (ephemerals too), one holding.
+    assert_eq!(counts(&mut ns), (8, 2, 4, 2, 1, 0));
     ns.now_ms = 3_000;
     assert_eq!(ns.leader_scan(3_000).expect("scan"), 1, "the holder's session expires");
-    assert_eq!(counts(&mut ns), (5, 1, 1, 1, 1), "the holder's nodes gone, its lock in its lock-delay");
+    assert_eq!(counts(&mut ns), (5, 1, 1, 1, 0, 1), "the holder's nodes gone, its lock in its lock-delay: nobody holds");
     let blocked_until_ms = ns.lock_info("/m/lock").expect("info").blocked_until_ms;
     ns.now_ms = blocked_until_ms;
     assert!(ns.leader_scan(blocked_until_ms).expect("scan") >= 1);
     assert!(ns.check_sequencer(&sequencer(&waiting)).expect("check"));
-    assert_eq!(counts(&mut ns), (5, 1, 1, 1, 0), "the lock-delay over, the waiter holds");
+    assert_eq!(counts(&mut ns), (5, 1, 1, 1, 1, 0), "the lock-delay over, the waiter holds");
     ns.close_session(waiter).expect("close");
-    assert_eq!(counts(&mut ns), (4, 0, 0, 0, 0), "the waiter's session and node gone too");
+    assert_eq!(counts(&mut ns), (4, 0, 0, 0, 0, 0), "the waiter's session and node gone too");
 }

@@ -19,6 +19,8 @@ pub(crate) struct RoundWrites {
     pub readies: Vec<(u64, u64)>,
     /// Seconds each replica's apply took this round (observed by the worker).
     pub apply_seconds: Vec<f64>,
+    /// Committed entries applied this round (counted by the worker).
+    pub entries_applied: u64,
 }
 
 impl Replica {
@@ -48,6 +50,7 @@ impl Replica {
         //    persisted, so applying before this ready's own write is safe.
         let committed = ready.take_committed_entries();
         let applying = (!committed.is_empty()).then(std::time::Instant::now);
+        round.entries_applied += committed.len() as u64;
         let replies = self.apply_committed(committed)?;
         if let Some(started) = applying {
             round.apply_seconds.push(started.elapsed().as_secs_f64());

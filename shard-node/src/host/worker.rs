@@ -321,6 +321,7 @@ impl Worker {
             for seconds in round.apply_seconds.drain(..) {
                 self.node_metrics.apply_seconds.observe(seconds);
             }
+            self.node_metrics.entries_applied.inc_by(std::mem::take(&mut round.entries_applied));
             let info =
                 super::LeaderInfo { term: replica.raw.raft.term, leader_id: replica.raw.raft.leader_id, needs_ticks: replica.sm.needs_ticks() };
             if info != replica.published_leader {

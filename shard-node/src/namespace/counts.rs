@@ -1,5 +1,5 @@
 //! What namespace replicas hold, counted for the metrics (issue 18): nodes, ephemeral nodes,
-//! lock waiters (holders included), live sessions, locks in their lock-delay.
+//! lock waiters (holders included) and holders, live sessions, locks in their lock-delay.
 //!
 //! Each replica keeps its own figures: counted from disk when it loads, then moved by every
 //! applied command's node changes (and its session and lock-delay tables), and published
@@ -21,6 +21,7 @@ pub struct ReplicaCounts {
     nodes: AtomicU64,
     ephemerals: AtomicU64,
     lock_waiters: AtomicU64,
+    lock_holders: AtomicU64,
     sessions: AtomicU64,
     lock_delays: AtomicU64,
 }
@@ -34,6 +35,8 @@ pub struct Counts {
     pub ephemerals: u64,
     /// Lock waiters, holders included.
     pub lock_waiters: u64,
+    /// Of those, the waiters holding their lock.
+    pub lock_holders: u64,
     /// Live sessions homed in the groups.
     pub sessions: u64,
     /// Locks in their lock-delay.
@@ -73,6 +76,7 @@ impl ReplicaCounts {
         self.nodes.store(counts.nodes, Ordering::Relaxed);
         self.ephemerals.store(counts.ephemerals, Ordering::Relaxed);
         self.lock_waiters.store(counts.lock_waiters, Ordering::Relaxed);
+        self.lock_holders.store(counts.lock_holders, Ordering::Relaxed);
         self.sessions.store(counts.sessions, Ordering::Relaxed);
         self.lock_delays.store(counts.lock_delays, Ordering::Relaxed);
     }
@@ -82,6 +86,7 @@ impl ReplicaCounts {
             nodes: self.nodes.load(Ordering::Relaxed),
             ephemerals: self.ephemerals.load(Ordering::Relaxed),
             lock_waiters: self.lock_waiters.load(Ordering::Relaxed),
+            lock_holders: self.lock_holders.load(Ordering::Relaxed),
             sessions: self.sessions.load(Ordering::Relaxed),
             lock_delays: self.lock_delays.load(Ordering::Relaxed),
         }
@@ -115,6 +120,7 @@ impl NamespaceCounts {
             sum.nodes += counts.nodes;
             sum.ephemerals += counts.ephemerals;
             sum.lock_waiters += counts.lock_waiters;
+            sum.lock_holders += counts.lock_holders;
             sum.sessions += counts.sessions;
             sum.lock_delays += counts.lock_delays;
         }

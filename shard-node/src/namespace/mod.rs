@@ -90,6 +90,7 @@ impl StateMachineFactory for NamespaceFactory {
             remote_sessions: std::collections::BTreeSet::new(),
             leases: LeaseTable::default(),
             blocked_locks: BTreeMap::new(),
+            lock_holders: BTreeMap::new(),
             descriptor: None,
             split: SplitState::default(),
             writes: hot::WriteCounts::default(),
@@ -145,6 +146,9 @@ pub struct NamespaceStateMachine {
     leases: LeaseTable,
     /// Locks in their lock-delay, and until when (replicated state, rebuilt from disk).
     blocked_locks: BTreeMap<String, u64>,
+    /// How many waiters hold each held lock (from the replicated state, rebuilt from disk;
+    /// recounted for each lock a command touches), for the metrics.
+    lock_holders: BTreeMap<String, u64>,
     /// What the group serves (replicated state, rebuilt from disk; `None`: every path).
     descriptor: Option<GroupDescriptor>,
     /// The subtree frozen for a split, and splits settled (replicated state, rebuilt from disk).
@@ -165,7 +169,8 @@ impl NamespaceStateMachine {
     fn publish_counts(&self) {
         let sessions = self.sessions.len() as u64;
         let lock_delays = self.blocked_locks.len() as u64;
-        self.published_counts.publish(&counts::Counts { sessions, lock_delays, ..self.counts });
+        let lock_holders = self.lock_holders.values().sum();
+        self.published_counts.publish(&counts::Counts { sessions, lock_delays, lock_holders, ..self.counts });
     }
 
     /// Applies `limits` (record `version`) from now on, and says so on the board.
@@ -180,9 +185,9 @@ impl NamespaceStateMachine {
     }
 
     /// Wakes the waiters that hold each touched lock now (only those: no herd), and the
-    /// calls waiting on waiters that are gone.
+    /// calls waiting on waiters that are gone; counts each touched lock's holders again.
     fn notify_lock_waiters(
-        &self,
+        &mut self,
         reader: &SmReader,
         writes: &mut SmWrites,
         touched: &std::collections::BTreeSet<String>,
@@ -192,21 +197,31 @@ impl NamespaceStateMachine {
         {
             let view = TxnView::new(reader, Some(writes));
             for lock_path in touched {
-                let Some(meta) = view.lock_meta(lock_path)? else { continue };
-                let waiters = match locks::waiters(&view, lock_path, self.limits.lock_waiters_max) {
-                    Ok(waiters) => waiters,
-                    Err(Failure::Storage(error)) => return Err(error),
-                    // A lock with foreign children serves nobody.
-                    Err(Failure::Refused(_)) => continue,
+                let holders = Self::lock_holders_at(&view, lock_path, self.limits.lock_waiters_max)?;
+                keys.extend(holders.iter().map(|w| locks::notify_key(&w.path)));
+                match holders.len() as u64 {
+                    0 => self.lock_holders.remove(lock_path),
+                    holding => self.lock_holders.insert(lock_path.clone(), holding),
                 };
-                let holding = locks::holders(&waiters, Some(&meta));
-                keys.extend(waiters[..holding].iter().map(|w| locks::notify_key(&w.path)));
             }
         }
         for key in keys {
             writes.notify(key);
         }
         Ok(())
+    }
+
+    /// The waiters holding the lock at `lock_path` (none when it is no lock, or one with
+    /// foreign children, which serves nobody).
+    fn lock_holders_at(view: &TxnView<'_>, lock_path: &str, waiters_max: usize) -> Result<Vec<locks::Waiter>, StorageError> {
+        let Some(meta) = view.lock_meta(lock_path)? else { return Ok(Vec::new()) };
+        let mut waiters = match locks::waiters(view, lock_path, waiters_max) {
+            Ok(waiters) => waiters,
+            Err(Failure::Storage(error)) => return Err(error),
+            Err(Failure::Refused(_)) => return Ok(Vec::new()),
+        };
+        waiters.truncate(locks::holders(&waiters, Some(&meta)));
+        Ok(waiters)
     }
 
     /// The watch events of a transaction's node changes (in path order).
@@ -593,11 +608,17 @@ impl StateMachine for NamespaceStateMachine {
         let (remote, own): (Vec<_>, Vec<_>) = store::read_sessions(reader)?.into_values().partition(|record| record.remote);
         self.sessions = own.into_iter().map(|record| (record.session_id, record.ttl_ms)).collect();
         self.remote_sessions = remote.into_iter().map(|record| record.session_id).collect();
-        self.blocked_locks = store::read_lock_metas(reader)?
-            .into_iter()
-            .filter(|(_, meta)| meta.blocked_until_ms != 0)
-            .map(|(path, meta)| (path, meta.blocked_until_ms))
-            .collect();
+        let metas = store::read_lock_metas(reader)?;
+        self.blocked_locks =
+            metas.iter().filter(|(_, meta)| meta.blocked_until_ms != 0).map(|(path, meta)| (path.clone(), meta.blocked_until_ms)).collect();
+        self.lock_holders.clear();
+        let view = TxnView::new(reader, None);
+        for path in metas.keys() {
+            let holding = Self::lock_holders_at(&view, path, self.limits.lock_waiters_max)?.len() as u64;
+            if holding != 0 {
+                self.lock_holders.insert(path.clone(), holding);
+            }
+        }
         // A replica that (re)loads its state (a snapshot) re-grants every lease if it leads.
         self.leases.regrant(&self.sessions);
         self.quotas = quota::GroupQuotas::load(reader)?;
