@@ -13,7 +13,7 @@ use crate::group::{Epoch, GroupInfo, Merging, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX}
 use crate::limits::{ApplyLimitsRecord, APPLY_LIMITS_BYTES_MAX};
 use crate::node::{validate_node, NodeInfo, NodeState};
 use crate::paths::{is_strictly_below, validate_prefix};
-use crate::state::Placement;
+use crate::state::{AppliedSettings, Placement};
 
 /// A change to the placement state, proposed to the placement group.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -29,6 +29,9 @@ pub enum Command {
         /// none, groups keep the first release's).
         #[serde(default)]
         limits: Vec<u8>,
+        /// The settings placement's apply reads from now on (`None`: the first release's).
+        #[serde(default)]
+        settings: Option<AppliedSettings>,
     },
     /// Records new apply limits (issue 18): the version grows by one.
     SetApplyLimits {
@@ -290,7 +293,7 @@ impl Placement {
             return Err(PlacementError::NotBootstrapped);
         }
         match command {
-            Command::Bootstrap { nodes, now_ms, limits } => self.bootstrap(nodes, *now_ms, limits),
+            Command::Bootstrap { nodes, now_ms, limits, settings } => self.bootstrap(nodes, *now_ms, limits, settings.unwrap_or_default()),
             Command::SetApplyLimits { encoded } => {
                 if encoded.len() > APPLY_LIMITS_BYTES_MAX {
                     return Err(PlacementError::LimitsTooLarge(encoded.len()));
@@ -352,7 +355,13 @@ impl Placement {
         }
     }
 
-    fn bootstrap(&mut self, nodes: &[(u64, String, String)], now_ms: u64, limits: &[u8]) -> Result<Outcome, PlacementError> {
+    fn bootstrap(
+        &mut self,
+        nodes: &[(u64, String, String)],
+        now_ms: u64,
+        limits: &[u8],
+        settings: AppliedSettings,
+    ) -> Result<Outcome, PlacementError> {
         if self.is_bootstrapped() {
             return Err(PlacementError::AlreadyBootstrapped);
         }
@@ -364,6 +373,7 @@ impl Placement {
         }
         // Built aside and swapped in whole: the state before bootstrap is empty.
         let mut next = Placement::new(self.config.clone());
+        next.settings = settings;
         for (id, addr, zone) in nodes {
             validate_node(*id, addr, zone).map_err(|reason| PlacementError::InvalidNode { id: *id, reason })?;
             let node = NodeInfo { id: *id, addr: addr.clone(), zone: zone.clone(), last_heartbeat_ms: now_ms, up: true, state: NodeState::Serving };
@@ -371,7 +381,7 @@ impl Placement {
                 return Err(PlacementError::DuplicateNode(*id));
             }
         }
-        let replicas = next.pick_replicas(self.replicas_wanted().min(nodes.len()))?;
+        let replicas = next.pick_replicas(next.replicas_wanted().min(nodes.len()))?;
         let root = GroupInfo {
             id: ROOT_GROUP_ID,
             prefix: "/".into(),
@@ -740,8 +750,8 @@ impl Placement {
         }
     }
 
-    /// Replicas a new group gets.
-    fn replicas_wanted(&self) -> usize {
-        self.config.replicas_per_group.max(1)
+    /// Replicas a group gets (the recorded setting: never this binary's default).
+    pub(crate) fn replicas_wanted(&self) -> usize {
+        self.settings.replicas_per_group.max(1)
     }
 }

@@ -54,18 +54,18 @@ pub use paths::{
     is_at_or_below, is_strictly_below, join, parent, validate_path, validate_prefix, PathError, PrefixError, PATH_BYTES_MAX, PATH_DEPTH_MAX,
 };
 pub use schedule::{MoveReason, Operator, ScheduleLimits};
-pub use state::{AutoSplit, Placement, PlacementConfig};
+pub use state::{AppliedSettings, AutoSplit, Placement, PlacementConfig};
 
 #[cfg(test)]
 mod testutil {
     //! Builders shared by the unit tests.
 
-    use crate::{Command, Outcome, Placement, PlacementConfig};
+    use crate::{AppliedSettings, Command, Outcome, Placement, PlacementConfig};
 
     /// A `Bootstrap` at time 0 of nodes `(id, zone)`, addresses `n<id>:7000`.
     pub fn bootstrap_command(nodes: &[(u64, &str)]) -> Command {
         let nodes = nodes.iter().map(|(id, zone)| (*id, format!("n{id}:7000"), zone.to_string())).collect();
-        Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() }
+        Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new(), settings: None }
     }
 
     /// A state bootstrapped at time 0 with nodes 1..=`nodes`, all in zone "z", and
@@ -74,7 +74,9 @@ mod testutil {
         let config = PlacementConfig { replicas_per_group: replicas, ..PlacementConfig::default() };
         let mut placement = Placement::new(config);
         let ids: Vec<(u64, &str)> = (1..=nodes).map(|id| (id, "z")).collect();
-        placement.apply(&bootstrap_command(&ids)).unwrap();
+        let Command::Bootstrap { nodes, now_ms, limits, .. } = bootstrap_command(&ids) else { unreachable!() };
+        let settings = Some(AppliedSettings::of(placement.config()));
+        placement.apply(&Command::Bootstrap { nodes, now_ms, limits, settings }).unwrap();
         placement
     }
 

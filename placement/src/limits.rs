@@ -32,7 +32,7 @@ mod tests {
     fn limits_are_set_at_bootstrap_and_versioned_by_each_change() {
         let mut placement = Placement::new(PlacementConfig::default());
         let Command::Bootstrap { nodes, now_ms, .. } = bootstrap_command(&[(1, "z")]) else { unreachable!() };
-        placement.apply(&Command::Bootstrap { nodes, now_ms, limits: vec![1, 2, 3] }).unwrap();
+        placement.apply(&Command::Bootstrap { nodes, now_ms, limits: vec![1, 2, 3], settings: None }).unwrap();
         assert_eq!(placement.apply_limits(), &ApplyLimitsRecord { version: 1, encoded: vec![1, 2, 3] });
         assert_eq!(placement.apply(&Command::SetApplyLimits { encoded: vec![4] }), Ok(Outcome::ApplyLimitsVersion(2)));
         let before = placement.clone();

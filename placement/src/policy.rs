@@ -66,7 +66,7 @@ mod tests {
     fn three_zones() -> Placement {
         let mut placement = Placement::new(PlacementConfig::default());
         let nodes = (1..=9).map(|id| (id, format!("n{id}:1"), ["a", "b", "c"][(id as usize - 1) / 3].to_string()));
-        placement.apply(&Command::Bootstrap { nodes: nodes.collect(), now_ms: 0, limits: Vec::new() }).unwrap();
+        placement.apply(&Command::Bootstrap { nodes: nodes.collect(), now_ms: 0, limits: Vec::new(), settings: None }).unwrap();
         placement
     }
 

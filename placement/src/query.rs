@@ -68,7 +68,7 @@ impl Placement {
 
     /// Whether `node` is up but has not heartbeated within the timeout at `now_ms`.
     pub(crate) fn is_stale(&self, node: &NodeInfo, now_ms: u64) -> bool {
-        node.up && node.last_heartbeat_ms.saturating_add(self.config.heartbeat_timeout_ms) <= now_ms
+        node.up && node.last_heartbeat_ms.saturating_add(self.settings.heartbeat_timeout_ms) <= now_ms
     }
 
     /// Routes whose prefix is strictly below `path`, in prefix order.

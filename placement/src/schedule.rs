@@ -323,7 +323,7 @@ impl<'a> Plan<'a> {
 
     /// Rule 4.
     fn grow(&mut self) {
-        let wanted = self.state.config.replicas_per_group.max(1);
+        let wanted = self.state.replicas_wanted();
         for group in self.state.groups.values() {
             if self.busy.contains(&group.id) || group.replicas.len() >= wanted || !group.replicas.iter().all(|id| self.live(*id)) {
                 continue;
@@ -569,7 +569,7 @@ mod tests {
     fn repair_keeps_zone_spread() {
         let mut placement = Placement::new(PlacementConfig::default());
         let nodes = (1..=8).map(|id| (id, format!("n{id}:1"), ["a", "b", "c", "d"][(id as usize - 1) % 4].to_string())).collect();
-        placement.apply(&Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() }).unwrap();
+        placement.apply(&Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new(), settings: None }).unwrap();
         let root = placement.groups()[&1].replicas.clone();
         // Zones a,b,c,d,a: kill the d replica; the replacement must be in zone d.
         let victim = *root.iter().find(|id| placement.node(**id).unwrap().zone == "d").unwrap();
@@ -631,7 +631,7 @@ mod tests {
             fn schedules_keep_quorums_and_spread(events in proptest::collection::vec(event(), 1..80)) {
                 let mut placement = Placement::new(PlacementConfig::default());
                 let nodes = (1..=7).map(|id| (id, format!("n{id}:1"), ["a", "b", "c"][(id as usize) % 3].to_string())).collect();
-                placement.apply(&Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() }).unwrap();
+                placement.apply(&Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new(), settings: None }).unwrap();
                 for index in 0..5 {
                     create_ready(&mut placement, &format!("/g{index}"));
                 }

@@ -18,9 +18,11 @@ use crate::quota::Quotas;
 /// placement group must be given the same values, and snapshots do not carry them.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct PlacementConfig {
-    /// Replicas of each new group (a value of 0 is treated as 1).
+    /// Replicas of each new group (a value of 0 is treated as 1), as this node would propose
+    /// them at bootstrap: apply and the scheduler read the recorded [`AppliedSettings`].
     pub replicas_per_group: usize,
-    /// A node whose last heartbeat is this old may be marked down.
+    /// A node whose last heartbeat is this old may be marked down, as this node would
+    /// propose it at bootstrap (see `replicas_per_group`).
     pub heartbeat_timeout_ms: u64,
     /// A node silent this long is given up on: the scheduler repairs every group with a
     /// replica there (`warden node --down-after-ms`).
@@ -58,6 +60,35 @@ impl Default for PlacementConfig {
     }
 }
 
+/// What apply reads besides its command and the state (issue 18 item 6): recorded by
+/// `Bootstrap` from the bootstrapping binary's [`PlacementConfig`], so replicas running
+/// another release, whose defaults differ, apply every command alike.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct AppliedSettings {
+    /// Replicas of each new group (0 is treated as 1).
+    pub replicas_per_group: usize,
+    /// A node whose last heartbeat is this old is stale: no new replica goes there, and the
+    /// leader may mark it down.
+    pub heartbeat_timeout_ms: u64,
+}
+
+impl AppliedSettings {
+    /// The first release's values: what states and `Bootstrap` commands written before the
+    /// settings were recorded were applied with.
+    pub const FIRST_RELEASE: AppliedSettings = AppliedSettings { replicas_per_group: 5, heartbeat_timeout_ms: 10_000 };
+
+    /// The values `config` proposes at bootstrap.
+    pub fn of(config: &PlacementConfig) -> AppliedSettings {
+        AppliedSettings { replicas_per_group: config.replicas_per_group, heartbeat_timeout_ms: config.heartbeat_timeout_ms }
+    }
+}
+
+impl Default for AppliedSettings {
+    fn default() -> Self {
+        AppliedSettings::FIRST_RELEASE
+    }
+}
+
 /// The whole placement state: what the placement group replicates.
 ///
 /// Only [`Placement::apply`] changes it (the routing table has one writer). The serialized
@@ -86,6 +117,9 @@ pub struct Placement {
     /// The limits every group checks in apply (issue 18).
     #[serde(default)]
     pub(crate) apply_limits: ApplyLimitsRecord,
+    /// What apply reads beyond the command (recorded at bootstrap).
+    #[serde(default)]
+    pub(crate) settings: AppliedSettings,
 }
 
 impl Placement {
@@ -102,6 +136,7 @@ impl Placement {
             acl: Acl::default(),
             quotas: Quotas::default(),
             apply_limits: ApplyLimitsRecord::default(),
+            settings: AppliedSettings::FIRST_RELEASE,
         }
     }
 
@@ -118,6 +153,11 @@ impl Placement {
     /// The limits every group checks in apply (version 0: never set).
     pub fn apply_limits(&self) -> &ApplyLimitsRecord {
         &self.apply_limits
+    }
+
+    /// The settings apply reads, recorded at bootstrap.
+    pub fn settings(&self) -> &AppliedSettings {
+        &self.settings
     }
 
     /// The local settings.
@@ -293,7 +333,8 @@ mod tests {
     fn snapshot_leaves_config_out() {
         let placement = bootstrapped(3, 3);
         let text = String::from_utf8(placement.to_bytes()).unwrap();
-        assert!(!text.contains("heartbeat_timeout_ms"), "{text}");
+        // The local settings stay out; the ones apply reads are recorded (`settings`).
+        assert!(!text.contains("down_after_ms") && text.contains("\"settings\""), "{text}");
         let other = PlacementConfig { replicas_per_group: 3, heartbeat_timeout_ms: 1, down_after_ms: 2, auto_split: None };
         let restored = Placement::from_bytes(placement.to_bytes().as_slice(), other.clone()).unwrap();
         assert_eq!(restored.config(), &other);

@@ -2,8 +2,8 @@
 //! must leave the state exactly as it was.
 
 use warden_placement::{
-    Command, Epoch, GroupInfo, NodeError, NodeInfo, NodeState, Outcome, PathError, Placement, PlacementConfig, PlacementError, PrefixError,
-    ROOT_GROUP_ID,
+    AppliedSettings, Command, Epoch, GroupInfo, NodeError, NodeInfo, NodeState, Outcome, PathError, Placement, PlacementConfig, PlacementError,
+    PrefixError, ROOT_GROUP_ID,
 };
 
 const TIMEOUT_MS: u64 = 10_000;
@@ -20,7 +20,8 @@ fn node(id: u64, zone: &str) -> (u64, String, String) {
 fn bootstrapped(nodes: u64, replicas: usize) -> Placement {
     let mut placement = Placement::new(config(replicas));
     let nodes = (1..=nodes).map(|id| node(id, ["a", "b", "c"][(id % 3) as usize])).collect();
-    placement.apply(&Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() }).unwrap();
+    let settings = Some(AppliedSettings::of(placement.config()));
+    placement.apply(&Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new(), settings }).unwrap();
     placement
 }
 
@@ -52,8 +53,13 @@ fn ids(groups: &[GroupInfo]) -> Vec<u64> {
 #[test]
 fn bootstrap_creates_the_root_group() {
     let mut placement = Placement::new(config(3));
-    let outcome =
-        placement.apply(&Command::Bootstrap { nodes: vec![node(3, "a"), node(1, "a"), node(2, "b"), node(4, "b")], now_ms: 7, limits: Vec::new() });
+    let settings = Some(AppliedSettings::of(placement.config()));
+    let outcome = placement.apply(&Command::Bootstrap {
+        nodes: vec![node(3, "a"), node(1, "a"), node(2, "b"), node(4, "b")],
+        now_ms: 7,
+        limits: Vec::new(),
+        settings,
+    });
     let root = GroupInfo {
         id: ROOT_GROUP_ID,
         prefix: "/".into(),
@@ -87,24 +93,32 @@ fn bootstrap_with_fewer_nodes_than_replicas_uses_them_all() {
 #[test]
 fn bootstrap_refusals() {
     let mut placement = Placement::new(config(5));
-    refused(&mut placement, Command::Bootstrap { nodes: vec![], now_ms: 0, limits: Vec::new() }, PlacementError::NotEnoughNodes { wanted: 1, up: 0 });
     refused(
         &mut placement,
-        Command::Bootstrap { nodes: vec![node(1, "a"), node(2, "a"), node(1, "b")], now_ms: 0, limits: Vec::new() },
+        Command::Bootstrap { nodes: vec![], now_ms: 0, limits: Vec::new(), settings: None },
+        PlacementError::NotEnoughNodes { wanted: 1, up: 0 },
+    );
+    refused(
+        &mut placement,
+        Command::Bootstrap { nodes: vec![node(1, "a"), node(2, "a"), node(1, "b")], now_ms: 0, limits: Vec::new(), settings: None },
         PlacementError::DuplicateNode(1),
     );
     refused(
         &mut placement,
-        Command::Bootstrap { nodes: vec![node(1, "a"), node(0, "a")], now_ms: 0, limits: Vec::new() },
+        Command::Bootstrap { nodes: vec![node(1, "a"), node(0, "a")], now_ms: 0, limits: Vec::new(), settings: None },
         PlacementError::InvalidNode { id: 0, reason: NodeError::ZeroId },
     );
     refused(
         &mut placement,
-        Command::Bootstrap { nodes: vec![(1, String::new(), "a".into())], now_ms: 0, limits: Vec::new() },
+        Command::Bootstrap { nodes: vec![(1, String::new(), "a".into())], now_ms: 0, limits: Vec::new(), settings: None },
         PlacementError::InvalidNode { id: 1, reason: NodeError::EmptyAddr },
     );
     let mut placement = bootstrapped(3, 3);
-    refused(&mut placement, Command::Bootstrap { nodes: vec![node(9, "a")], now_ms: 0, limits: Vec::new() }, PlacementError::AlreadyBootstrapped);
+    refused(
+        &mut placement,
+        Command::Bootstrap { nodes: vec![node(9, "a")], now_ms: 0, limits: Vec::new(), settings: None },
+        PlacementError::AlreadyBootstrapped,
+    );
 }
 
 #[test]
@@ -399,7 +413,7 @@ fn routing_version_counts_state_changes_only() {
 #[test]
 fn commands_outcomes_and_errors_encode() {
     let commands = [
-        Command::Bootstrap { nodes: vec![node(1, "a")], now_ms: 1, limits: Vec::new() },
+        Command::Bootstrap { nodes: vec![node(1, "a")], now_ms: 1, limits: Vec::new(), settings: None },
         Command::RegisterNode { id: 1, addr: "a:1".into(), zone: String::new(), now_ms: 2 },
         Command::Heartbeat { ids: vec![1, 2], now_ms: 3 },
         Command::MarkDown { ids: vec![3], now_ms: 4 },
@@ -592,4 +606,36 @@ fn a_merge_records_its_operation_then_retires_the_group_until_it_is_removed() {
     assert!(matches!(placement.apply(&Command::RemoveGroup { group_id: team.id }), Ok(Outcome::GroupRemoved { .. })));
     assert!(placement.group(team.id).is_none());
     placement.check_invariants().expect("consistent");
+}
+
+/// Issue 18 item 6: what apply reads besides the command is recorded at bootstrap, so two
+/// replicas whose binaries default to different settings (a rolling upgrade) apply alike; a
+/// `Bootstrap` or a state written before the settings were recorded means the first
+/// release's, whatever the replica's defaults.
+#[test]
+fn replicas_with_other_defaults_apply_alike() {
+    let nodes: Vec<_> = (1..=6).map(|id| node(id, ["a", "b", "c"][(id % 3) as usize])).collect();
+    let proposer = config(3);
+    let bootstrap = Command::Bootstrap { nodes: nodes.clone(), now_ms: 0, limits: Vec::new(), settings: Some(AppliedSettings::of(&proposer)) };
+    let (mut old, mut new) = (Placement::new(config(3)), Placement::new(config(5)));
+    for placement in [&mut old, &mut new] {
+        placement.apply(&bootstrap).unwrap();
+        create(placement, "/a", 1);
+    }
+    assert_eq!(old.to_bytes(), new.to_bytes(), "the same commands, the same replicated state");
+    assert_eq!(new.groups().values().map(|group| group.replicas.len()).collect::<Vec<_>>(), vec![3, 3]);
+    assert_eq!(new.settings().replicas_per_group, 3);
+
+    // An entry from before: no settings field.
+    let text = r#"{"Bootstrap":{"nodes":[[1,"n1:7000","a"],[2,"n2:7000","b"],[3,"n3:7000","c"],[4,"n4:7000","a"],[5,"n5:7000","b"],[6,"n6:7000","c"]],"now_ms":0}}"#;
+    let before: Command = serde_json::from_str(text).unwrap();
+    let mut three = Placement::new(config(3));
+    three.apply(&before).unwrap();
+    assert_eq!(three.settings(), &AppliedSettings::FIRST_RELEASE);
+    assert_eq!(three.groups()[&ROOT_GROUP_ID].replicas.len(), AppliedSettings::FIRST_RELEASE.replicas_per_group);
+    // A state from before: no settings recorded.
+    let mut value: serde_json::Value = serde_json::from_slice(&new.to_bytes()).unwrap();
+    value.as_object_mut().unwrap().remove("settings");
+    let restored = Placement::from_bytes(&serde_json::to_vec(&value).unwrap(), config(3)).unwrap();
+    assert_eq!(restored.settings(), &AppliedSettings::FIRST_RELEASE);
 }

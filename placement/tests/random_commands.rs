@@ -7,7 +7,7 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use proptest::prelude::*;
-use warden_placement::{is_strictly_below, serves, Acl, Command, GroupInfo, NodeState, Placement, PlacementConfig, ROOT_GROUP_ID};
+use warden_placement::{is_strictly_below, serves, Acl, AppliedSettings, Command, GroupInfo, NodeState, Placement, PlacementConfig, ROOT_GROUP_ID};
 
 /// One step of a run; times are filled in from a clock that moves forward.
 #[derive(Debug, Clone)]
@@ -57,7 +57,7 @@ fn op() -> impl Strategy<Value = Op> {
     let addr = prop::sample::select(vec!["h1:1", "h2:1", ""]).prop_map(String::from);
     let bootstrap_node = (node_id(), addr.clone(), zone.clone());
     prop_oneof![
-        1 => prop::collection::vec(bootstrap_node, 0..7).prop_map(|nodes| Op::Apply(Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() })),
+        1 => prop::collection::vec(bootstrap_node, 0..7).prop_map(|nodes| Op::Apply(Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new(), settings: Some(AppliedSettings::of(&config())) })),
         2 => (node_id(), addr, zone).prop_map(|(id, addr, zone)| Op::Apply(Command::RegisterNode { id, addr, zone, now_ms: 0 })),
         3 => prop::collection::vec(node_id(), 0..4).prop_map(|ids| Op::Apply(Command::Heartbeat { ids, now_ms: 0 })),
         1 => prop::collection::vec(node_id(), 0..4).prop_map(|ids| Op::Apply(Command::MarkDown { ids, now_ms: 0 })),
@@ -91,7 +91,7 @@ fn op() -> impl Strategy<Value = Op> {
 fn run() -> impl Strategy<Value = Vec<(Op, u64)>> {
     let first = prop::collection::btree_map(1u64..=7, prop::sample::select(ZONES.to_vec()), 1..7).prop_map(|nodes| {
         let nodes = nodes.into_iter().map(|(id, zone)| (id, format!("n{id}:1"), zone.to_string())).collect();
-        Op::Apply(Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new() })
+        Op::Apply(Command::Bootstrap { nodes, now_ms: 0, limits: Vec::new(), settings: Some(AppliedSettings::of(&config())) })
     });
     (first, prop::collection::vec((op(), 0u64..2_000), 0..80)).prop_map(|(first, rest)| {
         let mut now = 0;

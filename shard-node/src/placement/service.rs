@@ -27,7 +27,9 @@ use prost::Message as _;
 use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
-use warden_placement::{Command, GroupDescriptor, NodeState, Outcome, Placement, PlacementConfig, PlacementError, PLACEMENT_GROUP_ID};
+use warden_placement::{
+    AppliedSettings, Command, GroupDescriptor, NodeState, Outcome, Placement, PlacementConfig, PlacementError, PLACEMENT_GROUP_ID,
+};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::query::Query as NamespaceQuery;
@@ -757,10 +759,11 @@ impl PlacementApi for PlacementService {
             self.directory.ids().into_iter().filter_map(|id| self.directory.get(id).map(|addr| (id, addr.to_string(), String::new()))).collect();
         let limits =
             if self.bootstrap_limits == warden_proto::v1::ApplyLimits::default() { Vec::new() } else { self.bootstrap_limits.encode_to_vec() };
-        let root = match self.propose(&Command::Bootstrap { nodes, now_ms: now_ms(), limits }).await? {
-            Outcome::Bootstrapped(root) => root,
-            other => return Err(internal(format!("unexpected outcome {other:?}"))),
-        };
+        let root =
+            match self.propose(&Command::Bootstrap { nodes, now_ms: now_ms(), limits, settings: Some(AppliedSettings::of(&self.config)) }).await? {
+                Outcome::Bootstrapped(root) => root,
+                other => return Err(internal(format!("unexpected outcome {other:?}"))),
+            };
         let state = self.state().await?;
         self.start_group(&root, &state).await?;
         let descriptor = state.descriptor(root.id).ok_or_else(|| internal("the root group has no descriptor"))?;

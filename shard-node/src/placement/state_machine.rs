@@ -124,6 +124,7 @@ impl StateMachine for PlacementStateMachine {
 mod tests {
     use super::*;
     use crate::storage::Db;
+    use warden_placement::AppliedSettings;
 
     fn apply(sm: &mut PlacementStateMachine, db: &std::sync::Arc<Db>, index: u64, command: &Command) -> PlacementResult {
         let mut writes = SmWrites::new(warden_placement::PLACEMENT_GROUP_ID);
@@ -140,7 +141,7 @@ mod tests {
         let mut sm = PlacementStateMachine::new(PlacementConfig::default());
         sm.reload(&reader, 0).expect("load");
         let nodes = (1..=5).map(|id| (id, format!("127.0.0.1:{}", 7000 + id), String::new())).collect();
-        assert!(apply(&mut sm, &db, 1, &Command::Bootstrap { nodes, now_ms: 1, limits: Vec::new() }).is_ok());
+        assert!(apply(&mut sm, &db, 1, &Command::Bootstrap { nodes, now_ms: 1, limits: Vec::new(), settings: None }).is_ok());
         let refused = apply(&mut sm, &db, 2, &Command::CreateGroup { prefix: "no-slash".into(), now_ms: 2 });
         assert!(matches!(refused, Err(PlacementError::InvalidPrefix { .. })));
         let created = apply(&mut sm, &db, 3, &Command::CreateGroup { prefix: "/a".into(), now_ms: 3 });
@@ -159,7 +160,8 @@ mod tests {
         let mut sm = PlacementStateMachine::new(PlacementConfig { heartbeat_timeout_ms: 100, ..PlacementConfig::default() });
         sm.reload(&SmReader::new(db.clone(), warden_placement::PLACEMENT_GROUP_ID), 0).expect("load");
         let nodes = vec![(1, "127.0.0.1:7001".to_string(), String::new())];
-        assert!(apply(&mut sm, &db, 1, &Command::Bootstrap { nodes, now_ms: 1_000, limits: Vec::new() }).is_ok());
+        let settings = Some(AppliedSettings::of(&PlacementConfig { heartbeat_timeout_ms: 100, ..PlacementConfig::default() }));
+        assert!(apply(&mut sm, &db, 1, &Command::Bootstrap { nodes, now_ms: 1_000, limits: Vec::new(), settings }).is_ok());
         assert!(sm.leader_proposals(LeaderClock { wall_ms: 1_050, monotonic_ms: 0 }).is_empty(), "not silent yet");
         let proposed = sm.leader_proposals(LeaderClock { wall_ms: 1_200, monotonic_ms: 0 });
         assert_eq!(proposed.len(), 1);
