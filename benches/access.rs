@@ -28,10 +28,12 @@ fn principal(tenant: u32, service: u32) -> String {
 fn list() -> Acl {
     let mut list = Acl::default();
     for tenant in 0..TENANTS {
-        list.change(&format!("/tenants/t{tenant:02}"), &format!("group:tenant-{tenant:02}"), acl::READ, false).expect("group grant");
+        list.change(&format!("/tenants/t{tenant:02}"), &format!("group:tenant-{tenant:02}"), acl::READ, false, &acl::AclMaxima::DEFAULT)
+            .expect("group grant");
         for service in 0..SERVICES {
-            list.change(&prefix(tenant, service), &principal(tenant, service), acl::READ | acl::WRITE | acl::LOCK, false).expect("grant");
-            list.change_group(&format!("tenant-{tenant:02}"), &principal(tenant, service), false).expect("member");
+            list.change(&prefix(tenant, service), &principal(tenant, service), acl::READ | acl::WRITE | acl::LOCK, false, &acl::AclMaxima::DEFAULT)
+                .expect("grant");
+            list.change_group(&format!("tenant-{tenant:02}"), &principal(tenant, service), false, &acl::AclMaxima::DEFAULT).expect("member");
         }
     }
     list

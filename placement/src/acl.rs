@@ -35,12 +35,29 @@ pub const ALL: u32 = READ | WRITE | LOCK | WATCH | ADMIN;
 pub const ROOT_PRINCIPAL: &str = "root";
 /// How a grant names a group of principals: `group:NAME`.
 pub const GROUP_MARK: &str = "group:";
-/// Grants kept at most (a change past it is refused).
+/// Grants kept at most (a change past it is refused), by this binary's default: a cluster
+/// applies the maxima recorded at its bootstrap ([`AclMaxima`]).
 pub const GRANTS_MAX: usize = 10_000;
-/// Groups of principals kept at most.
+/// Groups of principals kept at most (this binary's default).
 pub const GROUPS_MAX: usize = 1_000;
-/// Members of one group at most.
+/// Members of one group at most (this binary's default).
 pub const MEMBERS_MAX: usize = 10_000;
+
+/// How much an ACL may hold: the cluster's recorded maxima.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AclMaxima {
+    /// Grants.
+    pub grants: usize,
+    /// Groups of principals.
+    pub groups: usize,
+    /// Members of one group.
+    pub members: usize,
+}
+
+impl AclMaxima {
+    /// This binary's defaults.
+    pub const DEFAULT: AclMaxima = AclMaxima { grants: GRANTS_MAX, groups: GROUPS_MAX, members: MEMBERS_MAX };
+}
 /// Longest principal or group name, in bytes.
 pub const PRINCIPAL_BYTES_MAX: usize = 128;
 
@@ -170,7 +187,7 @@ impl Acl {
 
     /// Adds (`revoke` false) or removes `permissions` of `principal` at `prefix`; returns
     /// the new version. A revoke of what is not granted changes nothing but the version.
-    pub fn change(&mut self, prefix: &str, principal: &str, permissions: u32, revoke: bool) -> Result<u64, AclError> {
+    pub fn change(&mut self, prefix: &str, principal: &str, permissions: u32, revoke: bool, maxima: &AclMaxima) -> Result<u64, AclError> {
         validate_path(prefix).map_err(|_| AclError::InvalidPrefix(prefix.to_string()))?;
         validate_grantee(principal)?;
         if permissions == 0 || permissions & !ALL != 0 {
@@ -190,8 +207,8 @@ impl Acl {
             }
         } else {
             let exists = self.grants.get(prefix).is_some_and(|by_principal| by_principal.contains_key(principal));
-            if !exists && self.grants.values().map(BTreeMap::len).sum::<usize>() >= GRANTS_MAX {
-                return Err(AclError::Full { what: "grants".into(), limit: GRANTS_MAX });
+            if !exists && self.grants.values().map(BTreeMap::len).sum::<usize>() >= maxima.grants {
+                return Err(AclError::Full { what: "grants".into(), limit: maxima.grants });
             }
             *self.grants.entry(prefix.to_string()).or_default().entry(principal.to_string()).or_default() |= permissions;
         }
@@ -201,7 +218,7 @@ impl Acl {
 
     /// Adds `principal` to `group` (or removes it); returns the new version. An emptied group
     /// is forgotten.
-    pub fn change_group(&mut self, group: &str, principal: &str, remove: bool) -> Result<u64, AclError> {
+    pub fn change_group(&mut self, group: &str, principal: &str, remove: bool, maxima: &AclMaxima) -> Result<u64, AclError> {
         validate_name(group)?;
         validate_name(principal)?;
         if remove {
@@ -212,12 +229,12 @@ impl Acl {
                 }
             }
         } else {
-            if !self.groups.contains_key(group) && self.groups.len() >= GROUPS_MAX {
-                return Err(AclError::Full { what: "groups".into(), limit: GROUPS_MAX });
+            if !self.groups.contains_key(group) && self.groups.len() >= maxima.groups {
+                return Err(AclError::Full { what: "groups".into(), limit: maxima.groups });
             }
             let members = self.groups.entry(group.to_string()).or_default();
-            if !members.contains(principal) && members.len() >= MEMBERS_MAX {
-                return Err(AclError::Full { what: "members of a group".into(), limit: MEMBERS_MAX });
+            if !members.contains(principal) && members.len() >= maxima.members {
+                return Err(AclError::Full { what: "members of a group".into(), limit: maxima.members });
             }
             members.insert(principal.to_string());
         }
@@ -276,7 +293,7 @@ mod tests {
     #[test]
     fn a_grant_holds_at_and_below_its_prefix_and_nowhere_else() {
         let mut acl = Acl::default();
-        acl.change("/team-a", "alice", READ | WRITE, false).expect("grant");
+        acl.change("/team-a", "alice", READ | WRITE, false, &AclMaxima::DEFAULT).expect("grant");
         assert!(acl.allows("alice", "/team-a", READ));
         assert!(acl.allows("alice", "/team-a/x/y", READ | WRITE));
         assert!(!acl.allows("alice", "/team-a/x", LOCK), "a permission not granted");
@@ -290,12 +307,12 @@ mod tests {
     #[test]
     fn admin_holds_every_permission_and_groups_grant_their_members() {
         let mut acl = Acl::default();
-        acl.change("/b", "group:ops", ADMIN, false).expect("grant");
+        acl.change("/b", "group:ops", ADMIN, false, &AclMaxima::DEFAULT).expect("grant");
         assert!(!acl.allows("carol", "/b/x", READ), "not a member yet");
-        acl.change_group("ops", "carol", false).expect("join");
+        acl.change_group("ops", "carol", false, &AclMaxima::DEFAULT).expect("join");
         assert!(acl.allows("carol", "/b/x", READ | WRITE | LOCK | WATCH));
         assert!(acl.allows_somewhere("carol", LOCK));
-        acl.change_group("ops", "carol", true).expect("leave");
+        acl.change_group("ops", "carol", true, &AclMaxima::DEFAULT).expect("leave");
         assert!(!acl.allows("carol", "/b/x", READ));
         assert!(!acl.allows_somewhere("carol", LOCK));
     }
@@ -303,36 +320,36 @@ mod tests {
     #[test]
     fn revoke_removes_only_the_bits_named_and_every_change_grows_the_version() {
         let mut acl = Acl::default();
-        let v1 = acl.change("/a", "alice", READ | WRITE, false).expect("grant");
-        let v2 = acl.change("/a", "alice", WRITE, true).expect("revoke");
+        let v1 = acl.change("/a", "alice", READ | WRITE, false, &AclMaxima::DEFAULT).expect("grant");
+        let v2 = acl.change("/a", "alice", WRITE, true, &AclMaxima::DEFAULT).expect("revoke");
         assert!(v2 > v1);
         assert!(acl.allows("alice", "/a", READ));
         assert!(!acl.allows("alice", "/a", WRITE));
-        acl.change("/a", "alice", READ, true).expect("revoke the rest");
+        acl.change("/a", "alice", READ, true, &AclMaxima::DEFAULT).expect("revoke the rest");
         assert_eq!(acl.grants().count(), 0, "an empty grant is forgotten");
     }
 
     #[test]
     fn bad_changes_are_refused_and_change_nothing() {
         let mut acl = Acl::default();
-        acl.change("/a", "alice", READ, false).expect("grant");
+        acl.change("/a", "alice", READ, false, &AclMaxima::DEFAULT).expect("grant");
         let before = acl.clone();
-        assert!(matches!(acl.change("a/b", "alice", READ, false), Err(AclError::InvalidPrefix(_))));
-        assert!(matches!(acl.change("/a", "", READ, false), Err(AclError::InvalidPrincipal(_))));
-        assert!(matches!(acl.change("/a", "al ice", READ, false), Err(AclError::InvalidPrincipal(_))));
-        assert!(matches!(acl.change("/a", "alice", 0, false), Err(AclError::InvalidPermissions(0))));
-        assert!(matches!(acl.change("/a", "alice", 64, false), Err(AclError::InvalidPermissions(64))));
-        assert!(matches!(acl.change_group("group:x", "alice", false), Err(AclError::InvalidPrincipal(_))));
+        assert!(matches!(acl.change("a/b", "alice", READ, false, &AclMaxima::DEFAULT), Err(AclError::InvalidPrefix(_))));
+        assert!(matches!(acl.change("/a", "", READ, false, &AclMaxima::DEFAULT), Err(AclError::InvalidPrincipal(_))));
+        assert!(matches!(acl.change("/a", "al ice", READ, false, &AclMaxima::DEFAULT), Err(AclError::InvalidPrincipal(_))));
+        assert!(matches!(acl.change("/a", "alice", 0, false, &AclMaxima::DEFAULT), Err(AclError::InvalidPermissions(0))));
+        assert!(matches!(acl.change("/a", "alice", 64, false, &AclMaxima::DEFAULT), Err(AclError::InvalidPermissions(64))));
+        assert!(matches!(acl.change_group("group:x", "alice", false, &AclMaxima::DEFAULT), Err(AclError::InvalidPrincipal(_))));
         assert_eq!(acl, before);
     }
 
     #[test]
     fn an_admin_of_a_subtree_sees_only_its_grants() {
         let mut acl = Acl::default();
-        acl.change("/a", "alice", ADMIN, false).expect("grant");
-        acl.change("/a/x", "bob", READ, false).expect("grant");
-        acl.change("/b", "carol", READ, false).expect("grant");
-        acl.change_group("ops", "carol", false).expect("group");
+        acl.change("/a", "alice", ADMIN, false, &AclMaxima::DEFAULT).expect("grant");
+        acl.change("/a/x", "bob", READ, false, &AclMaxima::DEFAULT).expect("grant");
+        acl.change("/b", "carol", READ, false, &AclMaxima::DEFAULT).expect("grant");
+        acl.change_group("ops", "carol", false, &AclMaxima::DEFAULT).expect("group");
         let seen = acl.visible_to("alice");
         let prefixes: Vec<String> = seen.grants().map(|g| g.prefix).collect();
         assert_eq!(prefixes, ["/a", "/a/x"]);
@@ -366,10 +383,10 @@ mod tests {
             let principals = ["alice", "bob", "carol"];
             let mut acl = Acl::default();
             for (prefix, who, bits) in grants {
-                acl.change(prefixes[prefix], grantees[who], bits, false).expect("grant");
+                acl.change(prefixes[prefix], grantees[who], bits, false, &AclMaxima::DEFAULT).expect("grant");
             }
             for (group, who) in members {
-                acl.change_group(&format!("g{group}"), principals[who], false).expect("member");
+                acl.change_group(&format!("g{group}"), principals[who], false, &AclMaxima::DEFAULT).expect("member");
             }
             for (path, who, permission) in asks {
                 let (path, who) = (paths[path], principals[who]);

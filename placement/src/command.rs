@@ -323,17 +323,17 @@ impl Placement {
             Command::MergeGroup { prefix } => self.merge_group(prefix),
             Command::RetireGroup { group_id } => self.retire_group(*group_id),
             Command::ChangeAcl { prefix, principal, permissions, revoke } => {
-                let version = self.acl.change(prefix, principal, *permissions, *revoke)?;
+                let version = self.acl.change(prefix, principal, *permissions, *revoke, &self.acl_maxima())?;
                 // Routers learn the list with the routing table.
                 self.bump_routing_version();
                 Ok(Outcome::AclChanged(version))
             }
             Command::ChangeAclGroup { group, principal, remove } => {
-                let version = self.acl.change_group(group, principal, *remove)?;
+                let version = self.acl.change_group(group, principal, *remove, &self.acl_maxima())?;
                 self.bump_routing_version();
                 Ok(Outcome::AclChanged(version))
             }
-            Command::SetQuota { prefix, limits } => Ok(Outcome::QuotaShareVersion(self.quotas.set(prefix, *limits)?)),
+            Command::SetQuota { prefix, limits } => Ok(Outcome::QuotaShareVersion(self.quotas.set(prefix, *limits, self.settings.quotas_max)?)),
             Command::BumpQuotaShare { prefix, group_id } => Ok(Outcome::QuotaShareVersion(self.quotas.bump(prefix, *group_id)?)),
             Command::RaiseQuotaShare { prefix, group_id, allotment } => {
                 let groups = &self.groups;
@@ -748,6 +748,11 @@ impl Placement {
             Some(unknown) => Err(PlacementError::UnknownNode(*unknown)),
             None => Ok(()),
         }
+    }
+
+    /// The ACL's maxima (recorded: never this binary's defaults).
+    fn acl_maxima(&self) -> crate::acl::AclMaxima {
+        crate::acl::AclMaxima { grants: self.settings.acl_grants_max, groups: self.settings.acl_groups_max, members: self.settings.acl_members_max }
     }
 
     /// Replicas a group gets (the recorded setting: never this binary's default).

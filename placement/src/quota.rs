@@ -23,7 +23,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::paths::validate_path;
 
-/// Quotas kept at most.
+/// Quotas kept at most by this binary's default: a cluster applies the value recorded at
+/// its bootstrap (`AppliedSettings::quotas_max`).
 pub const QUOTAS_MAX: usize = 1_000;
 /// The kinds a group counts (nodes, bytes, sessions, lock waiters), in [`Counts`] order.
 pub const COUNTED_KINDS: usize = 4;
@@ -76,9 +77,12 @@ pub enum QuotaError {
     /// The prefix is not a valid path.
     #[error("invalid quota prefix {0:?}")]
     InvalidPrefix(String),
-    /// [`QUOTAS_MAX`] quotas exist already.
-    #[error("at most {QUOTAS_MAX} quotas")]
-    TooMany,
+    /// The cluster's most quotas (`limit`) exist already.
+    #[error("at most {limit} quotas")]
+    TooMany {
+        /// The cluster's recorded `quotas_max`.
+        limit: usize,
+    },
     /// No quota on the prefix.
     #[error("no quota on {0}")]
     Unknown(String),
@@ -128,15 +132,15 @@ impl Quotas {
     /// (`None`; removing one that is gone is no error). Shares stay as they are: the
     /// placement leader shares the room out again. Answers a new version (for the groups'
     /// records of a removed quota).
-    pub fn set(&mut self, prefix: &str, limits: Option<Limits>) -> Result<u64, QuotaError> {
+    pub fn set(&mut self, prefix: &str, limits: Option<Limits>, quotas_max: usize) -> Result<u64, QuotaError> {
         validate_path(prefix).map_err(|_| QuotaError::InvalidPrefix(prefix.to_string()))?;
         match limits {
             None => {
                 self.quotas.remove(prefix);
             }
             Some(limits) => {
-                if !self.quotas.contains_key(prefix) && self.quotas.len() >= QUOTAS_MAX {
-                    return Err(QuotaError::TooMany);
+                if !self.quotas.contains_key(prefix) && self.quotas.len() >= quotas_max {
+                    return Err(QuotaError::TooMany { limit: quotas_max });
                 }
                 self.quotas.entry(prefix.to_string()).or_default().limits = limits;
             }
@@ -199,7 +203,7 @@ mod tests {
     #[test]
     fn shares_never_sum_past_the_limit() {
         let mut quotas = Quotas::default();
-        quotas.set("/team", Some(nodes(10))).unwrap();
+        quotas.set("/team", Some(nodes(10)), QUOTAS_MAX).unwrap();
         let live = |_| true;
         assert_eq!(quotas.raise("/team", 2, [6, 0, 0, 0], live), Ok(2));
         assert_eq!(quotas.raise("/team", 3, [4, 100, 0, 0], live), Ok(3), "bytes are not limited");
@@ -216,7 +220,7 @@ mod tests {
     #[test]
     fn a_lowering_for_an_older_version_or_growing_is_refused() {
         let mut quotas = Quotas::default();
-        quotas.set("/team", Some(nodes(10))).unwrap();
+        quotas.set("/team", Some(nodes(10)), QUOTAS_MAX).unwrap();
         quotas.raise("/team", 2, [5, 0, 0, 0], |_| true).unwrap();
         let version = quotas.bump("/team", 2).unwrap();
         quotas.raise("/team", 2, [6, 0, 0, 0], |_| true).unwrap();
@@ -224,9 +228,9 @@ mod tests {
         let version = quotas.bump("/team", 2).unwrap();
         assert!(matches!(quotas.lower("/team", 2, [7, 0, 0, 0], version), Err(QuotaError::Stale { .. })), "lowering never grows");
         assert_eq!(quotas.get("/team").unwrap().shares[&2].allotment, [6, 0, 0, 0]);
-        assert!(matches!(quotas.set("nope", Some(nodes(1))), Err(QuotaError::InvalidPrefix(_))));
-        let before = quotas.set("/other", None).unwrap();
-        assert!(quotas.set("/team", None).unwrap() > before, "versions only grow, across removals");
+        assert!(matches!(quotas.set("nope", Some(nodes(1)), QUOTAS_MAX), Err(QuotaError::InvalidPrefix(_))));
+        let before = quotas.set("/other", None, QUOTAS_MAX).unwrap();
+        assert!(quotas.set("/team", None, QUOTAS_MAX).unwrap() > before, "versions only grow, across removals");
         assert!(quotas.get("/team").is_none());
     }
 }

@@ -61,25 +61,49 @@ impl Default for PlacementConfig {
 }
 
 /// What apply reads besides its command and the state (issue 18 item 6): recorded by
-/// `Bootstrap` from the bootstrapping binary's [`PlacementConfig`], so replicas running
-/// another release, whose defaults differ, apply every command alike.
+/// `Bootstrap` from the bootstrapping binary (its [`PlacementConfig`] and its defaults), so
+/// replicas running another release, whose defaults differ, apply every command alike. A
+/// field missing from a record (one a later release adds) means the first release's value.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(default)]
 pub struct AppliedSettings {
     /// Replicas of each new group (0 is treated as 1).
     pub replicas_per_group: usize,
     /// A node whose last heartbeat is this old is stale: no new replica goes there, and the
     /// leader may mark it down.
     pub heartbeat_timeout_ms: u64,
+    /// Subtree quotas kept at most.
+    pub quotas_max: usize,
+    /// ACL grants kept at most.
+    pub acl_grants_max: usize,
+    /// ACL groups of principals kept at most.
+    pub acl_groups_max: usize,
+    /// Members of one ACL group at most.
+    pub acl_members_max: usize,
 }
 
 impl AppliedSettings {
     /// The first release's values: what states and `Bootstrap` commands written before the
-    /// settings were recorded were applied with.
-    pub const FIRST_RELEASE: AppliedSettings = AppliedSettings { replicas_per_group: 5, heartbeat_timeout_ms: 10_000 };
+    /// settings were recorded were applied with. Frozen: a test fails if they change.
+    pub const FIRST_RELEASE: AppliedSettings = AppliedSettings {
+        replicas_per_group: 5,
+        heartbeat_timeout_ms: 10_000,
+        quotas_max: 1_000,
+        acl_grants_max: 10_000,
+        acl_groups_max: 1_000,
+        acl_members_max: 10_000,
+    };
 
-    /// The values `config` proposes at bootstrap.
+    /// The values this binary proposes at bootstrap with `config`.
     pub fn of(config: &PlacementConfig) -> AppliedSettings {
-        AppliedSettings { replicas_per_group: config.replicas_per_group, heartbeat_timeout_ms: config.heartbeat_timeout_ms }
+        AppliedSettings {
+            replicas_per_group: config.replicas_per_group,
+            heartbeat_timeout_ms: config.heartbeat_timeout_ms,
+            quotas_max: crate::quota::QUOTAS_MAX,
+            acl_grants_max: crate::acl::GRANTS_MAX,
+            acl_groups_max: crate::acl::GROUPS_MAX,
+            acl_members_max: crate::acl::MEMBERS_MAX,
+        }
     }
 }
 

@@ -639,3 +639,46 @@ fn replicas_with_other_defaults_apply_alike() {
     let restored = Placement::from_bytes(&serde_json::to_vec(&value).unwrap(), config(3)).unwrap();
     assert_eq!(restored.settings(), &AppliedSettings::FIRST_RELEASE);
 }
+
+/// The maxima placement's apply checks (quotas, ACL grants, groups, members) are the ones
+/// recorded at bootstrap, not this binary's; their first-release values are frozen.
+#[test]
+fn placement_maxima_are_the_recorded_ones() {
+    assert_eq!(
+        AppliedSettings::FIRST_RELEASE,
+        AppliedSettings {
+            replicas_per_group: 5,
+            heartbeat_timeout_ms: 10_000,
+            quotas_max: 1_000,
+            acl_grants_max: 10_000,
+            acl_groups_max: 1_000,
+            acl_members_max: 10_000
+        },
+        "the first release's values are what old clusters applied: never edit them"
+    );
+    let settings = AppliedSettings { quotas_max: 2, acl_grants_max: 1, acl_groups_max: 1, acl_members_max: 1, ..AppliedSettings::of(&config(3)) };
+    let mut placement = Placement::new(config(3));
+    placement.apply(&Command::Bootstrap { nodes: vec![node(1, "a")], now_ms: 0, limits: Vec::new(), settings: Some(settings) }).unwrap();
+    let quota = |prefix: &str| Command::SetQuota { prefix: prefix.into(), limits: Some(warden_placement::quota::Limits::default()) };
+    placement.apply(&quota("/a")).unwrap();
+    placement.apply(&quota("/b")).unwrap();
+    refused(&mut placement, quota("/c"), PlacementError::Quota(warden_placement::quota::QuotaError::TooMany { limit: 2 }));
+    let grant = |principal: &str| Command::ChangeAcl {
+        prefix: "/a".into(),
+        principal: principal.into(),
+        permissions: warden_placement::acl::READ,
+        revoke: false,
+    };
+    placement.apply(&grant("alice")).unwrap();
+    assert!(matches!(placement.apply(&grant("bob")), Err(PlacementError::Acl(warden_placement::AclError::Full { limit: 1, .. }))));
+    let join = |principal: &str| Command::ChangeAclGroup { group: "ops".into(), principal: principal.into(), remove: false };
+    placement.apply(&join("alice")).unwrap();
+    assert!(matches!(placement.apply(&join("bob")), Err(PlacementError::Acl(warden_placement::AclError::Full { limit: 1, .. }))));
+
+    // A record from before a maximum was recorded means the first release's value.
+    let mut value: serde_json::Value = serde_json::from_slice(&placement.to_bytes()).unwrap();
+    value["settings"].as_object_mut().unwrap().remove("quotas_max");
+    let restored = Placement::from_bytes(&serde_json::to_vec(&value).unwrap(), config(3)).unwrap();
+    assert_eq!(restored.settings().quotas_max, AppliedSettings::FIRST_RELEASE.quotas_max);
+    assert_eq!(restored.settings().acl_grants_max, 1);
+}

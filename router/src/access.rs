@@ -214,7 +214,7 @@ mod tests {
 
     fn list() -> Acl {
         let mut list = Acl::default();
-        list.change("/a", "alice", acl::READ | acl::WRITE, false).expect("grant");
+        list.change("/a", "alice", acl::READ | acl::WRITE, false, &acl::AclMaxima::DEFAULT).expect("grant");
         list
     }
 
@@ -237,7 +237,7 @@ mod tests {
         assert!(authorize(&list(), "alice", &ephemeral.needs()).is_err());
         assert!(authorize(&list(), "alice", &CreateSessionRequest::default().needs()).is_err());
         let mut with_lock = list();
-        with_lock.change("/a", "alice", acl::LOCK, false).expect("grant");
+        with_lock.change("/a", "alice", acl::LOCK, false, &acl::AclMaxima::DEFAULT).expect("grant");
         assert!(authorize(&with_lock, "alice", &ephemeral.needs()).is_ok());
         assert!(authorize(&with_lock, "alice", &CreateSessionRequest::default().needs()).is_ok());
     }
@@ -245,7 +245,7 @@ mod tests {
     #[test]
     fn the_list_survives_its_wire_form_and_a_stale_one_is_not_taken() {
         let mut list = list();
-        list.change_group("ops", "bob", false).expect("group");
+        list.change_group("ops", "bob", false, &acl::AclMaxima::DEFAULT).expect("group");
         assert_eq!(acl_from_proto(acl_to_proto(&list)), list);
         let cache = AclCache::default();
         cache.offer(list.clone());

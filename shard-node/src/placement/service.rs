@@ -548,7 +548,7 @@ pub(super) fn placement_status(error: PlacementError) -> Status {
         PlacementError::Acl(warden_placement::AclError::Full { .. }) => Code::TooLarge,
         PlacementError::Acl(_) => Code::InvalidArgument,
         PlacementError::Quota(QuotaError::InvalidPrefix(_)) => Code::InvalidPath,
-        PlacementError::Quota(QuotaError::TooMany) => Code::TooLarge,
+        PlacementError::Quota(QuotaError::TooMany { .. }) => Code::TooLarge,
         PlacementError::Quota(QuotaError::Unknown(_)) => Code::NoNode,
         // Lost a race with another change of the shares: the caller tries again.
         PlacementError::Quota(QuotaError::OverAllotted { .. } | QuotaError::Stale { .. }) => Code::Unavailable,
