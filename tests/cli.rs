@@ -577,14 +577,22 @@ fn metrics(c: &Cluster) {
     let applied = "warden_raft_entries_applied_total";
     assert!(sum_of(&nodes_after, applied) >= sum_of(&nodes_before, applied) + 20.0, "{nodes_after:?}");
     assert!(sum_of(&nodes_after, "warden_storage_fsyncs_total") >= 1.0 && sum_of(&nodes_after, "warden_storage_sst_bytes") >= 0.0);
-    let status = c.json(&["status", "--nodes", &c.nodes]);
-    let groups = status["groups"].as_array().expect("groups");
-    let replicas: usize = groups.iter().filter_map(|g| g["replicas"].as_array()).map(Vec::len).sum();
-    // The placement group's three replicas are hosted too.
-    assert_eq!(sum_of(&nodes_after, "warden_raft_groups{role=\"hosted\"}"), (replicas + 3) as f64, "{status}");
-    assert_eq!(sum_of(&nodes_after, "warden_raft_groups{role=\"leaderless\"}"), 0.0);
-    let ready = groups.iter().filter(|g| g["ready"] == true && g["retired"] == false && g["merging_into"] == 0).count();
+    // Every group's replicas are hosted, and the placement group's three: waited for, since a
+    // replica of a group an earlier step merged away goes only when its node next hears of it.
     let deadline = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        let status = c.json(&["status", "--nodes", &c.nodes]);
+        let replicas: usize = status["groups"].as_array().expect("groups").iter().filter_map(|g| g["replicas"].as_array()).map(Vec::len).sum();
+        let nodes_now = nodes(c);
+        if sum_of(&nodes_now, "warden_raft_groups{role=\"hosted\"}") == (replicas + 3) as f64 {
+            assert_eq!(sum_of(&nodes_now, "warden_raft_groups{role=\"leaderless\"}"), 0.0);
+            break status;
+        }
+        assert!(Instant::now() < deadline, "hosted replicas never matched the status's: {status} {nodes_now:?}");
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let groups = status["groups"].as_array().expect("groups");
+    let ready = groups.iter().filter(|g| g["ready"] == true && g["retired"] == false && g["merging_into"] == 0).count();
     // The placement leader refreshes its gauges every 5 s.
     while sum_of(&nodes(c), "warden_placement_groups{state=\"ready\"}") != ready as f64 {
         assert!(Instant::now() < deadline, "placement's ready groups never reported as {ready}: {:?}", nodes(c));
