@@ -40,7 +40,13 @@ async fn node_processes_behind_a_router_lose_no_acknowledged_write_when_one_is_k
     // SIGKILL node 1: it holds a placement replica and replicas of both shard groups.
     cluster.kill(1);
     let killed_at = Instant::now();
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    // Writes go on in both groups: waited for (a loaded machine may take a while to elect new
+    // leaders), up to a deadline.
+    let after_kill = |prefix: &str| acknowledged.lock().expect("lock").iter().filter(|(p, at)| p.starts_with(prefix) && *at > killed_at).count();
+    let deadline = killed_at + Duration::from_secs(30);
+    while (after_kill("/a") <= 5 || after_kill("/b") <= 5) && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     stop.store(true, std::sync::atomic::Ordering::SeqCst);
     for writer in writers {
         writer.await.expect("writer");
