@@ -12,7 +12,7 @@ use support::routed::{at_placement_leader, TIMEOUT};
 use support::watch::{persistent, WatchConn};
 use tokio::time::Instant;
 use tonic::transport::Channel;
-use warden_proto::placement::{CreateGroupRequest, ListQuotasRequest, QuotaState, SetQuotaRequest};
+use warden_proto::placement::{CreateGroupRequest, ListQuotasRequest, QuotaState, RemoveGroupRequest, SetQuotaRequest};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
@@ -232,9 +232,10 @@ async fn bytes_sessions_lock_waiters_and_watches_have_quotas() {
 }
 
 /// A group split out of a quota's subtree counts under it from its first write: the limit
-/// still holds for the whole subtree, and room moves between the old group and the new.
+/// still holds for the whole subtree, and room moves between the old group and the new;
+/// merged back, the subtree counts under the quotas on it in the group that takes it over.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn a_group_split_out_of_a_quota_subtree_counts_under_it_at_once() {
+async fn a_subtree_split_out_or_merged_back_counts_under_its_quotas_at_once() {
     let fleet = Fleet::start(&[], Security::Off).await;
     let mut api = fleet.reach.raw();
     for path in ["/s", "/s/x"] {
@@ -266,4 +267,31 @@ async fn a_group_split_out_of_a_quota_subtree_counts_under_it_at_once() {
     }
     assert_eq!(created, LIMIT - 7);
     assert_eq!(quota_state(&fleet.cluster, "/s").await.usage.expect("usage").nodes, LIMIT);
+
+    // Merged back, the subtree still counts under a quota on the merged prefix itself: the
+    // group taking it over joins that quota before it serves the prefix.
+    set_quota(&fleet.cluster, "/s", Some(QuotaLimits { nodes: Some(100), ..QuotaLimits::default() })).await;
+    let moved = quota_state(&fleet.cluster, "/s").await.usage.expect("usage").nodes;
+    let below = count_nodes(&mut api, "/s/x").await;
+    const ROOM: u64 = 3;
+    set_quota(&fleet.cluster, "/s/x", Some(QuotaLimits { nodes: Some(below + ROOM), ..QuotaLimits::default() })).await;
+    at_placement_leader(&fleet.cluster, |mut c| async move { c.merge_group(RemoveGroupRequest { prefix: "/s/x".into() }).await })
+        .await
+        .expect("merge /s/x");
+    let state = quota_state(&fleet.cluster, "/s/x").await;
+    assert_eq!(state.usage.expect("usage").nodes, below, "the merged nodes count in the group that took them: {state:?}");
+    let mut created = 0;
+    for i in 0.. {
+        match api.create(create(&format!("/s/x/merged{i}"), b"")).await {
+            Ok(_) => created += 1,
+            Err(status) => {
+                let quota = exceeded(&status);
+                assert_eq!((quota.prefix.as_str(), quota.limit), ("/s/x", below + ROOM), "the merged prefix's own quota refuses");
+                break;
+            }
+        }
+        assert!(i < 100, "the quota on the merged prefix never refused");
+    }
+    assert_eq!(created, ROOM, "exactly the room the merged prefix's quota had");
+    assert_eq!(quota_state(&fleet.cluster, "/s").await.usage.expect("usage").nodes, moved + ROOM);
 }

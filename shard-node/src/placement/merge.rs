@@ -12,8 +12,11 @@
 //! 4. T hands the subtree over (`HandSubtree` with a retiring descriptor): it deletes its
 //!    records and serves nothing from then on. This is the decision: from here the merge
 //!    only finishes. Answers T's revision, which bounds every token T issued.
-//! 5. P gets its descriptor serving the prefix, its revision raised above T's (DESIGN.md
-//!    rule 5): the ingested subtree is P's own (its root rejoins its parent's children).
+//! 5. P joins every quota on T's subtree it holds no share of (a record with no room that
+//!    counts what P ingested), so its writes there count from the first; then P gets its
+//!    descriptor serving the prefix, its revision raised above T's (DESIGN.md rule 5): the
+//!    ingested subtree is P's own (its root rejoins its parent's children). A failed join
+//!    fails the step: P must not serve a subtree it does not count.
 //! 6. `RetireGroup` is committed: routers send the prefix to P. T stays, serving no path, as
 //!    the home of the sessions it homes (their ids name it; every group holding one of their
 //!    ephemerals, P included, asks T whether they live, DESIGN.md rule 7).
@@ -128,6 +131,7 @@ impl PlacementService {
         let handed_at = self.split_step(&state, group, hand).await?;
         // 5.
         self.fault_point(5).await?;
+        self.join_quotas(merging.into, &group.prefix).await?;
         self.set_descriptor_at(&state, &descriptor_of(merging.into)?, handed_at).await?;
         // 6.
         self.fault_point(6).await?;

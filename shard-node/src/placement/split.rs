@@ -11,7 +11,9 @@
 //! 5. S hands the subtree over (`HandSubtree`): it deletes its records and serves its new
 //!    descriptor (excluding the prefix). This is the decision: from here the split only
 //!    finishes. Answers S's revision, which bounds every token issued in the subtree.
-//! 6. T gets its descriptor, its revision raised above S's (DESIGN.md rule 5).
+//! 6. T joins every quota on its subtree (a record with no room counting what it ingested;
+//!    a failed join fails the step), then gets its descriptor, its revision raised above
+//!    S's (DESIGN.md rule 5).
 //! 7. `GroupReady` is committed: routers send the prefix to T.
 //!
 //! Between 5 and 7 the prefix is answered WRONG_GROUP by S and routers retry. If any step
@@ -80,12 +82,11 @@ impl PlacementService {
         self.fault_point(5).await?;
         let hand = Step::Hand(HandSubtree { target_group: group.id, descriptor: Some(descriptor_proto(&descriptor_of(source.id)?)) });
         let handed_at = self.split_step(&state, source, hand).await?;
-        // 6. The new group counts under the quotas on its subtree before it serves (else it
-        // would write past them until the scheduler's next pass gives it its share).
+        // 6. The new group counts under the quotas on its subtree before it serves: a failed
+        // join fails the step (the split is finished by the next attempt), since a group
+        // serving without its share would write past the quotas uncounted.
         self.fault_point(6).await?;
-        if let Err(status) = self.join_quotas(group.id, &group.prefix).await {
-            tracing::warn!(group = group.id, %status, "the new group has no quota share yet (the scheduler retries)");
-        }
+        self.join_quotas(group.id, &group.prefix).await?;
         self.set_descriptor_at(&state, &descriptor_of(group.id)?, handed_at).await?;
         // 7.
         self.fault_point(7).await?;
