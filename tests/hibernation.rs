@@ -236,6 +236,8 @@ async fn a_session_opened_on_waking_a_long_sleep_gets_a_full_ttl() {
         op: Some(CommandOp::CreateSession(CreateSession { ttl_ms, owner: String::new(), scope: String::new() })),
     }
     .encode_to_vec();
+    // Everything between here and the leader's answer below may have used up part of the lease.
+    let asked = Instant::now();
     let output = cluster.propose(1, command, TIMEOUT).await.expect("the session is created");
     let result = CommandResult::decode(output.as_slice()).expect("a command result");
     let Some(CommandOutcome::CreateSession(created)) = result.result else { panic!("not a session: {result:?}") };
@@ -247,6 +249,13 @@ async fn a_session_opened_on_waking_a_long_sleep_gets_a_full_ttl() {
     let response = LeaderResponse::decode(answer.as_slice()).expect("a leader response");
     let Some(LeaderResponseKind::SessionInfo(info)) = response.response else { panic!("not session info: {response:?}") };
     let lease = info.lease.expect("a lease");
+    let elapsed_ms = asked.elapsed().as_millis() as u64;
     // The old code counted from when the group fell asleep: the lease had already run out.
-    assert!(lease.alive && lease.remaining_ms > 0, "a session just opened has time left: {lease:?}");
+    // A full TTL means all of it is left but what this test's own calls took; a lease cut
+    // short by any more than that (half the TTL, say) fails here.
+    assert!(lease.alive, "a session just opened is alive: {lease:?}");
+    assert!(
+        lease.remaining_ms + elapsed_ms >= ttl_ms,
+        "a session just opened has its full TTL of {ttl_ms} ms less the {elapsed_ms} ms since it was asked for: {lease:?}"
+    );
 }
