@@ -4,6 +4,7 @@
 //! a cluster.
 
 mod admin;
+mod allocator;
 mod backup;
 mod bench;
 mod cli;
@@ -13,11 +14,9 @@ mod tls_args;
 
 use clap::{Parser, Subcommand};
 
-/// mimalloc instead of glibc's malloc: allocation and free were about 17% of a loaded
-/// `warden dev`'s CPU under glibc (BENCHMARKS.md's profile); mimalloc's per-thread free lists
-/// make the many small, short-lived buffers of the request path cheaper.
+/// mimalloc, with a count of the heap in use for measurements (see allocator.rs).
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: allocator::Allocator = allocator::Allocator;
 
 /// Warden: a sharded distributed lock and coordination service.
 #[derive(Parser)]
@@ -122,6 +121,11 @@ fn disable_transparent_huge_pages() {
 fn main() {
     disable_transparent_huge_pages();
     let cli = Cli::parse();
+    if let Command::Bench(command) = &cli.command {
+        if command.measures_heap() {
+            allocator::count_from_now();
+        }
+    }
     // Servers log what an operator needs (leader changes, snapshots, nodes down/up, storage
     // errors, slow fsyncs) at `info`; client commands keep stderr for their own errors.
     // `RUST_LOG` overrides both.

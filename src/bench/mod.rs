@@ -43,6 +43,14 @@ pub enum BenchCommand {
     Idle(idle::IdleArgs),
 }
 
+impl BenchCommand {
+    /// Whether the benchmark reads the heap in use, so the allocator must count from the
+    /// process's start (see allocator.rs).
+    pub fn measures_heap(&self) -> bool {
+        matches!(self, BenchCommand::Watch(_))
+    }
+}
+
 /// Runs a benchmark.
 pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
