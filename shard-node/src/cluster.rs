@@ -456,3 +456,55 @@ impl Cluster {
         self.api.as_ref().filter(|_| self.nodes().contains_key(&id)).and_then(|api| api.remote_session_metrics(id))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use warden_proto::namespace::command::Op as CommandOp;
+    use warden_proto::namespace::Command;
+    use warden_proto::v1::{txn_op::Op, CreateRequest, TxnOp, TxnRequest};
+
+    use super::*;
+    use crate::namespace::{store, NamespaceFactory};
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    const VOTERS: [u64; 3] = [1, 2, 3];
+
+    fn create(path: &str) -> Vec<u8> {
+        let then = vec![TxnOp { op: Some(Op::Create(CreateRequest { path: path.into(), ..CreateRequest::default() })) }];
+        Command { now_ms: 1, principal: String::new(), op: Some(CommandOp::Txn(TxnRequest { then, ..TxnRequest::default() })) }.encode_to_vec()
+    }
+
+    async fn status(cluster: &Cluster, node: u64, group: u64) -> GroupStatus {
+        cluster.handle(node).expect("node running").status(group).await.expect("status")
+    }
+
+    async fn wait_until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+        let deadline = Instant::now() + TIMEOUT;
+        while !check().await {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// A follower whose store fails a read while it applies a committed write must not
+    /// skip the write and go on: it stops applying the group before that entry, and reports
+    /// why, while the others apply it and the group keeps taking writes.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_whose_storage_fails_while_applying_stops_before_the_entry() {
+        let config = ClusterConfig { nodes: 3, tick_ms: 20, hibernate_after_ticks: 0, ..ClusterConfig::default() };
+        let cluster = Cluster::start(config, Arc::new(NamespaceFactory::default())).expect("cluster starts");
+        cluster.create_group(1, &VOTERS).await.expect("group created");
+        let leader = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
+        cluster.propose(1, create("/before"), TIMEOUT).await.expect("first write");
+        let failing = VOTERS.into_iter().find(|node| *node != leader).expect("a follower");
+        cluster.nodes().get(&failing).expect("running").db().read_faults.fail(1, &store::node_key("/a"));
+
+        // Committed by the leader and the other follower.
+        cluster.propose(1, create("/a"), TIMEOUT).await.expect("committed");
+        let entry = status(&cluster, leader, 1).await.applied;
+        wait_until("the failing follower applied the entry or stopped", async || status(&cluster, failing, 1).await.applied >= entry).await;
+        let seen = status(&cluster, failing, 1).await;
+        assert!(seen.applied < entry, "node {failing} applied entry {entry} although reading for it failed: {seen:?}");
+    }
+}

@@ -240,6 +240,8 @@ impl SmReader {
 
     /// The value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        #[cfg(test)]
+        self.db.read_faults.check(self.group, key)?;
         self.db.get(Cf::Sm, &keys::sm_key(self.group, key))
     }
 }

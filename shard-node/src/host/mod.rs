@@ -306,6 +306,14 @@ impl NodeHandle {
 }
 
 #[cfg(test)]
+impl Node {
+    /// The node's store (for its read faults).
+    pub(crate) fn db(&self) -> &Arc<Db> {
+        &self.db
+    }
+}
+
+#[cfg(test)]
 impl NodeHandle {
     /// A handle whose groups all live behind `inbox`, for tests of what reaches a worker.
     pub(crate) fn with_inbox(node_id: u64, inbox: Sender<WorkerMsg>) -> NodeHandle {
