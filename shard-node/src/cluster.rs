@@ -456,3 +456,100 @@ impl Cluster {
         self.api.as_ref().filter(|_| self.nodes().contains_key(&id)).and_then(|api| api.remote_session_metrics(id))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use prost::Message as _;
+    use warden_proto::namespace::command::Op as CommandOp;
+    use warden_proto::namespace::{query, Command, Query, QueryResult};
+    use warden_proto::v1::{txn_op::Op, CreateRequest, ExistsRequest, TxnOp, TxnRequest};
+
+    use super::*;
+    use crate::namespace::{store, NamespaceFactory};
+
+    const TIMEOUT: Duration = Duration::from_secs(30);
+    const VOTERS: [u64; 3] = [1, 2, 3];
+
+    fn create(path: &str) -> Vec<u8> {
+        let then = vec![TxnOp { op: Some(Op::Create(CreateRequest { path: path.into(), ..CreateRequest::default() })) }];
+        Command { now_ms: 1, principal: String::new(), op: Some(CommandOp::Txn(TxnRequest { then, ..TxnRequest::default() })) }.encode_to_vec()
+    }
+
+    async fn status(cluster: &Cluster, node: u64, group: u64) -> GroupStatus {
+        cluster.handle(node).expect("node running").status(group).await.expect("status")
+    }
+
+    async fn wait_until(what: &str, mut check: impl AsyncFnMut() -> bool) {
+        let deadline = Instant::now() + TIMEOUT;
+        while !check().await {
+            assert!(Instant::now() < deadline, "timed out waiting until {what}");
+            tokio::time::sleep(RETRY_PAUSE).await;
+        }
+    }
+
+    /// Node `node`'s replica of `group` read as it is (stale): its revision, and whether
+    /// `path` exists.
+    async fn stale_read(cluster: &Cluster, node: u64, group: u64, path: &str) -> Result<(u64, bool), EngineError> {
+        let handle = cluster.handle(node).ok_or(EngineError::Stopped)?;
+        let query = Query { query: Some(query::Query::Exists(ExistsRequest { path: path.into(), ..ExistsRequest::default() })) }.encode_to_vec();
+        let answer = handle.read(group, query, ReadConsistency::Stale, TIMEOUT).await?;
+        let result = QueryResult::decode(answer.as_slice()).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let exists = match result.result {
+            Some(warden_proto::namespace::query_result::Result::Exists(exists)) => exists.stat.is_some(),
+            other => return Err(EngineError::Invalid(format!("not an exists answer: {other:?}"))),
+        };
+        Ok((result.revision, exists))
+    }
+
+    /// A follower whose store fails a read while it applies a committed write must not skip
+    /// the write and go on: it stops applying the group before that entry, says why (status,
+    /// metrics), serves nothing of the group, while the others apply the entry, the group
+    /// keeps taking writes and the node's other group goes on. Restarted on its directory
+    /// with the fault gone, it applies the entry and matches the others.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_replica_whose_storage_fails_while_applying_stops_before_the_entry_until_restarted() {
+        let config = ClusterConfig { nodes: 3, tick_ms: 20, hibernate_after_ticks: 0, ..ClusterConfig::default() };
+        let cluster = Cluster::start(config, Arc::new(NamespaceFactory::default())).expect("cluster starts");
+        for group in [1, 2] {
+            cluster.create_group(group, &VOTERS).await.expect("group created");
+        }
+        let leader = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
+        cluster.propose(1, create("/before"), TIMEOUT).await.expect("first write");
+        let failing = VOTERS.into_iter().find(|node| *node != leader).expect("a follower");
+        cluster.nodes().get(&failing).expect("running").db().read_faults.fail(1, &store::node_key("/a"));
+
+        // Committed by the leader and the other follower.
+        cluster.propose(1, create("/a"), TIMEOUT).await.expect("committed");
+        let entry = status(&cluster, leader, 1).await.applied;
+        wait_until("the failing follower applied the entry or stopped", async || {
+            let seen = status(&cluster, failing, 1).await;
+            seen.failure.is_some() || seen.applied >= entry
+        })
+        .await;
+        let seen = status(&cluster, failing, 1).await;
+        assert!(seen.applied < entry, "node {failing} applied entry {entry} although reading for it failed: {seen:?}");
+        let failure = seen.failure.clone().expect("the replica says why it stopped");
+        assert!(failure.contains("injected read fault"), "{failure}");
+        assert!(!seen.is_leader, "{seen:?}");
+        let metrics = cluster.handle(failing).expect("running").metrics().render();
+        assert!(metrics.lines().any(|line| line == "warden_raft_groups{role=\"failed\"} 1"), "{metrics}");
+        let refused = stale_read(&cluster, failing, 1, "/a").await;
+        assert!(matches!(refused, Err(EngineError::ReplicaFailed { group: 1, .. })), "a failed replica serves no read: {refused:?}");
+
+        // The group goes on without it, and so does the node's other group.
+        cluster.propose(1, create("/after"), TIMEOUT).await.expect("the group takes writes");
+        cluster.propose(2, create("/elsewhere"), TIMEOUT).await.expect("the other group takes writes");
+        let others_leader = cluster.wait_leader(2, TIMEOUT).await.expect("leader of the other group");
+        let other_applied = status(&cluster, others_leader, 2).await.applied;
+        wait_until("the failing node applied the other group's write", async || status(&cluster, failing, 2).await.applied >= other_applied).await;
+        assert_eq!(status(&cluster, failing, 1).await.applied, seen.applied, "nothing more applied");
+
+        // A restart (a fresh store handle: the fault is gone) applies the entry again.
+        cluster.restart(failing).expect("restart");
+        let leader = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
+        let expected = stale_read(&cluster, leader, 1, "/a").await.expect("the leader reads");
+        assert!(expected.1, "/a exists at the leader");
+        wait_until("the restarted replica caught up", async || stale_read(&cluster, failing, 1, "/a").await.is_ok_and(|read| read == expected)).await;
+        assert_eq!(status(&cluster, failing, 1).await.failure, None);
+    }
+}

@@ -56,6 +56,11 @@ pub enum EngineError {
     /// `Unavailable { outcome_unknown: true }` instead.
     #[error("node stopped")]
     Stopped,
+    /// This node's replica of the group stopped applying it: its store failed while it
+    /// applied a committed entry (`host/failed.rs`). The request did nothing here; another
+    /// replica may serve it. A restart of the node applies the entry again.
+    #[error("group {group}: this replica stopped applying the group: {reason}")]
+    ReplicaFailed { group: u64, reason: String },
 }
 
 impl EngineError {
@@ -67,6 +72,12 @@ impl EngineError {
     /// True when retrying the same request elsewhere or later may succeed and cannot apply
     /// it twice (it was definitely not applied).
     pub fn is_retryable(&self) -> bool {
-        matches!(self, EngineError::NotLeader { .. } | EngineError::Dropped(_) | EngineError::Unavailable { outcome_unknown: false, .. })
+        matches!(
+            self,
+            EngineError::NotLeader { .. }
+                | EngineError::Dropped(_)
+                | EngineError::Unavailable { outcome_unknown: false, .. }
+                | EngineError::ReplicaFailed { .. }
+        )
     }
 }

@@ -7,7 +7,7 @@ use prost::Message as _;
 use warden_proto::kv::{kv_command, KvCommand, KvQuery, KvResult, KvValue};
 
 use crate::error::{EngineError, StorageError};
-use crate::state_machine::{ApplyOutput, SmReader, SmWrites, StateMachine, StateMachineFactory};
+use crate::state_machine::{Applied, ApplyOutput, SmReader, SmWrites, StateMachine, StateMachineFactory};
 
 /// Largest key accepted.
 pub const KEY_BYTES_MAX: usize = 4096;
@@ -48,11 +48,9 @@ impl KvStateMachine {
         }
         Ok(op)
     }
-}
 
-impl StateMachine for KvStateMachine {
-    fn apply(&mut self, index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
-        self.applied_index = index;
+    /// Applies one command; a malformed one is refused alike on every replica.
+    fn apply_op(&mut self, index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
         let op = Self::decode(command)?;
         let (succeeded, previous) = match op {
             kv_command::Op::Put(put) => {
@@ -74,6 +72,14 @@ impl StateMachine for KvStateMachine {
             }
         };
         Ok(KvResult { succeeded, previous, applied_index: index }.encode_to_vec())
+    }
+}
+
+impl StateMachine for KvStateMachine {
+    /// Apply reads nothing from the store (the data is in memory), so it never fails.
+    fn apply(&mut self, index: u64, command: &[u8], writes: &mut SmWrites) -> Applied {
+        self.applied_index = index;
+        Ok(self.apply_op(index, command, writes))
     }
 
     /// The test store never looks at a clock.
@@ -140,12 +146,12 @@ mod tests {
     fn cas_succeeds_only_on_the_expected_value() {
         let mut sm = KvStateMachine::default();
         let mut writes = SmWrites::new(1);
-        let first = decode_result(&sm.apply(6, &cas(b"k", None, b"1"), &mut writes).unwrap_or_default()).ok();
+        let first = decode_result(&sm.apply(6, &cas(b"k", None, b"1"), &mut writes).expect("storage").unwrap_or_default()).ok();
         assert_eq!(first.map(|r| r.succeeded), Some(true));
-        let stale = decode_result(&sm.apply(7, &cas(b"k", None, b"2"), &mut writes).unwrap_or_default()).ok();
+        let stale = decode_result(&sm.apply(7, &cas(b"k", None, b"2"), &mut writes).expect("storage").unwrap_or_default()).ok();
         assert_eq!(stale.as_ref().map(|r| r.succeeded), Some(false));
         assert_eq!(stale.and_then(|r| r.previous), Some(b"1".to_vec()));
-        let next = decode_result(&sm.apply(8, &cas(b"k", Some(b"1"), b"2"), &mut writes).unwrap_or_default()).ok();
+        let next = decode_result(&sm.apply(8, &cas(b"k", Some(b"1"), b"2"), &mut writes).expect("storage").unwrap_or_default()).ok();
         assert_eq!(next.map(|r| r.succeeded), Some(true));
         assert_eq!(writes.into_ops().len(), 2, "a failed CAS writes nothing");
     }
@@ -154,7 +160,7 @@ mod tests {
     fn garbage_is_rejected_without_a_change() {
         let mut sm = KvStateMachine::default();
         let mut writes = SmWrites::new(1);
-        assert!(matches!(sm.apply(6, &[0xff, 0xff, 0xff], &mut writes), Err(EngineError::Invalid(_))));
+        assert!(matches!(sm.apply(6, &[0xff, 0xff, 0xff], &mut writes), Ok(Err(EngineError::Invalid(_)))));
         assert!(sm.validate(&[0x0a]).is_err());
         assert!(matches!(sm.validate(&put(b"k", &vec![0; VALUE_BYTES_MAX + 1])), Err(EngineError::TooLarge { .. })));
         assert!(writes.into_ops().is_empty());

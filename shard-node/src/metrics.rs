@@ -17,7 +17,7 @@ use std::sync::{Arc, Mutex};
 use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use warden_proto::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
 
-use crate::host::LeaderTable;
+use crate::host::{HostMetrics, LeaderTable};
 use crate::namespace::counts::NamespaceCounts;
 use crate::storage::Db;
 use crate::store_writer::StoreMetrics;
@@ -32,7 +32,8 @@ pub(crate) struct Sources {
     pub store: Arc<StoreMetrics>,
     pub db: Arc<Db>,
     pub data_dir: std::path::PathBuf,
-    pub sleeping_replicas: Arc<dyn Fn() -> u64 + Send + Sync>,
+    /// The host loop's counters (replicas asleep, replicas failed).
+    pub host: Arc<HostMetrics>,
 }
 
 /// One node's metrics.
@@ -154,7 +155,7 @@ impl NodeMetrics {
             groups: registered(
                 &r,
                 IntGaugeVec::new(
-                    Opts::new("warden_raft_groups", "Groups hosted here, by role: hosted, led, leaderless (no leader known), asleep (hibernating)."),
+                    Opts::new("warden_raft_groups", "Groups hosted here, by role: hosted, led, leaderless (no leader known), asleep (hibernating), failed (stopped applying the group: its store failed; restart the node)."),
                     &["role"],
                 ),
             ),
@@ -256,7 +257,8 @@ impl NodeMetrics {
             gauge("hosted", hosted.len());
             gauge("led", s.leaders.led_by(s.node_id).len());
             gauge("leaderless", leaderless);
-            gauge("asleep", (s.sleeping_replicas)() as usize);
+            gauge("asleep", s.host.sleeping_replicas.load(Ordering::Relaxed) as usize);
+            gauge("failed", s.host.failed_replicas.load(Ordering::Relaxed) as usize);
             sync_counter(&self.fsyncs, s.store.fsyncs.load(Ordering::Relaxed));
             sync_counter(&self.entries, s.store.entries.load(Ordering::Relaxed));
             sync_counter(&self.bytes_written, s.store.bytes.load(Ordering::Relaxed));

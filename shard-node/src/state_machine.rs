@@ -12,7 +12,16 @@ use crate::error::{EngineError, StorageError};
 use crate::storage::{keys, Cf, Db, WriteOp};
 
 /// The result an applied command returns to its proposer (encoded by the state machine).
+/// An `Err` here is the command's own outcome (malformed, refused): every replica computes
+/// the same one from the same log, so the entry counts as applied.
 pub type ApplyOutput = Result<Vec<u8>, EngineError>;
+
+/// What [`StateMachine::apply`] returns: the command's output, or `Err` when this replica
+/// could not apply it at all (its store failed a read). That is no outcome of the command,
+/// other replicas need not share it, and skipping the entry would leave this replica's
+/// state diverged from theirs: the engine stops applying the group on this replica before
+/// the entry (see `host/failed.rs`).
+pub type Applied = Result<ApplyOutput, StorageError>;
 
 /// The leader's view of time, passed to every leader-only call.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -37,8 +46,10 @@ impl LeaderClock {
 pub trait StateMachine: Send {
     /// Applies the committed command of entry `index`. Several commands may share one entry
     /// (the engine batches proposals): they are applied in order, each with the entry's
-    /// index, so nothing unique may be derived from `index` alone.
-    fn apply(&mut self, index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput;
+    /// index, so nothing unique may be derived from `index` alone. A storage failure is
+    /// returned as the outer `Err` ([`Applied`]), never turned into the command's output;
+    /// the state machine is not used again after one (its memory may be half-changed).
+    fn apply(&mut self, index: u64, command: &[u8], writes: &mut SmWrites) -> Applied;
 
     /// Answers a read-only query from the applied state.
     fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError>;
@@ -240,6 +251,8 @@ impl SmReader {
 
     /// The value of `key`.
     pub fn get(&self, key: &[u8]) -> Result<Option<Vec<u8>>, StorageError> {
+        #[cfg(test)]
+        self.db.read_faults.check(self.group, key)?;
         self.db.get(Cf::Sm, &keys::sm_key(self.group, key))
     }
 }

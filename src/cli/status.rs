@@ -2,7 +2,8 @@
 //! groups, routes), with each group's leader and revision asked of the routers and each
 //! replica's state asked of its node (applied index, lag behind the leader's commit). Exits
 //! [`EXIT_UNHEALTHY`] when a group has no leader or fewer than a quorum plus one live voters
-//! (one voter down is tolerated, two would lose the quorum). The per-item formatting here
+//! (one voter down is tolerated, two would lose the quorum), or a replica stopped applying
+//! its group (its store failed: its node must be restarted). The per-item formatting here
 //! is shared with `warden admin groups` / `warden admin routes`.
 
 use std::time::Duration;
@@ -52,7 +53,7 @@ pub struct GroupHealth {
 const REPLICA_ASKS_IN_FLIGHT_MAX: usize = 64;
 
 /// One replica as its node reports it.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 struct ReplicaHealth {
     node: u64,
     /// `None`: the node did not answer for it (down, partitioned, or the replica is gone).
@@ -63,6 +64,8 @@ struct ReplicaHealth {
     leads: bool,
     learner: bool,
     hibernating: bool,
+    /// Why it stopped applying its group (`None`: it applies, or it did not answer).
+    failure: Option<String>,
 }
 
 /// Asks each replica of every ready group (voters and learners) for its state, through its
@@ -118,6 +121,7 @@ async fn replica_health(table: &RoutingTable) -> Vec<Vec<ReplicaHealth>> {
                     leads: answer.as_ref().is_some_and(|a| a.leader_id == a.node_id && a.node_id != 0),
                     learner,
                     hibernating: answer.as_ref().is_some_and(|a| a.hibernating),
+                    failure: answer.as_ref().map(|a| a.failure.clone()).filter(|failure| !failure.is_empty()),
                 })
                 .collect()
         })
@@ -147,8 +151,23 @@ fn group_problem(
     let voters = descriptor.replicas.len();
     let needed = (voters / 2 + 2).min(voters);
     let dead = dead_replicas(group, nodes);
-    let live = replicas.iter().filter(|r| !r.learner && (r.applied.is_some() || !replicas_reachable) && !dead.contains(&r.node)).count();
+    let live = replicas
+        .iter()
+        .filter(|r| !r.learner && r.failure.is_none() && (r.applied.is_some() || !replicas_reachable) && !dead.contains(&r.node))
+        .count();
     (live < needed).then(|| format!("group {id} ({}) has {live} live voters of {voters}, fewer than a quorum plus one ({needed})", descriptor.prefix))
+}
+
+/// The replicas of a group that stopped applying it: each needs its node restarted, even
+/// while the others are a quorum.
+fn failed_replicas(group: &GroupEntry, replicas: &[ReplicaHealth]) -> Vec<String> {
+    let (id, prefix) = group.descriptor.as_ref().map_or((0, ""), |d| (d.group_id, d.prefix.as_str()));
+    replicas
+        .iter()
+        .filter_map(|r| {
+            r.failure.as_ref().map(|failure| format!("group {id} ({prefix}): the replica on node {} stopped applying: {failure}", r.node))
+        })
+        .collect()
 }
 
 /// A group's replicas as JSON.
@@ -161,16 +180,26 @@ fn replicas_json(replicas: &[ReplicaHealth]) -> Value {
                 (false, true) => "leader",
                 (false, false) => "follower",
             };
-            json!({ "node": r.node, "role": role, "answered": r.applied.is_some(), "applied": r.applied, "lag": r.lag, "hibernating": r.hibernating })
+            json!({
+                "node": r.node,
+                "role": role,
+                "answered": r.applied.is_some(),
+                "applied": r.applied,
+                "lag": r.lag,
+                "hibernating": r.hibernating,
+                "failure": r.failure,
+            })
         })
         .collect()
 }
 
-/// A group's replicas in a line: `lag 1:0 2:0 3:12 4:? 5+learner:900` (`?`: no answer).
+/// A group's replicas in a line: `lag 1:0 2:0 3:12 4:? 5+learner:900 6:failed` (`?`: no
+/// answer; `failed`: stopped applying, see the problems).
 fn replicas_text(replicas: &[ReplicaHealth]) -> String {
     let each = replicas.iter().map(|r| {
         let learner = if r.learner { "+learner" } else { "" };
         let lag = match (r.applied, r.lag) {
+            _ if r.failure.is_some() => "failed".to_string(),
             (None, _) => "?".to_string(),
             (Some(_), Some(lag)) => lag.to_string(),
             (Some(applied), None) => format!("applied {applied}"),
@@ -188,8 +217,13 @@ pub async fn run(args: StatusArgs, global: &GlobalArgs, out: Output) -> anyhow::
     }
     let (health, replicas) = tokio::join!(group_health(&global.endpoints, &table.groups), replica_health(&table));
     let reachable = replicas.iter().flatten().any(|r| r.applied.is_some());
-    let problems: Vec<String> =
-        table.groups.iter().zip(&health).zip(&replicas).filter_map(|((g, h), r)| group_problem(g, h, r, &table.nodes, reachable)).collect();
+    let problems: Vec<String> = table
+        .groups
+        .iter()
+        .zip(&health)
+        .zip(&replicas)
+        .flat_map(|((g, h), r)| group_problem(g, h, r, &table.nodes, reachable).into_iter().chain(failed_replicas(g, r)))
+        .collect();
     let routes = routes(&table);
     // Replica moves in flight (repairs, drains, balancing): the learner each is adding.
     let moves: Vec<(u64, u64)> =

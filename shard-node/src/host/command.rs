@@ -7,6 +7,7 @@ use raft::eraftpb::{ConfChange, ConfChangeV2, ConfState, Entry, EntryType};
 use raft_proto::ConfChangeI;
 use tokio::sync::oneshot;
 
+use super::failed::ApplyFailure;
 use super::replica::{Proposal, Replica, Waiter};
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
@@ -263,8 +264,11 @@ impl Replica {
 
     /// Applies committed entries in order, writes their effects atomically with the new
     /// applied index (DESIGN.md rule 4), and returns the proposers' replies, to be sent now
-    /// that the write is done.
-    pub(crate) fn apply_committed(&mut self, entries: Vec<Entry>) -> Result<Vec<ApplyReply>, StorageError> {
+    /// that the write is done. When an entry cannot be applied (`failed.rs`) nothing of the
+    /// batch is written and the applied index goes back to what the store holds, from which
+    /// a restart applies again; the batch's proposers learn that the outcome is unknown
+    /// (their entries are committed, but this replica cannot say what they did).
+    pub(crate) fn apply_committed(&mut self, entries: Vec<Entry>) -> Result<Vec<ApplyReply>, ApplyFailure> {
         if entries.is_empty() {
             return Ok(Vec::new());
         }
@@ -273,13 +277,49 @@ impl Replica {
             // Leases that start at this apply count from now (see `StateMachine::leader_clock`).
             self.sm.leader_clock(crate::state_machine::LeaderClock::now());
         }
+        let stored = self.applied;
         let mut writes = SmWrites::new(self.group);
         let mut replies = Vec::new();
+        let written = self.apply_entries(entries, &mut writes, &mut replies).and_then(|()| self.write_applied(writes));
+        match written {
+            Ok(notifications) => {
+                // Observers learn of the entries only now that their effects are in the store.
+                self.sm.publish();
+                self.wake(notifications);
+                Ok(replies)
+            }
+            Err(failure) => {
+                self.applied = stored;
+                let reason = format!("group {}: {failure} before the answer", self.group);
+                for (reply, _) in replies {
+                    let _ = reply.send(Err(EngineError::Unavailable { reason: reason.clone(), outcome_unknown: true }));
+                }
+                Err(failure)
+            }
+        }
+    }
+
+    /// Writes a batch's effects with its applied index; returns its notification keys.
+    fn write_applied(&mut self, mut writes: SmWrites) -> Result<Vec<Vec<u8>>, ApplyFailure> {
+        self.sm.finish_batch(&mut writes);
+        writes.ops_mut().push(state_put(self.group, StateKey::Apply, keys::encode_index_term(self.applied.index, self.applied.term).to_vec()));
+        // Not synced: every applied entry is already durable in the log, so a crash that loses
+        // this write re-applies from the log (the write carries its applied index).
+        let (ops, notifications) = writes.into_parts();
+        let index = self.applied.index;
+        self.db.write_ops(&ops, false).map_err(|error| ApplyFailure { index, error })?;
+        Ok(notifications)
+    }
+
+    /// Applies `entries` into `writes`, advancing the applied index in memory, and collects
+    /// the replies of the commands this replica proposed.
+    fn apply_entries(&mut self, entries: Vec<Entry>, writes: &mut SmWrites, replies: &mut Vec<ApplyReply>) -> Result<(), ApplyFailure> {
         for entry in entries {
             if entry.index <= self.applied.index {
                 continue;
             }
             assert_eq!(entry.index, self.applied.index + 1, "group {}: apply gap", self.group);
+            let failed = |error: StorageError| ApplyFailure { index: entry.index, error };
             // One output per command of the entry, in order; a batch entry's commands are
             // applied one by one into the same writes, so the entry applies whole or not at all.
             let mut outputs: Vec<ApplyOutput> = match entry.get_entry_type() {
@@ -287,12 +327,15 @@ impl Replica {
                 EntryType::EntryNormal if entry.data.is_empty() => vec![Ok(Vec::new())],
                 // Every command of a batch sees the entry's index: none of the state machines
                 // derives a unique value from it (revisions and ids are their own counters).
-                EntryType::EntryNormal => {
-                    entry_commands(&entry)?.into_iter().map(|command| self.sm.apply(entry.index, command, &mut writes)).collect()
-                }
+                EntryType::EntryNormal => entry_commands(&entry)
+                    .map_err(failed)?
+                    .into_iter()
+                    .map(|command| self.sm.apply(entry.index, command, writes))
+                    .collect::<Result<Vec<ApplyOutput>, StorageError>>()
+                    .map_err(failed)?,
                 // The empty EntryConfChangeV2 that leaves a joint configuration must be applied
                 // too: the entry type is checked before any emptiness.
-                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => vec![self.apply_conf_change(&entry, &mut writes)?],
+                EntryType::EntryConfChange | EntryType::EntryConfChangeV2 => vec![self.apply_conf_change(&entry, writes).map_err(failed)?],
             };
             self.applied.index = entry.index;
             self.applied.term = entry.term;
@@ -315,16 +358,7 @@ impl Replica {
                 }
             }
         }
-        self.sm.finish_batch(&mut writes);
-        writes.ops_mut().push(state_put(self.group, StateKey::Apply, keys::encode_index_term(self.applied.index, self.applied.term).to_vec()));
-        // Not synced: every applied entry is already durable in the log, so a crash that loses
-        // this write re-applies from the log (the write carries its applied index).
-        let (ops, notifications) = writes.into_parts();
-        self.db.write_ops(&ops, false)?;
-        // Observers learn of the entries only now that their effects are in the store.
-        self.sm.publish();
-        self.wake(notifications);
-        Ok(replies)
+        Ok(())
     }
 
     fn apply_conf_change(&mut self, entry: &Entry, writes: &mut SmWrites) -> Result<ApplyOutput, StorageError> {

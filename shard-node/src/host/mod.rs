@@ -4,6 +4,7 @@
 
 mod command;
 pub mod drain;
+mod failed;
 mod fatal;
 mod hibernate;
 mod membership;
@@ -50,7 +51,8 @@ pub trait RaftSender: Send + Sync {
 /// What this node knows of each hosted group's leadership, updated by the workers when a
 /// replica's soft state changes; read by services for response headers and leader hints
 /// without a round trip to the worker. Every hosted group has an entry, from its replica's
-/// creation (or load at start) until the replica is destroyed.
+/// creation (or load at start) until the replica is destroyed or stops applying its group
+/// (`failed`).
 #[derive(Debug, Default)]
 pub struct LeaderTable {
     groups: std::sync::RwLock<HashMap<u64, LeaderInfo>>,
@@ -118,6 +120,8 @@ pub(crate) struct HostMetrics {
     pub sleeping_replicas: AtomicU64,
     /// Times a replica of this node fell asleep.
     pub hibernations: AtomicU64,
+    /// Replicas that stopped applying their group (see `failed`).
+    pub failed_replicas: AtomicU64,
 }
 
 /// A point-in-time copy of a node's raft counters.
@@ -306,6 +310,14 @@ impl NodeHandle {
 }
 
 #[cfg(test)]
+impl Node {
+    /// The node's store (for its read faults).
+    pub(crate) fn db(&self) -> &Arc<Db> {
+        &self.db
+    }
+}
+
+#[cfg(test)]
 impl NodeHandle {
     /// A handle whose groups all live behind `inbox`, for tests of what reaches a worker.
     pub(crate) fn with_inbox(node_id: u64, inbox: Sender<WorkerMsg>) -> NodeHandle {
@@ -479,7 +491,6 @@ impl Node {
         let transport_metrics = transport.metrics();
         let transport: Arc<dyn RaftSender> = Arc::new(transport);
         let host_metrics = Arc::new(HostMetrics::default());
-        let sleeping = host_metrics.clone();
         handle.metrics.attach(crate::metrics::Sources {
             node_id,
             leaders: leaders.clone(),
@@ -487,7 +498,7 @@ impl Node {
             store: store.metrics(),
             db: db.clone(),
             data_dir: config.data_dir.clone(),
-            sleeping_replicas: Arc::new(move || sleeping.sleeping_replicas.load(Ordering::Relaxed)),
+            host: host_metrics.clone(),
         });
 
         // 2. Replicas from disk, each on the worker its id maps to.
@@ -517,6 +528,7 @@ impl Node {
                 fatal: fatal.clone(),
                 leaders: leaders.clone(),
                 replicas,
+                failed: HashMap::new(),
                 awake,
                 touched: std::collections::HashSet::new(),
                 metrics: host_metrics.clone(),

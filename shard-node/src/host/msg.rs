@@ -108,6 +108,9 @@ pub struct GroupStatus {
     pub asleep: bool,
     /// The leader's view of each replica (empty on a follower).
     pub progress: Vec<PeerProgress>,
+    /// Why this replica stopped applying its group (`host/failed.rs`); `None` while it
+    /// applies. A failed replica's other fields are as they were when it stopped.
+    pub failure: Option<String>,
 }
 
 /// What a leader knows of one replica of its group.

@@ -50,8 +50,17 @@ impl Replica {
         //    persisted, so applying before this ready's own write is safe.
         let committed = ready.take_committed_entries();
         let applying = (!committed.is_empty()).then(std::time::Instant::now);
-        round.entries_applied += committed.len() as u64;
-        let replies = self.apply_committed(committed)?;
+        let applied = committed.len() as u64;
+        let replies = match self.apply_committed(committed) {
+            Ok(replies) => replies,
+            Err(failure) => {
+                // The rest of the ready is dropped with the replica, as a crash would drop it
+                // (see `failed`): what earlier readies handed the store writer stays whole.
+                self.failed = Some(failure);
+                return Ok(());
+            }
+        };
+        round.entries_applied += applied;
         if let Some(started) = applying {
             round.apply_seconds.push(started.elapsed().as_secs_f64());
         }

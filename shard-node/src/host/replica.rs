@@ -94,6 +94,9 @@ pub struct Replica {
     pub(crate) removed: bool,
     /// A snapshot is being installed: nothing may be applied until it is durable.
     pub(crate) installing_snapshot: bool,
+    /// Set when committed entries could not be applied: the worker stops the replica at
+    /// once (see `failed`).
+    pub(crate) failed: Option<super::failed::ApplyFailure>,
     /// Compact the log when it holds more applied entries than this.
     pub(crate) log_compact_entries: u64,
     /// Leadership last published to the node's leader table.
@@ -135,6 +138,7 @@ impl Replica {
             unpersisted: VecDeque::new(),
             removed: false,
             installing_snapshot: false,
+            failed: None,
             log_compact_entries: config.log_compact_entries.max(2),
             published_leader: super::LeaderInfo::default(),
             told_leading: false,
@@ -227,6 +231,7 @@ impl Replica {
             } else {
                 Vec::new()
             },
+            failure: None,
         }
     }
 

@@ -14,6 +14,7 @@ use crossbeam_channel::{Receiver, Sender};
 use raft::eraftpb::{Message, MessageType};
 
 use super::command::Proposed;
+use super::failed::FailedReplica;
 use super::msg::WorkerMsg;
 use super::ready::RoundWrites;
 use super::replica::Replica;
@@ -51,6 +52,8 @@ pub(crate) struct Worker {
     pub fatal: super::fatal::Fatal,
     pub leaders: Arc<super::LeaderTable>,
     pub replicas: HashMap<u64, Replica>,
+    /// Replicas that stopped applying their group (see `failed`): no longer in `replicas`.
+    pub failed: HashMap<u64, FailedReplica>,
     /// Groups whose replica is awake: ticked and polled every round. Every other hosted
     /// replica is asleep.
     pub awake: HashSet<u64>,
@@ -189,6 +192,10 @@ impl Worker {
 
     fn handle(&mut self, message: WorkerMsg) -> Result<(), StorageError> {
         let group = message.group();
+        if let Some(failed) = self.failed.get(&group) {
+            failed.answer(message);
+            return Ok(());
+        }
         if super::hibernate::request_wakes(&message) {
             if let Some(replica) = self.replicas.get_mut(&group) {
                 replica.on_request(self.sender.as_ref());
@@ -315,9 +322,14 @@ impl Worker {
 
     fn handle_readies(&mut self) -> Result<(), StorageError> {
         let mut round = RoundWrites::default();
+        let mut failed = Vec::new();
         for group in self.awake.iter().copied().chain(self.touched.drain()) {
             let Some(replica) = self.replicas.get_mut(&group) else { continue };
             replica.handle_ready(self.sender.as_ref(), &mut round)?;
+            if replica.failed.is_some() {
+                failed.push(group);
+                continue;
+            }
             for seconds in round.apply_seconds.drain(..) {
                 self.node_metrics.apply_seconds.observe(seconds);
             }
@@ -329,6 +341,9 @@ impl Worker {
                 self.leaders.set(replica.group, info);
             }
         }
+        for group in failed {
+            self.stop_failed(group);
+        }
         if round.readies.is_empty() {
             assert!(round.ops.is_empty(), "writes without a ready to notify");
             return Ok(());
@@ -339,6 +354,22 @@ impl Worker {
         self.store.send(task).map_err(|_| StorageError::Corrupt("store writer stopped".into()))?;
         self.tasks_in_flight += 1;
         Ok(())
+    }
+
+    /// Replaces the replica of `group`, which could not apply its entries, with what is left
+    /// of it (see `failed`); the node's other groups go on.
+    fn stop_failed(&mut self, group: u64) {
+        let Some(failure) = self.replicas.get_mut(&group).and_then(|replica| replica.failed.take()) else { return };
+        let Some(replica) = self.replicas.remove(&group) else { return };
+        if !self.awake.remove(&group) {
+            self.metrics.sleeping_replicas.fetch_sub(1, Ordering::Relaxed);
+        }
+        self.touched.remove(&group);
+        // Out of the table of serving replicas (its records stay until a restart loads it):
+        // it leads nothing, and is counted as failed, not as a replica without a leader.
+        self.leaders.remove(group);
+        self.failed.insert(group, FailedReplica::stop(replica, &failure));
+        self.metrics.failed_replicas.fetch_add(1, Ordering::Relaxed);
     }
 
     fn on_persisted(&mut self, persisted: Persisted) -> Result<(), StorageError> {

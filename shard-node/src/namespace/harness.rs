@@ -88,13 +88,13 @@ impl Harness {
 
     /// Applies `commands` as consecutive entries committed together, as the engine applies a
     /// ready's committed entries: into one set of writes, written once, then published. Each
-    /// command's output, in order; `Err` only when the write fails.
+    /// command's output, in order; `Err` only when the store fails (a read or the write).
     pub fn apply_batch<C: AsRef<[u8]>>(&mut self, commands: &[C]) -> Result<Vec<ApplyOutput>, EngineError> {
         let mut writes = SmWrites::new(self.group);
         let mut outputs = Vec::with_capacity(commands.len());
         for command in commands {
             self.index += 1;
-            outputs.push(self.sm.apply(self.index, command.as_ref(), &mut writes));
+            outputs.push(self.sm.apply(self.index, command.as_ref(), &mut writes).map_err(|e| EngineError::Invalid(e.to_string()))?);
         }
         self.sm.finish_batch(&mut writes);
         self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;

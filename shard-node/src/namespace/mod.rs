@@ -37,7 +37,7 @@ use warden_proto::v1::{
 };
 
 use crate::error::{EngineError, StorageError};
-use crate::state_machine::{ApplyOutput, SmReader, SmWrites, StateMachine, StateMachineFactory};
+use crate::state_machine::{Applied, SmReader, SmWrites, StateMachine, StateMachineFactory};
 use crate::watch::event::node_state;
 use crate::watch::{Event, EventBatch, WatchHub, WatchHubs};
 use error::Failure;
@@ -541,13 +541,14 @@ impl Drop for NamespaceStateMachine {
 }
 
 impl StateMachine for NamespaceStateMachine {
-    fn apply(&mut self, _index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
-        let command = Command::decode(command).map_err(|e| EngineError::Invalid(format!("namespace command: {e}")))?;
-        match self.apply_command(command, writes) {
-            Ok(result) => Ok(result.encode_to_vec()),
-            // A storage failure is not the request's fault; the engine stops on the next write.
-            Err(error) => Err(EngineError::Unavailable { reason: error.to_string(), outcome_unknown: true }),
-        }
+    fn apply(&mut self, _index: u64, command: &[u8], writes: &mut SmWrites) -> Applied {
+        let command = match Command::decode(command) {
+            Ok(command) => command,
+            // Every replica fails to decode the same bytes alike: the command's outcome.
+            Err(e) => return Ok(Err(EngineError::Invalid(format!("namespace command: {e}")))),
+        };
+        // A storage failure is not the command's outcome: the engine stops this replica.
+        Ok(Ok(self.apply_command(command, writes)?.encode_to_vec()))
     }
 
     fn query(&self, query: &[u8]) -> Result<Vec<u8>, EngineError> {
@@ -822,8 +823,8 @@ mod tests {
         Command { now_ms: 1, principal: String::new(), op: Some(CommandOp::Txn(request)) }.encode_to_vec()
     }
 
-    fn outcome(output: ApplyOutput) -> Option<CommandOutcome> {
-        CommandResult::decode(output.expect("applied").as_slice()).expect("result").result
+    fn outcome(output: Applied) -> Option<CommandOutcome> {
+        CommandResult::decode(output.expect("storage").expect("applied").as_slice()).expect("result").result
     }
 
     /// The leader keeps its clock (and its group awake: `host/hibernate.rs`) exactly while
@@ -836,7 +837,7 @@ mod tests {
         sm.reload(&SmReader::new(db.clone(), 1), 0).expect("load");
         assert!(!sm.needs_ticks(), "an empty namespace");
         let mut writes = SmWrites::new(1);
-        sm.apply(1, &txn(Op::Create(CreateRequest { path: "/plain".into(), ..CreateRequest::default() })), &mut writes).expect("applied");
+        outcome(sm.apply(1, &txn(Op::Create(CreateRequest { path: "/plain".into(), ..CreateRequest::default() })), &mut writes));
         assert!(!sm.needs_ticks(), "a plain node needs no clock");
         let open = Command {
             now_ms: 1,
@@ -876,8 +877,7 @@ mod tests {
         let made = sm.apply(1, &txn(Op::Create(CreateRequest { path: "/p".into(), ..CreateRequest::default() })), &mut stored);
         assert!(matches!(outcome(made), Some(CommandOutcome::Txn(_))));
         db.write_ops(&stored.into_ops(), false).expect("write");
-        sm.apply(2, &txn(Op::Create(CreateRequest { path: "/p/stored".into(), ..CreateRequest::default() })), &mut SmWrites::new(1))
-            .expect("applied");
+        outcome(sm.apply(2, &txn(Op::Create(CreateRequest { path: "/p/stored".into(), ..CreateRequest::default() })), &mut SmWrites::new(1)));
         // That write was dropped on purpose (never written): /p/stored is not on disk.
         let mut batch = SmWrites::new(1);
         sm.reload(&SmReader::new(db.clone(), 1), 1).expect("reload");

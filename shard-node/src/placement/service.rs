@@ -839,6 +839,7 @@ impl PlacementApi for PlacementService {
             voters: s.voters,
             learners: s.learners,
             hibernating: s.asleep,
+            failure: s.failure.unwrap_or_default(),
         }))
     }
 

@@ -5,7 +5,7 @@
 use warden_placement::{Command, Outcome, Placement, PlacementConfig, PlacementError};
 
 use crate::error::{EngineError, StorageError};
-use crate::state_machine::{ApplyOutput, LeaderClock, SmReader, SmWrites, StateMachine};
+use crate::state_machine::{Applied, ApplyOutput, LeaderClock, SmReader, SmWrites, StateMachine};
 
 /// Key of the encoded state in the placement group's range.
 const STATE_KEY: &[u8] = b"placement";
@@ -60,8 +60,9 @@ fn decode_command(bytes: &[u8]) -> Result<Command, EngineError> {
     serde_json::from_slice(bytes).map_err(|e| EngineError::Invalid(format!("placement command: {e}")))
 }
 
-impl StateMachine for PlacementStateMachine {
-    fn apply(&mut self, _index: u64, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
+impl PlacementStateMachine {
+    /// Applies one command; a malformed or refused one changes nothing, alike on every replica.
+    fn apply_command(&mut self, command: &[u8], writes: &mut SmWrites) -> ApplyOutput {
         let command = decode_command(command)?;
         let result = self.placement.apply(&command);
         // Liveness changes are what an operator looks for first (logged by every placement
@@ -76,6 +77,14 @@ impl StateMachine for PlacementStateMachine {
             writes.put(STATE_KEY, &self.placement.to_bytes());
         }
         serde_json::to_vec(&result).map_err(|e| EngineError::Invalid(format!("placement result: {e}")))
+    }
+}
+
+impl StateMachine for PlacementStateMachine {
+    /// Apply reads nothing from the store (the state is in memory), so it never fails:
+    /// every error it returns is the command's outcome.
+    fn apply(&mut self, _index: u64, command: &[u8], writes: &mut SmWrites) -> Applied {
+        Ok(self.apply_command(command, writes))
     }
 
     /// Every query answers the whole state (see [`decode_state`]).
@@ -128,7 +137,7 @@ mod tests {
 
     fn apply(sm: &mut PlacementStateMachine, db: &std::sync::Arc<Db>, index: u64, command: &Command) -> PlacementResult {
         let mut writes = SmWrites::new(warden_placement::PLACEMENT_GROUP_ID);
-        let output = sm.apply(index, &encode_command(command), &mut writes).expect("applied");
+        let output = sm.apply(index, &encode_command(command), &mut writes).expect("storage").expect("applied");
         db.write_ops(&writes.into_ops(), false).expect("write");
         decode_result(&output).expect("result")
     }

@@ -393,9 +393,11 @@ pub(crate) fn engine_status(directory: &PeerDirectory, group: u64, error: Engine
         }
         EngineError::GroupNotFound(_) => warden_error(Code::WrongGroup, format!("group {group} is not hosted on this node")),
         EngineError::Unavailable { outcome_unknown: true, .. } => warden_error(Code::OutcomeUnknown, error.to_string()),
-        EngineError::Unavailable { .. } | EngineError::Dropped(_) | EngineError::ConfChangeRefused { .. } | EngineError::Stopped => {
-            warden_error(Code::Unavailable, error.to_string())
-        }
+        EngineError::Unavailable { .. }
+        | EngineError::Dropped(_)
+        | EngineError::ConfChangeRefused { .. }
+        | EngineError::Stopped
+        | EngineError::ReplicaFailed { .. } => warden_error(Code::Unavailable, error.to_string()),
         EngineError::TooLarge { limit_bytes, .. } => WardenError { limit: *limit_bytes as u64, ..warden_error(Code::TooLarge, error.to_string()) },
         EngineError::Invalid(_) | EngineError::GroupExists(_) => warden_error(Code::InvalidArgument, error.to_string()),
     };

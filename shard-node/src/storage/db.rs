@@ -71,6 +71,33 @@ pub struct Db {
     inner: DB,
     /// Snapshots being built from this store right now (see [`Db::snapshot_build_permit`]).
     snapshot_builds: AtomicUsize,
+    /// State-machine reads made to fail on this store (tests only).
+    #[cfg(test)]
+    pub(crate) read_faults: ReadFaults,
+}
+
+/// State-machine reads that fail on one store, standing for a damaged block or a failing
+/// disk on one node (tests only: a release build has no such check on its reads).
+#[cfg(test)]
+#[derive(Default)]
+pub(crate) struct ReadFaults {
+    keys: std::sync::Mutex<std::collections::HashSet<(u64, Vec<u8>)>>,
+}
+
+#[cfg(test)]
+impl ReadFaults {
+    /// Reads of `key` of `group`'s state machine fail from now on.
+    pub(crate) fn fail(&self, group: u64, key: &[u8]) {
+        self.keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner).insert((group, key.to_vec()));
+    }
+
+    /// The failure a read of `key` of `group` meets, if it is made to fail.
+    pub(crate) fn check(&self, group: u64, key: &[u8]) -> Result<(), StorageError> {
+        if self.keys.lock().unwrap_or_else(std::sync::PoisonError::into_inner).contains(&(group, key.to_vec())) {
+            return Err(StorageError::Corrupt(format!("injected read fault: block checksum mismatch at key {key:?} of group {group}")));
+        }
+        Ok(())
+    }
 }
 
 /// Leave to build one snapshot from the store; the build counts as running until it drops.
@@ -130,7 +157,12 @@ impl Db {
             ColumnFamilyDescriptor::new(name, cf_options)
         });
         let inner = DB::open_cf_descriptors(&options, path, families)?;
-        Ok(Arc::new(Db { inner, snapshot_builds: AtomicUsize::new(0) }))
+        Ok(Arc::new(Db {
+            inner,
+            snapshot_builds: AtomicUsize::new(0),
+            #[cfg(test)]
+            read_faults: ReadFaults::default(),
+        }))
     }
 
     /// Leave to build a snapshot, if fewer than `builds_max` are being built from this store:
