@@ -470,12 +470,7 @@ async fn every_public_call_answers_as_the_grants_say() {
                 "denied",
             ],
         ),
-        (
-            "dave",
-            [
-                "denied", "ok", "ok", "denied", "denied", "ok", "ok", "ok", "ok", "denied", "denied", "ok", "ok", "ok", "ok", "ok", "denied",
-            ],
-        ),
+        ("dave", ["denied", "ok", "ok", "denied", "denied", "ok", "ok", "ok", "ok", "denied", "denied", "ok", "ok", "ok", "ok", "ok", "denied"]),
         ("alice", ["ok"; 17]),
         ("root", ["ok"; 17]),
     ];
