@@ -486,7 +486,8 @@ impl Txn<'_, '_> {
             record.owner = owner.to_string();
             record.owner_known = true;
         }
-        if !self.view.node(path)?.is_some_and(|node| node.stat.is_some_and(|s| s.ephemeral_owner == session)) {
+        // A page ingested again counts nothing twice.
+        if self.view.node(path)?.is_none_or(|node| node.stat.is_none_or(|s| s.ephemeral_owner != session)) {
             record.ephemerals += 1;
             self.view.add_ephemeral(session, path);
         }
