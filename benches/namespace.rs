@@ -234,7 +234,8 @@ fn move_subtree(mut source: Harness) -> Harness {
     loop {
         let export = ExportSubtree { prefix: "/team/a".into(), target_group: target_id, after_key: after_key.clone(), bytes_max: 1 << 20 };
         let page = source.export_page(export).expect("page");
-        let ingest = IngestSubtree { prefix: "/team/a".into(), source_group: 1, records: page.records, operation: target_id };
+        let ingest =
+            IngestSubtree { prefix: "/team/a".into(), source_group: 1, records: page.records, operation: target_id, sessions: page.sessions };
         target.placement_step(CommandOp::IngestSubtree(ingest)).expect("ingest");
         if page.next_after_key.is_empty() {
             break;

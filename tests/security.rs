@@ -432,6 +432,8 @@ async fn every_public_call_answers_as_the_grants_say() {
     secure.grant("/team-a", "alice", acl::READ | acl::WRITE | acl::LOCK | acl::WATCH).await;
     secure.grant("/team-a", "carol", acl::READ).await;
     secure.grant("/team-b", "bob", acl::ADMIN).await;
+    // Dave may lock in /team-a but owns none of alice's sessions: the owner checks decide.
+    secure.grant("/team-a", "dave", acl::READ | acl::LOCK).await;
     let mut root = as_("root");
     for path in ["/team-a", "/team-b", "/team-a/data", "/team-a/tmp-alice", "/team-a/tmp-root"] {
         root.create(CreateRequest { path: path.into(), ..CreateRequest::default() }).await.expect("root creates");
@@ -440,7 +442,7 @@ async fn every_public_call_answers_as_the_grants_say() {
     secure
         .served(router, &alice_tls, |mut c| async move { c.create(CreateRequest { path: "/team-a/ready".into(), ..Default::default() }).await })
         .await;
-    for (name, path) in [("carol", "/team-a"), ("bob", "/team-b")] {
+    for (name, path) in [("carol", "/team-a"), ("dave", "/team-a"), ("bob", "/team-b")] {
         let tls = secure.tls(&Identity::client(name));
         secure.served(router, &tls, |mut c| async move { c.get(GetRequest { path: path.into(), ..GetRequest::default() }).await }).await;
     }
@@ -451,7 +453,8 @@ async fn every_public_call_answers_as_the_grants_say() {
     let lock = LockRequest { path: "/team-a/held".into(), session_id: alice_session, ..LockRequest::default() };
     let alice_sequencer = alice.lock(lock).await.expect("lock").into_inner().sequencer.expect("held");
 
-    // Rows: another team, read-only, full, admin (root also bypasses session owners).
+    // Rows: another team, read-only, lock but no session of alice's, full, admin (root also
+    // bypasses session owners). Each uses its own session where it may open one.
     let expected: &[(&str, [&str; 17])] = &[
         (
             "bob",
@@ -467,6 +470,7 @@ async fn every_public_call_answers_as_the_grants_say() {
                 "denied",
             ],
         ),
+        ("dave", ["denied", "ok", "ok", "denied", "denied", "ok", "ok", "ok", "ok", "denied", "denied", "ok", "ok", "ok", "ok", "ok", "denied"]),
         ("alice", ["ok"; 17]),
         ("root", ["ok"; 17]),
     ];
@@ -535,6 +539,16 @@ async fn every_public_call_answers_as_the_grants_say() {
         assert!(wrong.is_empty(), "{who}: (call, expected, got) {wrong:?}");
     }
 
+    // Alice's session is alice's, before and after her lock moves with /team-a into a group
+    // of its own (her session stays homed in the root group).
+    let alice_sequencer = sessions_stay_their_owners(&mut alice, &mut as_("dave"), alice_session, alice_sequencer).await;
+    let root_tls = secure.tls(&Identity::client("root"));
+    support::fleet::at_placement(&secure.cluster, &root_tls, |mut placement| async move {
+        placement.split_group(warden_proto::placement::CreateGroupRequest { prefix: "/team-a".into() }).await.map(drop)
+    })
+    .await;
+    sessions_stay_their_owners(&mut alice, &mut as_("dave"), alice_session, alice_sequencer).await;
+
     // A refused call changed nothing and told nothing: the data is the last writer's who may
     // write, and the refusal of a path that does not exist reads as one that does.
     let data = root.get(GetRequest { path: "/team-a/data".into(), ..Default::default() }).await.expect("get").into_inner().data;
@@ -583,6 +597,42 @@ async fn every_public_call_answers_as_the_grants_say() {
     assert_eq!(outcome(foreign.get(GetRequest { path: "/team-a".into(), ..Default::default() }).await), "refused");
     let mut plain = WardenClient::new(Secure::channel(router, None, Expected::Router));
     assert_eq!(outcome(plain.get(GetRequest { path: "/team-a".into(), ..Default::default() }).await), "refused");
+}
+
+/// Dave, who may lock at /team-a/held but does not own alice's session, neither releases
+/// alice's hold there (with her sequencer as LockInfo describes it) nor waits or holds with
+/// her session; alice still holds, and she may release and take it again. Answers alice's
+/// new sequencer.
+async fn sessions_stay_their_owners(
+    alice: &mut WardenClient<Channel>,
+    dave: &mut WardenClient<Channel>,
+    alice_session: u64,
+    alice_sequencer: warden_proto::v1::Sequencer,
+) -> warden_proto::v1::Sequencer {
+    use warden_proto::v1::*;
+    let lock = "/team-a/held";
+    let info = dave.lock_info(LockInfoRequest { path: lock.into(), ..Default::default() }).await.expect("lock info").into_inner();
+    let holder = info.holders.first().expect("alice holds");
+    assert_eq!(holder.session_id, alice_session);
+    let sequencer = Sequencer { path: lock.into(), mode: holder.mode, token: holder.token, group_id: 0, waiter: holder.waiter.clone() };
+    let unlocked = dave.unlock(UnlockRequest { sequencer: Some(sequencer), ..Default::default() }).await;
+    assert_eq!(outcome(unlocked), "denied", "dave released alice's hold");
+    let with_alices = LockRequest { path: lock.into(), session_id: alice_session, ..Default::default() };
+    assert_eq!(outcome(dave.lock(with_alices).await), "denied", "dave locked with alice's session");
+    let check = || CheckSequencerRequest { sequencer: Some(alice_sequencer.clone()), ..Default::default() };
+    assert!(alice.check_sequencer(check()).await.expect("check").into_inner().holds, "alice lost her hold");
+    let dave_session =
+        dave.create_session(CreateSessionRequest { ttl_ms: 30_000, ..Default::default() }).await.expect("dave's session").into_inner().session_id;
+    let try_lock = LockRequest { path: lock.into(), session_id: dave_session, ..Default::default() };
+    let tried = dave.lock(try_lock.clone()).await.expect("dave's try-lock").into_inner();
+    assert!(!tried.acquired, "two holders of {lock}");
+    // The owner may: alice releases her hold and takes it again.
+    alice.unlock(UnlockRequest { sequencer: Some(alice_sequencer), ..Default::default() }).await.expect("alice unlocks");
+    let again = LockRequest { path: lock.into(), session_id: alice_session, ..Default::default() };
+    let relocked = alice.lock(again).await.expect("alice locks again").into_inner();
+    assert!(relocked.acquired);
+    dave.close_session(CloseSessionRequest { session_id: dave_session, ..Default::default() }).await.expect("dave closes his session");
+    relocked.sequencer.expect("alice's new sequencer")
 }
 
 /// Bearer tokens (issue 17): a client without a certificate of its own names its principal

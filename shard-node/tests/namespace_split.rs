@@ -9,7 +9,7 @@ mod support;
 
 use support::code;
 use warden_proto::namespace::command::Op as CommandOp;
-use warden_proto::namespace::{AbortSplit, AcquireLock, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, SubtreeRecord};
+use warden_proto::namespace::{AbortSplit, AcquireLock, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, SubtreePage, SubtreeRecord};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
 use warden_shard_node::namespace::harness::{Harness, Outcome};
@@ -53,16 +53,18 @@ fn abort(ns: &mut Harness, target: u64) -> Outcome<u64> {
     ns.placement_step(CommandOp::AbortSplit(AbortSplit { target_group: target }))
 }
 
-fn ingest(ns: &mut Harness, prefix: &str, records: Vec<SubtreeRecord>) -> Outcome<u64> {
-    ingest_for(ns, prefix, TARGET, records)
+fn ingest(ns: &mut Harness, prefix: &str, page: SubtreePage) -> Outcome<u64> {
+    ingest_for(ns, prefix, TARGET, page)
 }
 
-fn ingest_for(ns: &mut Harness, prefix: &str, operation: u64, records: Vec<SubtreeRecord>) -> Outcome<u64> {
-    ns.placement_step(CommandOp::IngestSubtree(IngestSubtree { prefix: prefix.into(), source_group: SOURCE, records, operation }))
+/// Ingests `page` as the placement leader does: its records with the owners of their sessions.
+fn ingest_for(ns: &mut Harness, prefix: &str, operation: u64, page: SubtreePage) -> Outcome<u64> {
+    let ingest = IngestSubtree { prefix: prefix.into(), source_group: SOURCE, records: page.records, operation, sessions: page.sessions };
+    ns.placement_step(CommandOp::IngestSubtree(ingest))
 }
 
 /// Every page of the export, `bytes_max` each.
-fn export_all(ns: &Harness, prefix: &str, target: u64, bytes_max: u32) -> Vec<Vec<SubtreeRecord>> {
+fn export_all(ns: &Harness, prefix: &str, target: u64, bytes_max: u32) -> Vec<SubtreePage> {
     let mut pages = Vec::new();
     let mut after_key = Vec::new();
     loop {
@@ -70,8 +72,8 @@ fn export_all(ns: &Harness, prefix: &str, target: u64, bytes_max: u32) -> Vec<Ve
             .export_page(ExportSubtree { prefix: prefix.into(), target_group: target, after_key: after_key.clone(), bytes_max })
             .expect("export page");
         let done = page.next_after_key.is_empty();
-        after_key = page.next_after_key;
-        pages.push(page.records);
+        after_key = page.next_after_key.clone();
+        pages.push(page);
         if done {
             return pages;
         }
@@ -164,7 +166,11 @@ fn a_split_moves_data_stat_locks_and_ephemerals_exactly() {
         ingest(&mut target, "/team/a", page.clone()).expect("ingest");
     }
     let outside = SubtreeRecord { key: b"n/other".to_vec(), value: Vec::new() };
-    assert_eq!(code(ingest(&mut target, "/team/a", vec![outside])), Code::InvalidArgument, "a record outside the subtree");
+    assert_eq!(
+        code(ingest(&mut target, "/team/a", SubtreePage { records: vec![outside], ..SubtreePage::default() })),
+        Code::InvalidArgument,
+        "a record outside the subtree"
+    );
 
     let handed_at = hand(&mut source, TARGET, descriptor(SOURCE, "/", &["/team/a"], 2)).expect("hand over");
     assert!(handed_at > frozen_at);
@@ -309,7 +315,7 @@ fn an_aborted_merge_leaves_nothing_in_the_parents_group() {
     for path in ["/team/a", "/team/a/x", "/team/a/lock"] {
         assert!(warden_shard_node::namespace::store::read_node(&reader, path).expect("read").is_none(), "{path} was left behind");
     }
-    assert_eq!(code(ingest_for(&mut parent, "/team/a", MERGE, Vec::new())), Code::InvalidArgument, "a late page of the aborted merge");
+    assert_eq!(code(ingest_for(&mut parent, "/team/a", MERGE, SubtreePage::default())), Code::InvalidArgument, "a late page of the aborted merge");
     assert_eq!(parent.all_children("/team").expect("children"), vec!["a-sibling".to_string()], "the parent is as it was");
 }
 

@@ -230,10 +230,11 @@ impl Harness {
         }
     }
 
-    /// Records sessions of other groups as remote (`AddRemoteSessions`).
+    /// Records sessions of other groups as remote (`AddRemoteSessions`), opened with security
+    /// off as their home groups say.
     pub fn add_remote_sessions(&mut self, session_ids: &[u64]) -> Outcome<()> {
-        self.apply(CommandOp::AddRemoteSessions(warden_proto::namespace::AddRemoteSessions { session_ids: session_ids.to_vec(), owners: Vec::new() }))
-            .map(drop)
+        let owners = vec![String::new(); session_ids.len()];
+        self.apply(CommandOp::AddRemoteSessions(warden_proto::namespace::AddRemoteSessions { session_ids: session_ids.to_vec(), owners })).map(drop)
     }
 
     /// Ends remote sessions on their home group's verdict (`EndRemoteSessions`).
@@ -252,7 +253,13 @@ impl Harness {
 
     /// Which of `session_ids` the group holds a record of.
     pub fn sessions_known(&self, session_ids: &[u64]) -> Outcome<Vec<u64>> {
-        match self.query(QueryKind::Sessions(warden_proto::namespace::SessionIds { session_ids: session_ids.to_vec(), owners: Vec::new() }))?.result {
+        match self
+            .query(QueryKind::Sessions(warden_proto::namespace::SessionIds {
+                session_ids: session_ids.to_vec(),
+                ..warden_proto::namespace::SessionIds::default()
+            }))?
+            .result
+        {
             Some(QueryOutcome::Sessions(known)) => Ok(known.session_ids),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }

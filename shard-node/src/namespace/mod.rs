@@ -647,6 +647,9 @@ impl StateMachine for NamespaceStateMachine {
             Some(CommandOp::IngestSubtree(ingest)) if ingest.records.len() > split::INGEST_RECORDS_MAX => {
                 Err(EngineError::Invalid(format!("more than {} records in one ingested page", split::INGEST_RECORDS_MAX)))
             }
+            Some(CommandOp::IngestSubtree(ingest)) if ingest.sessions.len() > split::INGEST_RECORDS_MAX => {
+                Err(EngineError::Invalid(format!("more than {} session owners in one ingested page", split::INGEST_RECORDS_MAX)))
+            }
             Some(CommandOp::RestorePage(page)) if page.records.len() > backup::RESTORE_RECORDS_MAX => {
                 Err(EngineError::Invalid(format!("more than {} records in one restored page", backup::RESTORE_RECORDS_MAX)))
             }
@@ -707,21 +710,18 @@ impl StateMachine for NamespaceStateMachine {
             };
             SessionLease { session_id: id, alive: remaining.is_some(), granted_ttl_ms: ttl_ms.unwrap_or(0), remaining_ms: remaining.unwrap_or(0) }
         };
-        // Another principal's session is neither renewed nor described (issue 17); root
-        // may do everything.
-        if !request.principal.is_empty() && request.principal != warden_placement::acl::ROOT_PRINCIPAL {
-            let asked: &[u64] = match &request.request {
-                Some(LeaderRequestKind::KeepAlive(keep_alive)) => &keep_alive.session_ids,
-                Some(LeaderRequestKind::SessionInfo(id)) => std::slice::from_ref(id),
-                _ => &[],
-            };
+        // Another principal's session is neither renewed nor described (issue 17).
+        let asked: &[u64] = match &request.request {
+            Some(LeaderRequestKind::KeepAlive(keep_alive)) => &keep_alive.session_ids,
+            Some(LeaderRequestKind::SessionInfo(id)) => std::slice::from_ref(id),
+            _ => &[],
+        };
+        if !request.principal.is_empty() {
             let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
             let view = TxnView::new(reader, None);
             for id in asked {
-                let owner = view.session(*id).map_err(|e| EngineError::busy(e.to_string()))?.map(|record| record.owner).unwrap_or_default();
-                if !owner.is_empty() && owner != request.principal {
-                    let message = format!("session {id:#x} is not {}'s", request.principal);
-                    let refused = error::error(warden_proto::v1::warden_error::Code::PermissionDenied, "", message);
+                let Some(record) = view.session(*id).map_err(|e| EngineError::busy(e.to_string()))? else { continue };
+                if let Err(refused) = sessions::check_use(&record, &request.principal, "") {
                     return Ok(LeaderResponse { response: Some(LeaderResponseKind::Error(refused)) }.encode_to_vec());
                 }
             }
@@ -745,7 +745,7 @@ impl StateMachine for NamespaceStateMachine {
                 let limit = (page.limit as usize).clamp(1, sessions::REMOTE_SESSIONS_PAGE_MAX);
                 let after = (std::ops::Bound::Excluded(page.after), std::ops::Bound::Unbounded);
                 let session_ids = self.remote_sessions.range(after).take(limit).copied().collect();
-                LeaderResponseKind::RemoteSessions(SessionIds { session_ids, owners: Vec::new() })
+                LeaderResponseKind::RemoteSessions(SessionIds { session_ids, ..SessionIds::default() })
             }
             None => LeaderResponseKind::Error(error::invalid("", "leader request without a kind")),
         };

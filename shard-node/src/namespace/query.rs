@@ -124,13 +124,17 @@ fn answer(reader: &SmReader, limits: &Limits, split: &warden_proto::namespace::S
             let view = store::TxnView::new(reader, None);
             let mut present = Vec::new();
             let mut owners = Vec::new();
+            let mut owners_unknown = Vec::new();
             for id in session_ids {
                 if let Some(record) = view.session(id)? {
                     present.push(id);
+                    if sessions::owner(&record) == sessions::Owner::Unknown {
+                        owners_unknown.push(id);
+                    }
                     owners.push(record.owner);
                 }
             }
-            QueryOutcome::Sessions(SessionIds { session_ids: present, owners })
+            QueryOutcome::Sessions(SessionIds { session_ids: present, owners, owners_unknown })
         }
         None => return Err(invalid("", "query without a kind").into()),
     })

@@ -10,11 +10,14 @@
 //! would propose on its own clock waits), so an export read at any time after the freeze is
 //! the subtree at the freeze's revision R.
 
+use std::collections::BTreeMap;
+
 use prost::Message as _;
 use warden_placement::{is_at_or_below, is_strictly_below};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::{
-    AbortSplit, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, LockMeta, NodeRecord, SessionRecord, SplitState, SubtreePage, SubtreeRecord,
+    AbortSplit, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, LockMeta, NodeRecord, SessionOwner, SessionRecord, SplitState, SubtreePage,
+    SubtreeRecord,
 };
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{GroupDescriptor, NodeKind, WardenError};
@@ -154,9 +157,12 @@ pub fn export(reader: &SmReader, state: &SplitState, request: &ExportSubtree) ->
         return Err(error(Code::InvalidArgument, &request.prefix, message).into());
     }
     let bytes_max = request.bytes_max.clamp(1, EXPORT_PAGE_BYTES_MAX) as usize;
+    let view = TxnView::new(reader, None);
     let mut records = Vec::new();
+    let mut sessions: Vec<SessionOwner> = Vec::new();
     let mut bytes = 0usize;
     let mut full = false;
+    let mut failed = None;
     for (from, to) in store::subtree_ranges(&request.prefix) {
         if full || to.as_slice() <= request.after_key.as_slice() {
             continue;
@@ -167,18 +173,46 @@ pub fn export(reader: &SmReader, state: &SplitState, request: &ExportSubtree) ->
             start.push(0);
         }
         reader.scan_range(&start, Some(&to), |key, value| {
-            let size = key.len() + value.len();
+            // The owner of a session first seen here travels with the page (and counts in it).
+            let owner = match moved_owner(&view, key, value, &sessions) {
+                Ok(owner) => owner,
+                Err(error) => {
+                    failed = Some(error);
+                    return false;
+                }
+            };
+            let size = key.len() + value.len() + owner.as_ref().map_or(0, |o| o.owner.len() + 16);
             if !records.is_empty() && bytes + size > bytes_max {
                 full = true;
                 return false;
             }
             bytes += size;
             records.push(SubtreeRecord { key: key.to_vec(), value: value.to_vec() });
+            sessions.extend(owner);
             true
         })?;
+        if let Some(error) = failed.take() {
+            return Err(error.into());
+        }
     }
     let next_after_key = if full { records.last().map(|r| r.key.clone()).unwrap_or_default() } else { Vec::new() };
-    Ok(SubtreePage { records, next_after_key })
+    Ok(SubtreePage { records, next_after_key, sessions })
+}
+
+/// The owner of the session of the exported record `key`/`value` when it is an ephemeral
+/// node of a session not in `listed` yet and this group knows the owner (a session whose
+/// owner is unknown here is left out: the target learns it from the home group).
+fn moved_owner(view: &TxnView<'_>, key: &[u8], value: &[u8], listed: &[SessionOwner]) -> Result<Option<SessionOwner>, StorageError> {
+    let Some(SubtreeKey::Node(_)) = parse_subtree_key(key) else { return Ok(None) };
+    let session = store::decode_record(value)?.stat.unwrap_or_default().ephemeral_owner;
+    if session == 0 || listed.iter().any(|listed| listed.session_id == session) {
+        return Ok(None);
+    }
+    Ok(view.session(session)?.and_then(|record| match sessions::owner(&record) {
+        sessions::Owner::Principal(owner) => Some(SessionOwner { session_id: session, owner: owner.to_string() }),
+        sessions::Owner::Anyone => Some(SessionOwner { session_id: session, owner: String::new() }),
+        sessions::Owner::Unknown => None,
+    }))
 }
 
 impl Txn<'_, '_> {
@@ -384,13 +418,20 @@ impl Txn<'_, '_> {
         } else if state.incoming_prefix != prefix {
             return Err(invalid(prefix, format!("the operation {operation} moves {}", state.incoming_prefix)).into());
         }
+        let mut owners = std::collections::BTreeMap::new();
+        for listed in &ingest.sessions {
+            if owners.insert(listed.session_id, listed.owner.as_str()).is_some() {
+                return Err(invalid(prefix, format!("the page names the owner of session {:#x} twice", listed.session_id)).into());
+            }
+        }
         for record in &ingest.records {
-            self.ingest_record(group, prefix, record)?;
+            self.ingest_record(group, prefix, record, &owners)?;
         }
         Ok(state)
     }
 
-    fn ingest_record(&mut self, group: u64, prefix: &str, record: &SubtreeRecord) -> Result<(), Failure> {
+    /// Writes one record of a page; `owners` are the owners the page names.
+    fn ingest_record(&mut self, group: u64, prefix: &str, record: &SubtreeRecord, owners: &BTreeMap<u64, &str>) -> Result<(), Failure> {
         let refuse = |why: &str| -> Failure { invalid(prefix, format!("an exported record {why}")).into() };
         let inside = |path: &str| is_at_or_below(path, prefix);
         match parse_subtree_key(&record.key) {
@@ -410,7 +451,7 @@ impl Txn<'_, '_> {
                         let message = format!("the ephemeral {node_path} belongs to session {owner}, which has ended here: retry once it is gone");
                         return Err(error(Code::Unavailable, node_path, message).into());
                     }
-                    self.attach_moved_ephemeral(owner, node_path)?;
+                    self.attach_moved_ephemeral(owner, owners.get(&owner).copied(), node_path)?;
                 }
                 if stat.kind == NodeKind::Ttl as i32 {
                     self.ttl_changes.push(TtlChange::Upsert(node_path.to_string(), stat));
@@ -427,25 +468,30 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
-    /// A moved ephemeral node of `session`: a session homed elsewhere is recorded here as
-    /// remote, under its home group's authority (DESIGN.md rule 7); a session homed here
-    /// owns it as any other. Counted once however often the page is ingested.
-    fn attach_moved_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
-        if self.view.node(path)?.is_some_and(|node| node.stat.is_some_and(|s| s.ephemeral_owner == session)) {
-            return Ok(());
-        }
+    /// A moved ephemeral node of `session`, opened by `owner` as the page says (`None`: the
+    /// page does not say): a session homed elsewhere is recorded here as remote, under its
+    /// home group's authority (DESIGN.md rule 7), with that owner — unknown if the page does
+    /// not say, to be learned from the home group before the session is used here, never
+    /// "anyone"; a session homed here owns it as any other. Counted once however often the
+    /// page is ingested.
+    fn attach_moved_ephemeral(&mut self, session: u64, owner: Option<&str>, path: &str) -> Result<(), Failure> {
         let mut record = match self.view.session(session)? {
             Some(record) => record,
             None => {
                 self.session_changes.push(SessionChange::RemoteAdded(session));
-                // Its owner is learned from its home group when a caller next uses it here
-                // (`ensure_remote_sessions`).
-                SessionRecord { session_id: session, ttl_ms: 0, ephemerals: 0, remote: true, owner: String::new(), ..SessionRecord::default() }
+                SessionRecord { session_id: session, remote: true, ..SessionRecord::default() }
             }
         };
-        record.ephemerals += 1;
+        if let Some(owner) = owner.filter(|_| sessions::owner(&record) == sessions::Owner::Unknown) {
+            record.owner = owner.to_string();
+            record.owner_known = true;
+        }
+        // A page ingested again counts nothing twice.
+        if self.view.node(path)?.is_none_or(|node| node.stat.is_none_or(|s| s.ephemeral_owner != session)) {
+            record.ephemerals += 1;
+            self.view.add_ephemeral(session, path);
+        }
         self.view.put_session(&record);
-        self.view.add_ephemeral(session, path);
         Ok(())
     }
 }

@@ -415,21 +415,12 @@ impl Txn<'_, '_> {
         })
     }
 
-    /// Refuses PERMISSION_DENIED the use of another principal's `session` (issue 17: only
-    /// the principal that opened a session may attach nodes, waiters or an end to it). A
-    /// session opened with security off (no owner), or a command without a principal (the
-    /// system's own) or of `root` (who may do everything), is not checked; a session that
-    /// does not exist is left to the caller.
+    /// Refuses the use of `session` by a principal that does not own it
+    /// ([`sessions::check_use`]); a session that does not exist is left to the caller.
     fn check_owner(&self, session: u64, path: &str) -> Result<(), Failure> {
-        if self.principal.is_empty() || self.principal == warden_placement::acl::ROOT_PRINCIPAL {
-            return Ok(());
-        }
         match self.view.session(session)? {
-            Some(record) if !record.owner.is_empty() && record.owner != self.principal => {
-                let message = format!("session {session:#x} is not {}'s", self.principal);
-                Err(error(Code::PermissionDenied, path, message).into())
-            }
-            _ => Ok(()),
+            Some(record) => Ok(sessions::check_use(&record, self.principal, path)?),
+            None => Ok(()),
         }
     }
 
@@ -466,7 +457,15 @@ impl Txn<'_, '_> {
             return Err(error(Code::TooLarge, "", "session ids of this group are exhausted").into());
         }
         let session_id = sessions::session_id(group, sequence);
-        let record = SessionRecord { session_id, ttl_ms: granted, ephemerals: 0, remote: false, owner: owner.to_string(), scope: scope.to_string() };
+        let record = SessionRecord {
+            session_id,
+            ttl_ms: granted,
+            ephemerals: 0,
+            remote: false,
+            owner: owner.to_string(),
+            scope: scope.to_string(),
+            owner_known: true,
+        };
         self.view.put_session(&record);
         self.session_changes.push(SessionChange::Added(session_id, granted));
         Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
@@ -494,25 +493,33 @@ impl Txn<'_, '_> {
     }
 
     /// Records sessions of other groups that their home groups confirmed alive, with their
-    /// `owners` (in the order of `ids`; missing: none). Already recorded ones are left as
-    /// they are.
+    /// `owners` (in the order of `ids`; an entry of an earlier release without them leaves
+    /// the owners unknown). A recorded one is left as it is, but for an owner it did not know.
     pub fn add_remote_sessions(&mut self, group: u64, ids: &[u64], owners: &[String]) -> Result<(), Failure> {
         if let Some(own) = ids.iter().find(|id| sessions::home_group(**id) == group || sessions::home_group(**id) == 0) {
             return Err(invalid("", format!("session {own} is not homed in another group")).into());
         }
         for (index, id) in ids.iter().enumerate() {
-            let owner = owners.get(index).cloned().unwrap_or_default();
-            if let Some(mut record) = self.view.session(*id)? {
-                // A record a moved subtree brought has no owner yet: its home group's now.
-                if record.remote && record.owner.is_empty() && !owner.is_empty() {
-                    record.owner = owner;
-                    self.view.put_session(&record);
+            let owner = owners.get(index);
+            match self.view.session(*id)? {
+                Some(mut record) => {
+                    if let Some(owner) = owner.filter(|_| sessions::owner(&record) == sessions::Owner::Unknown) {
+                        record.owner = owner.clone();
+                        record.owner_known = true;
+                        self.view.put_session(&record);
+                    }
                 }
-                continue;
-            }
-            {
-                self.view.put_session(&SessionRecord { session_id: *id, ttl_ms: 0, ephemerals: 0, remote: true, owner, ..SessionRecord::default() });
-                self.session_changes.push(SessionChange::RemoteAdded(*id));
+                None => {
+                    let record = SessionRecord {
+                        session_id: *id,
+                        remote: true,
+                        owner: owner.cloned().unwrap_or_default(),
+                        owner_known: owner.is_some(),
+                        ..SessionRecord::default()
+                    };
+                    self.view.put_session(&record);
+                    self.session_changes.push(SessionChange::RemoteAdded(*id));
+                }
             }
         }
         Ok(())

@@ -131,7 +131,13 @@ impl PlacementService {
                 .page
                 .unwrap_or_default();
             if !page.records.is_empty() {
-                let ingest = Step::Ingest(IngestSubtree { prefix: prefix.to_string(), source_group: source.id, records: page.records, operation });
+                let ingest = Step::Ingest(IngestSubtree {
+                    prefix: prefix.to_string(),
+                    source_group: source.id,
+                    records: page.records,
+                    operation,
+                    sessions: page.sessions,
+                });
                 self.split_step(state, target, ingest).await?;
             }
             if page.next_after_key.is_empty() {

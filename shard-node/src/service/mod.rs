@@ -294,6 +294,20 @@ impl WardenService {
         }
     }
 
+    /// The session owning `sequencer`'s waiter, from this node's applied state (`None`: no
+    /// such node here; the release then decides).
+    async fn waiter_session(&self, group: u64, sequencer: &Sequencer, timeout: Duration) -> Result<Option<u64>, Status> {
+        if path::parent(&sequencer.waiter) != Some(sequencer.path.as_str()) {
+            // No waiter of the lock: the release refuses it.
+            return Ok(None);
+        }
+        let get = GetRequest { path: sequencer.waiter.clone(), consistency: Consistency::Stale as i32, ..GetRequest::default() };
+        match self.read_group(group, Consistency::Stale as i32, QueryKind::Get(get), timeout).await? {
+            (QueryOutcome::Get(response), _) => Ok(response.stat.map(|stat| stat.ephemeral_owner).filter(|session| *session != 0)),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
     /// Whether `sequencer` holds, confirmed with the leader.
     async fn holds(&self, group: u64, sequencer: Sequencer, timeout: Duration) -> Result<(bool, ResponseHeader), Status> {
         let query = QueryKind::CheckSequencer(LockQuery { path: sequencer.path.clone(), sequencer: Some(sequencer), ..LockQuery::default() });
@@ -696,6 +710,12 @@ impl Warden for WardenService {
         let request = request.into_inner();
         let sequencer = request.sequencer.ok_or_else(|| status(error(Code::InvalidArgument, "", "unlock needs a sequencer")))?;
         let group = sequencer_group(&sequencer, request.routing.as_ref());
+        if !principal.is_empty() {
+            // The waiter's session must be known here with its owner, as for Lock, or apply
+            // cannot tell whether the caller may release it.
+            let session = self.waiter_session(group, &sequencer, timeout).await?;
+            self.ensure_remote_sessions(group, session, true, timeout).await?;
+        }
         let header = self.release(group, sequencer, 0, &principal, timeout).await?;
         Ok(Response::new(UnlockResponse { header: Some(header) }))
     }

@@ -93,13 +93,13 @@ impl WardenService {
         }
         // 1. Which this group already records: its applied state here is enough, since a
         //    stale answer only costs a repeated confirmation.
-        //    With `owners_needed` (security on), a record without an owner (one a moved
-        //    subtree brought) counts as unknown: its owner is confirmed too.
-        let query = QueryKind::Sessions(SessionIds { session_ids: remote.clone(), owners: Vec::new() });
+        //    With `owners_needed` (security on), a record that does not know its owner (an
+        //    earlier release's subtree move brought it) counts as unknown: its owner is
+        //    confirmed too, or apply refuses the session's use.
+        let query = QueryKind::Sessions(SessionIds { session_ids: remote.clone(), ..SessionIds::default() });
         let known: Vec<u64> = match self.read_group(group, Consistency::Stale as i32, query, timeout).await? {
             (QueryOutcome::Sessions(known), _) => {
-                let mut owners = known.owners.into_iter();
-                known.session_ids.into_iter().filter(|_| owners.next().is_some_and(|owner| !owners_needed || !owner.is_empty())).collect()
+                known.session_ids.into_iter().filter(|id| !owners_needed || !known.owners_unknown.contains(id)).collect()
             }
             _ => return Err(internal("mismatched result".into())),
         };
@@ -232,7 +232,7 @@ impl SessionCheck for WardenService {
         if request.session_ids.iter().any(|id| home_group(*id) != group) {
             return Err(status(error(Code::InvalidArgument, "", "every session checked must be homed in the routed group")));
         }
-        let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids, owners: Vec::new() });
+        let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids, ..SessionIds::default() });
         match self.read_group(group, Consistency::Linearizable as i32, query, timeout).await? {
             (QueryOutcome::Sessions(alive), header) => {
                 Ok(Response::new(CheckSessionsResponse { header: Some(header), alive: alive.session_ids, owners: alive.owners }))
