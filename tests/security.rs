@@ -434,6 +434,7 @@ async fn every_public_call_answers_as_the_grants_say() {
     secure.grant("/team-b", "bob", acl::ADMIN).await;
     // Dave may lock in /team-a but owns none of alice's sessions: the owner checks decide.
     secure.grant("/team-a", "dave", acl::READ | acl::LOCK).await;
+    secure.grant("/", "olga", acl::ADMIN).await;
     let mut root = as_("root");
     for path in ["/team-a", "/team-b", "/team-a/data", "/team-a/tmp-alice", "/team-a/tmp-root"] {
         root.create(CreateRequest { path: path.into(), ..CreateRequest::default() }).await.expect("root creates");
@@ -563,8 +564,10 @@ async fn every_public_call_answers_as_the_grants_say() {
     // Grants and quotas alike.
     let grant =
         |prefix: &str| Admin::Grant(ChangeAclRequest { prefix: prefix.into(), principal: "dave".into(), permissions: acl::READ, revoke: false });
-    let quota = |prefix: &str| {
-        Admin::Quota(SetQuotaRequest { prefix: prefix.into(), limits: Some(QuotaLimits { nodes: Some(100), ..Default::default() }), remove: false })
+    // A quota is set (`Some(nodes)`) or removed (`None`).
+    let quota = |prefix: &str, nodes: Option<u64>| {
+        let limits = nodes.map(|nodes| QuotaLimits { nodes: Some(nodes), ..Default::default() });
+        Admin::Quota(SetQuotaRequest { prefix: prefix.into(), remove: limits.is_none(), limits })
     };
     let on_nodes = |name: &str, request: Admin| {
         let tls = secure.tls(&Identity::client(name));
@@ -588,8 +591,14 @@ async fn every_public_call_answers_as_the_grants_say() {
     assert_eq!(on_nodes("bob", grant("/team-a")).await, "denied");
     assert_eq!(on_nodes("carol", grant("/team-a")).await, "denied");
     assert_eq!(on_nodes("bob", grant("/team-b/x")).await, "ok");
-    assert_eq!(on_nodes("bob", quota("/team-a")).await, "denied");
-    assert_eq!(on_nodes("bob", quota("/team-b")).await, "ok");
+    assert_eq!(on_nodes("bob", quota("/team-a", Some(100))).await, "denied");
+    // A quota is administered from strictly above it: bob, admin of /team-b, may divide the
+    // quota an admin of / set on /team-b, but neither raise nor remove it.
+    assert_eq!(on_nodes("olga", quota("/team-b", Some(100))).await, "ok", "an admin of / sets a tenant's quota");
+    assert_eq!(on_nodes("bob", quota("/team-b", Some(1_000_000))).await, "denied", "the tenant raising it");
+    assert_eq!(on_nodes("bob", quota("/team-b", None)).await, "denied", "the tenant removing it");
+    assert_eq!(on_nodes("bob", quota("/team-b/sub", Some(10))).await, "ok", "the tenant dividing it below");
+    assert_eq!(on_nodes("bob", quota("/team-b/sub", None)).await, "ok");
 
     // No certificate, or another CA's: the connection is refused.
     let mallory = stranger(&secure.dir.path().join("other"), &Identity::client("root"));

@@ -81,6 +81,25 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
         assert!(Instant::now() < deadline, "the second session never queued");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+    // A split may take neither the lock nor a waiter of it: refused before anything is
+    // created, and the holder and the waiter keep their places.
+    let lock_info = |mut router: WardenClient<Channel>| async move {
+        router.lock_info(LockInfoRequest { path: format!("{SUBTREE}/lock"), ..LockInfoRequest::default() }).await.expect("info").into_inner()
+    };
+    let queued = lock_info(router.clone()).await.waiters[0].waiter.clone();
+    for prefix in [format!("{SUBTREE}/lock"), holder.waiter.clone(), queued] {
+        let split = |mut c: warden_proto::placement::placement_client::PlacementClient<Channel>| {
+            let prefix = prefix.clone();
+            async move { c.split_group(CreateGroupRequest { prefix }).await }
+        };
+        let refused = at_placement_leader(&cluster, split).await.expect_err("a split at a lock or a waiter is refused");
+        assert_eq!(refused.code, warden_error::Code::InvalidArgument as i32, "{prefix}: {refused:?}");
+        assert_eq!(group_serving(&mut router, &prefix).await, root_group, "{prefix} stays where it was");
+    }
+    let check = CheckSequencerRequest { sequencer: Some(holder.clone()), ..CheckSequencerRequest::default() };
+    assert!(router.check_sequencer(check).await.expect("check").into_inner().holds, "the holder still holds");
+    assert_eq!(lock_info(router.clone()).await.waiters.len(), 1, "the waiter still waits");
+
     let before = subtree_nodes(&mut router).await;
     let library = ::warden_client::Client::connect(::warden_client::ClientConfig::new([router_process.addr.to_string()])).await.expect("client");
     let mut watchers = Vec::new();
@@ -197,12 +216,14 @@ async fn writes_are_counted_per_top_level_child_for_hot_subtrees() {
 }
 
 /// Auto-split: with `auto_split` set to perform, a child of the root that stays above the
-/// threshold becomes its own group, with its data; a calm one stays where it is.
+/// threshold becomes its own group, with its data; a calm one stays where it is, and so does
+/// a lock as hot as the split one (a split may not take a lock: it would be refused from
+/// then on), which keeps working.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_subtree_that_stays_hot_is_split_automatically() {
     use warden_placement::{AutoSplit, PlacementConfig};
     let auto_split = AutoSplit { writes_per_s: 10, window_ms: 500, windows: 2, perform: true };
-    let placement = PlacementConfig { auto_split: Some(auto_split), ..PlacementConfig::default() };
+    let placement = PlacementConfig { auto_split: Some(auto_split.clone()), ..PlacementConfig::default() };
     let factory = warden_shard_node::placement::ShardNodeFactory { placement, ..warden_shard_node::placement::ShardNodeFactory::default() };
     let config = warden_shard_node::cluster::ClusterConfig { serve_api: true, ..warden_shard_node::cluster::ClusterConfig::default() };
     let cluster = Arc::new(warden_shard_node::cluster::Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
@@ -212,6 +233,15 @@ async fn a_subtree_that_stays_hot_is_split_automatically() {
     for path in ["/busy", "/calm"] {
         router.create(CreateRequest { path: path.into(), data: b"0".to_vec(), ..CreateRequest::default() }).await.expect("create");
     }
+    let session = support::routed::session_homed_at(&mut router, "/", 60_000).await;
+    let _renewal = support::moving::keep_alive(router.clone(), vec![session]);
+    // The hot lock: taken and let go, a write each.
+    let lock_and_unlock = |mut router: WardenClient<Channel>| async move {
+        let lock = LockRequest { path: "/hotlock".into(), session_id: session, ..LockRequest::default() };
+        let held = router.lock(lock).await.expect("the hot lock stays usable").into_inner();
+        assert!(held.acquired, "nobody else takes it");
+        router.unlock(UnlockRequest { sequencer: held.sequencer, ..UnlockRequest::default() }).await.expect("unlock");
+    };
     let deadline = Instant::now() + Duration::from_secs(60);
     let mut n = 0u64;
     // The calm subtree takes a write a second: far below the threshold however fast the
@@ -222,12 +252,19 @@ async fn a_subtree_that_stays_hot_is_split_automatically() {
         n += 1;
         let set = SetRequest { path: "/busy".into(), data: n.to_be_bytes().to_vec(), ..SetRequest::default() };
         router.set(set).await.expect("a write to the hot subtree");
+        lock_and_unlock(router.clone()).await;
         if calm_at.elapsed() >= Duration::from_secs(1) {
             calm_at = Instant::now();
             router.set(SetRequest { path: "/calm".into(), data: n.to_be_bytes().to_vec(), ..SetRequest::default() }).await.expect("calm write");
         }
     }
     assert_eq!(counter(&get(&mut router, "/busy").await.expect("moved with its data").data), n);
+    // The lock stays as hot for as many windows again (and one more): it is never split off.
+    let hot_until = Instant::now() + Duration::from_millis(auto_split.window_ms * u64::from(auto_split.windows + 1));
+    while Instant::now() < hot_until {
+        lock_and_unlock(router.clone()).await;
+    }
+    assert_eq!(group_serving(&mut router, "/hotlock").await, 1, "the hot lock stays in its group");
     let table = at_placement_leader(&cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table");
     let prefixes: Vec<&str> = table.groups.iter().filter_map(|g| g.descriptor.as_ref()).map(|d| d.prefix.as_str()).collect();
     assert_eq!(group_serving(&mut router, "/calm").await, 1, "a calm subtree stays: {prefixes:?}");

@@ -280,6 +280,14 @@ pub fn permission_named(word: &str) -> Option<u32> {
     }
 }
 
+/// Where a principal needs `ADMIN` to set, change or remove the quota at `prefix`: its
+/// parent, i.e. a strict ancestor (grants are inherited), so a tenant's admin at `/t` can
+/// neither lift nor remove the quota an operator put on `/t`, yet may divide it below
+/// (`/t/sub`); the quota at `/` needs `ADMIN` at `/`. The root principal may do everything.
+pub fn quota_authority(prefix: &str) -> &str {
+    parent(prefix).unwrap_or("/")
+}
+
 /// The words of a permission set, comma-separated (`read,write`).
 pub fn permission_words(bits: u32) -> String {
     let words = [(READ, "read"), (WRITE, "write"), (LOCK, "lock"), (WATCH, "watch"), (ADMIN, "admin")];
@@ -302,6 +310,19 @@ mod tests {
         assert!(!acl.allows("bob", "/team-a", READ), "another principal");
         assert!(acl.allows(ROOT_PRINCIPAL, "/team-a", ADMIN), "root may do everything");
         assert!(!acl.allows("", "/team-a", READ), "nobody is nobody's");
+    }
+
+    #[test]
+    fn a_quota_is_administered_from_strictly_above_it() {
+        let mut acl = Acl::default();
+        acl.change("/t", "tenant", ADMIN, false, &AclMaxima::DEFAULT).expect("grant");
+        acl.change("/", "operator", ADMIN, false, &AclMaxima::DEFAULT).expect("grant");
+        let may_set = |principal: &str, prefix: &str| acl.allows(principal, quota_authority(prefix), ADMIN);
+        assert!(!may_set("tenant", "/t"), "a tenant's admin does not lift its own quota");
+        assert!(may_set("tenant", "/t/sub") && may_set("tenant", "/t/sub/deeper"), "but divides it below");
+        assert!(!may_set("tenant", "/"));
+        assert!(may_set("operator", "/t") && may_set("operator", "/"), "an admin of / sets any, / included");
+        assert!(may_set(ROOT_PRINCIPAL, "/"));
     }
 
     #[test]

@@ -204,6 +204,71 @@ fn a_split_moves_data_stat_locks_and_ephemerals_exactly() {
     assert_eq!(info.holders.iter().map(|h| h.token).collect::<Vec<_>>(), vec![team.waiter.token], "the waiter holds now");
 }
 
+/// A subtree whose move would break a lock, a session's node or a sequential counter is
+/// refused at the freeze, and the refusal changes nothing: the lock keeps its holder and
+/// waiter, the group stays writable, and a split of the subtree above goes ahead.
+#[test]
+fn a_freeze_is_refused_at_a_lock_its_waiters_an_ephemeral_or_a_name_a_sequential_create_may_take() {
+    let mut source = leading(SOURCE);
+    let team = populate(&mut source);
+    let revision = source.revision().expect("revision");
+    let refused = [
+        ("/team/a/lock", "a held lock"),
+        (team.holder.waiter.as_str(), "the holder's waiter"),
+        (team.waiter.waiter.as_str(), "a queued waiter"),
+        ("/team/a/lock/lock-0000009999", "a name in the lock's queue"),
+        ("/team/a/own-e", "an ephemeral node"),
+        ("/team/a/own-e/below", "below an ephemeral node"),
+        ("/team/a/seq-0000000005", "a name the sequential counter of /team/a will give"),
+    ];
+    for (prefix, what) in refused {
+        assert_eq!(code(freeze(&mut source, prefix, TARGET)), Code::InvalidArgument, "{what}: {prefix}");
+    }
+    assert_eq!(source.revision().expect("revision"), revision, "refusals change nothing");
+    assert!(source.check_sequencer(&team.holder).expect("check"), "the holder still holds");
+    let info = source.lock_info("/team/a/lock").expect("lock info");
+    assert_eq!(info.waiters.iter().map(|w| w.token).collect::<Vec<_>>(), vec![team.waiter.token], "the waiter still waits");
+    source.set("/team/a/x", b"not frozen", None).expect("the subtree stays writable");
+    freeze(&mut source, "/team/a/seq-0000000000", TARGET).expect("a sequential node that exists moves");
+    abort(&mut source, TARGET).expect("abort");
+    freeze(&mut source, "/team/a", TARGET + 1).expect("the subtree above the lock moves");
+}
+
+/// A freeze an older binary applied at a waiter (today's rules refuse it) still stops the
+/// waiter's release: what a release deletes is the waiter, not its lock.
+#[test]
+fn a_release_is_refused_while_its_waiter_is_frozen() {
+    let mut source = leading(SOURCE);
+    let team = populate(&mut source);
+    source
+        .rewrite_split_state(|state| {
+            state.frozen_prefix = team.holder.waiter.clone();
+            state.frozen_for = TARGET;
+        })
+        .expect("an older binary's freeze");
+    assert_eq!(code(source.unlock(team.holder.clone())), Code::Unavailable);
+    assert!(source.check_sequencer(&team.holder).expect("check"), "the holder still holds");
+}
+
+/// A node above a subtree that is moving, or has moved, to another group becomes neither a
+/// lock nor an ephemeral node: the subtree's root is its child, and a lock's children are
+/// its waiters only (a merge would bring that child back).
+#[test]
+fn a_node_above_a_moving_or_moved_subtree_becomes_neither_a_lock_nor_an_ephemeral() {
+    let mut source = leading(SOURCE);
+    source.set_descriptor(descriptor(SOURCE, "/", &[], 1), 0).expect("source descriptor");
+    let session = source.create_session(10_000).expect("session").session_id;
+    create(&mut source, "/moved", b"", 0);
+    create(&mut source, "/moved/sub", b"", 0);
+    freeze(&mut source, "/moved/sub", TARGET).expect("freeze");
+    hand(&mut source, TARGET, descriptor(SOURCE, "/", &["/moved/sub"], 2)).expect("hand over");
+    assert_eq!(code(source.lock(acquire("/moved", session, 1))), Code::InvalidArgument, "a moved subtree's parent");
+    freeze(&mut source, "/moving/sub", TARGET + 1).expect("freeze where no node is yet");
+    assert_eq!(code(source.lock(acquire("/moving", session, 2))), Code::Unavailable, "a moving subtree's parent");
+    let ephemeral = CreateRequest { path: "/moving".into(), session_id: session, ..CreateRequest::default() };
+    assert_eq!(code(source.create(ephemeral)), Code::Unavailable, "an ephemeral above a moving subtree");
+}
+
 #[test]
 fn an_aborted_split_unfreezes_and_refuses_its_late_steps() {
     let mut source = leading(SOURCE);

@@ -33,6 +33,16 @@ pub fn check_deletable(descriptor: Option<&GroupDescriptor>, path: &str) -> Resu
     }
 }
 
+/// Refuses making `path` a lock or an ephemeral node (`what`) when a subtree below it is
+/// served by another group: that subtree's root is its child, and a lock's children are
+/// its waiters only, an ephemeral node has none (a merge would bring the child back).
+pub fn check_childless_kind(descriptor: Option<&GroupDescriptor>, path: &str, what: &str) -> Result<(), WardenError> {
+    match descriptor.and_then(|d| d.excluded.iter().find(|e| is_strictly_below(e, path))) {
+        Some(carved) => Err(error(Code::InvalidArgument, path, format!("{path} cannot be {what}: {carved} below it is served by another group"))),
+        None => Ok(()),
+    }
+}
+
 /// Whether `descriptor` retires its group: it excludes its own prefix, so the group serves
 /// nothing (placement is removing it and gives the prefix back to the parent path's group).
 pub fn is_retiring(descriptor: &GroupDescriptor) -> bool {
@@ -70,6 +80,8 @@ mod tests {
         assert_eq!((refused.code, refused.descriptor.map(|d| d.prefix)), (Code::WrongGroup as i32, Some("/".into())));
         assert!(check_deletable(Some(&descriptor("/", &["/t/p"])), "/t").is_err());
         assert!(check_deletable(Some(&descriptor("/", &["/t/p"])), "/u").is_ok());
+        assert!(check_childless_kind(Some(&descriptor("/", &["/t/p"])), "/t", "a lock").is_err());
+        assert!(check_childless_kind(Some(&descriptor("/", &["/t/p"])), "/t/p/x", "a lock").is_ok());
         assert_eq!(root(Some(&a)), "/a");
         assert_eq!(root(None), "/");
     }

@@ -189,6 +189,20 @@ impl Harness {
         self.reopen()
     }
 
+    /// Rewrites the group's record of subtree moves directly, then reloads: a state an
+    /// older binary's apply may have left (a freeze today's rules refuse).
+    pub fn rewrite_split_state(&mut self, edit: impl FnOnce(&mut warden_proto::namespace::SplitState)) -> Result<(), EngineError> {
+        let reader = SmReader::new(self.db.clone(), self.group);
+        let mut view = super::store::TxnView::new(&reader, None);
+        let mut state = view.split().map_err(|e| EngineError::Invalid(e.to_string()))?;
+        edit(&mut state);
+        view.put_split(&state);
+        let mut writes = SmWrites::new(self.group);
+        view.into_changes().commit_into(&mut writes);
+        self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.reopen()
+    }
+
     /// Proposes-and-applies what the leader would at time `now_ms` (TTL and session
     /// expiries); the harness's wall and monotonic clocks are the same number.
     pub fn leader_scan(&mut self, now_ms: u64) -> Result<usize, EngineError> {

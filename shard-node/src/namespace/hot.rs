@@ -20,6 +20,10 @@ pub struct WriteCounts {
     writes: BTreeMap<String, u64>,
     /// Writes to children beyond the bound, and to the prefix node itself.
     other: u64,
+    /// Counted children this replica saw used as a lock: a split may not take them, and a
+    /// lock's container node comes and goes with its waiters, so the node alone, read when
+    /// asked, often does not show it.
+    locks: BTreeSet<String>,
 }
 
 impl WriteCounts {
@@ -36,15 +40,31 @@ impl WriteCounts {
         }
     }
 
-    /// The counts as the API answers them.
+    /// Notes that an applied lock operation used `lock_path` as a lock: if it is a counted
+    /// child of `root` itself, that child is reported unmovable from then on.
+    pub fn record_lock(&mut self, root: &str, lock_path: &str) {
+        match child_of(root, lock_path) {
+            Some(name) if warden_placement::parent(lock_path) == Some(root) && self.writes.contains_key(name) => {
+                self.locks.insert(name.to_string());
+            }
+            _ => {}
+        }
+    }
+
+    /// The counts as the API answers them (`unmovable`: the children seen used as locks).
     pub fn to_proto(&self) -> ChildWrites {
-        ChildWrites { writes: self.writes.iter().map(|(name, writes)| (name.clone(), *writes)).collect(), other: self.other }
+        ChildWrites {
+            writes: self.writes.iter().map(|(name, writes)| (name.clone(), *writes)).collect(),
+            other: self.other,
+            unmovable: self.locks.iter().cloned().collect(),
+        }
     }
 
     /// Forgets every count (the replica's state was replaced).
     pub fn clear(&mut self) {
         self.writes.clear();
         self.other = 0;
+        self.locks.clear();
     }
 }
 
@@ -81,5 +101,17 @@ mod tests {
         bounded.record("/", ["/c0"]);
         let proto = bounded.to_proto();
         assert_eq!((proto.writes.len(), proto.other, proto.writes["c0"]), (CHILDREN_MAX, 10, 2));
+    }
+
+    #[test]
+    fn a_top_level_child_used_as_a_lock_is_reported_unmovable() {
+        let mut counts = WriteCounts::default();
+        counts.record("/team", ["/team/lock/lock-0000000000", "/team/svc/lock/lock-0000000000"]);
+        counts.record_lock("/team", "/team/lock");
+        counts.record_lock("/team", "/team/svc/lock");
+        counts.record_lock("/team", "/team/uncounted");
+        assert_eq!(counts.to_proto().unmovable, ["lock"], "only a counted child that is itself the lock");
+        counts.clear();
+        assert!(counts.to_proto().unmovable.is_empty());
     }
 }

@@ -224,6 +224,22 @@ impl NamespaceStateMachine {
         Ok(waiters)
     }
 
+    /// The children of the group's root among `names` that a split may not take
+    /// ([`split::check_movable`]).
+    fn unmovable_children<'n>(&self, reader: &SmReader, names: impl Iterator<Item = &'n String>) -> Result<Vec<String>, StorageError> {
+        let root = descriptor::root(self.descriptor.as_ref());
+        let view = TxnView::new(reader, None);
+        let mut unmovable = Vec::new();
+        for name in names {
+            match split::check_movable(&view, root, &path::join(root, name)) {
+                Ok(()) => {}
+                Err(Failure::Refused(_)) => unmovable.push(name.clone()),
+                Err(Failure::Storage(error)) => return Err(error),
+            }
+        }
+        Ok(unmovable)
+    }
+
     /// The watch events of a transaction's node changes (in path order).
     fn events_of(changes: Vec<store::NodeChange>) -> Vec<Event> {
         let state = |record: Option<warden_proto::namespace::NodeRecord>| record.map(|r| node_state(r.stat, r.data));
@@ -242,7 +258,12 @@ impl NamespaceStateMachine {
                 }
                 for op in request.then.iter().chain(&request.r#else) {
                     match &op.op {
-                        Some(Op::Create(create)) => served(&create.path)?,
+                        Some(Op::Create(create)) => {
+                            served(&create.path)?;
+                            if create.session_id != 0 {
+                                descriptor::check_childless_kind(self.descriptor.as_ref(), &create.path, "an ephemeral node")?;
+                            }
+                        }
                         Some(Op::Set(set)) => served(&set.path)?,
                         Some(Op::Get(get)) => served(&get.path)?,
                         Some(Op::Delete(delete)) => {
@@ -253,7 +274,10 @@ impl NamespaceStateMachine {
                     }
                 }
             }
-            Some(CommandOp::AcquireLock(acquire)) => served(&acquire.path)?,
+            Some(CommandOp::AcquireLock(acquire)) => {
+                served(&acquire.path)?;
+                descriptor::check_childless_kind(self.descriptor.as_ref(), &acquire.path, "a lock")?;
+            }
             Some(CommandOp::ReleaseLock(release)) => served(release.sequencer.as_ref().map_or("", |s| s.path.as_str()))?,
             _ => {}
         }
@@ -270,6 +294,12 @@ impl NamespaceStateMachine {
         let mut lock_attempt = 0;
         let mut view = TxnView::new(&reader, Some(writes));
         let mut command = command;
+        // The path a lock operation uses as a lock (hot subtrees: a split may not take it).
+        let lock_path = match &command.op {
+            Some(CommandOp::AcquireLock(acquire)) => Some(acquire.path.clone()),
+            Some(CommandOp::ReleaseLock(release)) => release.sequencer.as_ref().map(|s| s.path.clone()),
+            _ => None,
+        };
         match split::check_frozen(&self.split, &view, command.op.as_ref()) {
             Ok(()) => {}
             Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
@@ -463,6 +493,9 @@ impl NamespaceStateMachine {
             self.counts.apply_changes(&node_changes);
             let events: Vec<Event> = if moves_records { Vec::new() } else { Self::events_of(node_changes) };
             self.writes.record(&root, events.iter().map(|event| event.path.as_str()));
+            if let Some(lock_path) = &lock_path {
+                self.writes.record_lock(&root, lock_path);
+            }
             if !events.is_empty() {
                 self.unpublished.push(EventBatch { revision: self.revision, events });
             }
@@ -555,7 +588,11 @@ impl StateMachine for NamespaceStateMachine {
         let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
         let query = warden_proto::namespace::Query::decode(query).map_err(|e| EngineError::Invalid(format!("namespace query: {e}")))?;
         if let Some(warden_proto::namespace::query::Query::ChildWrites(_)) = query.query {
-            let result = warden_proto::namespace::query_result::Result::ChildWrites(self.writes.to_proto());
+            let mut writes = self.writes.to_proto();
+            let found = self.unmovable_children(reader, writes.writes.keys()).map_err(|e| EngineError::busy(e.to_string()))?;
+            let found: Vec<String> = found.into_iter().filter(|name| !writes.unmovable.contains(name)).collect();
+            writes.unmovable.extend(found);
+            let result = warden_proto::namespace::query_result::Result::ChildWrites(writes);
             return Ok(warden_proto::namespace::QueryResult { revision: self.revision, result: Some(result) }.encode_to_vec());
         }
         query::run(reader, &self.limits, self.revision, self.descriptor.as_ref(), &self.split, query).map(|result| result.encode_to_vec())

@@ -29,7 +29,7 @@ pub fn run(
     if let Some(Err(error)) = path.map(|path| descriptor::check_served(descriptor, path)) {
         return Ok(QueryResult { revision, result: Some(QueryOutcome::Error(error)) });
     }
-    let outcome = match answer(reader, limits, split, query) {
+    let outcome = match answer(reader, limits, descriptor, split, query) {
         Ok(outcome) => outcome,
         Err(Failure::Refused(error)) => QueryOutcome::Error(error),
         Err(Failure::Storage(error)) => return Err(EngineError::busy(error.to_string())),
@@ -57,9 +57,15 @@ fn lock_state(
     Ok((locks::waiters(&view, lock_path, waiters_max)?, Some(meta)))
 }
 
-fn answer(reader: &SmReader, limits: &Limits, split: &warden_proto::namespace::SplitState, query: Query) -> Result<QueryOutcome, Failure> {
+fn answer(
+    reader: &SmReader,
+    limits: &Limits,
+    descriptor: Option<&GroupDescriptor>,
+    split: &warden_proto::namespace::SplitState,
+    query: Query,
+) -> Result<QueryOutcome, Failure> {
     Ok(match query.query {
-        Some(QueryKind::ExportSubtree(export)) => QueryOutcome::SubtreePage(super::split::export(reader, split, &export)?),
+        Some(QueryKind::ExportSubtree(export)) => QueryOutcome::SubtreePage(super::split::export(reader, descriptor, split, &export)?),
         // Counted in the state machine's memory, not stored: it answers these itself.
         Some(QueryKind::ChildWrites(_)) => return Err(invalid("", "child writes are not stored").into()),
         Some(QueryKind::Get(get)) => {

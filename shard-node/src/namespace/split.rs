@@ -98,6 +98,9 @@ pub fn check_frozen(state: &SplitState, view: &TxnView<'_>, op: Option<&CommandO
 fn check_held(prefix: &str, to: u64, view: &TxnView<'_>, op: Option<&CommandOp>) -> Result<(), Failure> {
     use warden_proto::v1::txn_op::Op;
     let inside = |path: &str| is_at_or_below(path, prefix);
+    // A node above the subtree made a lock or an ephemeral could not have its root as a
+    // child (`descriptor::check_childless_kind` once it has moved).
+    let above = |path: &str| is_strictly_below(prefix, path);
     let refuse = |path: &str| -> Result<(), Failure> {
         if inside(path) {
             Err(moving(path, prefix, to).into())
@@ -109,6 +112,7 @@ fn check_held(prefix: &str, to: u64, view: &TxnView<'_>, op: Option<&CommandOp>)
         Some(CommandOp::Txn(request)) => {
             for op in request.then.iter().chain(&request.r#else) {
                 match &op.op {
+                    Some(Op::Create(create)) if create.session_id != 0 && above(&create.path) => return Err(moving(&create.path, prefix, to).into()),
                     Some(Op::Create(create)) => refuse(&create.path)?,
                     Some(Op::Set(set)) => refuse(&set.path)?,
                     // A recursive delete above the subtree would delete into it.
@@ -119,8 +123,10 @@ fn check_held(prefix: &str, to: u64, view: &TxnView<'_>, op: Option<&CommandOp>)
                 }
             }
         }
+        Some(CommandOp::AcquireLock(acquire)) if above(&acquire.path) => return Err(moving(&acquire.path, prefix, to).into()),
         Some(CommandOp::AcquireLock(acquire)) => refuse(&acquire.path)?,
-        Some(CommandOp::ReleaseLock(release)) => refuse(release.sequencer.as_ref().map_or("", |s| s.path.as_str()))?,
+        // The waiter is what a release deletes (and its lock with it when that was the last).
+        Some(CommandOp::ReleaseLock(release)) => refuse(release.sequencer.as_ref().map_or("", |s| s.waiter.as_str()))?,
         Some(CommandOp::ExpireTtl(expire)) => refuse(&expire.path)?,
         Some(CommandOp::LockDelayEnded(ended)) => refuse(&ended.path)?,
         Some(CommandOp::CloseSession(close)) if view.has_ephemeral_at_or_below(close.session_id, prefix)? => {
@@ -149,9 +155,77 @@ pub fn deferred(state: &SplitState, view: &TxnView<'_>, ids: &[u64]) -> Result<V
     Ok(now)
 }
 
+/// Refuses (INVALID_ARGUMENT, nothing changed) moving the subtree at `prefix` out of the
+/// group whose root is `root` when the move would break a lock, a session's node or a
+/// sequential counter: the node at the prefix would become the other group's root, and
+/// its parent's records stay here. Refused:
+/// - the node at the prefix is ephemeral (a lock waiter included): its session's end would
+///   delete a group's root, and a waiter moved away leaves its lock's queue here, which
+///   then grants the next waiter while it still holds;
+/// - it is a lock: a group's root cannot be a lock, so its holder and waiters would be
+///   refused from then on;
+/// - a node above it in this group is a lock or ephemeral: the prefix is inside a lock's
+///   queue (a waiter, or a name a waiter may take) or below a node that has no children;
+/// - no node is at the prefix and its name is one a sequential create under its parent may
+///   still produce (the counter stays here with the parent, and would name a node that this
+///   group no longer serves).
+///
+/// Checked in the apply of the freeze, so nothing can slip in between check and freeze,
+/// and by the placement leader before a split begins (an export probe), for a clear error.
+pub fn check_movable(view: &TxnView<'_>, root: &str, prefix: &str) -> Result<(), Failure> {
+    let refuse = |why: String| -> Failure { error(Code::InvalidArgument, prefix, format!("{prefix} cannot move to another group: {why}")).into() };
+    let node = view.node(prefix)?;
+    if let Some(stat) = node.as_ref().and_then(|node| node.stat) {
+        if stat.ephemeral_owner != 0 {
+            let what = if node.as_ref().is_some_and(|node| node.lock_waiter.is_some()) { "a lock waiter" } else { "an ephemeral node" };
+            return Err(refuse(format!("it is {what}")));
+        }
+    }
+    if view.lock_meta(prefix)?.is_some() {
+        return Err(refuse("it is a lock (a group's root cannot be one): move the subtree above it".into()));
+    }
+    let mut above = prefix;
+    while let Some(parent) = path::parent(above).filter(|parent| is_at_or_below(parent, root)) {
+        if view.lock_meta(parent)?.is_some() {
+            return Err(refuse(format!("it is inside the queue of the lock {parent}")));
+        }
+        if view.node(parent)?.and_then(|node| node.stat).is_some_and(|stat| stat.ephemeral_owner != 0) {
+            return Err(refuse(format!("it is below the ephemeral node {parent}")));
+        }
+        above = parent;
+    }
+    if node.is_none() {
+        if let Some(sequence) = sequence_suffix(path::name(prefix)) {
+            let parent = path::parent(prefix).map(|parent| view.node(parent)).transpose()?.flatten();
+            if sequence >= parent.map_or(0, |parent| parent.next_sequence) {
+                return Err(refuse("a sequential create under its parent may still take that name".into()));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The sequence number a sequential create would have given `name` (`NAME%010d`), if any.
+fn sequence_suffix(name: &str) -> Option<u64> {
+    let digits = name.len().checked_sub(10).and_then(|start| name.get(start..))?;
+    if digits.bytes().all(|b| b.is_ascii_digit()) {
+        digits.parse().ok()
+    } else {
+        None
+    }
+}
+
 /// A page of the export of the subtree frozen for `request.target_group`: its records in key
-/// order after `request.after_key`, within `bytes_max` (but at least one record).
-pub fn export(reader: &SmReader, state: &SplitState, request: &ExportSubtree) -> Result<SubtreePage, Failure> {
+/// order after `request.after_key`, within `bytes_max` (but at least one record). Without a
+/// target group, a probe: an empty page if the subtree may move ([`check_movable`]), else
+/// the refusal.
+pub fn export(reader: &SmReader, descriptor: Option<&GroupDescriptor>, state: &SplitState, request: &ExportSubtree) -> Result<SubtreePage, Failure> {
+    if request.target_group == 0 {
+        path::validate(&request.prefix, false).map_err(|e| super::error::invalid_path(&request.prefix, &e))?;
+        descriptor::check_served(descriptor, &request.prefix)?;
+        check_movable(&TxnView::new(reader, None), descriptor::root(descriptor), &request.prefix)?;
+        return Ok(SubtreePage::default());
+    }
     if frozen(state) != Some(request.prefix.as_str()) || state.frozen_for != request.target_group {
         let message = format!("{} is not frozen for group {}", request.prefix, request.target_group);
         return Err(error(Code::InvalidArgument, &request.prefix, message).into());
@@ -247,6 +321,7 @@ impl Txn<'_, '_> {
             }
             _ => {}
         }
+        check_movable(self.view, root, &freeze.prefix)?;
         state.frozen_prefix = freeze.prefix.clone();
         state.frozen_for = target;
         state.frozen_into = freeze.into_group;

@@ -3,7 +3,8 @@
 //! child of its prefix (`GroupWrites`, from one replica on an up node) and, when a child took
 //! at least the threshold of writes per second for enough windows in a row, proposes its
 //! split: logged, and carried out when `perform` is set (the same sequence as `warden admin
-//! split`, under the lifecycle lock).
+//! split`, under the lifecycle lock). A child its group reports as one a split may not take
+//! (a lock or an ephemeral node, `ChildWrites.unmovable`) is never proposed.
 
 use std::collections::HashMap;
 use std::time::Instant;
@@ -82,7 +83,10 @@ impl PlacementService {
             if let Some(last) = readings.insert(group.id, reading).filter(|last| last.node == node.id) {
                 let Some(current) = readings.get(&group.id) else { continue };
                 let seconds = current.at.duration_since(last.at).as_secs_f64().max(0.001);
-                for (child, count) in &current.writes.writes {
+                // A child a split may not take (a lock, an ephemeral) is skipped: its nearest
+                // ancestor that may move is the group's own root, which a split cannot take.
+                let movable = |child: &String| !current.writes.unmovable.contains(child);
+                for (child, count) in current.writes.writes.iter().filter(|(child, _)| movable(child)) {
                     let delta = count.saturating_sub(last.writes.writes.get(child).copied().unwrap_or(0));
                     if delta as f64 / seconds >= config.writes_per_s as f64 {
                         let path = if group.prefix == "/" { format!("/{child}") } else { format!("{}/{child}", group.prefix) };

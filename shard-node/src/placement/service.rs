@@ -922,7 +922,8 @@ impl PlacementApi for PlacementService {
     }
 
     async fn set_quota(&self, request: Request<SetQuotaRequest>) -> Result<Response<QuotaState>, Status> {
-        self.require_admin(&request, &request.get_ref().prefix, false)?;
+        // Administered from above the prefix: a tenant's admin does not lift its own quota.
+        self.require_admin(&request, acl::quota_authority(&request.get_ref().prefix), false)?;
         self.ensure_leader()?;
         let SetQuotaRequest { prefix, limits, remove } = request.into_inner();
         let limits = (!remove).then(|| super::quota::limits_from_proto(limits.as_ref()));

@@ -191,10 +191,19 @@ impl PlacementService {
         }
     }
 
-    /// The `SplitGroup` call: step 1, then the rest (see the module documentation).
+    /// The `SplitGroup` call: step 1, then the rest (see the module documentation). A prefix
+    /// the source may not give away (`namespace::split::check_movable`) is refused before
+    /// anything is created; the source's freeze checks it again, authoritatively.
     pub(super) async fn split(&self, prefix: String) -> Result<GroupInfo, Status> {
         let state = self.state().await?;
         let source = state.route(&prefix).cloned().ok_or_else(|| internal(format!("no group serves {prefix}")))?;
+        let probe = ExportSubtree { prefix: prefix.clone(), target_group: 0, after_key: Vec::new(), bytes_max: 0 };
+        let request = ExportSubtreeRequest { group_id: source.id, export: Some(probe) };
+        self.at_group_leader(&state, &source, |mut client| {
+            let request = request.clone();
+            async move { client.export_subtree(request).await }
+        })
+        .await?;
         // No replica move runs on the source meanwhile (its descriptor changes only here).
         if !self.running.claim(source.id) {
             return Err(busy(source.id));
