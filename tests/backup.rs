@@ -521,7 +521,7 @@ async fn a_restore_whose_records_another_group_would_serve_is_refused_before_any
     };
     let before = table(target.clone()).await;
     let (code, _, stderr) = warden(restore_args(&target, &file)).await;
-    assert!(code != 0 && stderr.contains("/x/n00000") && stderr.contains("serves"), "refused, naming the record and the group: {stderr}");
+    assert!(code != 0 && stderr.contains("holds /x") && stderr.contains("(/x) serves"), "refused, naming the record and the group: {stderr}");
     assert_eq!(table(target.clone()).await, before, "no group was created or changed");
     let target_router = start_router(&target, 0);
     let mut target_api = client(target_router.addr);
