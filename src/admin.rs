@@ -168,7 +168,8 @@ pub enum AdminCommand {
     },
     /// Restore a backup into a fresh cluster: its limits, quotas and ACL, a group for every
     /// prefix the backup has, and every group's nodes with their data and stat. Refused by a
-    /// group that holds nodes already.
+    /// group that holds nodes already (but what a run of the same file restored: run it
+    /// again to finish an interrupted restore).
     Restore {
         /// The backup file.
         #[arg(long)]
@@ -562,15 +563,25 @@ where
     F: Fn(PlacementClient<CommandChannel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
+    at_any_answer(addrs, patience, call).await?.map_err(|(addr, status)| anyhow::anyhow!("{addr}: {}", status.message()))
+}
+
+/// [`at_any_within`], answering a final refusal as the refusing node's address and status,
+/// for a caller that acts on its code.
+pub(crate) async fn at_any_answer<T, F, Fut>(addrs: &[String], patience: Duration, call: F) -> anyhow::Result<Result<T, (String, tonic::Status)>>
+where
+    F: Fn(PlacementClient<CommandChannel>) -> Fut,
+    Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
+{
     anyhow::ensure!(!addrs.is_empty(), "no node addresses given");
     let deadline = Instant::now() + patience;
     let mut turn = 0;
     loop {
         let addr = &addrs[turn % addrs.len().max(1)];
         match call(client(addr)?).await {
-            Ok(response) => return Ok(response.into_inner()),
+            Ok(response) => return Ok(Ok(response.into_inner())),
             Err(status) if Instant::now() < deadline && retryable(&status) => tracing::debug!(%addr, %status, "retrying"),
-            Err(status) => anyhow::bail!("{addr}: {}", status.message()),
+            Err(status) => return Ok(Err((addr.clone(), status))),
         }
         turn += 1;
         tokio::time::sleep(Duration::from_millis(200)).await;

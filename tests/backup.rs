@@ -12,9 +12,12 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::stream::{self, StreamExt};
+use prost::Message as _;
 use serde_json::Value;
-use support::routed::{client, cluster_with_groups, start_router};
+use support::moving::fill;
+use support::routed::{at_placement_leader, client, cluster_with_groups, placement_client, start_router, TIMEOUT};
 use tonic::transport::Channel;
+use warden_proto::placement::*;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::Cluster;
@@ -257,8 +260,11 @@ async fn a_backup_under_load_restores_every_acknowledged_node_into_a_fresh_clust
     // and take writes; a second restore into them is refused and changes nothing.
     let created = target_api.create(CreateRequest { path: "/c/after".into(), ..CreateRequest::default() }).await.expect("a write after");
     assert!(created.into_inner().header.map_or(0, |h| h.revision) > backup_revisions["/c"]);
+    // The same file again restores nothing more: every group took it already (how an
+    // interrupted restore is finished), and the write after it stays.
     let (code, _, stderr) = warden(restore_args(&file)).await;
-    assert!(code != 0 && stderr.contains("holds nodes"), "a restore into a cluster with data is refused: {stderr}");
+    assert_eq!(code, 0, "the same backup again changes nothing: {stderr}");
+    assert!(read_all(&target_api, &["/c/after".to_string()]).await["/c/after"].is_some(), "the write after the restore stays");
     assert_eq!(read_all(&target_api, &[leaf("/c", 1, 1)]).await, read_all(&source_api, &[leaf("/c", 1, 1)]).await);
 }
 
@@ -270,4 +276,255 @@ fn prefix_group(prefix: &str) -> &str {
     } else {
         prefix
     }
+}
+
+fn backup_args(cluster: &Cluster, file: &Path) -> Vec<String> {
+    vec!["admin".into(), "backup".into(), "--out".into(), file.display().to_string(), "--seeds".into(), seeds(cluster)]
+}
+
+fn restore_args(cluster: &Cluster, file: &Path) -> Vec<String> {
+    vec!["admin".into(), "restore".into(), "--from".into(), file.display().to_string(), "--seeds".into(), seeds(cluster)]
+}
+
+/// How many times each node's path is in the backup `file` (summed over its groups' pages).
+fn paths_in(file: &Path) -> BTreeMap<String, usize> {
+    let bytes = std::fs::read(file).expect("the backup");
+    let mut paths = BTreeMap::new();
+    let mut rest = bytes.as_slice();
+    while let Some((length, tail)) = rest.split_first_chunk::<4>() {
+        let (frame, tail) = tail.split_at(u32::from_be_bytes(*length) as usize);
+        rest = tail;
+        if let Some(backup_frame::Frame::Page(page)) = BackupFrame::decode(frame).expect("a frame").frame {
+            for key in page.records.iter().map(|record| &record.key).filter(|key| key.first() == Some(&b'n')) {
+                *paths.entry(String::from_utf8_lossy(&key[1..]).into_owned()).or_default() += 1;
+            }
+        }
+    }
+    paths
+}
+
+/// The nodes [`fill`] makes under `subtree`, with the subtree's root.
+fn filled_paths(subtree: &str, nodes: usize) -> Vec<String> {
+    std::iter::once(subtree.to_string()).chain((0..nodes).map(|n| format!("{subtree}/n{n:05}"))).collect()
+}
+
+/// Nodes per subtree in the tests of moves and interrupted restores.
+const SMALL: usize = 200;
+/// How long a move is held while a backup runs before it goes on (the backup is either done
+/// by then or waiting for the move).
+const MOVE_HELD: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Copy, Debug)]
+enum Move {
+    /// `/t`, a subtree of the root group, split into a group of its own.
+    Split,
+    /// `/t`, a group of its own, merged into the root group.
+    Merge,
+}
+
+/// A backup while `/t` moves, held after its hand-over (at `step`) and then let go on: the
+/// backup is refused naming the move, or holds every path exactly once; and once the move is
+/// done, a backup holds every path exactly once.
+async fn backup_across(operation: Move, step: u8) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let cluster = cluster_with_groups(if let Move::Merge = operation { &["/t"] } else { &[] }).await;
+    let router = start_router(&cluster, 0);
+    let mut api = client(router.addr);
+    for path in ["/t", "/k"] {
+        if matches!(operation, Move::Split) || path == "/k" {
+            api.create(CreateRequest { path: path.into(), ..CreateRequest::default() }).await.expect("a subtree's root");
+        }
+    }
+    fill(&mut api, "/t", SMALL, 16).await;
+    fill(&mut api, "/k", 20, 16).await;
+    let expected: Vec<String> = filled_paths("/t", SMALL).into_iter().chain(filled_paths("/k", 20)).collect();
+
+    cluster.faults().hold_split_at(step);
+    let placement_leader = cluster.wait_leader(warden_placement::PLACEMENT_GROUP_ID, TIMEOUT).await.expect("placement leader");
+    let mut placement = placement_client(&cluster, placement_leader);
+    let moving = tokio::spawn(async move {
+        let prefix = "/t".to_string();
+        match operation {
+            Move::Split => placement.split_group(CreateGroupRequest { prefix }).await.map(drop),
+            Move::Merge => placement.merge_group(RemoveGroupRequest { prefix }).await.map(drop),
+        }
+    });
+    let deadline = Instant::now() + TIMEOUT;
+    while cluster.faults().split_reached() != Some(step) {
+        assert!(Instant::now() < deadline, "the {operation:?} never reached step {step}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let file = dir.path().join("across.backup");
+    let mut backup = tokio::spawn(warden(backup_args(&cluster, &file)));
+    let early = tokio::time::timeout(MOVE_HELD, &mut backup).await;
+    cluster.faults().release_split();
+    let (code, _, stderr) = match early {
+        Ok(done) => done,
+        Err(_) => backup.await,
+    }
+    .expect("the backup");
+    moving.await.expect("the move's call").expect("the move");
+    if code == 0 {
+        let paths = paths_in(&file);
+        for path in &expected {
+            assert_eq!(paths.get(path), Some(&1), "{operation:?}: {path} must be in the backup exactly once");
+        }
+    } else {
+        assert!(
+            stderr.contains("/t") && (stderr.contains("merging") || stderr.contains("split off")),
+            "{operation:?}: refused, naming the move: {stderr}"
+        );
+    }
+
+    let settled = dir.path().join("settled.backup");
+    let (code, _, stderr) = warden(backup_args(&cluster, &settled)).await;
+    assert_eq!(code, 0, "a backup once the move is done: {stderr}");
+    let paths = paths_in(&settled);
+    assert!(expected.iter().all(|path| paths.get(path) == Some(&1)), "{operation:?}: every path once once the move is done");
+    cluster.faults().heal();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_while_a_split_hands_over_is_refused_or_holds_every_path_once() {
+    // Held after the source handed the subtree over, before the new group serves it.
+    backup_across(Move::Split, 6).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_backup_while_a_merge_hands_over_is_refused_or_holds_every_path_once() {
+    // Held after the merged group handed the subtree over, before its parent serves it.
+    backup_across(Move::Merge, 5).await;
+}
+
+/// Whether a client write to `path` is refused by group `group` because a restore writes it
+/// (asked of its leader directly: a router would retry).
+async fn restoring(cluster: &Cluster, group: u64, path: &str) -> bool {
+    let Ok(leader) = cluster.wait_leader(group, TIMEOUT).await else { return false };
+    let Some(addr) = cluster.addr(leader) else { return false };
+    let mut node = client(addr);
+    let routing = Some(Routing { group_id: group, ..Routing::default() });
+    // Deleting an absent node: refused NO_NODE by a group that takes writes, changing nothing.
+    match node.delete(DeleteRequest { path: path.into(), routing, ..DeleteRequest::default() }).await {
+        Err(status) => {
+            warden_proto::error_of(&status).is_some_and(|e| e.code == warden_error::Code::Unavailable as i32 && e.message.contains("restor"))
+        }
+        Ok(_) => false,
+    }
+}
+
+/// The id of the group serving exactly `prefix` in `cluster`'s routing table.
+async fn group_at(cluster: &Cluster, prefix: &str) -> Option<u64> {
+    let table = at_placement_leader(cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.ok()?;
+    table.groups.iter().filter(|g| g.ready).filter_map(|g| g.descriptor.as_ref()).find(|d| d.prefix == prefix).map(|d| d.group_id)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_killed_half_way_is_finished_by_running_it_again() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let source = cluster_with_groups(&["/a", "/b"]).await;
+    let source_router = start_router(&source, 0);
+    let mut source_api = client(source_router.addr);
+    source_api.create(CreateRequest { path: "/r".into(), ..CreateRequest::default() }).await.expect("/r");
+    fill(&mut source_api, "/r", 20, 16).await;
+    fill(&mut source_api, "/a", SMALL, 16).await;
+    // Pages of 1 MiB: `/b`'s group takes several, so a restore is seen writing it.
+    fill(&mut source_api, "/b", SMALL, 40 << 10).await;
+    let quota = QuotaLimits { nodes: Some(10_000), ..QuotaLimits::default() };
+    at_placement_leader(
+        &source,
+        |mut c| async move { c.set_quota(SetQuotaRequest { prefix: "/a".into(), limits: Some(quota), remove: false }).await },
+    )
+    .await
+    .expect("a quota");
+    let limits = ApplyLimits { value_bytes_max: Some(100_000), ..ApplyLimits::default() };
+    at_placement_leader(&source, |mut c| async move { c.set_limits(SetLimitsRequest { changes: Some(limits) }).await }).await.expect("limits");
+    let grant = ChangeAclRequest { prefix: "/a".into(), principal: "alice".into(), permissions: Permission::Read as u32, revoke: false };
+    at_placement_leader(&source, |mut c| {
+        let grant = grant.clone();
+        async move { c.change_acl(grant).await }
+    })
+    .await
+    .expect("a grant");
+    let file = dir.path().join("cluster.backup");
+    let (code, _, stderr) = warden(backup_args(&source, &file)).await;
+    assert_eq!(code, 0, "backup failed: {stderr}");
+
+    // Killed once the root's and `/a`'s groups are restored and `/b`'s is being written.
+    let target = cluster_with_groups(&[]).await;
+    let mut restore = tokio::process::Command::new(BIN)
+        .args(restore_args(&target, &file))
+        .kill_on_drop(true)
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("warden starts");
+    let deadline = Instant::now() + COMMAND_DEADLINE;
+    loop {
+        assert!(Instant::now() < deadline, "the restore never wrote /b's group");
+        assert!(restore.try_wait().expect("the restore's state").is_none(), "the restore ended before it was seen writing /b's group");
+        if let Some(group) = group_at(&target, "/b").await {
+            if restoring(&target, group, "/b/absent").await {
+                break;
+            }
+        }
+    }
+    restore.start_kill().expect("SIGKILL");
+    restore.wait().await.expect("the restore ends");
+    let b = group_at(&target, "/b").await.expect("/b's group");
+    assert!(restoring(&target, b, "/b/absent").await, "the killed restore left /b's group refusing writes");
+
+    let (code, _, stderr) = warden(restore_args(&target, &file)).await;
+    assert_eq!(code, 0, "running the restore again finishes it: {stderr}");
+    let target_router = start_router(&target, 0);
+    let mut target_api = client(target_router.addr);
+    let paths: Vec<String> = ["/r", "/a", "/b"].iter().flat_map(|subtree| filled_paths(subtree, if *subtree == "/r" { 20 } else { SMALL })).collect();
+    assert_eq!(read_all(&target_api, &paths).await, read_all(&source_api, &paths).await, "every node as it was");
+    for subtree in ["/r", "/a", "/b"] {
+        let request = CreateRequest { path: format!("{subtree}/after"), ..CreateRequest::default() };
+        target_api.create(request).await.unwrap_or_else(|e| panic!("{subtree}'s group takes writes: {e}"));
+    }
+    let quotas = at_placement_leader(&target, |mut c| async move { c.list_quotas(ListQuotasRequest {}).await }).await.expect("quotas");
+    assert!(quotas.quotas.iter().any(|q| q.prefix == "/a" && q.limits == Some(quota)), "the quota arrived: {quotas:?}");
+    let restored_limits = at_placement_leader(&target, |mut c| async move { c.get_limits(GetLimitsRequest {}).await }).await.expect("limits");
+    assert_eq!(restored_limits.value_bytes_max, Some(100_000), "the limits arrived");
+    let table = at_placement_leader(&target, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table");
+    let grants = table.acl.map(|acl| acl.grants).unwrap_or_default();
+    assert!(grants.iter().any(|g| g.prefix == "/a" && g.principal == "alice"), "the grant arrived: {grants:?}");
+
+    // Another backup (of other contents) is refused: the groups hold what this one restored.
+    source_api.create(CreateRequest { path: "/a/later".into(), ..CreateRequest::default() }).await.expect("a later write");
+    let later = dir.path().join("later.backup");
+    let (code, _, stderr) = warden(backup_args(&source, &later)).await;
+    assert_eq!(code, 0, "backup failed: {stderr}");
+    let (code, _, stderr) = warden(restore_args(&target, &later)).await;
+    assert!(code != 0 && stderr.contains("holds nodes"), "another backup into a restored cluster is refused: {stderr}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_restore_whose_records_another_group_would_serve_is_refused_before_anything_changes() {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let source = cluster_with_groups(&["/a"]).await;
+    let source_router = start_router(&source, 0);
+    let mut source_api = client(source_router.addr);
+    source_api.create(CreateRequest { path: "/x".into(), ..CreateRequest::default() }).await.expect("/x");
+    fill(&mut source_api, "/x", 20, 16).await;
+    fill(&mut source_api, "/a", 20, 16).await;
+    let file = dir.path().join("cluster.backup");
+    let (code, _, stderr) = warden(backup_args(&source, &file)).await;
+    assert_eq!(code, 0, "backup failed: {stderr}");
+
+    // `/x` is a plain subtree of the root group in the backup, an (empty) group here.
+    let target = cluster_with_groups(&["/x"]).await;
+    let table = |cluster: Arc<Cluster>| async move {
+        let table = at_placement_leader(&cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table");
+        table.groups.iter().filter_map(|g| g.descriptor.clone()).map(|d| (d.group_id, d.prefix, d.version)).collect::<Vec<_>>()
+    };
+    let before = table(target.clone()).await;
+    let (code, _, stderr) = warden(restore_args(&target, &file)).await;
+    assert!(code != 0 && stderr.contains("holds /x") && stderr.contains("(/x) serves"), "refused, naming the record and the group: {stderr}");
+    assert_eq!(table(target.clone()).await, before, "no group was created or changed");
+    let target_router = start_router(&target, 0);
+    let mut target_api = client(target_router.addr);
+    target_api.create(CreateRequest { path: "/fresh".into(), ..CreateRequest::default() }).await.expect("the root group takes writes");
+    assert_eq!(read_all(&target_api, &filled_paths("/a", 20)).await.values().flatten().count(), 0, "nothing was restored");
 }
