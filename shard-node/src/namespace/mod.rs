@@ -747,7 +747,7 @@ impl StateMachine for NamespaceStateMachine {
             };
             SessionLease { session_id: id, alive: remaining.is_some(), granted_ttl_ms: ttl_ms.unwrap_or(0), remaining_ms: remaining.unwrap_or(0) }
         };
-        // Another principal's session is neither renewed nor described (issue 17).
+        // Another principal's session is neither renewed nor described.
         let asked: &[u64] = match &request.request {
             Some(LeaderRequestKind::KeepAlive(keep_alive)) => &keep_alive.session_ids,
             Some(LeaderRequestKind::SessionInfo(id)) => std::slice::from_ref(id),

@@ -19,7 +19,7 @@ pub const REMOTE_SESSIONS_PAGE_MAX: usize = 4096;
 /// Session ids one `Sessions` query or `CheckSessions` call may name.
 pub const SESSION_IDS_PER_CHECK_MAX: usize = 4096;
 
-/// Who may use a session, as its record here says (issue 17: sessions are their opener's).
+/// Who may use a session, as its record here says (a session is its opener's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Owner<'a> {
     /// Opened with security off: anyone.
