@@ -600,6 +600,28 @@ async fn every_public_call_answers_as_the_grants_say() {
     assert_eq!(on_nodes("bob", quota("/team-b/sub", Some(10))).await, "ok", "the tenant dividing it below");
     assert_eq!(on_nodes("bob", quota("/team-b/sub", None)).await, "ok");
 
+    // Session quotas count each session at its scope, and only who may lock there spends
+    // them: dave (lock at /team-a) may not open a session hinted /team-b; bob's sessions count
+    // at /team-b with a hint and without one (his lock grants meet there), and a hint must
+    // lie in the subtree of the home group a caller names.
+    let limits = QuotaLimits { nodes: Some(100), sessions: Some(2), ..Default::default() };
+    let sessions_quota = Admin::Quota(SetQuotaRequest { prefix: "/team-b".into(), remove: false, limits: Some(limits) });
+    assert_eq!(on_nodes("olga", sessions_quota).await, "ok");
+    let hinted = |hint: &str| CreateSessionRequest { ttl_ms: 30_000, path_hint: hint.into(), ..Default::default() };
+    assert_eq!(outcome(as_("dave").create_session(hinted("/team-b")).await), "denied", "dave spent /team-b's session quota");
+    let team_a_group = root.get(GetRequest { path: "/team-a/data".into(), ..Default::default() }).await.expect("get").into_inner().header;
+    let team_a_group = team_a_group.expect("a header").group_id;
+    let mut elsewhere =
+        tonic::Request::new(CreateSessionRequest { routing: Some(Routing { group_id: team_a_group, ..Default::default() }), ..hinted("/team-b") });
+    elsewhere.set_timeout(Duration::from_secs(3));
+    let refused = bob.create_session(elsewhere).await.expect_err("a session homed where its hint is not served");
+    assert_eq!(warden_proto::error_of(&refused).map(|e| e.code), Some(warden_error::Code::WrongGroup as i32), "{refused:?}");
+    bob.create_session(hinted("/team-b/x")).await.expect("bob's session hinted /team-b/x");
+    bob.create_session(hinted("")).await.expect("bob's session without a hint");
+    let refused = bob.create_session(hinted("")).await.expect_err("a third session counted at /team-b");
+    let exceeded = warden_proto::error_of(&refused).and_then(|e| e.quota).unwrap_or_else(|| panic!("no quota refusal: {refused:?}"));
+    assert_eq!((exceeded.prefix.as_str(), exceeded.kind), ("/team-b", QuotaKind::QuotaSessions as i32));
+
     // No certificate, or another CA's: the connection is refused.
     let mallory = stranger(&secure.dir.path().join("other"), &Identity::client("root"));
     let mut foreign = WardenClient::new(Secure::channel(router, Some(&mallory), Expected::Router));

@@ -177,6 +177,28 @@ impl Acl {
                 .any(|(who, bits)| self.names(who, principal) && (bits & ADMIN != 0 || bits & permission == permission))
     }
 
+    /// Where a session `principal` opens without a path hint counts for session quotas: the
+    /// deepest prefix at or above every prefix where it holds `lock` (or `admin`), `/` for
+    /// [`ROOT_PRINCIPAL`] and for a principal holding none. A principal whose grants lie in
+    /// one tenant's subtree so counts there, hint or not; one with grants in several subtrees
+    /// counts at their common ancestor (`/` at worst), never nowhere.
+    pub fn lock_scope(&self, principal: &str) -> String {
+        if principal == ROOT_PRINCIPAL {
+            return "/".to_string();
+        }
+        let mut scope: Option<&str> = None;
+        for (prefix, by_principal) in &self.grants {
+            let holds = by_principal.iter().any(|(who, bits)| self.names(who, principal) && bits & (LOCK | ADMIN) != 0);
+            if holds {
+                scope = Some(match scope {
+                    None => prefix.as_str(),
+                    Some(scope) => common_ancestor(scope, prefix),
+                });
+            }
+        }
+        scope.unwrap_or("/").to_string()
+    }
+
     /// Whether the grantee `who` (a principal or `group:NAME`) covers `principal`.
     fn names(&self, who: &str, principal: &str) -> bool {
         match who.strip_prefix(GROUP_MARK) {
@@ -294,6 +316,18 @@ pub fn permission_words(bits: u32) -> String {
     words.iter().filter(|(bit, _)| bits & bit != 0).map(|(_, word)| *word).collect::<Vec<_>>().join(",")
 }
 
+/// The deepest path at or above both `a` and `b` (valid paths).
+fn common_ancestor<'a>(a: &'a str, b: &str) -> &'a str {
+    let mut ancestor = a;
+    while !crate::paths::is_at_or_below(b, ancestor) {
+        match parent(ancestor) {
+            Some(up) => ancestor = up,
+            None => return "/",
+        }
+    }
+    ancestor
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -323,6 +357,22 @@ mod tests {
         assert!(!may_set("tenant", "/"));
         assert!(may_set("operator", "/t") && may_set("operator", "/"), "an admin of / sets any, / included");
         assert!(may_set(ROOT_PRINCIPAL, "/"));
+    }
+
+    #[test]
+    fn a_session_without_a_hint_counts_where_its_lock_grants_meet() {
+        let mut acl = Acl::default();
+        let grant = |acl: &mut Acl, prefix: &str, who: &str, bits: u32| acl.change(prefix, who, bits, false, &AclMaxima::DEFAULT).expect("grant");
+        grant(&mut acl, "/q/locks", "alice", LOCK);
+        grant(&mut acl, "/q", "alice", READ);
+        assert_eq!(acl.lock_scope("alice"), "/q/locks", "one tenant's subtree, not its read grants");
+        grant(&mut acl, "/q/leases", "alice", LOCK);
+        assert_eq!(acl.lock_scope("alice"), "/q", "two subtrees meet at their common ancestor");
+        grant(&mut acl, "/qq", "group:ops", ADMIN);
+        acl.change_group("ops", "alice", false, &AclMaxima::DEFAULT).expect("join");
+        assert_eq!(acl.lock_scope("alice"), "/", "a sibling sharing the name's start is not below /q");
+        assert_eq!(acl.lock_scope("mallory"), "/", "no grant: counted at the root");
+        assert_eq!(acl.lock_scope(ROOT_PRINCIPAL), "/");
     }
 
     #[test]

@@ -13,7 +13,7 @@
 //! | Create, Set, Delete | `write` at the path; an ephemeral Create also `lock` |
 //! | Txn | `read` at each compare's and Get's path, as above for each write |
 //! | Lock, Unlock | `lock` at the lock's path |
-//! | CreateSession | `lock` somewhere |
+//! | CreateSession | `lock` at its path hint; without one, `lock` somewhere (it then counts where the caller's `lock` grants meet, [`Acl::lock_scope`]) |
 //! | KeepAlive, CloseSession, SessionInfo | the session is the caller's (checked by the group) |
 //! | Watch | `watch` at the watched path (a recursive watch: its whole subtree) |
 //! | Sync | an authenticated caller |
@@ -118,9 +118,15 @@ impl Access for CheckSequencerRequest {
     }
 }
 
+/// A session counts for quotas at its path hint: opening one there takes `lock` there, so
+/// nobody spends a subtree's session quota without the right to lock in it.
 impl Access for CreateSessionRequest {
     fn needs(&self) -> Needs<'_> {
-        Needs { at: Vec::new(), lock_somewhere: true }
+        if self.path_hint.is_empty() {
+            Needs { at: Vec::new(), lock_somewhere: true }
+        } else {
+            Needs::at(&self.path_hint, acl::LOCK)
+        }
     }
 }
 
@@ -232,7 +238,7 @@ mod tests {
     }
 
     #[test]
-    fn an_ephemeral_needs_lock_too_and_a_session_needs_lock_somewhere() {
+    fn an_ephemeral_needs_lock_too_and_a_session_needs_lock_at_its_hint_or_somewhere() {
         let ephemeral = CreateRequest { path: "/a/e".into(), session_id: 7, ..CreateRequest::default() };
         assert!(authorize(&list(), "alice", &ephemeral.needs()).is_err());
         assert!(authorize(&list(), "alice", &CreateSessionRequest::default().needs()).is_err());
@@ -240,6 +246,10 @@ mod tests {
         with_lock.change("/a", "alice", acl::LOCK, false, &acl::AclMaxima::DEFAULT).expect("grant");
         assert!(authorize(&with_lock, "alice", &ephemeral.needs()).is_ok());
         assert!(authorize(&with_lock, "alice", &CreateSessionRequest::default().needs()).is_ok());
+        let hinted = |hint: &str| CreateSessionRequest { path_hint: hint.into(), ..CreateSessionRequest::default() };
+        assert!(authorize(&with_lock, "alice", &hinted("/a/leases").needs()).is_ok(), "a hint where she may lock");
+        let refused = authorize(&with_lock, "alice", &hinted("/b").needs()).expect_err("a hint where she may not lock");
+        assert_eq!(warden_proto::error_of(&refused).map(|e| (e.code, e.path)), Some((Code::PermissionDenied as i32, "/b".to_string())));
     }
 
     #[test]

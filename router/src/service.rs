@@ -65,8 +65,14 @@ impl RouterService {
     /// Refuses, before anything is forwarded, a call its caller may not make (the node
     /// serving the path judges again: it is the authority, this only fails fast).
     fn admit<R: Access>(&self, request: &Request<R>) -> Result<(), Status> {
+        self.admit_caller(request).map(|_| ())
+    }
+
+    /// As [`admit`](Self::admit), answering who the caller is.
+    fn admit_caller<R: Access>(&self, request: &Request<R>) -> Result<warden_proto::tls::Caller, Status> {
         let caller = warden_proto::tls::caller(request)?;
-        authorize_call(self.upstreams.acl(), &caller, request.get_ref())
+        authorize_call(self.upstreams.acl(), &caller, request.get_ref())?;
+        Ok(caller)
     }
 
     fn deadline<T>(&self, request: &Request<T>) -> Instant {
@@ -332,15 +338,20 @@ impl Warden for RouterService {
 
     async fn create_session(&self, request: Request<CreateSessionRequest>) -> Result<Response<CreateSessionResponse>, Status> {
         let deadline = self.deadline(&request);
-        self.admit(&request)?;
+        let caller = self.admit_caller(&request)?;
         let request = request.into_inner();
-        // The home group: the one named, else the one serving the hint, else one by hash.
+        // The home group: the one named, else the one serving the session's scope (its hint;
+        // without one, where the caller's lock grants meet, as the node judges it), else one
+        // by hash (a scope of `/`: any group counts it there).
         let named = request.routing.as_ref().map(|r| r.group_id).filter(|g| *g != 0);
-        let hint = request.path_hint.clone();
+        let scope = match caller.principal() {
+            Some(principal) if request.path_hint.is_empty() => self.upstreams.acl().get().lock_scope(principal),
+            _ => request.path_hint.clone(),
+        };
         let target = match named {
             Some(group) => Target::Group(group),
             // (An invalid hint is refused INVALID_PATH by the call.)
-            None if !hint.is_empty() => Target::Path(&hint),
+            None if !scope.is_empty() && scope != "/" => Target::Path(&scope),
             None => Target::Group(self.spread_session().await?),
         };
         forward!(self, target, false, deadline, request, create_session)

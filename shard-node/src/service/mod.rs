@@ -333,6 +333,27 @@ impl WardenService {
         }
     }
 
+    /// Where a new session of `owner` counts for session quotas: its `hint`; without one, where
+    /// the owner's `lock` grants meet ([`warden_placement::acl::Acl::lock_scope`]; empty for
+    /// `/`). A scope below `/` must be served by the home `group`, whose quota shares are the
+    /// ones that count it: a session homed elsewhere would count under no share of its
+    /// scope's quota (refused WRONG_GROUP, with the group's descriptor, before anything is
+    /// proposed).
+    async fn session_scope(&self, group: u64, hint: &str, owner: &str, timeout: Duration) -> Result<String, Status> {
+        let scope = match hint {
+            "" if !owner.is_empty() => self.acl.get().lock_scope(owner),
+            _ => hint.to_string(),
+        };
+        if scope.is_empty() || scope == "/" {
+            return Ok(String::new());
+        }
+        let exists = ExistsRequest { path: scope.clone(), consistency: Consistency::Stale as i32, ..ExistsRequest::default() };
+        match self.read_group(group, Consistency::Stale as i32, QueryKind::Exists(exists), timeout).await? {
+            (QueryOutcome::Exists(_), _) => Ok(scope),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
     async fn keep_alive_once(&self, request: KeepAliveRequest, principal: &str, timeout: Duration) -> Result<KeepAliveResponse, Status> {
         if request.session_ids.len() > KEEPALIVE_SESSIONS_MAX {
             return Err(status(error(Code::TooLarge, "", "too many sessions in one keepalive")));
@@ -566,7 +587,7 @@ impl Warden for WardenService {
         if !request.path_hint.is_empty() {
             path::validate(&request.path_hint, true).map_err(|reason| status(crate::namespace::error::invalid_path(&request.path_hint, &reason)))?;
         }
-        let scope = request.path_hint.clone();
+        let scope = self.session_scope(group, &request.path_hint, &owner, timeout).await?;
         let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: granted, owner: owner.clone(), scope });
         match self.propose(group, op, &owner, timeout).await? {
             (CommandOutcome::CreateSession(response), header) => Ok(Response::new(CreateSessionResponse {
