@@ -1,4 +1,4 @@
-//! The ACL check every public call pays twice with security on (issue 17): once on the
+//! The ACL check every public call pays twice with security on: once on the
 //! router, once on the node serving the path (`router::access::authorize`). Measured with a
 //! fleet-sized list at its limit of 10,000 grants (a principal per tenant service, 100 × 99,
 //! with read, write and lock at the service's prefix, and a group grant of read per tenant),

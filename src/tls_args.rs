@@ -1,4 +1,4 @@
-//! The security flags every `warden` command takes (issue 17): `--ca`, `--cert`, `--key`,
+//! The security flags every `warden` command takes: `--ca`, `--cert`, `--key`,
 //! `--token` and `--tokens`, also from `WARDEN_CA`, `WARDEN_CERT`, `WARDEN_KEY`,
 //! `WARDEN_TOKEN`, `WARDEN_TOKENS`. `--ca` with `--cert` and `--key` turns TLS on; a client
 //! may instead give `--ca` and `--token` (no certificate of its own); none leaves it off.

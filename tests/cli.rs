@@ -382,10 +382,10 @@ fn json_events(stderr: &[u8]) -> Vec<Value> {
     text(stderr).lines().filter_map(|line| serde_json::from_str::<Value>(line).ok()).filter(|value| value.get("event").is_some()).collect()
 }
 
-/// Item 21 of issue 12: `warden lock /x -- cmd | consumer` hands the consumer exactly the
+/// `warden lock /x -- cmd | consumer` hands the consumer exactly the
 /// command's output; warden's own "acquired"/"released" lines (text or `--json`) go to
 /// stderr, as `flock` and `consul lock` do.
-fn item_21_lock_leaves_the_commands_stdout_its_own(c: &Cluster) {
+fn lock_leaves_the_commands_stdout_its_own(c: &Cluster) {
     let out = c.run(&["lock", "/cli/locks/stdout", "--", "printf", "exact bytes"], None);
     assert!(out.status.success(), "{}", text(&out.stderr));
     assert_eq!(text(&out.stdout), "exact bytes", "nothing but the command's own output on stdout");
@@ -433,9 +433,9 @@ fn lock_lost_or_stopped_ends_the_command(c: &Cluster) {
     assert!(out.status.success(), "released after the stop: {}", text(&out.stderr));
 }
 
-/// Item 20 of issue 12: with no `RUST_LOG`, servers log at `info` the events an operator
+/// With no `RUST_LOG`, servers log at `info` the events an operator
 /// needs; the dev cluster's log names each leader its groups elected (it was silent before).
-fn item_20_servers_log_leader_changes_by_default(c: &Cluster) {
+fn servers_log_leader_changes_by_default(c: &Cluster) {
     let log = std::fs::read_to_string(c.path("dev.log")).expect("dev.log");
     let leaders = log.lines().filter(|line| line.contains(" INFO ") && line.contains("became leader")).count();
     assert!(leaders >= 4, "a leader line per group (placement, /, /config, /teams/…): {leaders} in\n{log}");
@@ -555,7 +555,7 @@ fn sum_of(texts: &[String], series: &str) -> f64 {
         .sum()
 }
 
-/// Prometheus metrics of `warden dev` (issue 18): scraped before and after 20 creates through
+/// Prometheus metrics of `warden dev`: scraped before and after 20 creates through
 /// the router, they account for the work: at least 20 more proposals committed over the
 /// nodes and applied, 20 more `Create` calls answered OK by the router, fsyncs timed, every group's
 /// replicas hosted, and placement's groups reported by its leader alone.
@@ -669,10 +669,10 @@ fn the_command_line_against_a_dev_cluster() {
         ("txn_from_stdin", txn_from_stdin),
         ("watch_count", watch_count),
         ("lock_runs_the_command_with_its_token", lock_runs_the_command_with_its_token),
-        ("item_21_lock_leaves_the_commands_stdout_its_own", item_21_lock_leaves_the_commands_stdout_its_own),
+        ("lock_leaves_the_commands_stdout_its_own", lock_leaves_the_commands_stdout_its_own),
         ("lock_waits_for_the_holder", lock_waits_for_the_holder),
         ("lock_lost_or_stopped_ends_the_command", lock_lost_or_stopped_ends_the_command),
-        ("item_20_servers_log_leader_changes_by_default", item_20_servers_log_leader_changes_by_default),
+        ("servers_log_leader_changes_by_default", servers_log_leader_changes_by_default),
         ("sessions", sessions),
         ("status", status),
         ("split", split),

@@ -1,4 +1,4 @@
-//! `deploy/` (issue 18 item 2): the Prometheus alerting rules pass `promtool check rules`
+//! `deploy/`: the Prometheus alerting rules pass `promtool check rules`
 //! and their unit tests (`promtool test rules deploy/alerts_test.yml`: each alert fires on
 //! the series that should fire it, and not before its `for`), and the Grafana dashboard is
 //! valid JSON whose every panel queries Prometheus. That every metric they name is one the

@@ -1,4 +1,4 @@
-//! The documentation, kept true by running it (issue 18 item 7).
+//! The documentation, kept true by running it.
 //!
 //! - Every fenced block of README.md and `docs/*.md` must be tagged. A `console` block is
 //!   run: each line starting with `$ ` is a command, run with `sh -c` against one `warden dev`

@@ -374,12 +374,12 @@ async fn writes_and_reads_stay_correct_under_message_loss_and_delay() {
     assert_eq!(get_on_node(&cluster, 5, 1, "after-block", index).await.as_deref(), Some("yes"), "node 5 catches up once healed");
 }
 
-/// Issue 12 item 14: raft-rs turns a configuration change it cannot take now (one is still
+/// Raft-rs turns a configuration change it cannot take now (one is still
 /// unapplied, or leaving a joint configuration that is not joint) into an empty normal
 /// entry. The proposer must be told so with a typed error, and the configuration must not
 /// change; it used to be answered `Ok` with an empty configuration.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_14_a_conf_change_raft_refuses_is_answered_refused_and_changes_nothing() {
+async fn a_conf_change_raft_refuses_is_answered_refused_and_changes_nothing() {
     let cluster = cluster(ClusterConfig::default());
     create_groups(&cluster, [1], &[1, 2, 3]).await;
     put(&cluster, 1, "k", "v", WRITE_TIMEOUT).await.expect("write");
@@ -418,12 +418,12 @@ async fn item_14_a_conf_change_raft_refuses_is_answered_refused_and_changes_noth
     assert_eq!(status.learners, accepted, "only the accepted changes are in the configuration");
 }
 
-/// Issue 12 item 15: raft peer id = node id, so a replica removed from its group and created
+/// Raft peer id = node id, so a replica removed from its group and created
 /// again on the same node is the same raft voter. Its hard state used to be erased with its
 /// range, so it started at term 0 with no vote and could vote a second time in a term it had
 /// already voted in. It must start from the term and vote it had.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_15_a_re_added_replica_keeps_its_term_and_vote() {
+async fn a_re_added_replica_keeps_its_term_and_vote() {
     let cluster = cluster(ClusterConfig::default());
     create_groups(&cluster, [1], &ALL).await;
     put(&cluster, 1, "k", "v", WRITE_TIMEOUT).await.expect("write");
@@ -476,12 +476,12 @@ async fn item_15_a_re_added_replica_keeps_its_term_and_vote() {
     assert_eq!(get_on_node(&cluster, removed, 1, "after", index).await.as_deref(), Some("re-added"));
 }
 
-/// Issue 12 item 17: a replica removed from its group while its node was down never applies
+/// A replica removed from its group while its node was down never applies
 /// its removal; when the node came back it lingered forever, ticking and sending pre-votes.
 /// The group's leader now tells it it was removed, and it destroys itself, without
 /// disturbing the group.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_17_a_replica_removed_while_its_node_was_down_is_destroyed_when_it_returns() {
+async fn a_replica_removed_while_its_node_was_down_is_destroyed_when_it_returns() {
     let cluster = cluster(ClusterConfig::default());
     // Group 2 keeps its replica on the node: only group 1's goes.
     create_groups(&cluster, [1, 2], &ALL).await;

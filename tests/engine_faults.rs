@@ -29,13 +29,13 @@ fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
-/// Issue 12 item 16: a storage failure (or a panic) used to stop one worker thread and leave
+/// A storage failure (or a panic) used to stop one worker thread and leave
 /// the process running, its groups answering `Stopped` forever. Now the node aborts with a
 /// clear log line. The fault is real: the process may not write a file past
 /// `FILE_BYTES_MAX` (`RLIMIT_FSIZE`, with `SIGXFSZ` ignored so the write fails with `EFBIG`
 /// instead of the signal killing the process), so its RocksDB fails once enough is written.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_16_a_node_whose_storage_fails_exits_instead_of_lingering() {
+async fn a_node_whose_storage_fails_exits_instead_of_lingering() {
     let dir = tempfile::tempdir().expect("tempdir");
     let listen = format!("127.0.0.1:{}", free_port());
     let peers = format!("1={listen}");

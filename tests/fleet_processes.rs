@@ -1,4 +1,4 @@
-//! Issue 15 with real processes: six `warden node`s (a seventh joins in one test) and a
+//! The placement leader's scheduler with real processes: six `warden node`s (a seventh joins in one test) and a
 //! `warden router`, the placement leader's scheduler repairing, draining and balancing while
 //! clients work through the router.
 //!

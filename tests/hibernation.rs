@@ -1,4 +1,4 @@
-//! Hibernation of idle groups (issue 15 item 5) on the in-process cluster fixture: idle
+//! Hibernation of idle groups on the in-process cluster fixture: idle
 //! groups stop heartbeating, wake on a request with the same linearizable answers, elect a
 //! new leader once a request reaches a group whose sleeping leader died, and an active group
 //! never sleeps.

@@ -1,4 +1,4 @@
-//! Issue 13: a few seconds of every `warden-loadgen` workload against an in-process cluster
+//! A few seconds of every `warden-loadgen` workload against an in-process cluster
 //! (placement, two shard groups, a router), through the same entry point as the
 //! `warden-loadgen` binary: each must complete operations and meet no error. The election
 //! workload starts its candidates as `warden bench load` processes and kills the leader's.

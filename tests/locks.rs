@@ -203,7 +203,7 @@ async fn revision(api: &ApiClient) -> u64 {
 /// call's release must never take a hold the retry was told it has: a fenced resource sees
 /// no two holders at once, and every hold is still valid when its holder unlocks.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_2_dropped_and_retried_waiting_calls_never_make_two_holders() {
+async fn dropped_and_retried_waiting_calls_never_make_two_holders() {
     let cluster = namespace_cluster(ClusterConfig::default()).await;
     let api = ApiClient::new(&cluster);
     let fence = Arc::new(FenceGuard::new());
@@ -251,7 +251,7 @@ async fn item_2_dropped_and_retried_waiting_calls_never_make_two_holders() {
 /// Item 6: a try-lock (`wait = false`) of a lock someone holds is refused without changing
 /// anything: no waiter is added and removed again, the revision stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_6_a_refused_try_lock_changes_nothing() {
+async fn a_refused_try_lock_changes_nothing() {
     let cluster = namespace_cluster(ClusterConfig::default()).await;
     let api = ApiClient::new(&cluster);
     let holder = open_session(&api).await;
@@ -273,7 +273,7 @@ async fn item_6_a_refused_try_lock_changes_nothing() {
 /// Item 6: a waiter whose session expires while its `Lock` call waits is answered
 /// SESSION_EXPIRED when the session ends, not "not acquired" when the wait runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_6_a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
+async fn a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
     let cluster = namespace_cluster(ClusterConfig::default()).await;
     let api = ApiClient::new(&cluster);
     let holder = open_session(&api).await;
@@ -322,7 +322,7 @@ async fn item_6_a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
 /// one call's wait (the client library re-attaches to its waiter with the same request id), and
 /// are granted in the order they queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_6_waiters_keep_their_place_across_calls_and_are_granted_fifo() {
+async fn waiters_keep_their_place_across_calls_and_are_granted_fifo() {
     use ::warden_client::{Client, ClientConfig, LockOptions, SessionConfig};
     let cluster = support::routed::cluster_with_groups(&[]).await;
     let router = support::routed::start_router(&cluster, 0);

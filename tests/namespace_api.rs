@@ -173,7 +173,7 @@ async fn wait_health(health: &mut HealthClient<tonic::transport::Channel>, servi
     }
 }
 
-/// A graceful stop (issue 18 item 5; `warden node` on SIGTERM): the leader hands its
+/// A graceful stop (`warden node` on SIGTERM): the leader hands its
 /// leadership to a peer, says NOT_SERVING, refuses new calls UNAVAILABLE (typed: the caller
 /// goes elsewhere, nothing was done), and the group goes on writing with its new leader.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,11 +1,11 @@
-//! Issue 18 with real processes.
+//! Operating a cluster of real processes.
 //!
-//! - `restarting_every_node_in_turn_under_load_costs_clients_nothing` (item 5): a rolling
+//! - `restarting_every_node_in_turn_under_load_costs_clients_nothing`: a rolling
 //!   restart of all five `warden node`s under load. Each node in turn is sent SIGTERM (it
 //!   hands every leadership to an up-to-date peer, refuses new calls, answers what is in
 //!   flight, exits), restarted on its data, and waited for until it has caught up; clients
 //!   of the library working through the router see no error and their session never expires.
-//! - `warden_status_exits_non_zero_without_a_quorum_plus_one` (item 4): `warden status`
+//! - `warden_status_exits_non_zero_without_a_quorum_plus_one`: `warden status`
 //!   shows each replica's lag and exits 0 with all five nodes, and with one SIGKILLed; with
 //!   two gone every group has fewer than a quorum plus one live voters: exit 3, naming them;
 //!   back to 0 once they are restarted.

@@ -179,11 +179,11 @@ async fn lock_token(cluster: &Cluster, group: u64, path: &str) -> u64 {
     sequencer.token
 }
 
-/// Issue 12 item 7: a new shard group starts at revision 0, so a lock path that moves to it
+/// A new shard group starts at revision 0, so a lock path that moves to it
 /// could be granted tokens lower than the group serving it before had issued (DESIGN.md rule
 /// 5). Placement raises the new group's revision above the giving group's.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_7_fencing_tokens_keep_growing_when_a_path_moves_to_a_new_group() {
+async fn fencing_tokens_keep_growing_when_a_path_moves_to_a_new_group() {
     let cluster = placement_cluster(10_000).await;
     let (mut root, routing) = group_api(&cluster, 1).await;
     for i in 0..60 {
@@ -235,13 +235,13 @@ async fn groups_serving(cluster: &Cluster, groups: &[u64], path: &str) -> Vec<u6
     serving
 }
 
-/// Issue 12 item 8: concurrent `CreateGroup` calls each computed descriptors from a state read
+/// Concurrent `CreateGroup` calls each computed descriptors from a state read
 /// before the others' `GroupReady`, and a group accepted an equal descriptor version with other
 /// contents, so two groups could serve the same paths. After eight concurrent creations of
 /// nested and sibling prefixes, every path is served by exactly one group, the one the
 /// routing table names.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_8_concurrent_group_creations_leave_every_path_served_by_exactly_one_group() {
+async fn concurrent_group_creations_leave_every_path_served_by_exactly_one_group() {
     let cluster = placement_cluster(10_000).await;
     let prefixes = ["/t", "/t/a", "/t/a/b", "/t/c", "/u", "/u/a", "/v", "/t/a/b/c"];
     let creations: Vec<_> = prefixes
@@ -296,12 +296,12 @@ async fn wait_routed(cluster: &Cluster, prefix: &str) -> u64 {
     }
 }
 
-/// Issue 12 item 8: a creation left half-way (the placement leader went away after
+/// A creation left half-way (the placement leader went away after
 /// committing `CreateGroup`) stayed "creating" forever and blocked nothing, while its prefix
 /// was never served by it. The placement leader resumes it; one that cannot be finished (the
 /// owner holds nodes under the prefix) is rolled back, and the owner keeps serving the prefix.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_8_a_creation_left_half_way_is_resumed_or_rolled_back() {
+async fn a_creation_left_half_way_is_resumed_or_rolled_back() {
     use warden_placement::Command;
     use warden_shard_node::placement::state_machine::encode_command;
     let cluster = placement_cluster(10_000).await;

@@ -169,7 +169,7 @@ async fn mutex_excludes_through_client_crashes_and_a_leader_kill() {
 }
 
 /// The same with security on: TLS, the workers a principal with a grant, their sessions
-/// and locks checked against it on the router and the nodes (issue 17).
+/// and locks checked against it on the router and the nodes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mutex_excludes_through_client_crashes_and_a_leader_kill_with_security_on() {
     mutex_scenario(Security::On).await;

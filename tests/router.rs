@@ -139,7 +139,7 @@ async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below() {
     recursive_watch_and_delete(Security::Off).await;
 }
 
-/// The same with security on (issue 17): the watch's parts in every group and the delete's
+/// The same with security on: the watch's parts in every group and the delete's
 /// fan-out are the principal's calls, each judged by its group; a principal without `watch`
 /// at the watched path is refused the whole recursive watch.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,4 +1,4 @@
-//! Issue 14, "Router → node": the router forwards unary calls over one long-lived batch
+//! Router to node: the router forwards unary calls over one long-lived batch
 //! stream per node. Many concurrent calls of different methods over one stream are each
 //! answered with their own result, and a `Lock` waiting at the node holds back none of them;
 //! a node killed while writes are in flight on its stream applies none of them twice (a

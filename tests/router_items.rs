@@ -1,5 +1,4 @@
-//! Issue 12, "Placement, router and watches" and "Found by a client written from the .proto
-//! files alone": the router's `GetChildren` paging, keepalives of sessions homed in several
+//! The router as a client written from the .proto files alone finds it: the router's `GetChildren` paging, keepalives of sessions homed in several
 //! groups, deadlines, bounded error quotes, and unknown session ids, each through a router
 //! and (where a node answers on its own) through a node directly.
 
@@ -67,7 +66,7 @@ fn assert_names(seen: &[String], expected: &[String], what: &str) {
 /// with `limit = 0` (the node's own page size, 10,000, so the parent needs more children
 /// than that) and with small limits, every name comes exactly once, in order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_9_get_children_through_the_router_pages_every_name_once_in_order() {
+async fn get_children_through_the_router_pages_every_name_once_in_order() {
     let groups = ["a", "c05000x", "zz"];
     let prefixes: Vec<String> = groups.iter().map(|g| format!("/p/{g}")).collect();
     let cluster = cluster_with_groups(&prefixes.iter().map(String::as_str).collect::<Vec<_>>()).await;
@@ -101,7 +100,7 @@ async fn item_9_get_children_through_the_router_pages_every_name_once_in_order()
 /// One keepalive naming sessions of two home groups renews every one of them (through the
 /// router, unary and streamed), answering in the request's order.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_10_a_keepalive_of_sessions_of_several_home_groups_renews_them_all() {
+async fn a_keepalive_of_sessions_of_several_home_groups_renews_them_all() {
     let cluster = cluster_with_groups(&["/k"]).await;
     let router_process = start_router(&cluster, 0);
     let mut router = client(router_process.addr);
@@ -129,7 +128,7 @@ async fn item_10_a_keepalive_of_sessions_of_several_home_groups_renews_them_all(
 /// A transaction across two groups through a router whose table predates the second group
 /// is refused INVALID_ARGUMENT once the router has refreshed, not retried until the deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_11_a_cross_group_txn_with_a_stale_table_is_refused_once_the_table_is_fresh() {
+async fn a_cross_group_txn_with_a_stale_table_is_refused_once_the_table_is_fresh() {
     let cluster = cluster_with_groups(&[]).await;
     let router_process = start_stale_router(&cluster, 0);
     let mut router = client(router_process.addr);
@@ -150,7 +149,7 @@ async fn item_11_a_cross_group_txn_with_a_stale_table_is_refused_once_the_table_
 /// deadline shorter than the node's own timeout is answered (not acquired) before the
 /// caller's deadline, instead of the node waiting past it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_11_the_callers_deadline_is_passed_upstream() {
+async fn the_callers_deadline_is_passed_upstream() {
     let cluster = cluster_with_groups(&[]).await;
     let router_process = start_router(&cluster, 0);
     let mut router = client(router_process.addr);
@@ -172,7 +171,7 @@ async fn item_11_the_callers_deadline_is_passed_upstream() {
 /// 100 KiB path is a typed INVALID_ARGUMENT (INVALID_PATH) through the router and from a
 /// node directly, not a transport failure of oversized headers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_18_a_refusal_of_a_huge_path_is_a_typed_invalid_argument() {
+async fn a_refusal_of_a_huge_path_is_a_typed_invalid_argument() {
     let cluster = cluster_with_groups(&[]).await;
     let router_process = start_router(&cluster, 0);
     let leader = cluster.wait_leader(1, TIMEOUT).await.expect("root leader");
@@ -193,7 +192,7 @@ async fn item_18_a_refusal_of_a_huge_path_is_a_typed_invalid_argument() {
 /// malformed id (0) INVALID_ARGUMENT; never
 /// UNAVAILABLE, which clients retry forever. Through the router and a node alike.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_19_an_unknown_session_id_is_session_expired() {
+async fn an_unknown_session_id_is_session_expired() {
     let cluster = cluster_with_groups(&["/k"]).await;
     let router_process = start_router(&cluster, 0);
     let mut router = client(router_process.addr);

@@ -1,4 +1,4 @@
-//! Issue 17, TLS and the two ports: a cluster whose every link is TLS serves clients holding
+//! TLS and the two ports: a cluster whose every link is TLS serves clients holding
 //! a certificate of its CA (through routers, and on the nodes' client ports); a process of
 //! another CA cannot join, send raft messages or call the peer port; a client certificate
 //! cannot reach the peer port; a router cannot make the calls only nodes make; a node cannot
@@ -418,7 +418,7 @@ fn outcome<T>(result: Result<tonic::Response<T>, tonic::Status>) -> &'static str
     }
 }
 
-/// The public API × credentials matrix (issue 17): every public call, made through the
+/// The public API × credentials matrix: every public call, made through the
 /// router by another team's principal, a read-only principal, a team's full principal and
 /// root, answers as the grants say; sessions are their opener's. A client of another CA, and
 /// one without a certificate, are refused the connection.
@@ -666,7 +666,7 @@ async fn sessions_stay_their_owners(
     relocked.sequencer.expect("alice's new sequencer")
 }
 
-/// Bearer tokens (issue 17): a client without a certificate of its own names its principal
+/// Bearer tokens: a client without a certificate of its own names its principal
 /// with a token from the router's token file; the token's grants apply as a certificate's
 /// would; a missing or unknown token is UNAUTHENTICATED; a line removed from the file revokes
 /// its token without a restart.

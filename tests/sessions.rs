@@ -181,14 +181,14 @@ async fn still_leads(cluster: &warden_shard_node::cluster::Cluster, node: u64) -
     cluster.statuses(1).await.iter().any(|s| s.node_id == node && s.is_leader)
 }
 
-/// Issue 12 item 1: a leader cut off from its quorum keeps leading until check-quorum
+/// A leader cut off from its quorum keeps leading until check-quorum
 /// notices (up to two election timeouts), while the other four elect a new leader after about
 /// one, which grants every session only `now + TTL`. Whatever the old leader answers to
 /// keepalives in that window must not let the client's local lease (`sent_at + remaining`,
 /// as `warden_client::Session` computes it) outlive the moment the new leader may expire the
 /// session. The race between the two timeouts is random, so several partitions are tried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_1_a_partitioned_leader_never_renews_a_lease_past_the_new_leaders_expiry() {
+async fn a_partitioned_leader_never_renews_a_lease_past_the_new_leaders_expiry() {
     let cluster = namespace_cluster(ClusterConfig::default()).await;
     let api = ApiClient::new(&cluster);
     for round in 0..4 {

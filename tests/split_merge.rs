@@ -1,4 +1,4 @@
-//! Issue 16: a live subtree split into its own group and merged back, end to end through a
+//! A live subtree split into its own group and merged back, end to end through a
 //! router on an in-process cluster, under the process tests' workload (register clients
 //! whose history the WGL checker judges, a creator, lockers writing to a fenced resource,
 //! one lock inside the moving subtree), plus a node written with a counter, ephemerals of

@@ -1,4 +1,4 @@
-//! Upgrade safety (issue 18 item 6): the limits a group checks in apply come from its
+//! Upgrade safety: the limits a group checks in apply come from its
 //! replicated state, so replicas running binaries with different defaults (a rolling
 //! upgrade half-way) still apply every entry alike; and an admin's change of the limits
 //! reaches every group through its own log, a group created later included.

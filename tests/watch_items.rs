@@ -1,4 +1,4 @@
-//! Issue 12 item 12: watch memory is bounded as documented, through a router and at a node.
+//! Watch memory is bounded as documented, through a router and at a node.
 //! A client that stops reading learns it fell behind (SLOW_WATCHER) instead of a router
 //! buffering for it; a watch id reused right after its cancel is the new watch; a watch of
 //! a path its group does not serve is refused WRONG_GROUP.
@@ -18,7 +18,7 @@ use warden_proto::v1::*;
 /// 16 MiB queue, the router's and the transport's buffers together, gets SLOW_WATCHER
 /// through the router (a router buffering by message count hid it).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_12_a_slow_watcher_through_the_router_is_cancelled_not_buffered() {
+async fn a_slow_watcher_through_the_router_is_cancelled_not_buffered() {
     let cluster = cluster_with_groups(&[]).await;
     let router_process = start_router(&cluster, 0);
     let mut router = support::routed::client(router_process.addr);
@@ -52,7 +52,7 @@ async fn item_12_a_slow_watcher_through_the_router_is_cancelled_not_buffered() {
 /// watch's `canceled` comes first and does not end the new watch, whose `created` and
 /// events follow.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_12_a_late_cancel_of_an_old_watch_does_not_end_a_new_watch_with_its_id() {
+async fn a_late_cancel_of_an_old_watch_does_not_end_a_new_watch_with_its_id() {
     let cluster = cluster_with_groups(&["/g"]).await;
     let router_process = start_router(&cluster, 0);
     let mut router = support::routed::client(router_process.addr);
@@ -73,7 +73,7 @@ async fn item_12_a_late_cancel_of_an_old_watch_does_not_end_a_new_watch_with_its
 /// A watch sent to a group for a path that group does not serve is refused WRONG_GROUP,
 /// not accepted to never fire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_12_a_watch_of_a_path_the_group_does_not_serve_is_wrong_group() {
+async fn a_watch_of_a_path_the_group_does_not_serve_is_wrong_group() {
     let cluster = cluster_with_groups(&["/k"]).await;
     let leader = cluster.wait_leader(1, TIMEOUT).await.expect("root leader");
     let mut watch = WatchConn::open(cluster.addr(leader).expect("addr")).await.expect("stream");

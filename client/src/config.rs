@@ -24,7 +24,7 @@ pub struct ClientConfig {
     pub request_timeout: Duration,
     /// Time allowed to open a TCP connection to one router.
     pub connect_timeout: Duration,
-    /// TLS to the routers (issue 17): the CA they must prove themselves by, and the
+    /// TLS to the routers: the CA they must prove themselves by, and the
     /// certificate naming this client (`warden://client/NAME`). `None`: plaintext.
     pub tls: Option<Arc<Tls>>,
     /// A bearer token naming this client's principal, sent with every call (`authorization:

@@ -1,4 +1,4 @@
-//! The access control list (issue 17): which principal may do what at or below which prefix.
+//! The access control list: which principal may do what at or below which prefix.
 //! Kept in the placement state (replicated, versioned), shipped to routers with the routing
 //! table and to nodes with their heartbeat answers, and judged by [`Acl::allows`] wherever a
 //! call is checked. Only grants exist (no denials), and a grant on a prefix holds for every

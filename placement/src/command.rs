@@ -33,7 +33,7 @@ pub enum Command {
         #[serde(default)]
         settings: Option<AppliedSettings>,
     },
-    /// Records new apply limits (issue 18): the version grows by one.
+    /// Records new apply limits: the version grows by one.
     SetApplyLimits {
         /// The encoded `warden.v1.ApplyLimits`, validated by the proposer.
         encoded: Vec<u8>,

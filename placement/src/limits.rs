@@ -1,4 +1,4 @@
-//! The cluster's apply limits as placement keeps them (issue 18, upgrade safety).
+//! The cluster's apply limits as placement keeps them (upgrade safety).
 //!
 //! Architecture invariant: placement never reads these limits. It keeps the namespace's
 //! record (`warden.v1.ApplyLimits`, encoded) as opaque bytes with a version that grows by

@@ -60,7 +60,7 @@ impl Default for PlacementConfig {
     }
 }
 
-/// What apply reads besides its command and the state (issue 18 item 6): recorded by
+/// What apply reads besides its command and the state: recorded by
 /// `Bootstrap` from the bootstrapping binary (its [`PlacementConfig`] and its defaults), so
 /// replicas running another release, whose defaults differ, apply every command alike. A
 /// field missing from a record (one a later release adds) means the first release's value.
@@ -138,7 +138,7 @@ pub struct Placement {
     /// Subtree quotas and their shares.
     #[serde(default)]
     pub(crate) quotas: Quotas,
-    /// The limits every group checks in apply (issue 18).
+    /// The limits every group checks in apply.
     #[serde(default)]
     pub(crate) apply_limits: ApplyLimitsRecord,
     /// What apply reads beyond the command (recorded at bootstrap).

@@ -608,7 +608,7 @@ fn a_merge_records_its_operation_then_retires_the_group_until_it_is_removed() {
     placement.check_invariants().expect("consistent");
 }
 
-/// Issue 18 item 6: what apply reads besides the command is recorded at bootstrap, so two
+/// What apply reads besides the command is recorded at bootstrap, so two
 /// replicas whose binaries default to different settings (a rolling upgrade) apply alike; a
 /// `Bootstrap` or a state written before the settings were recorded means the first
 /// release's, whatever the replica's defaults.

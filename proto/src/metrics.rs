@@ -1,4 +1,4 @@
-//! Serving Prometheus metrics (issue 18): `GET /metrics` in the text format, from a
+//! Serving Prometheus metrics: `GET /metrics` in the text format, from a
 //! registry a node or a router owns (one per instance, so several in one process, as in
 //! `warden dev` and the tests, each serve their own).
 //!

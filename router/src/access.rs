@@ -1,4 +1,4 @@
-//! What each public call needs of the access control list (issue 17), judged the same way by
+//! What each public call needs of the access control list, judged the same way by
 //! the router (to fail fast) and by the node serving the path (the authority): every call
 //! names the permissions it needs at the paths it touches ([`Access::needs`]), and
 //! [`authorize`] refuses PERMISSION_DENIED, before anything runs, a caller missing any one.

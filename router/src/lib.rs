@@ -50,7 +50,7 @@ pub struct RouterConfig {
     /// Batch streams per node that carry the forwarded unary calls (0: each call its own
     /// unary gRPC call).
     pub batch_streams: usize,
-    /// TLS (issue 17): clients connect with TLS and a certificate of the CA, and the router
+    /// TLS: clients connect with TLS and a certificate of the CA, and the router
     /// reaches nodes' peer ports with its router certificate (`None`: plaintext).
     pub tls: Option<Arc<Tls>>,
     /// Calls per second each client principal may start through this router (`None`: no

@@ -1,4 +1,4 @@
-//! Per-principal request rate limits (issue 17): each client principal — the name its
+//! Per-principal request rate limits: each client principal — the name its
 //! certificate or bearer token gives it — may start at most `requests_per_s` calls per second (bursts up to the
 //! same number), counted by this router alone. A call over the limit is answered
 //! RESOURCE_EXHAUSTED (`RATE_LIMITED`, `limit` = the rate) before it reaches any node, so a

@@ -1,4 +1,4 @@
-//! A router's Prometheus metrics (issue 18), served at `GET /metrics` on `--metrics-listen`.
+//! A router's Prometheus metrics, served at `GET /metrics` on `--metrics-listen`.
 //!
 //! Labels are bounded: `method` is one of the forwarded unary RPCs, `code` a gRPC code.
 

@@ -1,4 +1,4 @@
-//! Whom the router forwards each call for (issue 17). [`WithPrincipal`] wraps the router's
+//! Whom the router forwards each call for. [`WithPrincipal`] wraps the router's
 //! public service: every call runs in a task-local scope naming the principal its
 //! connection's client certificate proved, and every request the router sends a node in
 //! that scope ([`crate::batch::Upstream::forward`], the watch proxy) carries it in the

@@ -697,7 +697,7 @@ mod tests {
     }
 
     #[test]
-    fn item_12_a_fired_one_shot_watch_leaves_no_record() {
+    fn a_fired_one_shot_watch_leaves_no_record() {
         let parts = BTreeMap::from([(1, Part { stream: 1, next_revision: 0, ..Part::default() })]);
         let carried = Carried { client_id: 9, owner: 1, one_shot: true, parts, ..Carried::default() };
         let mut watches = Watches { carried: HashMap::from([(90, carried)]), ids: HashMap::from([(9, 90)]), held_bytes: 0 };
@@ -707,7 +707,7 @@ mod tests {
     }
 
     #[test]
-    fn item_12_held_responses_are_bounded_in_bytes() {
+    fn held_responses_are_bounded_in_bytes() {
         let mut watches = two_parts();
         assert!(matches!(watches.step(2, 2, created(7)), Step::Hold));
         let big = |revision| WatchResponse {

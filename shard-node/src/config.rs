@@ -75,7 +75,7 @@ pub struct NodeConfig {
     /// What the node does when it cannot go on (a storage failure, an engine thread that
     /// panicked).
     pub fatal: FatalPolicy,
-    /// TLS on both ports and on every connection the node opens (issue 17; `None`:
+    /// TLS on both ports and on every connection the node opens (`None`:
     /// plaintext, the `warden dev` default). Its certificate must name this node
     /// (`warden://node/ID`).
     pub tls: Option<Arc<Tls>>,

@@ -1,4 +1,4 @@
-//! A node's Prometheus metrics (issue 18): one registry per node, served at `GET /metrics`
+//! A node's Prometheus metrics: one registry per node, served at `GET /metrics`
 //! on `--metrics-listen` (`warden_proto::metrics`).
 //!
 //! Two kinds of values: those counted where they happen (proposals and their latency,

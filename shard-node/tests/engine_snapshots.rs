@@ -1,4 +1,4 @@
-//! Snapshots larger than one gRPC message (issue 12, item 13): a follower far behind a group
+//! Snapshots larger than one gRPC message: a follower far behind a group
 //! with tens of MiB of data catches up by a snapshot streamed in chunks on a flow of its own,
 //! while the other groups of the same nodes keep their leaders.
 
@@ -29,7 +29,7 @@ async fn wait_until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() 
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn item_13_a_follower_catches_up_from_a_64_mib_snapshot_while_other_groups_keep_their_leader() {
+async fn a_follower_catches_up_from_a_64_mib_snapshot_while_other_groups_keep_their_leader() {
     // A short log (compacted past 16 applied entries) so that the follower needs a snapshot.
     let config = ClusterConfig { nodes: 3, log_compact_entries: 16, ..ClusterConfig::default() };
     let cluster = Arc::new(Cluster::start(config, Arc::new(KvFactory)).expect("cluster starts"));

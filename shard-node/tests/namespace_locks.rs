@@ -119,7 +119,7 @@ fn bad_lock_requests_change_nothing() {
 }
 
 #[test]
-fn item_2_a_stale_release_cannot_delete_a_retried_waiter() {
+fn a_stale_release_cannot_delete_a_retried_waiter() {
     let mut ns = leading_harness();
     let holder = ns.create_session(10_000).expect("session").session_id;
     let client = ns.create_session(10_000).expect("session").session_id;
@@ -147,7 +147,7 @@ fn item_2_a_stale_release_cannot_delete_a_retried_waiter() {
 }
 
 #[test]
-fn item_3_lock_delay_lasts_until_its_end_is_applied_whatever_the_replica_clock() {
+fn lock_delay_lasts_until_its_end_is_applied_whatever_the_replica_clock() {
     let mut ns = leading_harness();
     let holder = ns.create_session(3_000).expect("session").session_id;
     let next = ns.create_session(600_000).expect("session").session_id;
@@ -167,7 +167,7 @@ fn item_3_lock_delay_lasts_until_its_end_is_applied_whatever_the_replica_clock()
 }
 
 #[test]
-fn item_3_lock_delay_keeps_surviving_shared_holders_and_holds_back_new_grants() {
+fn lock_delay_keeps_surviving_shared_holders_and_holds_back_new_grants() {
     let mut ns = leading_harness();
     let short = ns.create_session(3_000).expect("session").session_id;
     let long: Vec<u64> = (0..2).map(|_| ns.create_session(600_000).expect("session").session_id).collect();
@@ -190,7 +190,7 @@ fn item_3_lock_delay_keeps_surviving_shared_holders_and_holds_back_new_grants() 
 }
 
 #[test]
-fn item_4_plain_writes_cannot_create_change_or_delete_lock_waiters() {
+fn plain_writes_cannot_create_change_or_delete_lock_waiters() {
     use warden_proto::v1::txn_op::Op;
     let mut ns = leading_harness();
     let holder = ns.create_session(10_000).expect("session").session_id;
@@ -236,7 +236,7 @@ fn item_4_plain_writes_cannot_create_change_or_delete_lock_waiters() {
 }
 
 #[test]
-fn item_5_each_lock_call_sets_its_own_lock_delay() {
+fn each_lock_call_sets_its_own_lock_delay() {
     let mut ns = leading_harness();
     let first = ns.create_session(600_000).expect("session").session_id;
     let short = ns.create_session(3_000).expect("session").session_id;

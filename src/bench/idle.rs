@@ -1,4 +1,4 @@
-//! `warden bench idle`: what idle groups cost (issue 15 item 5). An in-process 5-node
+//! `warden bench idle`: what idle groups cost. An in-process 5-node
 //! cluster (namespace groups, 100 ms ticks as `warden dev`, one host-loop worker per node)
 //! gets `--groups` groups of 5 replicas, one write each; once they settled (with hibernation
 //! on: once every replica sleeps) nothing is asked of them for `--seconds`, over which the

@@ -1,4 +1,4 @@
-//! A routed fleet with security off or on, for the suites that run both ways (issue 17: a
+//! A routed fleet with security off or on, for the suites that run both ways (a
 //! representative subset of the suites — locks, watches, the router, crashes — also runs
 //! with security on). With security on every link is TLS, nodes have client ports, and the
 //! tests' clients are the principal [`TESTER`], granted read, write, lock and watch at `/` by

@@ -1,4 +1,4 @@
-//! TLS on every link (issue 17): the certificates' identities, the server side of a listener
+//! TLS on every link: the certificates' identities, the server side of a listener
 //! (who may connect, and who they are), the client side of a channel (who the server must
 //! be), and certificate files reloaded when they change.
 //!
@@ -532,7 +532,7 @@ pub fn calling_node<T>(request: &tonic::Request<T>) -> Result<Option<u64>, tonic
     }
 }
 
-/// Whom a public call is made for, as the server judges it (issue 17).
+/// Whom a public call is made for, as the server judges it.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Caller {
     /// Security is off (a plaintext connection): everything is allowed.

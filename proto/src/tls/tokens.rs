@@ -1,4 +1,4 @@
-//! Bearer tokens (issue 17): a client without a certificate of its own names its principal
+//! Bearer tokens: a client without a certificate of its own names its principal
 //! with a token, sent as `authorization: Bearer TOKEN` over a TLS connection (server
 //! verified). The server keeps a token file of `NAME SHA256-HEX` lines (the SHA-256 of each
 //! token, never the token), read again when it changes (checked at most once a second), so

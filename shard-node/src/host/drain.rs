@@ -1,4 +1,4 @@
-//! A graceful stop (SIGTERM; issue 18 item 5, rolling restarts without an outage).
+//! A graceful stop (SIGTERM: rolling restarts without an outage).
 //!
 //! A node killed while it leads groups costs each of them an election timeout without a
 //! leader, and every write it was carrying an unknown outcome. A node told to stop instead:

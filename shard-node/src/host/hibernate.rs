@@ -1,4 +1,4 @@
-//! Hibernation of idle groups (issue 15 item 5, TiKV's "hibernate region"): a group that
+//! Hibernation of idle groups (TiKV's "hibernate region"): a group that
 //! nobody uses stops ticking and heartbeating on every replica, and wakes on any request or
 //! raft message that is not routine.
 //!

@@ -1,4 +1,4 @@
-//! What namespace replicas hold, counted for the metrics (issue 18): nodes, ephemeral nodes,
+//! What namespace replicas hold, counted for the metrics: nodes, ephemeral nodes,
 //! lock waiters (holders included) and holders, live sessions, locks in their lock-delay.
 //!
 //! Each replica keeps its own figures: counted from disk when it loads, then moved by every

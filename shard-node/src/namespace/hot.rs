@@ -1,4 +1,4 @@
-//! Hot subtrees (issue 16 item 4): how many writes each replica applied per top-level child
+//! Hot subtrees: how many writes each replica applied per top-level child
 //! of its group's prefix, so an operator (`warden status --hot`) sees which subtree to split.
 //!
 //! Counted in memory on every replica as entries apply (not replicated, never read by apply:

@@ -1,5 +1,5 @@
 //! The limits of the namespace (DESIGN.md rule 8), and where the ones apply checks come
-//! from (issue 18, upgrade safety).
+//! from (upgrade safety).
 //!
 //! A limit checked while applying a command decides what the command does, so every replica
 //! of a group must use the same value at the same log index, whatever binary it runs. Those

@@ -1,4 +1,4 @@
-//! Auto-split (issue 16 item 4; `warden node --auto-split WRITES_PER_S`): while this node
+//! Auto-split (`warden node --auto-split WRITES_PER_S`): while this node
 //! leads placement, once a window it reads every routed group's write counts per top-level
 //! child of its prefix (`GroupWrites`, from one replica on an up node) and, when a child took
 //! at least the threshold of writes per second for enough windows in a row, proposes its

@@ -1,4 +1,4 @@
-//! Placement's view as metrics (issue 18): groups and nodes by state and the repairs
+//! Placement's view as metrics: groups and nodes by state and the repairs
 //! running, reported by the placement leader (0 on the other nodes, so a sum over the
 //! cluster counts each once).
 

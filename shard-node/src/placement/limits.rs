@@ -1,4 +1,4 @@
-//! The cluster's apply limits on their way from placement to every group (issue 18, upgrade
+//! The cluster's apply limits on their way from placement to every group (upgrade
 //! safety; `namespace/limits.rs` has what they are and why they are replicated).
 //!
 //! 1. Placement records them: at bootstrap (the bootstrapping binary's defaults) and on

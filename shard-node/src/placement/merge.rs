@@ -1,4 +1,4 @@
-//! Merging a group back into the group serving its parent path (issue 16; ARCHITECTURE.md
+//! Merging a group back into the group serving its parent path (ARCHITECTURE.md
 //! "Moving a subtree"): the split in reverse, a numbered sequence the placement leader runs
 //! under its lifecycle lock. T is the merging group, P the group serving T's parent path.
 //!

@@ -130,7 +130,7 @@ pub struct Transport {
     node: NodeHandle,
     runtime: tokio::runtime::Handle,
     limits: TransportLimits,
-    /// This node's TLS (issue 17): every connection to a peer presents its certificate and
+    /// This node's TLS: every connection to a peer presents its certificate and
     /// accepts only that peer's (`None`: plaintext).
     tls: Option<Arc<Tls>>,
     peers: Mutex<HashMap<u64, mpsc::Sender<Outgoing>>>,

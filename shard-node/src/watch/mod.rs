@@ -66,7 +66,7 @@ impl Default for WatchLimits {
 /// Hubs by (node, group).
 type HubsByReplica = HashMap<(u64, u64), Arc<WatchHub>>;
 
-/// The watches a node serves under each quota prefix that limits watches (issue 17: watches
+/// The watches a node serves under each quota prefix that limits watches (watches
 /// are not replicated, so their quota holds per node serving them).
 #[derive(Debug, Default)]
 pub struct WatchCounts {

@@ -425,7 +425,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn item_12_every_response_counts_its_real_bytes_and_periodic_progress_needs_room() {
+    async fn every_response_counts_its_real_bytes_and_periodic_progress_needs_room() {
         use warden_proto::v1::watch_created::Read;
         let stream = WatchStream::new(100_000);
         let read = Read::Get(warden_proto::v1::GetResponse { data: vec![7; 300_000], ..Default::default() });
