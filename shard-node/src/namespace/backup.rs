@@ -189,22 +189,25 @@ impl Txn<'_, '_> {
     }
 
     /// Whether the group has any node at or below `root` but its prefix node as placement
-    /// created it (no data, never changed, no children).
+    /// created it (no data, never changed, no children). Reads at most the first two node
+    /// records: the prefix node sorts first, and any other node answers.
     fn holds_nodes(&self, root: &str) -> Result<bool, Failure> {
-        for (from, to) in store::subtree_ranges(root) {
-            for (key, value) in self.view.base_range(&from, &to)? {
-                let fresh_root = match parse_subtree_key(&key) {
+        let mut holds = false;
+        let base = self.view.base();
+        for (from, to) in store::subtree_node_ranges(root) {
+            base.visit_range(&from, &to, |key, value| {
+                holds = match parse_subtree_key(key) {
                     Some(SubtreeKey::Node(node_path)) if node_path == root => {
-                        let node = store::decode_record(&value)?;
+                        let node = store::decode_record(value)?;
                         let stat = node.stat.unwrap_or_default();
-                        node.data.is_empty() && stat.version == 0 && stat.num_children == 0
+                        !(node.data.is_empty() && stat.version == 0 && stat.num_children == 0)
                     }
-                    Some(SubtreeKey::Node(_)) => false,
-                    Some(SubtreeKey::Child(..) | SubtreeKey::Lock(_)) | None => continue,
+                    _ => true,
                 };
-                if !fresh_root {
-                    return Ok(true);
-                }
+                Ok::<_, StorageError>(!holds)
+            })?;
+            if holds {
+                return Ok(true);
             }
         }
         Ok(false)
@@ -213,15 +216,17 @@ impl Txn<'_, '_> {
     /// Deletes what an unfinished restore wrote (node records and children index at or
     /// below `root`: a restore writes nothing else).
     fn discard_restored(&mut self, root: &str) -> Result<(), Failure> {
+        let base = self.view.base();
         for (from, to) in store::subtree_ranges(root) {
-            for (key, value) in self.view.base_range(&from, &to)? {
-                if let Some(SubtreeKey::Node(node_path)) = parse_subtree_key(&key) {
-                    if store::decode_record(&value)?.stat.is_some_and(|stat| stat.kind == NodeKind::Ttl as i32) {
+            base.visit_range(&from, &to, |key, value| {
+                if let Some(SubtreeKey::Node(node_path)) = parse_subtree_key(key) {
+                    if store::decode_record(value)?.stat.is_some_and(|stat| stat.kind == NodeKind::Ttl as i32) {
                         self.ttl_changes.push(TtlChange::Remove(node_path.to_string()));
                     }
                 }
-                self.view.delete_raw(&key);
-            }
+                self.view.delete_raw(key);
+                Ok::<_, StorageError>(true)
+            })?;
         }
         Ok(())
     }
@@ -329,6 +334,27 @@ mod tests {
         let refused = target.placement_step(restore(&pages[0], 8, true, floor)).expect_err("not fresh");
         assert_eq!(refused.code, Code::NotEmpty as i32);
         assert_eq!(target.revision(), Ok(revision + 1));
+    }
+
+    /// Whether a group is fresh is told by its first two node records, whatever it holds.
+    #[test]
+    fn a_restore_into_a_group_holding_many_nodes_is_refused_after_reading_two() {
+        let mut target = Harness::new(Limits::default()).expect("harness");
+        let creates: Vec<Vec<u8>> = (0..3_000).map(|i| create_command(&format!("/n{i:05}"))).collect();
+        target.apply_batch(&creates).expect("created");
+        let page = BackupPage { head: None, records: Vec::new(), last: true };
+        target.take_batch_costs();
+        let refused = target.placement_step(restore(&page, 9, true, 0)).expect_err("not fresh");
+        assert_eq!(refused.code, Code::NotEmpty as i32, "{refused:?}");
+        let costs = target.take_batch_costs();
+        assert!(costs.iter().all(|cost| cost.records_scanned <= 2), "records read to find one node: {costs:?}");
+    }
+
+    /// A create of the persistent node `path`, as command bytes.
+    fn create_command(path: &str) -> Vec<u8> {
+        let create = CreateRequest { path: path.into(), ..CreateRequest::default() };
+        let request = warden_proto::v1::TxnRequest { then: vec![warden_proto::v1::TxnOp { op: Some(warden_proto::v1::txn_op::Op::Create(create)) }], ..Default::default() };
+        warden_proto::namespace::Command { now_ms: 1, principal: String::new(), op: Some(CommandOp::Txn(request)) }.encode_to_vec()
     }
 
     #[test]

@@ -262,43 +262,33 @@ impl GroupQuotas {
 }
 
 /// What the group holds at or below `prefix`: its node records (the root always exists),
-/// and the sessions homed here whose scope is there.
+/// and the sessions homed here whose scope is there. Streams the records (memory stays at
+/// one record).
 fn usage_of(view: &TxnView<'_>, prefix: &str) -> Result<Counts, StorageError> {
     let mut usage = [0u64; 4];
-    let ranges = if prefix == "/" { vec![(vec![b'n'], vec![b'o'])] } else { node_ranges(prefix) };
     let mut root_stored = false;
-    for (from, to) in ranges {
-        for (key, value) in view.base_range(&from, &to)? {
-            let record = super::store::decode_record(&value)?;
+    let base = view.base();
+    for (from, to) in super::store::subtree_node_ranges(prefix) {
+        base.visit_range(&from, &to, |key, value| {
+            let record = super::store::decode_record(value)?;
             root_stored |= key == b"n/";
-            let counts = node_counts(Some(&record));
-            for (total, count) in usage.iter_mut().zip(counts) {
+            for (total, count) in usage.iter_mut().zip(node_counts(Some(&record))) {
                 *total += count as u64;
             }
-        }
+            Ok::<_, StorageError>(true)
+        })?;
     }
     if prefix == "/" && !root_stored {
         usage[0] += 1;
     }
-    for (_, value) in view.base_range(b"s", b"t")? {
-        let record = SessionRecord::decode(value.as_slice()).map_err(|e| StorageError::Corrupt(format!("session record: {e}")))?;
+    base.visit_range(b"s", b"t", |_, value| {
+        let record = SessionRecord::decode(value).map_err(|e| StorageError::Corrupt(format!("session record: {e}")))?;
         if !record.remote && warden_placement::is_at_or_below(scope(&record), prefix) {
             usage[2] += 1;
         }
-    }
+        Ok::<_, StorageError>(true)
+    })?;
     Ok(usage)
-}
-
-/// The key ranges of the node records at or below a non-root `prefix`.
-fn node_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let key = |tail: &[u8]| {
-        let mut key = vec![b'n'];
-        key.extend_from_slice(prefix.as_bytes());
-        key.extend_from_slice(tail);
-        key
-    };
-    // The node itself, then its descendants `prefix/…` ('0' follows '/').
-    vec![(key(b""), key(b"\0")), (key(b"/"), key(b"0"))]
 }
 
 /// The refusal of a request that would take `usage` of kind `index` past the group's

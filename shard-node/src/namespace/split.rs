@@ -387,11 +387,12 @@ impl Txn<'_, '_> {
     /// ephemerals' sessions here. Waiting lock calls on its waiters wake and find the path
     /// served elsewhere.
     fn remove_subtree(&mut self, prefix: &str, linked: Linked) -> Result<(), Failure> {
+        let base = self.view.base();
         for (from, to) in store::subtree_ranges(prefix) {
-            for (key, value) in self.view.base_range(&from, &to)? {
-                match parse_subtree_key(&key) {
+            base.visit_range(&from, &to, |key, value| {
+                match parse_subtree_key(key) {
                     Some(SubtreeKey::Node(node_path)) => {
-                        let record = store::decode_record(&value)?;
+                        let record = store::decode_record(value)?;
                         let stat = record.stat.unwrap_or_default();
                         if stat.ephemeral_owner != 0 {
                             // The session itself stays: it may own nodes elsewhere in the group.
@@ -407,8 +408,9 @@ impl Txn<'_, '_> {
                     Some(SubtreeKey::Lock(lock_path)) => self.lock_changes.push((lock_path.to_string(), 0)),
                     Some(SubtreeKey::Child(..)) | None => {}
                 }
-                self.view.delete_raw(&key);
-            }
+                self.view.delete_raw(key);
+                Ok::<_, Failure>(true)
+            })?;
         }
         match linked {
             Linked::Yes => self.link_to_parent(prefix, false),
