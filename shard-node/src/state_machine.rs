@@ -160,12 +160,6 @@ impl SmWrites {
         self.notifications.push(key);
     }
 
-    /// How many ops are recorded (tests measure what an entry writes).
-    #[cfg(test)]
-    pub(crate) fn op_count(&self) -> usize {
-        self.ops.len()
-    }
-
     /// The recorded ops.
     pub fn into_ops(self) -> Vec<WriteOp> {
         self.ops

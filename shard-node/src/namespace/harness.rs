@@ -45,6 +45,8 @@ pub struct BatchCost {
     pub records_scanned: u64,
     /// Writes the batch handed to the store.
     pub write_ops: usize,
+    /// Keys whose awaiting calls the batch wakes (`SmWrites::notify`).
+    pub notified: usize,
 }
 
 /// What a harness call returns: the response, or the typed error.
@@ -122,12 +124,14 @@ impl Harness {
             outputs.push(self.sm.apply(self.index, command.as_ref(), &mut writes).map_err(|e| EngineError::Invalid(e.to_string()))?);
         }
         self.sm.finish_batch(&mut writes);
+        let (ops, _notified) = writes.into_parts();
         #[cfg(test)]
         self.batch_costs.push(BatchCost {
             records_scanned: self.db.records_scanned.load(std::sync::atomic::Ordering::Relaxed) - scanned_before,
-            write_ops: writes.op_count(),
+            write_ops: ops.len(),
+            notified: _notified.len(),
         });
-        self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        self.db.write_ops(&ops, false).map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.sm.publish();
         Ok(outputs)
     }

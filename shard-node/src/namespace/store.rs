@@ -187,6 +187,19 @@ pub fn subtree_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
         .collect()
 }
 
+/// What is left of `ranges` (in key order) after `after_key` (all of them when it is empty):
+/// where a paged walk of them goes on.
+pub fn ranges_after(ranges: Vec<(Vec<u8>, Vec<u8>)>, after_key: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    ranges
+        .into_iter()
+        .filter(|(_, to)| to.as_slice() > after_key)
+        .map(|(from, to)| match after_key >= from.as_slice() {
+            true => ([after_key, b"\0"].concat(), to),
+            false => (from, to),
+        })
+        .collect()
+}
+
 /// The key ranges `[from, to)` of the node records at or below `prefix`, in key order.
 pub fn subtree_node_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
     family_ranges(NODE, prefix, b"", b"\0")
