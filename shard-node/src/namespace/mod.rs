@@ -52,7 +52,7 @@ use txn::{SessionChange, TtlChange, Txn};
 /// far enough below `u64::MAX` that revisions never wrap.
 pub const REVISION_FLOOR_MAX: u64 = 1 << 62;
 
-/// How long the leader waits for a page of paged work (a purge) it proposed
+/// How long the leader waits for a page of paged work (a purge, a quota count) it proposed
 /// to apply before proposing it again (a proposal lost to a dropped message; a leader change
 /// starts over at once).
 const PAGE_REPROPOSE_AFTER_MS: u64 = 1_000;
@@ -125,6 +125,7 @@ impl StateMachineFactory for NamespaceFactory {
             descriptor: None,
             split: SplitState::default(),
             purge_pacing: PagePacing::default(),
+            count_pacing: PagePacing::default(),
             writes: hot::WriteCounts::default(),
             quotas: quota::GroupQuotas::default(),
             counts: counts::Counts::default(),
@@ -188,6 +189,8 @@ pub struct NamespaceStateMachine {
     /// The leader's pacing of purge pages (moves on with every change of the split state:
     /// another change meanwhile may let a second page go, which only deletes the page after).
     purge_pacing: PagePacing,
+    /// The leader's pacing of quota count pages (moves on with every applied share change).
+    count_pacing: PagePacing,
     /// Writes applied per top-level child of the prefix (in memory only: hot subtrees).
     writes: hot::WriteCounts,
     /// The group's shares of subtree quotas and its usage (replicated state, rebuilt from disk).
@@ -200,8 +203,8 @@ pub struct NamespaceStateMachine {
 }
 
 impl NamespaceStateMachine {
-    /// The next pages of the paged work the group has: the first subtree being purged (paced
-    /// by its [`PagePacing`]).
+    /// The next pages of the paged work the group has: the first subtree being purged, the
+    /// first quota share still counting (each paced by its [`PagePacing`]).
     fn page_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
         let mut ops = Vec::new();
         if let Some(prefix) = self.split.purging.first().filter(|_| self.purge_pacing.take_turn(clock.monotonic_ms)) {
@@ -209,6 +212,10 @@ impl NamespaceStateMachine {
                 prefix: prefix.clone(),
                 records_max: split::PURGE_RECORDS_PER_PAGE,
             }));
+        }
+        if let Some(prefix) = self.quotas.counting().filter(|_| self.count_pacing.take_turn(clock.monotonic_ms)) {
+            let records_max = quota::COUNT_RECORDS_PER_PAGE;
+            ops.push(CommandOp::CountQuota(warden_proto::namespace::CountQuota { prefix: prefix.to_string(), records_max }));
         }
         ops.into_iter().map(|op| Command { now_ms: clock.wall_ms, principal: String::new(), op: Some(op) }.encode_to_vec()).collect()
     }
@@ -373,14 +380,21 @@ impl NamespaceStateMachine {
         );
         // An ingested page takes no revision: the target's first comes with its descriptor.
         // Nor does a quota share or a limits record: no node changes. Nor a purge page: what
-        // it deletes the group serves no more.
+        // it deletes the group serves no more. Nor a count page: it changes no node.
         let takes_revision = !matches!(
             command.op,
-            Some(CommandOp::IngestSubtree(_) | CommandOp::SetQuotaShare(_) | CommandOp::SetLimits(_) | CommandOp::PurgeSubtree(_))
+            Some(
+                CommandOp::IngestSubtree(_)
+                    | CommandOp::SetQuotaShare(_)
+                    | CommandOp::SetLimits(_)
+                    | CommandOp::PurgeSubtree(_)
+                    | CommandOp::CountQuota(_)
+            )
         );
         // A client's write is refused past its quotas; the system's own are only counted.
         let client_write = matches!(command.op, Some(CommandOp::Txn(_) | CommandOp::CreateSession(_) | CommandOp::AcquireLock(_)));
         let sets_quota = matches!(command.op, Some(CommandOp::SetQuotaShare(_)));
+        let counts_quota = matches!(command.op, Some(CommandOp::CountQuota(_)));
         let mut quota_shares = Vec::new();
         let mut quota_removed = None;
         let mut new_split = None;
@@ -521,6 +535,10 @@ impl NamespaceStateMachine {
                 new_split = Some(state);
                 CommandOutcome::Txn(empty())
             }),
+            Some(CommandOp::CountQuota(count)) => self.quotas.count(txn.view, &count).map(|share| {
+                quota_shares.extend(share);
+                CommandOutcome::Txn(empty())
+            }),
             Some(CommandOp::PurgeSubtree(purge)) => txn.purge_subtree(&purge).map(|state| {
                 new_split = Some(state);
                 CommandOutcome::Txn(empty())
@@ -577,6 +595,9 @@ impl NamespaceStateMachine {
                 self.unpublished_move = moved;
             }
             self.quotas.update(quota_shares, quota_removed);
+            if sets_quota || counts_quota {
+                self.count_pacing.applied();
+            }
             if sets_quota {
                 self.hub.set_watch_limits(self.quotas.watch_limits());
             }
@@ -756,6 +777,12 @@ impl StateMachine for NamespaceStateMachine {
             Some(CommandOp::PurgeSubtree(purge)) if !(1..=split::PURGE_RECORDS_PER_PAGE_MAX).contains(&purge.records_max) => {
                 Err(EngineError::Invalid(format!("a purge page deletes 1 to {} records", split::PURGE_RECORDS_PER_PAGE_MAX)))
             }
+            Some(CommandOp::CountQuota(warden_proto::namespace::CountQuota { records_max, .. }))
+            | Some(CommandOp::SetQuotaShare(warden_proto::namespace::SetQuotaShare { records_max, .. }))
+                if records_max > quota::COUNT_RECORDS_PER_PAGE_MAX =>
+            {
+                Err(EngineError::Invalid(format!("a quota count page reads at most {} records", quota::COUNT_RECORDS_PER_PAGE_MAX)))
+            }
             Some(CommandOp::RestorePage(page)) if page.revision_floor > REVISION_FLOOR_MAX => {
                 Err(EngineError::Invalid(format!("revision floor {} is above {REVISION_FLOOR_MAX}", page.revision_floor)))
             }
@@ -777,7 +804,8 @@ impl StateMachine for NamespaceStateMachine {
                 | CommandOp::SetQuotaShare(_)
                 | CommandOp::SetLimits(_)
                 | CommandOp::RestorePage(_)
-                | CommandOp::PurgeSubtree(_),
+                | CommandOp::PurgeSubtree(_)
+                | CommandOp::CountQuota(_),
             ) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }
@@ -786,18 +814,20 @@ impl StateMachine for NamespaceStateMachine {
     /// The leader judges time for sessions (their leases), remote sessions (their home
     /// groups' verdicts, asked for by the leader's checker), TTL nodes and locks in their
     /// lock-delay: while the group holds any of them its leader keeps ticking. So does a
-    /// subtree being purged: the leader proposes its pages.
+    /// subtree being purged, or a quota share counting: the leader proposes their pages.
     fn needs_ticks(&self) -> bool {
         !self.sessions.is_empty()
             || !self.remote_sessions.is_empty()
             || !self.ttl.is_empty()
             || !self.blocked_locks.is_empty()
             || !self.split.purging.is_empty()
+            || self.quotas.counting().is_some()
     }
 
     fn on_leadership(&mut self, leading: bool, clock: LeaderClock) {
         self.leases.set_leading(leading, &self.sessions, clock.monotonic_ms);
         self.purge_pacing.applied();
+        self.count_pacing.applied();
     }
 
     fn finish_batch(&mut self, writes: &mut SmWrites) {

@@ -443,45 +443,32 @@ impl Txn<'_, '_> {
     /// waiters wake and find the path served elsewhere. Answers the last key deleted when
     /// the budget ran out (records may follow it), `None` once none is left.
     fn delete_records(&mut self, prefix: &str, after_key: &[u8], records_max: u32) -> Result<Option<Vec<u8>>, Failure> {
-        let base = self.view.base();
-        let mut deleted = 0u32;
-        let mut last = None;
-        for (from, to) in store::ranges_after(store::subtree_ranges(prefix), after_key) {
-            base.visit_range(&from, &to, |key, value| {
-                match parse_subtree_key(key) {
-                    Some(SubtreeKey::Node(node_path)) => {
-                        let record = store::decode_record(value)?;
-                        let stat = record.stat.unwrap_or_default();
-                        if stat.ephemeral_owner != 0 {
-                            // The session itself stays: it may own nodes elsewhere in the group.
-                            self.detach_ephemeral(stat.ephemeral_owner, node_path)?;
-                        }
-                        if stat.kind == NodeKind::Ttl as i32 {
-                            self.ttl_changes.push(TtlChange::Remove(node_path.to_string()));
-                        }
-                        if record.lock_waiter.is_some() {
-                            self.gone_waiters.push(node_path.to_string());
-                        }
+        self.view.base().visit_page(store::subtree_ranges(prefix), after_key, records_max, |key, value| {
+            match parse_subtree_key(key) {
+                Some(SubtreeKey::Node(node_path)) => {
+                    let record = store::decode_record(value)?;
+                    let stat = record.stat.unwrap_or_default();
+                    if stat.ephemeral_owner != 0 {
+                        // The session itself stays: it may own nodes elsewhere in the group.
+                        self.detach_ephemeral(stat.ephemeral_owner, node_path)?;
                     }
-                    Some(SubtreeKey::Lock(lock_path)) => {
-                        self.lock_changes.push((lock_path.to_string(), 0));
-                        // Its holders are counted again (none: it is gone).
-                        self.touched.insert(lock_path.to_string());
+                    if stat.kind == NodeKind::Ttl as i32 {
+                        self.ttl_changes.push(TtlChange::Remove(node_path.to_string()));
                     }
-                    Some(SubtreeKey::Child(..)) | None => {}
+                    if record.lock_waiter.is_some() {
+                        self.gone_waiters.push(node_path.to_string());
+                    }
                 }
-                self.view.delete_raw(key);
-                deleted += 1;
-                if deleted == records_max {
-                    last = Some(key.to_vec());
+                Some(SubtreeKey::Lock(lock_path)) => {
+                    self.lock_changes.push((lock_path.to_string(), 0));
+                    // Its holders are counted again (none: it is gone).
+                    self.touched.insert(lock_path.to_string());
                 }
-                Ok::<_, Failure>(last.is_none())
-            })?;
-            if last.is_some() {
-                break;
+                Some(SubtreeKey::Child(..)) | None => {}
             }
-        }
-        Ok(last)
+            self.view.delete_raw(key);
+            Ok::<_, Failure>(())
+        })
     }
 
     /// Adds (`link`) or removes the subtree root at `prefix` in its parent's children index
@@ -717,6 +704,8 @@ mod tests {
             version,
             limits: Some(limits),
             allotment: Some(counts_to_proto([1_000_000, 0, 0, 0])),
+            // Counted in its own entry (the group is small yet).
+            records_max: crate::namespace::quota::COUNT_RECORDS_PER_PAGE,
             ..SetQuotaShare::default()
         };
         assert!(ns.set_quota_share(share(1)).is_ok(), "a quota counting the whole group");

@@ -281,6 +281,35 @@ pub struct BaseView<'a> {
 }
 
 impl BaseView<'_> {
+    /// Hands `visit` the next at most `records_max` records of `ranges` (in key order) after
+    /// `after_key`, as [`BaseView::visit_range`] does: one page of a paged walk. Answers the
+    /// last key visited when the budget ran out (records may follow it: the next page's
+    /// `after_key`), `None` once none is left.
+    pub fn visit_page<E: From<StorageError>>(
+        &self,
+        ranges: Vec<(Vec<u8>, Vec<u8>)>,
+        after_key: &[u8],
+        records_max: u32,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<Option<Vec<u8>>, E> {
+        let mut visited = 0u32;
+        let mut last = None;
+        for (from, to) in ranges_after(ranges, after_key) {
+            self.visit_range(&from, &to, |key, value| {
+                visit(key, value)?;
+                visited += 1;
+                if visited >= records_max {
+                    last = Some(key.to_vec());
+                }
+                Ok::<_, E>(last.is_none())
+            })?;
+            if last.is_some() {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
     /// Hands `visit` every record in `[from, to)` as the batch will leave it (disk under the
     /// batch's pending writes), in key order, until it answers false: a replica that applies
     /// a freeze and a hand-over in one batch still sees the subtree's last writes. Streams
