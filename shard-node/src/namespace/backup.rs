@@ -80,7 +80,7 @@ pub fn read_image(
     let mut failure = None;
     for (from, to) in BACKUP_RANGES {
         image.scan_range(from, Some(to), |key, value| {
-            let record = match kept_record(key, value, &ephemerals, &dropped_children, &outside) {
+            let record = match kept_record(key, value, &ephemerals, &dropped_children, outside) {
                 Ok(Some(record)) => record,
                 Ok(None) => return true,
                 Err(corrupt) => {
