@@ -126,6 +126,7 @@ fn apply_batch(c: &mut Criterion) {
         shrink: false,
         remove: false,
         cap: false,
+        records_max: warden_shard_node::namespace::quota::COUNT_RECORDS_PER_PAGE,
     };
     ns.set_quota_share(share).expect("a quota share");
     bench_batches(&mut group, "create_under_quota", ns, new_nodes());

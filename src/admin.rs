@@ -343,9 +343,15 @@ async fn quota(action: QuotaAction, out: Output) -> anyhow::Result<()> {
                     "group": share.group_id,
                     "share": [allotment.nodes, allotment.bytes, allotment.sessions, allotment.lock_waiters],
                     "usage": [usage.nodes, usage.bytes, usage.sessions, usage.lock_waiters],
+                    "counting": share.counting,
                 })
             })
             .collect();
+        // A group still counting what it held: the usage is partial, and its share refuses nothing yet.
+        let counting = quota.shares.iter().filter(|share| share.counting).count();
+        if counting > 0 {
+            text.push_str(&format!("\t(counting in {counting} groups: not enforced there yet)"));
+        }
         out.emit(json, || text.clone())?;
     }
     if quotas.iter().all(|quota| quota.limits.is_none()) && !quotas.is_empty() {

@@ -552,4 +552,64 @@ mod tests {
         wait_until("the restarted replica caught up", async || stale_read(&cluster, failing, 1, "/a").await.is_ok_and(|read| read == expected)).await;
         assert_eq!(status(&cluster, failing, 1).await.failure, None);
     }
+
+    /// Node `node`'s record of subtree moves of `group` and whether it holds a node at or
+    /// below `prefix` (straight from its store).
+    fn purge_state(cluster: &Cluster, node: u64, group: u64, prefix: &str) -> Option<(warden_proto::namespace::SplitState, bool)> {
+        let nodes = cluster.nodes();
+        let reader = crate::state_machine::SmReader::new(nodes.get(&node)?.db().clone(), group);
+        let state = store::read_split(&reader).ok()?;
+        let mut holds = false;
+        for (from, to) in store::subtree_node_ranges(prefix) {
+            reader
+                .scan_range(&from, Some(&to), |_, _| {
+                    holds = true;
+                    false
+                })
+                .ok()?;
+        }
+        Some((state, holds))
+    }
+
+    /// The records of a subtree handed over go in pages the group's leader proposes; a
+    /// leader that crashes midway leaves the rest to the next one, and every replica, the
+    /// crashed one restarted included, ends with nothing of the subtree.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_moved_subtrees_purge_finishes_after_its_leader_crashes_midway() {
+        use warden_proto::namespace::{FreezeSubtree, HandSubtree};
+        use warden_proto::v1::GroupDescriptor;
+        let config = ClusterConfig { nodes: 3, tick_ms: 20, hibernate_after_ticks: 0, ..ClusterConfig::default() };
+        let cluster = Cluster::start(config, Arc::new(NamespaceFactory::default())).expect("cluster starts");
+        cluster.create_group(1, &VOTERS).await.expect("group created");
+        let command = |op: CommandOp| Command { now_ms: 1, principal: String::new(), op: Some(op) }.encode_to_vec();
+        cluster.propose(1, create("/moved"), TIMEOUT).await.expect("subtree root");
+        cluster.propose(1, create("/stays"), TIMEOUT).await.expect("beside it");
+        // 6,000 nodes and their children index: a dozen pages, each a tick apart at least.
+        for batch in 0..60 {
+            let then = (0..100)
+                .map(|i| TxnOp { op: Some(Op::Create(CreateRequest { path: format!("/moved/n{batch:02}-{i:03}"), ..CreateRequest::default() })) })
+                .collect();
+            cluster.propose(1, command(CommandOp::Txn(TxnRequest { then, ..TxnRequest::default() })), TIMEOUT).await.expect("filled");
+        }
+        let freeze = FreezeSubtree { prefix: "/moved".into(), target_group: 7, into_group: 0 };
+        cluster.propose(1, command(CommandOp::FreezeSubtree(freeze)), TIMEOUT).await.expect("frozen");
+        let served =
+            GroupDescriptor { group_id: 1, prefix: "/".into(), excluded: vec!["/moved".into()], replicas: VOTERS.to_vec(), conf_ver: 1, version: 1 };
+        let hand = HandSubtree { target_group: 7, descriptor: Some(served) };
+        let leader = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
+        cluster.propose(1, command(CommandOp::HandSubtree(hand)), TIMEOUT).await.expect("handed over");
+        // Answered once the leader applied it: its first purge page goes at its next tick.
+        let (state, _) = purge_state(&cluster, leader, 1, "/moved").expect("leader's state");
+        cluster.kill(leader);
+        assert!(!state.purging.is_empty(), "the leader crashed before it purged the subtree: {state:?}");
+
+        let purged = |node: u64| purge_state(&cluster, node, 1, "/moved").is_some_and(|(state, holds)| state.purging.is_empty() && !holds);
+        wait_until("the next leader purged the rest", async || VOTERS.iter().filter(|node| **node != leader).all(|node| purged(*node))).await;
+        cluster.restart(leader).expect("restart");
+        wait_until("the restarted replica purged it too", async || purged(leader)).await;
+        wait_until("the node beside the subtree is read there", async || {
+            stale_read(&cluster, leader, 1, "/stays").await.is_ok_and(|(_, exists)| exists)
+        })
+        .await;
+    }
 }

@@ -234,6 +234,8 @@ impl SmReader {
         let iter = self.db.raw().iterator_cf_opt(self.db.cf(Cf::Sm)?, read_options, rocksdb::IteratorMode::From(&start, rocksdb::Direction::Forward));
         for item in iter {
             let (key, value) = item?;
+            #[cfg(test)]
+            self.db.records_scanned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             if !visit(&key[keys::GROUP_PREFIX_LEN..], &value) {
                 break;
             }

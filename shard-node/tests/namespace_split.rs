@@ -49,6 +49,12 @@ fn hand(ns: &mut Harness, target: u64, served: GroupDescriptor) -> Outcome<u64> 
     ns.placement_step(CommandOp::HandSubtree(HandSubtree { target_group: target, descriptor: Some(served) }))
 }
 
+/// Lets the leader propose (and the harness apply) what it would on its own until it has
+/// nothing more: the pages of the subtrees the group purges after a hand-over or an abort.
+fn purge(ns: &mut Harness) {
+    while ns.leader_scan(1).expect("leader proposals") > 0 {}
+}
+
 fn abort(ns: &mut Harness, target: u64) -> Outcome<u64> {
     ns.placement_step(CommandOp::AbortSplit(AbortSplit { target_group: target }))
 }
@@ -180,7 +186,9 @@ fn a_split_moves_data_stat_locks_and_ephemerals_exactly() {
     assert_eq!(source.all_children("/team").expect("children"), vec!["a-sibling".to_string()], "the moved root left its parent");
     assert_eq!(source.get("/team/a-sibling").expect("sibling").data, b"changed");
     assert_eq!(source.sessions_known(&[team.own_session]).expect("known"), vec![team.own_session], "the session lives on at home");
-    source.close_session(team.own_session).expect("no node of it is frozen any more");
+    assert_eq!(code(source.close_session(team.own_session)), Code::Unavailable, "its moved node is still being purged");
+    purge(&mut source);
+    source.close_session(team.own_session).expect("no node of it is here any more");
 
     target.set_descriptor(descriptor(TARGET, "/team/a", &[], 1), handed_at).expect("target descriptor");
     assert_eq!(snapshot(&target, "/team/a"), before, "every node with its data and stat");
@@ -298,6 +306,7 @@ fn a_replica_applying_freeze_and_hand_over_in_one_batch_moves_the_last_writes_to
     ]
     .map(|c| c.encode_to_vec());
     lagging.apply_batch(&batch).expect("applied");
+    purge(&mut lagging);
     let reader = lagging.reader();
     for path in ["/team/a/last", "/team/a", "/team/a/x"] {
         assert!(warden_shard_node::namespace::store::read_node(&reader, path).expect("read").is_none(), "{path} left");
@@ -313,6 +322,7 @@ fn split_off(source: &mut Harness) -> (Harness, u64) {
         ingest(&mut target, "/team/a", page).expect("ingest");
     }
     let handed_at = hand(source, TARGET, descriptor(SOURCE, "/", &["/team/a"], 2)).expect("hand over");
+    purge(source);
     target.set_descriptor(descriptor(TARGET, "/team/a", &[], 1), handed_at).expect("target descriptor");
     (target, handed_at)
 }
@@ -376,12 +386,16 @@ fn an_aborted_merge_leaves_nothing_in_the_parents_group() {
     abort(&mut merging, MERGE).expect("abort at the merging group");
     merging.set("/team/a/x", b"writable again", None).expect("unfrozen");
     abort(&mut parent, MERGE).expect("abort at the parent's group: its pages go");
+    let again = |parent: &mut Harness| ingest_for(parent, "/team/a", MERGE + 1, SubtreePage::default());
+    assert_eq!(code(again(&mut parent)), Code::Unavailable, "a merge of the same subtree waits while its pages are purged");
+    purge(&mut parent);
     let reader = parent.reader();
     for path in ["/team/a", "/team/a/x", "/team/a/lock"] {
         assert!(warden_shard_node::namespace::store::read_node(&reader, path).expect("read").is_none(), "{path} was left behind");
     }
     assert_eq!(code(ingest_for(&mut parent, "/team/a", MERGE, SubtreePage::default())), Code::InvalidArgument, "a late page of the aborted merge");
     assert_eq!(parent.all_children("/team").expect("children"), vec!["a-sibling".to_string()], "the parent is as it was");
+    again(&mut parent).expect("a later merge goes ahead once they are gone");
 }
 
 #[test]

@@ -7,7 +7,8 @@
 //! metadata: a restored cluster starts without sessions, so their nodes would be gone the
 //! moment it ran; the parents of the nodes left out read as if they had been deleted (their
 //! children count and index lose them, nothing else of their stat changes). A subtree the
-//! group is ingesting (a split in progress, not served here) is not its own yet: left out.
+//! group is ingesting (a split in progress, not served here) is not its own yet, nor is one
+//! it is purging (handed over, its records still being deleted): both left out.
 //!
 //! A restore writes the pages back, through the log, into a group of a fresh cluster that
 //! serves the same prefix ([`Txn::restore_page`]).
@@ -52,8 +53,12 @@ pub fn read_image(
     if split.restoring != 0 {
         return Err(error(Code::Unavailable, &split.restoring_prefix, "a restore is writing this group: back it up once it is done").into());
     }
+    // Subtrees not the group's: one it is ingesting, those it is purging.
     let ingesting = (split.incoming_operation != 0).then_some(split.incoming_prefix.as_str());
-    let ephemerals = store::read_ephemeral_paths(image)?;
+    let not_its_own: Vec<&str> = ingesting.into_iter().chain(split.purging.iter().map(String::as_str)).collect();
+    let outside = |path: &str| not_its_own.iter().any(|prefix| is_at_or_below(path, prefix));
+    let mut ephemerals = store::read_ephemeral_paths(image)?;
+    ephemerals.retain(|path| !outside(path));
     // Children each parent loses with the ephemerals left out.
     let mut dropped_children: BTreeMap<&str, u64> = BTreeMap::new();
     for path in &ephemerals {
@@ -75,7 +80,7 @@ pub fn read_image(
     let mut failure = None;
     for (from, to) in BACKUP_RANGES {
         image.scan_range(from, Some(to), |key, value| {
-            let record = match kept_record(key, value, &ephemerals, &dropped_children, ingesting) {
+            let record = match kept_record(key, value, &ephemerals, &dropped_children, outside) {
                 Ok(Some(record)) => record,
                 Ok(None) => return true,
                 Err(corrupt) => {
@@ -115,9 +120,8 @@ fn kept_record(
     value: &[u8],
     ephemerals: &BTreeSet<String>,
     dropped_children: &BTreeMap<&str, u64>,
-    ingesting: Option<&str>,
+    outside: impl Fn(&str) -> bool,
 ) -> Result<Option<SubtreeRecord>, StorageError> {
-    let outside = |path: &str| ingesting.is_some_and(|prefix| is_at_or_below(path, prefix));
     let record = |value: Vec<u8>| Some(SubtreeRecord { key: key.to_vec(), value });
     match parse_subtree_key(key) {
         Some(SubtreeKey::Child(parent, name)) => {
@@ -156,7 +160,7 @@ impl Txn<'_, '_> {
         if state.restored == page.restore_id {
             return Ok(state);
         }
-        if state.frozen_for != 0 || state.incoming_operation != 0 {
+        if state.frozen_for != 0 || state.incoming_operation != 0 || !state.purging.is_empty() {
             return Err(error(Code::Unavailable, &root, "a subtree is moving in or out of this group: restore once it is done").into());
         }
         match (page.first, state.restoring) {
@@ -189,22 +193,25 @@ impl Txn<'_, '_> {
     }
 
     /// Whether the group has any node at or below `root` but its prefix node as placement
-    /// created it (no data, never changed, no children).
+    /// created it (no data, never changed, no children). Reads at most the first two node
+    /// records: the prefix node sorts first, and any other node answers.
     fn holds_nodes(&self, root: &str) -> Result<bool, Failure> {
-        for (from, to) in store::subtree_ranges(root) {
-            for (key, value) in self.view.base_range(&from, &to)? {
-                let fresh_root = match parse_subtree_key(&key) {
+        let mut holds = false;
+        let base = self.view.base();
+        for (from, to) in store::subtree_node_ranges(root) {
+            base.visit_range(&from, &to, |key, value| {
+                holds = match parse_subtree_key(key) {
                     Some(SubtreeKey::Node(node_path)) if node_path == root => {
-                        let node = store::decode_record(&value)?;
+                        let node = store::decode_record(value)?;
                         let stat = node.stat.unwrap_or_default();
-                        node.data.is_empty() && stat.version == 0 && stat.num_children == 0
+                        !(node.data.is_empty() && stat.version == 0 && stat.num_children == 0)
                     }
-                    Some(SubtreeKey::Node(_)) => false,
-                    Some(SubtreeKey::Child(..) | SubtreeKey::Lock(_)) | None => continue,
+                    _ => true,
                 };
-                if !fresh_root {
-                    return Ok(true);
-                }
+                Ok::<_, StorageError>(!holds)
+            })?;
+            if holds {
+                return Ok(true);
             }
         }
         Ok(false)
@@ -213,15 +220,17 @@ impl Txn<'_, '_> {
     /// Deletes what an unfinished restore wrote (node records and children index at or
     /// below `root`: a restore writes nothing else).
     fn discard_restored(&mut self, root: &str) -> Result<(), Failure> {
+        let base = self.view.base();
         for (from, to) in store::subtree_ranges(root) {
-            for (key, value) in self.view.base_range(&from, &to)? {
-                if let Some(SubtreeKey::Node(node_path)) = parse_subtree_key(&key) {
-                    if store::decode_record(&value)?.stat.is_some_and(|stat| stat.kind == NodeKind::Ttl as i32) {
+            base.visit_range(&from, &to, |key, value| {
+                if let Some(SubtreeKey::Node(node_path)) = parse_subtree_key(key) {
+                    if store::decode_record(value)?.stat.is_some_and(|stat| stat.kind == NodeKind::Ttl as i32) {
                         self.ttl_changes.push(TtlChange::Remove(node_path.to_string()));
                     }
                 }
-                self.view.delete_raw(&key);
-            }
+                self.view.delete_raw(key);
+                Ok::<_, StorageError>(true)
+            })?;
         }
         Ok(())
     }
@@ -329,6 +338,30 @@ mod tests {
         let refused = target.placement_step(restore(&pages[0], 8, true, floor)).expect_err("not fresh");
         assert_eq!(refused.code, Code::NotEmpty as i32);
         assert_eq!(target.revision(), Ok(revision + 1));
+    }
+
+    /// Whether a group is fresh is told by its first two node records, whatever it holds.
+    #[test]
+    fn a_restore_into_a_group_holding_many_nodes_is_refused_after_reading_two() {
+        let mut target = Harness::new(Limits::default()).expect("harness");
+        let creates: Vec<Vec<u8>> = (0..3_000).map(|i| create_command(&format!("/n{i:05}"))).collect();
+        target.apply_batch(&creates).expect("created");
+        let page = BackupPage { head: None, records: Vec::new(), last: true };
+        target.take_batch_costs();
+        let refused = target.placement_step(restore(&page, 9, true, 0)).expect_err("not fresh");
+        assert_eq!(refused.code, Code::NotEmpty as i32, "{refused:?}");
+        let costs = target.take_batch_costs();
+        assert!(costs.iter().all(|cost| cost.records_scanned <= 2), "records read to find one node: {costs:?}");
+    }
+
+    /// A create of the persistent node `path`, as command bytes.
+    fn create_command(path: &str) -> Vec<u8> {
+        let create = CreateRequest { path: path.into(), ..CreateRequest::default() };
+        let request = warden_proto::v1::TxnRequest {
+            then: vec![warden_proto::v1::TxnOp { op: Some(warden_proto::v1::txn_op::Op::Create(create)) }],
+            ..Default::default()
+        };
+        warden_proto::namespace::Command { now_ms: 1, principal: String::new(), op: Some(CommandOp::Txn(request)) }.encode_to_vec()
     }
 
     #[test]

@@ -32,6 +32,21 @@ pub struct Harness {
     index: u64,
     /// Leader time stamped into the next command.
     pub now_ms: u64,
+    /// What each batch applied since the last [`Harness::take_batch_costs`] cost.
+    #[cfg(test)]
+    batch_costs: Vec<BatchCost>,
+}
+
+/// What applying one batch of entries cost (tests of this crate only).
+#[cfg(test)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BatchCost {
+    /// State-machine records read by scans while the batch applied.
+    pub records_scanned: u64,
+    /// Writes the batch handed to the store.
+    pub write_ops: usize,
+    /// Keys whose awaiting calls the batch wakes (`SmWrites::notify`).
+    pub notified: usize,
 }
 
 /// What a harness call returns: the response, or the typed error.
@@ -50,7 +65,17 @@ impl Harness {
         let factory = NamespaceFactory { limits: limits.clone(), ..NamespaceFactory::default() };
         let mut sm = factory.create(NODE, group);
         sm.reload(&SmReader::new(db.clone(), group), 0).map_err(|e| EngineError::Invalid(e.to_string()))?;
-        let mut harness = Harness { _dir: dir, db, factory, sm, group, index: 0, now_ms: 1_000_000 };
+        let mut harness = Harness {
+            _dir: dir,
+            db,
+            factory,
+            sm,
+            group,
+            index: 0,
+            now_ms: 1_000_000,
+            #[cfg(test)]
+            batch_costs: Vec::new(),
+        };
         // Replicated limits other than the first release's come through the log, as in a
         // cluster (`limits.rs`).
         if limits.with_record(None) != limits {
@@ -92,14 +117,29 @@ impl Harness {
     pub fn apply_batch<C: AsRef<[u8]>>(&mut self, commands: &[C]) -> Result<Vec<ApplyOutput>, EngineError> {
         let mut writes = SmWrites::new(self.group);
         let mut outputs = Vec::with_capacity(commands.len());
+        #[cfg(test)]
+        let scanned_before = self.db.records_scanned.load(std::sync::atomic::Ordering::Relaxed);
         for command in commands {
             self.index += 1;
             outputs.push(self.sm.apply(self.index, command.as_ref(), &mut writes).map_err(|e| EngineError::Invalid(e.to_string()))?);
         }
         self.sm.finish_batch(&mut writes);
-        self.db.write_ops(&writes.into_ops(), false).map_err(|e| EngineError::Invalid(e.to_string()))?;
+        let (ops, _notified) = writes.into_parts();
+        #[cfg(test)]
+        self.batch_costs.push(BatchCost {
+            records_scanned: self.db.records_scanned.load(std::sync::atomic::Ordering::Relaxed) - scanned_before,
+            write_ops: ops.len(),
+            notified: _notified.len(),
+        });
+        self.db.write_ops(&ops, false).map_err(|e| EngineError::Invalid(e.to_string()))?;
         self.sm.publish();
         Ok(outputs)
+    }
+
+    /// What each batch applied since the last call cost, in order.
+    #[cfg(test)]
+    pub fn take_batch_costs(&mut self) -> Vec<BatchCost> {
+        std::mem::take(&mut self.batch_costs)
     }
 
     /// What the replica published it holds (the figures of `warden_namespace_held`).

@@ -52,6 +52,37 @@ use txn::{SessionChange, TtlChange, Txn};
 /// far enough below `u64::MAX` that revisions never wrap.
 pub const REVISION_FLOOR_MAX: u64 = 1 << 62;
 
+/// How long the leader waits for a page of paged work (a purge, a quota count) it proposed
+/// to apply before proposing it again (a proposal lost to a dropped message; a leader change
+/// starts over at once).
+const PAGE_REPROPOSE_AFTER_MS: u64 = 1_000;
+
+/// The leader's pacing of one kind of paged work (leader-only, never replicated): one page
+/// in flight, the next once the last one applied ([`PagePacing::applied`]), or the same
+/// again after [`PAGE_REPROPOSE_AFTER_MS`] if it got lost. Each page is a bounded piece of
+/// apply, and the group's other commands go between them.
+#[derive(Default)]
+struct PagePacing {
+    /// When the page in flight was proposed (monotonic ms; `None`: none is).
+    proposed_at_ms: Option<u64>,
+}
+
+impl PagePacing {
+    /// Whether to propose a page now (and then it counts as in flight).
+    fn take_turn(&mut self, now_ms: u64) -> bool {
+        if self.proposed_at_ms.is_some_and(|at_ms| now_ms.saturating_sub(at_ms) < PAGE_REPROPOSE_AFTER_MS) {
+            return false;
+        }
+        self.proposed_at_ms = Some(now_ms);
+        true
+    }
+
+    /// The work moved on (a page applied, or leadership changed): the next page may go.
+    fn applied(&mut self) {
+        self.proposed_at_ms = None;
+    }
+}
+
 /// Creates a [`NamespaceStateMachine`] per group.
 #[derive(Default)]
 pub struct NamespaceFactory {
@@ -93,6 +124,8 @@ impl StateMachineFactory for NamespaceFactory {
             lock_holders: BTreeMap::new(),
             descriptor: None,
             split: SplitState::default(),
+            purge_pacing: PagePacing::default(),
+            count_pacing: PagePacing::default(),
             writes: hot::WriteCounts::default(),
             quotas: quota::GroupQuotas::default(),
             counts: counts::Counts::default(),
@@ -153,6 +186,11 @@ pub struct NamespaceStateMachine {
     descriptor: Option<GroupDescriptor>,
     /// The subtree frozen for a split, and splits settled (replicated state, rebuilt from disk).
     split: SplitState,
+    /// The leader's pacing of purge pages (moves on with every change of the split state:
+    /// another change meanwhile may let a second page go, which only deletes the page after).
+    purge_pacing: PagePacing,
+    /// The leader's pacing of quota count pages (moves on with every applied share change).
+    count_pacing: PagePacing,
     /// Writes applied per top-level child of the prefix (in memory only: hot subtrees).
     writes: hot::WriteCounts,
     /// The group's shares of subtree quotas and its usage (replicated state, rebuilt from disk).
@@ -165,6 +203,23 @@ pub struct NamespaceStateMachine {
 }
 
 impl NamespaceStateMachine {
+    /// The next pages of the paged work the group has: the first subtree being purged, the
+    /// first quota share still counting (each paced by its [`PagePacing`]).
+    fn page_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
+        let mut ops = Vec::new();
+        if let Some(prefix) = self.split.purging.first().filter(|_| self.purge_pacing.take_turn(clock.monotonic_ms)) {
+            ops.push(CommandOp::PurgeSubtree(warden_proto::namespace::PurgeSubtree {
+                prefix: prefix.clone(),
+                records_max: split::PURGE_RECORDS_PER_PAGE,
+            }));
+        }
+        if let Some(prefix) = self.quotas.counting().filter(|_| self.count_pacing.take_turn(clock.monotonic_ms)) {
+            let records_max = quota::COUNT_RECORDS_PER_PAGE;
+            ops.push(CommandOp::CountQuota(warden_proto::namespace::CountQuota { prefix: prefix.to_string(), records_max }));
+        }
+        ops.into_iter().map(|op| Command { now_ms: clock.wall_ms, principal: String::new(), op: Some(op) }.encode_to_vec()).collect()
+    }
+
     /// Publishes what the group holds now (see `counts.rs`).
     fn publish_counts(&self) {
         let sessions = self.sessions.len() as u64;
@@ -315,14 +370,31 @@ impl NamespaceStateMachine {
         // Nor are a restore's.
         let moves_records = matches!(
             command.op,
-            Some(CommandOp::IngestSubtree(_) | CommandOp::HandSubtree(_) | CommandOp::AbortSplit(_) | CommandOp::RestorePage(_))
+            Some(
+                CommandOp::IngestSubtree(_)
+                    | CommandOp::HandSubtree(_)
+                    | CommandOp::AbortSplit(_)
+                    | CommandOp::RestorePage(_)
+                    | CommandOp::PurgeSubtree(_)
+            )
         );
         // An ingested page takes no revision: the target's first comes with its descriptor.
-        // Nor does a quota share or a limits record: no node changes.
-        let takes_revision = !matches!(command.op, Some(CommandOp::IngestSubtree(_) | CommandOp::SetQuotaShare(_) | CommandOp::SetLimits(_)));
+        // Nor does a quota share or a limits record: no node changes. Nor a purge page: what
+        // it deletes the group serves no more. Nor a count page: it changes no node.
+        let takes_revision = !matches!(
+            command.op,
+            Some(
+                CommandOp::IngestSubtree(_)
+                    | CommandOp::SetQuotaShare(_)
+                    | CommandOp::SetLimits(_)
+                    | CommandOp::PurgeSubtree(_)
+                    | CommandOp::CountQuota(_)
+            )
+        );
         // A client's write is refused past its quotas; the system's own are only counted.
         let client_write = matches!(command.op, Some(CommandOp::Txn(_) | CommandOp::CreateSession(_) | CommandOp::AcquireLock(_)));
         let sets_quota = matches!(command.op, Some(CommandOp::SetQuotaShare(_)));
+        let counts_quota = matches!(command.op, Some(CommandOp::CountQuota(_)));
         let mut quota_shares = Vec::new();
         let mut quota_removed = None;
         let mut new_split = None;
@@ -463,6 +535,14 @@ impl NamespaceStateMachine {
                 new_split = Some(state);
                 CommandOutcome::Txn(empty())
             }),
+            Some(CommandOp::CountQuota(count)) => self.quotas.count(txn.view, &count).map(|share| {
+                quota_shares.extend(share);
+                CommandOutcome::Txn(empty())
+            }),
+            Some(CommandOp::PurgeSubtree(purge)) => txn.purge_subtree(&purge).map(|state| {
+                new_split = Some(state);
+                CommandOutcome::Txn(empty())
+            }),
             None => Err(Failure::Refused(error::invalid("", "command without an operation"))),
         };
         let ttl_changes = std::mem::take(&mut txn.ttl_changes);
@@ -506,6 +586,7 @@ impl NamespaceStateMachine {
             }
             if let Some(state) = new_split {
                 self.split = state;
+                self.purge_pacing.applied();
             }
             if let Some((version, limits)) = new_limits {
                 self.set_limits(version, limits);
@@ -514,6 +595,9 @@ impl NamespaceStateMachine {
                 self.unpublished_move = moved;
             }
             self.quotas.update(quota_shares, quota_removed);
+            if sets_quota || counts_quota {
+                self.count_pacing.applied();
+            }
             if sets_quota {
                 self.hub.set_watch_limits(self.quotas.watch_limits());
             }
@@ -690,6 +774,15 @@ impl StateMachine for NamespaceStateMachine {
             Some(CommandOp::RestorePage(page)) if page.records.len() > backup::RESTORE_RECORDS_MAX => {
                 Err(EngineError::Invalid(format!("more than {} records in one restored page", backup::RESTORE_RECORDS_MAX)))
             }
+            Some(CommandOp::PurgeSubtree(purge)) if !(1..=split::PURGE_RECORDS_PER_PAGE_MAX).contains(&purge.records_max) => {
+                Err(EngineError::Invalid(format!("a purge page deletes 1 to {} records", split::PURGE_RECORDS_PER_PAGE_MAX)))
+            }
+            Some(CommandOp::CountQuota(warden_proto::namespace::CountQuota { records_max, .. }))
+            | Some(CommandOp::SetQuotaShare(warden_proto::namespace::SetQuotaShare { records_max, .. }))
+                if records_max > quota::COUNT_RECORDS_PER_PAGE_MAX =>
+            {
+                Err(EngineError::Invalid(format!("a quota count page reads at most {} records", quota::COUNT_RECORDS_PER_PAGE_MAX)))
+            }
             Some(CommandOp::RestorePage(page)) if page.revision_floor > REVISION_FLOOR_MAX => {
                 Err(EngineError::Invalid(format!("revision floor {} is above {REVISION_FLOOR_MAX}", page.revision_floor)))
             }
@@ -710,7 +803,9 @@ impl StateMachine for NamespaceStateMachine {
                 | CommandOp::AbortSplit(_)
                 | CommandOp::SetQuotaShare(_)
                 | CommandOp::SetLimits(_)
-                | CommandOp::RestorePage(_),
+                | CommandOp::RestorePage(_)
+                | CommandOp::PurgeSubtree(_)
+                | CommandOp::CountQuota(_),
             ) => Ok(()),
             None => Err(EngineError::Invalid("command without an operation".into())),
         }
@@ -718,13 +813,21 @@ impl StateMachine for NamespaceStateMachine {
 
     /// The leader judges time for sessions (their leases), remote sessions (their home
     /// groups' verdicts, asked for by the leader's checker), TTL nodes and locks in their
-    /// lock-delay: while the group holds any of them its leader keeps ticking.
+    /// lock-delay: while the group holds any of them its leader keeps ticking. So does a
+    /// subtree being purged, or a quota share counting: the leader proposes their pages.
     fn needs_ticks(&self) -> bool {
-        !self.sessions.is_empty() || !self.remote_sessions.is_empty() || !self.ttl.is_empty() || !self.blocked_locks.is_empty()
+        !self.sessions.is_empty()
+            || !self.remote_sessions.is_empty()
+            || !self.ttl.is_empty()
+            || !self.blocked_locks.is_empty()
+            || !self.split.purging.is_empty()
+            || self.quotas.counting().is_some()
     }
 
     fn on_leadership(&mut self, leading: bool, clock: LeaderClock) {
         self.leases.set_leading(leading, &self.sessions, clock.monotonic_ms);
+        self.purge_pacing.applied();
+        self.count_pacing.applied();
     }
 
     fn finish_batch(&mut self, writes: &mut SmWrites) {
@@ -791,7 +894,7 @@ impl StateMachine for NamespaceStateMachine {
 
     fn leader_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
         let now_ms = clock.wall_ms;
-        let mut due = Vec::new();
+        let mut due = self.page_proposals(clock);
         // Nothing in a moving subtree changes until it has moved (the group serving it then
         // ends these).
         let frozen = |path: &str| split::is_held(&self.split, path);

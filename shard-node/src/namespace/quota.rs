@@ -20,7 +20,7 @@
 use std::collections::BTreeMap;
 
 use prost::Message as _;
-use warden_proto::namespace::{NodeRecord, QuotaShare, SessionRecord, SetQuotaShare};
+use warden_proto::namespace::{CountQuota, NodeRecord, QuotaShare, SessionRecord, SetQuotaShare};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{QuotaCounts, QuotaExceeded, QuotaKind, QuotaLimits, WardenError};
 
@@ -38,6 +38,15 @@ use crate::state_machine::SmReader;
 pub const QUOTA: u8 = b'Q';
 /// Shares one group keeps at most (a new one past it is refused).
 pub const SHARES_MAX: usize = 1_000;
+/// Records a share new to a group counts at most per entry when this binary proposes it
+/// (`SetQuotaShare.records_max`, `CountQuota.records_max`: the proposer's budget travels in
+/// the command, so replicas of other versions count the same page). A page is a few
+/// milliseconds of reads, so the node's other groups keep being served between pages, and a
+/// group of millions of records is counted in a few thousand entries instead of one entry
+/// that reads it all on every replica at once.
+pub const COUNT_RECORDS_PER_PAGE: u32 = 10_000;
+/// The most records a count page may ask for (checked before it is proposed).
+pub const COUNT_RECORDS_PER_PAGE_MAX: u32 = 100_000;
 
 /// The kinds a group counts, in [`Counts`] order.
 pub const COUNTED: [QuotaKind; 4] = [QuotaKind::QuotaNodes, QuotaKind::QuotaBytes, QuotaKind::QuotaSessions, QuotaKind::QuotaLockWaiters];
@@ -75,6 +84,13 @@ fn node_counts(record: Option<&NodeRecord>) -> Deltas {
         None => [0; 4],
         Some(record) => [1, record.data.len() as i64, 0, i64::from(record.lock_waiter.is_some())],
     }
+}
+
+/// Whether the usage of `share` counts the record at `key` now: always once counted; while
+/// counting, only the records its count has passed (it reads the others later, as they are
+/// then, so their changes meanwhile are in what it reads).
+fn counts_key(share: &QuotaShare, key: &[u8]) -> bool {
+    !share.counting || key <= share.counted_through_key.as_slice()
 }
 
 /// Where a session counts: its scope (`/` without one).
@@ -154,7 +170,8 @@ impl GroupQuotas {
             if change == [0; 4] {
                 continue;
             }
-            for share in self.covering(path) {
+            let key = super::store::node_key(path);
+            for share in self.covering(path).into_iter().filter(|share| counts_key(share, &key)) {
                 add(&share.prefix, change);
             }
         }
@@ -162,7 +179,8 @@ impl GroupQuotas {
         for (before, after) in view.session_changes()? {
             for (record, sign) in [(before, -1), (after, 1)] {
                 let Some(record) = record.filter(|r| !r.remote) else { continue };
-                for share in self.covering(scope(&record)) {
+                let key = super::store::session_key(record.session_id);
+                for share in self.covering(scope(&record)).into_iter().filter(|share| counts_key(share, &key)) {
                     add(&share.prefix, [0, 0, sign, 0]);
                 }
             }
@@ -172,7 +190,8 @@ impl GroupQuotas {
 
     /// What the transaction in `view` (which changed the nodes `changes`) makes of the shares
     /// it touches (to [`update`](Self::update) once it commits); with `refuse`, a client's
-    /// command, refuses RESOURCE_EXHAUSTED instead when it would take a usage past its share.
+    /// command, refuses RESOURCE_EXHAUSTED instead when it would take a usage past its share
+    /// (a share still counting refuses nothing: its usage is not known yet).
     pub fn charge(&self, view: &TxnView<'_>, changes: &[NodeChange], refuse: bool) -> Result<Vec<QuotaShare>, Failure> {
         if self.shares.is_empty() {
             return Ok(Vec::new());
@@ -184,7 +203,7 @@ impl GroupQuotas {
             let mut usage = counts_of(share.usage.as_ref());
             for (index, delta) in deltas.iter().enumerate() {
                 let after = usage[index].saturating_add_signed(*delta);
-                if refuse && *delta > 0 {
+                if refuse && *delta > 0 && !share.counting {
                     if let Some(limit) = limits[index].filter(|_| after > allotment[index]) {
                         return Err(exceeded(&prefix, index, limit, after, allotment[index]).into());
                     }
@@ -197,7 +216,8 @@ impl GroupQuotas {
     }
 
     /// Applies placement's `SetQuotaShare` to the view (see its doc in namespace.proto);
-    /// answers the record after it. A new share counts the group's usage first.
+    /// answers the record after it. A new share starts counting what the group holds: its
+    /// first page here, the rest in the leader's `CountQuota` pages.
     pub fn set_share(&self, view: &mut TxnView<'_>, set: &SetQuotaShare) -> Result<QuotaShare, Failure> {
         path::validate(&set.prefix, true).map_err(|reason| super::error::invalid_path(&set.prefix, &reason))?;
         let current = self.shares.get(&set.prefix);
@@ -213,29 +233,52 @@ impl GroupQuotas {
         if current.is_none() && self.shares.len() >= SHARES_MAX {
             return Err(invalid(&set.prefix, format!("a group keeps at most {SHARES_MAX} quota shares")).into());
         }
-        let usage = match current {
-            Some(share) => counts_of(share.usage.as_ref()),
-            None => usage_of(view, &set.prefix)?,
-        };
         let wanted = counts_of(set.allotment.as_ref());
         let allotment = match (set.shrink, current) {
-            // Never above what it had; not below the usage unless capped.
+            // Never above what it had; not below the usage unless capped. A share still
+            // counting does not know its usage: it keeps what it had (unless capped).
             (true, Some(share)) => {
                 let had = counts_of(share.allotment.as_ref());
-                std::array::from_fn(|i| had[i].min(if set.cap { wanted[i] } else { wanted[i].max(usage[i]) }))
+                let floor = if share.counting { had } else { counts_of(share.usage.as_ref()) };
+                std::array::from_fn(|i| had[i].min(if set.cap { wanted[i] } else { wanted[i].max(floor[i]) }))
             }
             (true, None) => [0; 4],
             (false, _) => wanted,
         };
-        let share = QuotaShare {
-            prefix: set.prefix.clone(),
-            version: set.version,
-            limits: set.limits,
-            allotment: Some(counts_to_proto(allotment)),
-            usage: Some(counts_to_proto(usage)),
+        let share = match current {
+            Some(current) => QuotaShare { version: set.version, limits: set.limits, allotment: Some(counts_to_proto(allotment)), ..current.clone() },
+            None => {
+                let new = QuotaShare {
+                    prefix: set.prefix.clone(),
+                    version: set.version,
+                    limits: set.limits,
+                    allotment: Some(counts_to_proto(allotment)),
+                    usage: Some(counts_to_proto([0; 4])),
+                    counting: true,
+                    counted_through_key: Vec::new(),
+                };
+                count_page(view, new, set.records_max)?
+            }
         };
         view.put_raw(&key(&set.prefix), &share.encode_to_vec());
         Ok(share)
+    }
+
+    /// Counts the next page of the share of `count.prefix` if it is counting (see
+    /// `CountQuota` in namespace.proto); answers the record after it (`None`: nothing to do).
+    pub fn count(&self, view: &mut TxnView<'_>, count: &CountQuota) -> Result<Option<QuotaShare>, Failure> {
+        let Some(share) = self.shares.get(&count.prefix).filter(|share| share.counting) else { return Ok(None) };
+        if count.records_max == 0 {
+            return Err(invalid(&count.prefix, "a count page counts at least one record").into());
+        }
+        let share = count_page(view, share.clone(), count.records_max)?;
+        view.put_raw(&key(&count.prefix), &share.encode_to_vec());
+        Ok(Some(share))
+    }
+
+    /// The first share still counting, if any (its leader proposes its pages).
+    pub fn counting(&self) -> Option<&str> {
+        self.shares.values().find(|share| share.counting).map(|share| share.prefix.as_str())
     }
 
     /// Takes in what a committed command made of the shares (their records are written by
@@ -261,44 +304,52 @@ impl GroupQuotas {
     }
 }
 
-/// What the group holds at or below `prefix`: its node records (the root always exists),
-/// and the sessions homed here whose scope is there.
-fn usage_of(view: &TxnView<'_>, prefix: &str) -> Result<Counts, StorageError> {
-    let mut usage = [0u64; 4];
-    let ranges = if prefix == "/" { vec![(vec![b'n'], vec![b'o'])] } else { node_ranges(prefix) };
-    let mut root_stored = false;
-    for (from, to) in ranges {
-        for (key, value) in view.base_range(&from, &to)? {
-            let record = super::store::decode_record(&value)?;
-            root_stored |= key == b"n/";
-            let counts = node_counts(Some(&record));
-            for (total, count) in usage.iter_mut().zip(counts) {
+/// The key ranges a share at `prefix` counts, in key order: the node records at or below
+/// it, then the session records (those homed here with their scope there count).
+fn counted_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let mut ranges = super::store::subtree_node_ranges(prefix);
+    ranges.push((vec![b's'], vec![b't']));
+    ranges
+}
+
+/// Counts into `share` the next at most `records_max` records after its cursor, as the batch
+/// will leave them (streamed: memory stays at one record); the count is done once none is
+/// left. A page of none changes nothing.
+fn count_page(view: &TxnView<'_>, mut share: QuotaShare, records_max: u32) -> Result<QuotaShare, StorageError> {
+    if records_max == 0 {
+        return Ok(share);
+    }
+    let mut usage = counts_of(share.usage.as_ref());
+    let base = view.base();
+    // The root always exists, stored or not: one that is not is counted here, and its key
+    // passed, so a later first write of it (no new node) changes nothing.
+    if share.prefix == "/" && share.counted_through_key.is_empty() && view.get_raw(b"n/")?.is_none() {
+        usage[0] += 1;
+        share.counted_through_key = b"n/".to_vec();
+    }
+    let last = base.visit_page(counted_ranges(&share.prefix), &share.counted_through_key, records_max, |key, value| {
+        if key.first() == Some(&b's') {
+            let record = SessionRecord::decode(value).map_err(|e| StorageError::Corrupt(format!("session record: {e}")))?;
+            if !record.remote && warden_placement::is_at_or_below(scope(&record), &share.prefix) {
+                usage[2] += 1;
+            }
+        } else {
+            let record = super::store::decode_record(value)?;
+            for (total, count) in usage.iter_mut().zip(node_counts(Some(&record))) {
                 *total += count as u64;
             }
         }
-    }
-    if prefix == "/" && !root_stored {
-        usage[0] += 1;
-    }
-    for (_, value) in view.base_range(b"s", b"t")? {
-        let record = SessionRecord::decode(value.as_slice()).map_err(|e| StorageError::Corrupt(format!("session record: {e}")))?;
-        if !record.remote && warden_placement::is_at_or_below(scope(&record), prefix) {
-            usage[2] += 1;
+        Ok::<_, StorageError>(())
+    })?;
+    match last {
+        Some(key) => share.counted_through_key = key,
+        None => {
+            share.counting = false;
+            share.counted_through_key.clear();
         }
     }
-    Ok(usage)
-}
-
-/// The key ranges of the node records at or below a non-root `prefix`.
-fn node_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let key = |tail: &[u8]| {
-        let mut key = vec![b'n'];
-        key.extend_from_slice(prefix.as_bytes());
-        key.extend_from_slice(tail);
-        key
-    };
-    // The node itself, then its descendants `prefix/…` ('0' follows '/').
-    vec![(key(b""), key(b"\0")), (key(b"/"), key(b"0"))]
+    share.usage = Some(counts_to_proto(usage));
+    Ok(share)
 }
 
 /// The refusal of a request that would take `usage` of kind `index` past the group's
@@ -347,6 +398,7 @@ mod tests {
             shrink,
             remove: false,
             cap: false,
+            records_max: COUNT_RECORDS_PER_PAGE,
         }
     }
 
@@ -378,6 +430,71 @@ mod tests {
         assert_eq!(counts_of(capped.allotment.as_ref()), [1, 0, 0, 0], "a cap goes below the usage");
         ns.delete("/t/y", None, false).expect("a shrinking write passes over the share");
         assert!(ns.create_simple("/t/y", b"").is_err(), "growth waits until the usage is below the share");
+    }
+
+    /// What the group holds, counted from its records on disk: nodes (the root always
+    /// exists), data bytes, sessions homed here, lock waiters.
+    fn held_on_disk(ns: &Harness) -> Counts {
+        let mut held = [0u64; 4];
+        let mut root = false;
+        let read = ns.reader().scan(|key, value| match key.first() {
+            Some(b'n') => {
+                root |= key == b"n/";
+                let record = crate::namespace::store::decode_record(value).unwrap_or_default();
+                for (total, count) in held.iter_mut().zip(node_counts(Some(&record))) {
+                    *total += count as u64;
+                }
+            }
+            Some(b's') => held[2] += u64::from(SessionRecord::decode(value).is_ok_and(|record| !record.remote)),
+            _ => {}
+        });
+        assert!(read.is_ok(), "the group's records read");
+        held[0] += u64::from(!root);
+        held
+    }
+
+    /// A share new to a group of more records than a page counts them in pages the leader
+    /// proposes, each within its budget (the share's own entry reads nothing); meanwhile it
+    /// refuses nothing, and writes on either side of the count's cursor leave it exact.
+    #[test]
+    fn a_new_share_counts_a_large_group_a_bounded_page_per_entry_and_ends_exact() {
+        let mut ns = Harness::new(Limits::default()).expect("harness");
+        ns.set_leading(true, 0);
+        let nodes = 12_000;
+        ns.create_simple("/t", b"").expect("create");
+        for i in 0..nodes {
+            ns.create_simple(&format!("/t/n{i:05}"), b"ab").expect("create");
+        }
+        ns.create_session(60_000).expect("session");
+        let share = SetQuotaShare {
+            prefix: "/".into(),
+            version: 1,
+            limits: Some(QuotaLimits { nodes: Some(5), ..QuotaLimits::default() }),
+            allotment: Some(counts_to_proto([5, 0, 0, 0])),
+            ..SetQuotaShare::default()
+        };
+        ns.take_batch_costs();
+        ns.set_quota_share(share).expect("share");
+        let set = ns.take_batch_costs();
+        assert!(set.iter().all(|cost| cost.records_scanned < 64), "the share's own entry reads no page of its own here: {set:?}");
+        ns.create_simple("/t/before-any-page", b"").expect("not enforced before it is counted");
+        assert_eq!(ns.leader_scan(1).expect("a count page"), 1);
+        // The first page passed /t/n00001 and /t/n00002, not /t/n11000 nor /t/zzz.
+        ns.delete("/t/n00001", None, false).expect("delete");
+        ns.set("/t/n00002", b"longer data", None).expect("set");
+        ns.set("/t/n11000", b"longer data", None).expect("set");
+        ns.create_simple("/t/zzz", b"xyz").expect("not enforced while it counts");
+        ns.create_session(60_000).expect("a session while it counts");
+        while ns.leader_scan(1).expect("count pages") > 0 {}
+        let pages = ns.take_batch_costs();
+        let budget = u64::from(COUNT_RECORDS_PER_PAGE);
+        assert!(pages.iter().filter(|cost| cost.records_scanned > 1_000).count() >= 2, "counted in pages: {pages:?}");
+        assert!(pages.iter().all(|cost| cost.records_scanned <= budget + 64), "a page past its budget of {budget}: {pages:?}");
+        let read = SetQuotaShare { prefix: "/".into(), ..SetQuotaShare::default() };
+        let counted = counts_of(ns.set_quota_share(read).expect("the share").usage.as_ref());
+        assert_eq!(counted, held_on_disk(&ns), "the count ends exact");
+        let refused = ns.create_simple("/t/after", b"").expect_err("enforced once counted");
+        assert_eq!(refused.code, Code::ResourceExhausted as i32, "{refused:?}");
     }
 
     #[test]

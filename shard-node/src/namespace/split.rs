@@ -16,8 +16,8 @@ use prost::Message as _;
 use warden_placement::{is_at_or_below, is_strictly_below};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::{
-    AbortSplit, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, LockMeta, NodeRecord, SessionOwner, SessionRecord, SplitState, SubtreePage,
-    SubtreeRecord,
+    AbortSplit, ExportSubtree, FreezeSubtree, HandSubtree, IngestSubtree, LockMeta, NodeRecord, PurgeSubtree, SessionOwner, SessionRecord,
+    SplitState, SubtreePage, SubtreeRecord,
 };
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{GroupDescriptor, NodeKind, WardenError};
@@ -36,6 +36,15 @@ use crate::state_machine::SmReader;
 pub const EXPORT_PAGE_BYTES_MAX: u32 = 1 << 20;
 /// Records one ingested page may carry.
 pub const INGEST_RECORDS_MAX: usize = 100_000;
+/// Records a purge page deletes at most when this binary's leader proposes it
+/// (`PurgeSubtree.records_max`: the proposer's budget travels in the command, so replicas of
+/// other versions delete the same page). A page of this size is a few milliseconds of apply,
+/// so the other groups of the node keep being served between pages, and its writes stay a
+/// small part of a batch; a million-record subtree goes in a thousand entries.
+pub const PURGE_RECORDS_PER_PAGE: u32 = 1_000;
+/// The most records a `PurgeSubtree` may ask for (checked before it is proposed): the
+/// ingest page's bound, so a purge entry is no larger a piece of work than an ingested one.
+pub const PURGE_RECORDS_PER_PAGE_MAX: u32 = INGEST_RECORDS_MAX as u32;
 
 /// The subtree frozen now, if any.
 pub fn frozen(state: &SplitState) -> Option<&str> {
@@ -55,16 +64,37 @@ fn destination(state: &SplitState) -> u64 {
 /// in, not served yet: what the leader would do on its own clock there — TTL and lock-delay
 /// ends, ends of sessions owning nodes there — waits until it is served, so its events come
 /// after the revision watchers resume from). The hand-over, or the descriptor serving it,
-/// or the abort ends each.
+/// or the abort ends each. Also the subtrees whose records are being purged: they are gone
+/// from the group's point of view, and a session's end or a timer deleting their nodes
+/// meanwhile would make events and counts of paths the group no longer serves (the purge
+/// detaches them, then what waited goes on).
 fn held(state: &SplitState) -> impl Iterator<Item = (&str, u64)> {
     let outgoing = frozen(state).map(|prefix| (prefix, destination(state)));
     let incoming = (state.incoming_operation != 0).then_some((state.incoming_prefix.as_str(), 0));
     let restoring = (state.restoring != 0).then_some((state.restoring_prefix.as_str(), RESTORING));
-    outgoing.into_iter().chain(incoming).chain(restoring)
+    let purging = state.purging.iter().map(|prefix| (prefix.as_str(), PURGING));
+    outgoing.into_iter().chain(incoming).chain(restoring).chain(purging)
 }
 
 /// The destination [`held`] gives a subtree a restore is writing (`backup.rs`).
 const RESTORING: u64 = u64::MAX;
+/// The destination [`held`] gives a subtree whose records are being purged.
+const PURGING: u64 = u64::MAX - 1;
+
+/// Whether `path` is in a subtree whose records are being purged (not the group's any more).
+pub fn is_purging(state: &SplitState, path: &str) -> bool {
+    state.purging.iter().any(|prefix| is_at_or_below(path, prefix))
+}
+
+/// Refuses (UNAVAILABLE, retried) taking a subtree at `prefix` in or out while a purge of a
+/// subtree overlapping it is pending: an export would carry records that are leaving, and
+/// ingested ones would be deleted by the purge.
+fn check_no_purge_overlapping(state: &SplitState, prefix: &str) -> Result<(), Failure> {
+    match state.purging.iter().find(|purging| is_at_or_below(prefix, purging) || is_at_or_below(purging, prefix)) {
+        Some(purging) => Err(moving(prefix, purging, PURGING).into()),
+        None => Ok(()),
+    }
+}
 
 /// Whether `path` is in a subtree nothing may change in now (see [`held`]).
 pub fn is_held(state: &SplitState, path: &str) -> bool {
@@ -75,6 +105,7 @@ fn moving(path: &str, prefix: &str, to: u64) -> WardenError {
     let message = match to {
         0 => format!("{prefix} is moving here: retry"),
         RESTORING => format!("{prefix} is being restored from a backup: retry once the restore is done"),
+        PURGING => format!("{prefix} moved away and its records are still being deleted here: retry"),
         to => format!("{prefix} is moving to group {to}: retry"),
     };
     error(Code::Unavailable, path, message)
@@ -237,14 +268,9 @@ pub fn export(reader: &SmReader, descriptor: Option<&GroupDescriptor>, state: &S
     let mut bytes = 0usize;
     let mut full = false;
     let mut failed = None;
-    for (from, to) in store::subtree_ranges(&request.prefix) {
-        if full || to.as_slice() <= request.after_key.as_slice() {
-            continue;
-        }
-        let mut start = from.clone();
-        if request.after_key.as_slice() >= from.as_slice() {
-            start = request.after_key.clone();
-            start.push(0);
+    for (start, to) in store::ranges_after(store::subtree_ranges(&request.prefix), &request.after_key) {
+        if full {
+            break;
         }
         reader.scan_range(&start, Some(&to), |key, value| {
             // The owner of a session first seen here travels with the page (and counts in it).
@@ -311,6 +337,7 @@ impl Txn<'_, '_> {
         }
         path::validate(&freeze.prefix, false).map_err(|e| super::error::invalid_path(&freeze.prefix, &e))?;
         descriptor::check_served(descriptor, &freeze.prefix)?;
+        check_no_purge_overlapping(&state, &freeze.prefix)?;
         let root = descriptor::root(descriptor);
         match freeze.into_group {
             0 if !is_strictly_below(&freeze.prefix, root) => {
@@ -342,8 +369,9 @@ impl Txn<'_, '_> {
             state.frozen_into = 0;
             state.frozen_prefix.clear();
         }
-        if target != 0 && state.incoming_operation == target {
-            self.discard_incoming(&mut state)?;
+        // An older operation still being ingested is settled by this abort too: its pages go.
+        if target != 0 && state.incoming_operation != 0 && state.incoming_operation <= target {
+            self.discard_incoming(&mut state);
         }
         state.settled_through = state.settled_through.max(target);
         self.view.put_split(&state);
@@ -371,49 +399,76 @@ impl Txn<'_, '_> {
         if descriptor::serves(Some(&new), &prefix) {
             return Err(invalid(&prefix, "the descriptor after a hand-over must not serve the moved subtree").into());
         }
-        self.remove_subtree(&prefix, Linked::Yes)?;
-        let new = self.set_descriptor(group, current, Some(new))?;
+        // The records go in pages after this entry (`purge_subtree`, proposed by the leader):
+        // deleting a subtree of any size here would take the memory and the time of every
+        // replica at once. From here the subtree is not the group's: its root leaves its
+        // parent, the descriptor stops serving it, and it is held until purged.
+        self.link_to_parent(&prefix, false)?;
         state.frozen_for = 0;
         state.frozen_into = 0;
         state.frozen_prefix.clear();
         state.settled_through = state.settled_through.max(target);
         state.handed_to = target;
+        state.purging.push(prefix);
         self.view.put_split(&state);
+        let new = self.set_descriptor(group, current, Some(new))?;
         Ok((state, Some(new)))
     }
 
-    /// Deletes every record of the subtree at `prefix` (moved, not deleted: no watch event
-    /// comes of it), detaches its root from its parent if `linked`, and lets go of its
-    /// ephemerals' sessions here. Waiting lock calls on its waiters wake and find the path
-    /// served elsewhere.
-    fn remove_subtree(&mut self, prefix: &str, linked: Linked) -> Result<(), Failure> {
-        for (from, to) in store::subtree_ranges(prefix) {
-            for (key, value) in self.view.base_range(&from, &to)? {
-                match parse_subtree_key(&key) {
-                    Some(SubtreeKey::Node(node_path)) => {
-                        let record = store::decode_record(&value)?;
-                        let stat = record.stat.unwrap_or_default();
-                        if stat.ephemeral_owner != 0 {
-                            // The session itself stays: it may own nodes elsewhere in the group.
-                            self.detach_ephemeral(stat.ephemeral_owner, node_path)?;
-                        }
-                        if stat.kind == NodeKind::Ttl as i32 {
-                            self.ttl_changes.push(TtlChange::Remove(node_path.to_string()));
-                        }
-                        if record.lock_waiter.is_some() {
-                            self.gone_waiters.push(node_path.to_string());
-                        }
-                    }
-                    Some(SubtreeKey::Lock(lock_path)) => self.lock_changes.push((lock_path.to_string(), 0)),
-                    Some(SubtreeKey::Child(..)) | None => {}
-                }
-                self.view.delete_raw(&key);
+    /// Deletes the next page of the first subtree being purged (see `PurgeSubtree` in
+    /// `namespace.proto`): at most `purge.records_max` records, each with what its going
+    /// does, moved rather than deleted (no watch event comes of it). Answers the new split
+    /// state; a page of a purge done, or of another subtree, changes nothing.
+    pub fn purge_subtree(&mut self, purge: &PurgeSubtree) -> Result<SplitState, Failure> {
+        let mut state = self.view.split()?;
+        if state.purging.first() != Some(&purge.prefix) {
+            return Ok(state);
+        }
+        if purge.records_max == 0 {
+            return Err(invalid(&purge.prefix, "a purge page deletes at least one record").into());
+        }
+        match self.delete_records(&purge.prefix, &state.purged_through_key, purge.records_max)? {
+            Some(last) => state.purged_through_key = last,
+            None => {
+                state.purging.remove(0);
+                state.purged_through_key.clear();
             }
         }
-        match linked {
-            Linked::Yes => self.link_to_parent(prefix, false),
-            Linked::No => Ok(()),
-        }
+        self.view.put_split(&state);
+        Ok(state)
+    }
+
+    /// Deletes up to `records_max` records of the subtree at `prefix` after `after_key`, in
+    /// key order, and lets go of its ephemerals' sessions here; waiting lock calls on its
+    /// waiters wake and find the path served elsewhere. Answers the last key deleted when
+    /// the budget ran out (records may follow it), `None` once none is left.
+    fn delete_records(&mut self, prefix: &str, after_key: &[u8], records_max: u32) -> Result<Option<Vec<u8>>, Failure> {
+        self.view.base().visit_page(store::subtree_ranges(prefix), after_key, records_max, |key, value| {
+            match parse_subtree_key(key) {
+                Some(SubtreeKey::Node(node_path)) => {
+                    let record = store::decode_record(value)?;
+                    let stat = record.stat.unwrap_or_default();
+                    if stat.ephemeral_owner != 0 {
+                        // The session itself stays: it may own nodes elsewhere in the group.
+                        self.detach_ephemeral(stat.ephemeral_owner, node_path)?;
+                    }
+                    if stat.kind == NodeKind::Ttl as i32 {
+                        self.ttl_changes.push(TtlChange::Remove(node_path.to_string()));
+                    }
+                    if record.lock_waiter.is_some() {
+                        self.gone_waiters.push(node_path.to_string());
+                    }
+                }
+                Some(SubtreeKey::Lock(lock_path)) => {
+                    self.lock_changes.push((lock_path.to_string(), 0));
+                    // Its holders are counted again (none: it is gone).
+                    self.touched.insert(lock_path.to_string());
+                }
+                Some(SubtreeKey::Child(..)) | None => {}
+            }
+            self.view.delete_raw(key);
+            Ok::<_, Failure>(())
+        })
     }
 
     /// Adds (`link`) or removes the subtree root at `prefix` in its parent's children index
@@ -439,16 +494,16 @@ impl Txn<'_, '_> {
         Ok(())
     }
 
-    /// Target: the pages of the operation being ingested are thrown away (it was aborted, or
-    /// an earlier one was never settled here), and the operation is settled.
-    fn discard_incoming(&mut self, state: &mut SplitState) -> Result<(), Failure> {
+    /// Target: the pages of the operation being ingested are thrown away (it was aborted),
+    /// in pages after this entry (never served here, its root is in no parent's index), and
+    /// the operation is settled.
+    fn discard_incoming(&mut self, state: &mut SplitState) {
         let prefix = std::mem::take(&mut state.incoming_prefix);
         if !prefix.is_empty() {
-            self.remove_subtree(&prefix, Linked::No)?;
+            state.purging.push(prefix);
         }
         state.settled_through = state.settled_through.max(state.incoming_operation);
         state.incoming_operation = 0;
-        Ok(())
     }
 
     /// Target: `served` (just set) serves the prefix of the operation being ingested, so the
@@ -483,10 +538,16 @@ impl Txn<'_, '_> {
         if operation == 0 || operation <= state.settled_through || operation < state.incoming_operation {
             return Err(invalid(prefix, format!("the operation {operation} is settled here, or was never begun")).into());
         }
-        if state.incoming_operation != operation {
+        check_no_purge_overlapping(&state, prefix)?;
+        if state.incoming_operation != operation && state.incoming_operation != 0 {
             // What an operation never settled here left (its source was never asked to
-            // abort it here) is not part of this one.
-            self.discard_incoming(&mut state)?;
+            // abort it here) is not part of this one, and it goes in pages: refused until
+            // an abort of this operation (the roll-back of this refusal) settles the older
+            // one too and its pages are purged.
+            let message = format!("the pages of operation {} are still here: retry once it is aborted", state.incoming_operation);
+            return Err(error(Code::Unavailable, prefix, message).into());
+        }
+        if state.incoming_operation != operation {
             state.incoming_operation = operation;
             state.incoming_prefix = prefix.to_string();
             self.view.put_split(&state);
@@ -571,14 +632,6 @@ impl Txn<'_, '_> {
     }
 }
 
-/// Whether a removed subtree's root is listed in its parent here (the source's) or not (pages
-/// a target ingested but never served).
-#[derive(Clone, Copy)]
-enum Linked {
-    Yes,
-    No,
-}
-
 /// The refusal of a step for a split already settled: NODE_EXISTS if it was handed over
 /// (the split must finish), INVALID_ARGUMENT if it was aborted (it must roll back).
 fn settled(prefix: &str, state: &SplitState, target: u64) -> WardenError {
@@ -586,5 +639,130 @@ fn settled(prefix: &str, state: &SplitState, target: u64) -> WardenError {
         error(Code::NodeExists, prefix, format!("the subtree was handed over to group {target} already"))
     } else {
         error(Code::InvalidArgument, prefix, format!("the split to group {target} was aborted or never began"))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use warden_proto::namespace::{AcquireLock, SetQuotaShare};
+    use warden_proto::v1::{CreateRequest, LockMode, QuotaLimits};
+
+    use super::*;
+    use crate::namespace::harness::{BatchCost, Harness};
+    use crate::namespace::quota::{counts_of, counts_to_proto};
+    use crate::namespace::Limits;
+
+    const TARGET: u64 = 7;
+    /// Plain nodes in the moved subtree: with their children index entries, several pages.
+    const NODES: usize = 2_500;
+
+    fn served(version: u64, excluded: &[&str]) -> GroupDescriptor {
+        GroupDescriptor {
+            group_id: 1,
+            prefix: "/".into(),
+            excluded: excluded.iter().map(|e| e.to_string()).collect(),
+            replicas: vec![1],
+            conf_ver: 1,
+            version,
+        }
+    }
+
+    fn create(ns: &mut Harness, path: &str, session_id: u64, kind: NodeKind) {
+        let ttl_ms = if kind == NodeKind::Ttl { 60_000 } else { 0 };
+        let request = CreateRequest { path: path.into(), data: b"data".to_vec(), session_id, kind: kind as i32, ttl_ms, ..CreateRequest::default() };
+        assert!(ns.create(request).is_ok(), "create {path}");
+    }
+
+    /// Whether any record of the group's range is a record of the subtree at `prefix`, or an
+    /// ephemeral index entry of a node in it.
+    fn holds_any_of(ns: &Harness, prefix: &str) -> bool {
+        let mut found = false;
+        let scanned = ns.reader().scan(|key, _| {
+            let path = match parse_subtree_key(key) {
+                Some(SubtreeKey::Node(path) | SubtreeKey::Lock(path) | SubtreeKey::Child(path, _)) => path,
+                None if key.first() == Some(&b'e') => std::str::from_utf8(&key[9..]).unwrap_or(""),
+                None => return,
+            };
+            found |= is_at_or_below(path, prefix);
+        });
+        assert!(scanned.is_ok(), "the group's records read");
+        found
+    }
+
+    /// A hand-over of a subtree of thousands of records deletes nothing in its own entry:
+    /// the leader's purge pages do, each within the page budget it carries, and once they
+    /// ran nothing of the subtree is left, its ephemerals left their session, its waiters'
+    /// calls were woken, and the quota's usage and the held counts are those of what stays.
+    #[test]
+    fn a_hand_over_deletes_the_moved_subtree_a_bounded_page_per_entry_and_leaves_nothing_of_it() {
+        let mut ns = Harness::new(Limits::default()).expect("harness");
+        ns.set_leading(true, 0);
+        assert!(ns.set_descriptor(served(1, &[]), 0).is_ok());
+        let limits = QuotaLimits { nodes: Some(1_000_000), ..QuotaLimits::default() };
+        let share = |version| SetQuotaShare {
+            prefix: "/".into(),
+            version,
+            limits: Some(limits),
+            allotment: Some(counts_to_proto([1_000_000, 0, 0, 0])),
+            // Counted in its own entry (the group is small yet).
+            records_max: crate::namespace::quota::COUNT_RECORDS_PER_PAGE,
+            ..SetQuotaShare::default()
+        };
+        assert!(ns.set_quota_share(share(1)).is_ok(), "a quota counting the whole group");
+        let session = ns.create_session(60_000).expect("session").session_id;
+        let other = ns.create_session(60_000).expect("session").session_id;
+        for path in ["/team", "/team/a", "/team/a/deep", "/other"] {
+            create(&mut ns, path, 0, NodeKind::Persistent);
+        }
+        for i in 0..NODES {
+            create(&mut ns, &format!("/team/a/deep/n{i:05}"), 0, NodeKind::Persistent);
+        }
+        for i in 0..20 {
+            create(&mut ns, &format!("/team/a/ttl{i:02}"), 0, NodeKind::Ttl);
+            create(&mut ns, &format!("/team/a/e{i:02}"), session, NodeKind::Persistent);
+        }
+        create(&mut ns, "/team/a-stays", session, NodeKind::Persistent);
+        let lock = |session_id, request_id| AcquireLock {
+            path: "/team/a/lock".into(),
+            session_id,
+            mode: LockMode::Exclusive as i32,
+            request_id,
+            ..AcquireLock::default()
+        };
+        for (session_id, request_id) in [(session, 1), (other, 2), (other, 3)] {
+            assert!(ns.lock(lock(session_id, request_id)).is_ok(), "waiter {request_id}");
+        }
+        let freeze = FreezeSubtree { prefix: "/team/a".into(), target_group: TARGET, into_group: 0 };
+        assert!(ns.placement_step(CommandOp::FreezeSubtree(freeze)).is_ok());
+
+        ns.take_batch_costs();
+        let hand = HandSubtree { target_group: TARGET, descriptor: Some(served(2, &["/team/a"])) };
+        assert!(ns.placement_step(CommandOp::HandSubtree(hand)).is_ok(), "hand over");
+        let handed = ns.take_batch_costs();
+        assert!(handed.iter().all(|cost| cost.write_ops < 16 && cost.records_scanned < 16), "the hand-over entry itself: {handed:?}");
+        while ns.leader_scan(1).expect("leader proposals") > 0 {}
+        let pages = ns.take_batch_costs();
+        let budget = PURGE_RECORDS_PER_PAGE as usize;
+        assert!(pages.len() >= 4, "{} records go in pages: {pages:?}", 2 * NODES);
+        let over: Vec<&BatchCost> = pages.iter().filter(|cost| cost.write_ops > budget + 16 || cost.records_scanned > budget as u64 + 16).collect();
+        assert!(over.is_empty(), "entries past the page budget of {budget}: {over:?}");
+
+        assert!(!holds_any_of(&ns, "/team/a"), "a record of the moved subtree was left");
+        assert!(pages.iter().map(|cost| cost.notified).sum::<usize>() >= 3, "the waiting calls of the moved waiters wake");
+        let closed = ns.close_session(session).expect("its moved nodes are no longer its own here");
+        assert_eq!(closed.deleted, 1, "only the ephemeral that stayed");
+        let usage = counts_of(ns.set_quota_share(share(0)).expect("the share").usage.as_ref());
+        let mut nodes = 0;
+        assert!(ns
+            .reader()
+            .scan_range(b"n", Some(b"o"), |_, _| {
+                nodes += 1;
+                true
+            })
+            .is_ok());
+        assert_eq!(usage[0], nodes, "the quota counts what stays: the root, /team, /other");
+        let held = ns.held();
+        assert!(ns.reopen().is_ok());
+        assert_eq!(ns.held(), held, "the counts kept by apply are those counted from disk");
     }
 }

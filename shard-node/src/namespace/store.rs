@@ -181,25 +181,45 @@ pub fn child_key_of(path: &str) -> Option<Vec<u8>> {
 /// parent's children index is not among them (it belongs to the parent), nor are session
 /// records and the ephemeral index (they belong to sessions).
 pub fn subtree_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
-    let key = |family: u8, tail: &[u8]| {
+    [(CHILD, &b"\0"[..], &b"\x01"[..]), (LOCK, b"", b"\0"), (NODE, b"", b"\0")]
+        .into_iter()
+        .flat_map(|(family, own_from, own_to)| family_ranges(family, prefix, own_from, own_to))
+        .collect()
+}
+
+/// What is left of `ranges` (in key order) after `after_key` (all of them when it is empty):
+/// where a paged walk of them goes on.
+pub fn ranges_after(ranges: Vec<(Vec<u8>, Vec<u8>)>, after_key: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    ranges
+        .into_iter()
+        .filter(|(_, to)| to.as_slice() > after_key)
+        .map(|(from, to)| match after_key >= from.as_slice() {
+            true => ([after_key, b"\0"].concat(), to),
+            false => (from, to),
+        })
+        .collect()
+}
+
+/// The key ranges `[from, to)` of the node records at or below `prefix`, in key order.
+pub fn subtree_node_ranges(prefix: &str) -> Vec<(Vec<u8>, Vec<u8>)> {
+    family_ranges(NODE, prefix, b"", b"\0")
+}
+
+/// The keys of `family` at or below `prefix`: its own (`prefix` followed by `own_from` up to
+/// `own_to`), then its descendants' — every key from `prefix/` up to `prefix0` ('0' follows
+/// '/'). Below the root every path is a descendant: `/` up to `0`.
+fn family_ranges(family: u8, prefix: &str, own_from: &[u8], own_to: &[u8]) -> Vec<(Vec<u8>, Vec<u8>)> {
+    let key = |tail: &[u8]| {
         let mut key = vec![family];
         key.extend_from_slice(prefix.as_bytes());
         key.extend_from_slice(tail);
         key
     };
-    // Descendants are `prefix/…`: every key from `prefix/` up to `prefix0` ('0' follows '/').
-    vec![
-        (key(CHILD, b"\0"), key(CHILD, b"\x01")),
-        (key(CHILD, b"/"), key(CHILD, b"0")),
-        (key(LOCK, b""), key(LOCK, b"\0")),
-        (key(LOCK, b"/"), key(LOCK, b"0")),
-        (key(NODE, b""), key(NODE, b"\0")),
-        (key(NODE, b"/"), key(NODE, b"0")),
-    ]
+    if prefix == "/" {
+        return vec![(vec![family, b'/'], vec![family, b'0'])];
+    }
+    vec![(key(own_from), key(own_to)), (key(b"/"), key(b"0"))]
 }
-
-/// A stored key and its value, as moved between groups.
-pub type RawRecord = (Vec<u8>, Vec<u8>);
 
 /// What a key of a subtree's records is: a node's record, a children-index entry (of its
 /// parent), or a lock's metadata; `None` for any other key.
@@ -250,6 +270,91 @@ pub fn read_node(reader: &SmReader, path: &str) -> Result<Option<NodeRecord>, St
 pub fn read_children(reader: &SmReader, parent: &str, start_after: &str, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
     let view = TxnView::new(reader, None);
     view.children(parent, start_after, limit)
+}
+
+/// The records as the batch will leave them: its pending writes over disk (a transaction's
+/// view without its own buffered writes).
+#[derive(Clone, Copy)]
+pub struct BaseView<'a> {
+    reader: &'a SmReader,
+    batch: Option<&'a SmWrites>,
+}
+
+impl BaseView<'_> {
+    /// Hands `visit` the next at most `records_max` records of `ranges` (in key order) after
+    /// `after_key`, as [`BaseView::visit_range`] does: one page of a paged walk. Answers the
+    /// last key visited when the budget ran out (records may follow it: the next page's
+    /// `after_key`), `None` once none is left.
+    pub fn visit_page<E: From<StorageError>>(
+        &self,
+        ranges: Vec<(Vec<u8>, Vec<u8>)>,
+        after_key: &[u8],
+        records_max: u32,
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<(), E>,
+    ) -> Result<Option<Vec<u8>>, E> {
+        let mut visited = 0u32;
+        let mut last = None;
+        for (from, to) in ranges_after(ranges, after_key) {
+            self.visit_range(&from, &to, |key, value| {
+                visit(key, value)?;
+                visited += 1;
+                if visited >= records_max {
+                    last = Some(key.to_vec());
+                }
+                Ok::<_, E>(last.is_none())
+            })?;
+            if last.is_some() {
+                break;
+            }
+        }
+        Ok(last)
+    }
+
+    /// Hands `visit` every record in `[from, to)` as the batch will leave it (disk under the
+    /// batch's pending writes), in key order, until it answers false: a replica that applies
+    /// a freeze and a hand-over in one batch still sees the subtree's last writes. Streams
+    /// the disk and the pending writes side by side, so memory stays at one record whatever
+    /// the range holds.
+    pub fn visit_range<E: From<StorageError>>(
+        &self,
+        from: &[u8],
+        to: &[u8],
+        mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, E>,
+    ) -> Result<(), E> {
+        let mut pending = self.batch.into_iter().flat_map(|batch| batch.pending_range(from, to)).peekable();
+        // `Ok(true)`: go on; anything else ends both the disk scan and the pending writes.
+        let mut going: Result<bool, E> = Ok(true);
+        self.reader.scan_range(from, Some(to), |key, value| {
+            while let Some((earlier, written)) = pending.next_if(|(pending_key, _)| *pending_key < key) {
+                if let Some(written) = written {
+                    going = visit(earlier, written);
+                    if !matches!(going, Ok(true)) {
+                        return false;
+                    }
+                }
+            }
+            // A pending write of this very key wins over disk (`None`: deleted).
+            let value = match pending.next_if(|(pending_key, _)| *pending_key == key) {
+                Some((_, written)) => written,
+                None => Some(value),
+            };
+            if let Some(value) = value {
+                going = visit(key, value);
+            }
+            matches!(going, Ok(true))
+        })?;
+        if !going? {
+            return Ok(());
+        }
+        for (key, written) in pending {
+            if let Some(written) = written {
+                if !visit(key, written)? {
+                    break;
+                }
+            }
+        }
+        Ok(())
+    }
 }
 
 /// A transaction's view: its own buffered writes over the batch's pending writes over disk.
@@ -418,24 +523,10 @@ impl<'a> TxnView<'a> {
         self.local.insert(key.to_vec(), None);
     }
 
-    /// Every record in `[from, to)` as the batch will leave it (disk under the batch's
-    /// pending writes), in key order: a replica that applies a freeze and a hand-over in one
-    /// batch still sees the subtree's last writes.
-    pub fn base_range(&self, from: &[u8], to: &[u8]) -> Result<Vec<RawRecord>, StorageError> {
-        let mut records = BTreeMap::new();
-        self.reader.scan_range(from, Some(to), |key, value| {
-            records.insert(key.to_vec(), value.to_vec());
-            true
-        })?;
-        if let Some(batch) = self.batch {
-            for (key, value) in batch.pending_range(from, to) {
-                match value {
-                    Some(value) => records.insert(key.to_vec(), value.to_vec()),
-                    None => records.remove(key),
-                };
-            }
-        }
-        Ok(records.into_iter().collect())
+    /// What the transaction reads under its own writes, apart from the view (so a caller
+    /// may visit it while writing to the view).
+    pub fn base(&self) -> BaseView<'a> {
+        BaseView { reader: self.reader, batch: self.batch }
     }
 
     /// Writes the group's descriptor.

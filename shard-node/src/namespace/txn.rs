@@ -627,7 +627,8 @@ impl Txn<'_, '_> {
             if !warden_placement::is_strictly_below(excluded, &new.prefix) {
                 return Err(invalid(excluded, "an excluded prefix must be below the group's prefix").into());
             }
-            if self.node(excluded)?.is_some() {
+            // A subtree handed over is excluded at once, while its records are still purged.
+            if self.node(excluded)?.is_some() && !super::split::is_purging(&self.view.split()?, excluded) {
                 return Err(
                     error(Code::NotEmpty, excluded, "this group holds nodes there (moving a subtree to another group is not supported)").into()
                 );
@@ -657,7 +658,8 @@ impl Txn<'_, '_> {
             return Err(invalid(&new.prefix, "only a group below the root retires, and its one exclusion is its prefix").into());
         }
         let children = self.node(&new.prefix)?.and_then(|node| node.stat).map_or(0, |stat| stat.num_children);
-        if children > 0 {
+        // A merge's hand-over retires the group at once; the subtree's records go in pages.
+        if children > 0 && !super::split::is_purging(&self.view.split()?, &new.prefix) {
             return Err(error(Code::NotEmpty, &new.prefix, format!("{} has {children} children: only an empty group is removed", new.prefix)).into());
         }
         self.view.put_descriptor(&new);

@@ -62,7 +62,7 @@ fn quota_state(prefix: &str, limits: &Limits, records: &[(u64, QuotaShare)]) -> 
         limits: Some(limits_to_proto(limits)),
         shares: records
             .iter()
-            .map(|(group, record)| QuotaGroupShare { group_id: *group, allotment: record.allotment, usage: record.usage })
+            .map(|(group, record)| QuotaGroupShare { group_id: *group, allotment: record.allotment, usage: record.usage, counting: record.counting })
             .collect(),
         usage: Some(counts_to_proto(usage)),
     }
@@ -75,6 +75,9 @@ fn share_command(prefix: &str, version: u64, limits: &Limits, allotment: Counts)
         version,
         limits: Some(limits_to_proto(limits)),
         allotment: Some(counts_to_proto(allotment)),
+        // A group new to the quota counts what it holds in pages of this many records (the
+        // rest its leader proposes): small groups are counted at once.
+        records_max: crate::namespace::quota::COUNT_RECORDS_PER_PAGE,
         ..SetQuotaShare::default()
     }
 }

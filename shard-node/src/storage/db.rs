@@ -74,6 +74,10 @@ pub struct Db {
     /// State-machine reads made to fail on this store (tests only).
     #[cfg(test)]
     pub(crate) read_faults: ReadFaults,
+    /// State-machine records read by scans of this store (tests only: what an applied entry
+    /// reads is measured by it).
+    #[cfg(test)]
+    pub(crate) records_scanned: std::sync::atomic::AtomicU64,
 }
 
 /// State-machine reads that fail on one store, standing for a damaged block or a failing
@@ -162,6 +166,8 @@ impl Db {
             snapshot_builds: AtomicUsize::new(0),
             #[cfg(test)]
             read_faults: ReadFaults::default(),
+            #[cfg(test)]
+            records_scanned: std::sync::atomic::AtomicU64::new(0),
         }))
     }
 
