@@ -254,6 +254,10 @@ impl PeerStorage {
         ops.extend(snapshot::restore_ops(self.group, &data));
         let conf_state = meta.get_conf_state();
         ops.push(state_put(self.group, StateKey::ConfState, encode(conf_state)));
+        // The fence of the snapshot's index, as its configuration (never below this
+        // replica's: a snapshot is newer than what it applied, and the fence only grows).
+        ops.push(state_put(self.group, StateKey::ConfFence, data.conf_fence.to_be_bytes().to_vec()));
+        self.conf_fence = data.conf_fence;
         ops.push(state_put(self.group, StateKey::Apply, keys::encode_index_term(index, term).to_vec()));
         ops.push(state_put(self.group, StateKey::Truncated, keys::encode_index_term(index, term).to_vec()));
         self.hard_state.term = self.hard_state.term.max(term);
