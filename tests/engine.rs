@@ -9,7 +9,7 @@ use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
 use warden_proto::kv::KvResult;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::kv::{self, KvFactory};
-use warden_shard_node::{EngineError, ReadConsistency};
+use warden_shard_node::{ConfChangeFence, EngineError, ReadConsistency};
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 const ALL: [u64; 5] = [1, 2, 3, 4, 5];
@@ -201,6 +201,46 @@ async fn leader_conf_change(cluster: &Cluster, group: u64, change: ConfChangeV2)
             Err(error) => panic!("conf change failed: {error}"),
         }
     }
+}
+
+/// A change fenced at placement term `term`, expecting the group's voters to be `voters`.
+fn fenced(changes: Vec<ConfChangeSingle>, term: u64, voters: &[u64]) -> ConfChangeV2 {
+    let context = ConfChangeFence { term, expect_voters: voters.to_vec() }.encode();
+    ConfChangeV2 { changes: changes.into(), context: context.into(), ..ConfChangeV2::default() }
+}
+
+/// Proposes `change` at the group's leader and expects it refused: answers the reason.
+async fn refused_conf_change(cluster: &Cluster, group: u64, change: ConfChangeV2) -> String {
+    let deadline = Instant::now() + WRITE_TIMEOUT;
+    loop {
+        let leader = cluster.wait_leader(group, WRITE_TIMEOUT).await.expect("leader");
+        match cluster.handle(leader).expect("leader node").conf_change(group, change.clone(), WRITE_TIMEOUT).await {
+            Err(EngineError::ConfChangeFenced { reason, .. }) => return reason,
+            Err(error) if error.is_retryable() && Instant::now() < deadline => tokio::time::sleep(Duration::from_millis(50)).await,
+            other => panic!("the change must be refused, got {other:?}"),
+        }
+    }
+}
+
+/// Each of `nodes`' (node, voters, learners, fence) of `group`, once it applied what the
+/// leader had committed.
+async fn applied_confs(cluster: &Cluster, group: u64, nodes: &[u64]) -> Vec<(u64, Vec<u64>, Vec<u64>, u64)> {
+    let leader = cluster.wait_leader(group, WRITE_TIMEOUT).await.expect("leader");
+    let commit = cluster.handle(leader).expect("leader node").status(group).await.expect("status").commit;
+    let mut confs = Vec::new();
+    for &node in nodes {
+        let handle = cluster.handle(node).expect("node running");
+        wait_until(&format!("node {node} applies {commit}"), Duration::from_secs(30), async || {
+            handle.status(group).await.is_ok_and(|s| s.applied >= commit)
+        })
+        .await;
+        let status = handle.status(group).await.expect("status");
+        let (mut voters, mut learners) = (status.voters, status.learners);
+        voters.sort_unstable();
+        learners.sort_unstable();
+        confs.push((node, voters, learners, status.conf_fence));
+    }
+    confs
 }
 
 async fn wait_until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
@@ -613,4 +653,57 @@ async fn batched_entries_replay_to_the_same_state_after_every_node_restarts() {
             assert_eq!(get_on_node(&cluster, node, 1, &format!("k{i}"), last).await, Some(format!("r2-{i}")), "node {node} key k{i}");
         }
     }
+}
+
+/// A replica move's steps are fenced by the placement term (`host/conf_fence.rs`): once a
+/// change at term 5 applied, a change at a lower term, or one expecting other voters, is
+/// refused and changes no replica's configuration; the fence survives a restart of every
+/// node and reaches a replica that got the group by snapshot.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conf_change_fenced_below_the_groups_fence_is_refused_on_every_replica_after_restarts_and_snapshots() {
+    let cluster = cluster(ClusterConfig { log_compact_entries: 40, ..ClusterConfig::default() });
+    create_groups(&cluster, [1], &[1, 2, 3]).await;
+    cluster.handle(4).expect("node 4").create_group(1, Vec::new()).await.expect("empty replica");
+    let state = leader_conf_change(&cluster, 1, fenced(vec![change(ConfChangeType::AddLearnerNode, 4)], 5, &[1, 2, 3])).await;
+    assert_eq!(state.learners, vec![4], "a change at term 5 applies");
+    let expected: Vec<_> = [1, 2, 3, 4].into_iter().map(|node| (node, vec![1, 2, 3], vec![4], 5)).collect();
+    assert_eq!(applied_confs(&cluster, 1, &[1, 2, 3, 4]).await, expected, "every replica applied it and raised its fence");
+
+    let below = refused_conf_change(&cluster, 1, fenced(vec![change(ConfChangeType::RemoveNode, 4)], 4, &[1, 2, 3])).await;
+    assert!(below.contains("term 4"), "the reason names the term: {below}");
+    let other_voters = refused_conf_change(&cluster, 1, fenced(vec![change(ConfChangeType::RemoveNode, 4)], 6, &[1, 2])).await;
+    assert!(other_voters.contains("voters"), "the reason names the voters: {other_voters}");
+    let old_sender = refused_conf_change(&cluster, 1, fenced(vec![change(ConfChangeType::RemoveNode, 4)], 0, &[])).await;
+    assert!(old_sender.contains("term 0"), "a sender naming no term is refused once the group is fenced: {old_sender}");
+    assert_eq!(applied_confs(&cluster, 1, &[1, 2, 3, 4]).await, expected, "no replica applied a refused change, nor raised its fence");
+
+    // The fence is on disk: every node restarts, and the group still refuses.
+    for node in [1, 2, 3, 4] {
+        cluster.kill(node);
+    }
+    for node in [1, 2, 3, 4] {
+        cluster.restart(node).expect("restart");
+    }
+    cluster.wait_leader(1, Duration::from_secs(30)).await.expect("leader after the restart");
+    refused_conf_change(&cluster, 1, fenced(vec![change(ConfChangeType::RemoveNode, 4)], 4, &[1, 2, 3])).await;
+    assert_eq!(applied_confs(&cluster, 1, &[1, 2, 3, 4]).await, expected, "the fence survived the restart");
+
+    // Enough writes to compact the log past every fenced change; node 5 is added by a change
+    // without a fence, so only the snapshot it is sent can give it the fence.
+    for i in 0..120 {
+        put(&cluster, 1, &format!("k{i}"), "v", WRITE_TIMEOUT).await.expect("write");
+    }
+    cluster.handle(5).expect("node 5").create_group(1, Vec::new()).await.expect("empty replica");
+    let state = leader_conf_change(&cluster, 1, conf_change(vec![change(ConfChangeType::AddLearnerNode, 5)])).await;
+    assert_eq!(sorted(state.learners), vec![4, 5]);
+    let node5 = cluster.handle(5).expect("node 5");
+    wait_until("node 5 installs a snapshot", Duration::from_secs(30), async || node5.status(1).await.is_ok_and(|s| s.first_index > 1)).await;
+    refused_conf_change(&cluster, 1, fenced(vec![change(ConfChangeType::RemoveNode, 4)], 4, &[1, 2, 3])).await;
+    let expected: Vec<_> = [1, 2, 3, 4, 5].into_iter().map(|node| (node, vec![1, 2, 3], vec![4, 5], 5)).collect();
+    assert_eq!(applied_confs(&cluster, 1, &[1, 2, 3, 4, 5]).await, expected, "the snapshot carried the fence to node 5");
+}
+
+fn sorted(mut ids: Vec<u64>) -> Vec<u64> {
+    ids.sort_unstable();
+    ids
 }

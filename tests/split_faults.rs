@@ -5,18 +5,25 @@
 //! the target group's leader, or the placement leader is killed (a crash: its in-process
 //! node stops at once) and restarted on its data; the operation then finishes or rolls back,
 //! and afterwards every path of the subtree is served by exactly one group with its data,
-//! and takes writes.
+//! and takes writes. A replica move held between two of its steps
+//! (`shard-node/src/placement/scheduler.rs`) while the placement leader running it is
+//! deposed: its successor settles the move, and the deposed leader's later steps must not
+//! change the group.
 
 mod support;
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
 use warden_placement::PLACEMENT_GROUP_ID;
-use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest, RemoveGroupRequest, RoutingTable};
+use warden_proto::placement::{
+    CreateGroupRequest, GetRoutingTableRequest, NodeState, RemoveGroupRequest, RoutingTable, SetNodeStateRequest, SetSchedulerPausedRequest,
+};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
-use warden_shard_node::cluster::Cluster;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::service::error_of;
 
 use support::routed::{at_placement_leader, client, cluster_with_groups, create_group, group_serving, placement_client, start_router, TIMEOUT};
@@ -313,5 +320,126 @@ async fn a_merge_failing_before_the_hand_over_rolls_back_and_after_it_finishes()
     for i in 0..NODES {
         let node = router.get(GetRequest { path: format!("/f/n{i}"), ..GetRequest::default() }).await.expect("node").into_inner();
         assert_eq!(node.data, vec![i as u8]);
+    }
+}
+
+/// Six nodes (placement on 1–3, so a group of five always has a node to move to), the root
+/// group and a group for `/a`, with balancing paused: only the moves a test starts run.
+async fn six_nodes_balance_paused() -> Arc<Cluster> {
+    let config = ClusterConfig { nodes: 6, serve_api: true, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(ShardNodeFactory::default())).expect("cluster starts"));
+    cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
+    at_placement_leader(&cluster, |mut c| async move { c.set_scheduler_paused(SetSchedulerPausedRequest { paused: true }).await })
+        .await
+        .expect("balance paused");
+    create_group(&cluster, "/a").await;
+    cluster
+}
+
+async fn set_node_state(cluster: &Cluster, node_id: u64, state: NodeState) {
+    at_placement_leader(cluster, |mut c| async move { c.set_node_state(SetNodeStateRequest { node_id, state: state as i32 }).await })
+        .await
+        .expect("node state set");
+}
+
+/// Hands the placement group's leadership from `from` to `to` (asked again until it lands:
+/// raft abandons a transfer whose target does not catch up in an election timeout).
+async fn transfer_placement(cluster: &Cluster, from: u64, to: u64) {
+    let deadline = Instant::now() + TIMEOUT;
+    while cluster.leader(PLACEMENT_GROUP_ID).await != Some(to) {
+        assert!(Instant::now() < deadline, "placement leadership never moved from {from} to {to}");
+        if let Some(handle) = cluster.handle(from) {
+            let _ = handle.transfer_leader(PLACEMENT_GROUP_ID, to).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn sorted(mut ids: Vec<u64>) -> Vec<u64> {
+    ids.sort_unstable();
+    ids
+}
+
+/// Waits until placement lists no learner, then checks every group's leader has applied the
+/// voters placement lists, and no learner.
+async fn check_groups_as_placement_lists(cluster: &Cluster, what: &str) {
+    let deadline = Instant::now() + SETTLE_WAIT;
+    let table = loop {
+        let table = table(cluster).await;
+        if table.groups.iter().all(|g| g.learners.is_empty()) {
+            break table;
+        }
+        assert!(Instant::now() < deadline, "{what}: a move never settled: {table:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    for descriptor in table.groups.iter().filter_map(|g| g.descriptor.as_ref()) {
+        let group = descriptor.group_id;
+        let leader = cluster.wait_leader(group, TIMEOUT).await.expect("group leader");
+        let status = cluster.handle(leader).expect("leader node").status(group).await.expect("status");
+        assert_eq!(sorted(status.voters.clone()), sorted(descriptor.replicas.clone()), "{what}: group {group}'s voters are what placement lists");
+        assert!(status.learners.is_empty(), "{what}: group {group} has learners placement does not list: {status:?}");
+    }
+}
+
+/// Drains a node of `/a`'s group so placement moves its replica, holds the move before
+/// `step` on the placement leader running it, hands placement leadership to another node
+/// (the old leader keeps running, its move still held), lets the new leader settle the
+/// move, and only then lets the deposed leader's move go on.
+async fn depose_the_placement_leader_before_move_step(
+    cluster: &Cluster,
+    router: &mut warden_proto::v1::warden_client::WardenClient<tonic::transport::Channel>,
+    step: u8,
+) {
+    let what = format!("deposed before step {step}");
+    let group = group_serving(router, "/a/x").await;
+    let replicas = table(cluster).await.groups.iter().filter_map(|g| g.descriptor.clone()).find(|d| d.group_id == group).expect("/a").replicas;
+    let drained = [4, 5, 6].into_iter().find(|node| replicas.contains(node)).expect("a replica outside placement");
+    let deposed = cluster.wait_leader(PLACEMENT_GROUP_ID, TIMEOUT).await.expect("placement leader");
+    let successor = [1, 2, 3].into_iter().find(|node| *node != deposed).expect("another placement replica");
+
+    let deposed_term = cluster.handle(deposed).expect("placement leader").status(PLACEMENT_GROUP_ID).await.expect("status").term;
+    cluster.faults().hold_move_at(deposed, group, step);
+    set_node_state(cluster, drained, NodeState::Draining).await;
+    let deadline = Instant::now() + SETTLE_WAIT;
+    while cluster.faults().move_reached() != Some(step) {
+        assert!(Instant::now() < deadline, "{what}: the move never reached step {step}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Nothing more to move once the move is undone: the successor only settles it.
+    set_node_state(cluster, drained, NodeState::Serving).await;
+    transfer_placement(cluster, deposed, successor).await;
+    // The successor settles the learner the held move added to placement.
+    let deadline = Instant::now() + SETTLE_WAIT;
+    while table(cluster).await.groups.iter().any(|g| !g.learners.is_empty()) {
+        assert!(Instant::now() < deadline, "{what}: the new placement leader never settled the move");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Now the deposed leader's move goes on, and ends (it cannot commit to placement).
+    cluster.faults().release_moves();
+    let deadline = Instant::now() + SETTLE_WAIT;
+    while !cluster.faults().held_move_ended() {
+        assert!(Instant::now() < deadline, "{what}: the deposed leader's move never ended");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    check_groups_as_placement_lists(cluster, &what).await;
+    // The settlement raised the group's fence above the deposed leader's term.
+    let leader = cluster.wait_leader(group, TIMEOUT).await.expect("group leader");
+    let fence = cluster.handle(leader).expect("leader node").status(group).await.expect("status").conf_fence;
+    assert!(fence > deposed_term, "{what}: the group's fence {fence} is not above the deposed leader's term {deposed_term}");
+    let path = format!("/a/after-{step}");
+    router.create(CreateRequest { path: path.clone(), data: b"after".to_vec(), ..CreateRequest::default() }).await.expect("the group takes writes");
+    let read = router.get(GetRequest { path, ..GetRequest::default() }).await.expect("read back").into_inner();
+    assert_eq!(read.data, b"after");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deposed_placement_leaders_replica_move_cannot_change_the_group_after_its_successor_settled_the_move() {
+    let cluster = six_nodes_balance_paused().await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    // Before the learner is added (step 3), and before the joint change that promotes it (5).
+    for step in [3, 5] {
+        depose_the_placement_leader_before_move_step(&cluster, &mut router, step).await;
     }
 }

@@ -48,6 +48,11 @@ pub enum EngineError {
     /// change has applied or a joint configuration has been left.
     #[error("group {group}: configuration change refused: {reason}")]
     ConfChangeRefused { group: u64, reason: String },
+    /// The group's fence refused a configuration change (`host/conf_fence.rs`): its sender
+    /// led placement at an older term than a change the group applied, or expected other
+    /// voters. Final for that sender: proposing it again is refused again.
+    #[error("group {group}: configuration change fenced off: {reason}")]
+    ConfChangeFenced { group: u64, reason: String },
     /// The group already exists on this node.
     #[error("group {0} already exists on this node")]
     GroupExists(u64),

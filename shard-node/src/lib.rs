@@ -30,4 +30,5 @@ pub mod watch;
 
 pub use config::{FatalPolicy, NodeConfig};
 pub use error::{EngineError, StorageError};
+pub use host::conf_fence::ConfChangeFence;
 pub use host::{GroupStatus, Node, NodeHandle, RaftMetricsSnapshot, ReadConsistency};

@@ -188,7 +188,7 @@ fn conf(voters: &[u64]) -> ConfState {
 }
 
 fn make_snapshot(index: u64, term: u64, voters: &[u64], data: &[(Vec<u8>, Vec<u8>)]) -> Snapshot {
-    let mut snap = Snapshot { data: SnapshotData { pairs: data.to_vec() }.encode().into(), ..Snapshot::default() };
+    let mut snap = Snapshot { data: SnapshotData { pairs: data.to_vec(), conf_fence: 0 }.encode().into(), ..Snapshot::default() };
     let meta = snap.mut_metadata();
     meta.index = index;
     meta.term = term;

@@ -367,18 +367,62 @@ impl Replica {
             EntryType::EntryConfChange => ConfChange::parse_from_bytes(&entry.data).map_err(corrupt)?.into_v2(),
             _ => ConfChangeV2::parse_from_bytes(&entry.data).map_err(corrupt)?,
         };
+        // The change that leaves a joint configuration (raft-rs proposes it itself, with no
+        // context) always applies: its joint change passed the fence.
+        let fence = if change.changes.is_empty() {
+            None
+        } else {
+            match self.check_fence(&change) {
+                Ok(fence) => fence,
+                // Not applied as a configuration change, on every replica alike: raft-rs only
+                // compares indexes to know whether a change is pending, so the group goes on
+                // as if the entry were a no-op (the joint configuration it would have entered
+                // is never entered, nor auto-left).
+                Err(reason) => return Ok(Err(EngineError::ConfChangeFenced { group: self.group, reason })),
+            }
+        };
         let conf_state: ConfState = match self.raw.apply_conf_change(&change) {
             Ok(conf_state) => conf_state,
             // Every replica rejects the same committed change the same way.
             Err(error) => return Ok(Err(EngineError::Invalid(format!("conf change rejected: {error}")))),
         };
         writes.ops_mut().push(state_put(self.group, StateKey::ConfState, encode(&conf_state)));
+        if let Some(term) = fence {
+            self.raw.mut_store().raise_conf_fence(term, writes.ops_mut());
+        }
         let me = self.raw.raft.id;
         let members = [&conf_state.voters, &conf_state.learners, &conf_state.voters_outgoing, &conf_state.learners_next];
         if !members.iter().any(|ids| ids.contains(&me)) {
             self.removed = true;
         }
         Ok(Ok(encode(&conf_state)))
+    }
+
+    /// Checks a change against the group's fence (`conf_fence.rs`), reading only replicated
+    /// state (the fence and the configuration as of the entries applied), so every replica
+    /// decides alike. Answers the term to raise the fence to (`None`: a change without a
+    /// fence, as an earlier release wrote) or why the change is refused.
+    fn check_fence(&self, change: &ConfChangeV2) -> Result<Option<u64>, String> {
+        let fence = match super::conf_fence::ConfChangeFence::decode(&change.context) {
+            Ok(Some(fence)) => fence,
+            Ok(None) => return Ok(None),
+            Err(error) => return Err(format!("unreadable fence: {error}")),
+        };
+        let applied = self.raw.store().conf_fence();
+        if fence.term < applied {
+            return Err(format!("placement term {} is below the group's fence {applied}", fence.term));
+        }
+        if !fence.expect_voters.is_empty() {
+            let mut expected = fence.expect_voters;
+            expected.sort_unstable();
+            expected.dedup();
+            let mut voters = self.raw.raft.prs().conf().to_conf_state().voters;
+            voters.sort_unstable();
+            if expected != voters {
+                return Err(format!("the sender expects voters {expected:?}, the group has {voters:?}"));
+            }
+        }
+        Ok(Some(fence.term))
     }
 }
 

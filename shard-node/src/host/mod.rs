@@ -3,6 +3,7 @@
 //! through a cloneable [`NodeHandle`].
 
 mod command;
+pub mod conf_fence;
 pub mod drain;
 mod failed;
 mod fatal;

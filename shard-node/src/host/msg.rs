@@ -104,6 +104,8 @@ pub struct GroupStatus {
     pub voters: Vec<u64>,
     /// Learners.
     pub learners: Vec<u64>,
+    /// The highest placement term of the configuration changes applied (`conf_fence.rs`).
+    pub conf_fence: u64,
     /// True while this replica hibernates (neither ticks nor heartbeats; `host/hibernate.rs`).
     pub asleep: bool,
     /// The leader's view of each replica (empty on a follower).

@@ -225,6 +225,7 @@ impl Replica {
             last_index: raft.raft_log.last_index(),
             voters: conf.voters,
             learners: conf.learners,
+            conf_fence: self.raw.store().conf_fence(),
             asleep: self.is_asleep(),
             progress: if self.is_leader() {
                 raft.prs().iter().map(|(id, pr)| PeerProgress { id: *id, matched: pr.matched, recent_active: pr.recent_active }).collect()

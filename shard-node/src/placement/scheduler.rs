@@ -10,11 +10,20 @@
 //!    the joint configuration itself), so the group never has fewer voters than before.
 //! 6. `PromoteLearner` is committed: the table names the new replica set.
 //!
+//! A move runs at the placement term its leader led at when it began: before each step the
+//! leader checks it still leads at that term (and stops otherwise), and the changes of steps
+//! 3 and 5 carry that term and the voters placement lists (`ChangePeersRequest`). The check
+//! alone cannot close the gap between it and the change's arrival, so the group closes it:
+//! every replica refuses, when the change applies, a term below the highest it applied (the
+//! group's fence) or a group whose voters are not the ones expected (`host/conf_fence.rs`).
+//!
 //! A move that fails, or a learner a previous placement leader left behind, is settled: if
 //! the group's leader already counts the learner as a voter the promotion is committed (step
-//! 6), otherwise the learner is removed from the group and `RemoveLearner` committed. The
-//! replaced replica learns it was removed from its group (or, when its node is down, from a
-//! removal notice once it returns) and destroys itself.
+//! 6), otherwise the learner is removed from the group — always, even when the group's
+//! leader does not list it, for the removal raises the group's fence to the settling
+//! leader's term, and then no step of the move a deposed leader may still send applies — and
+//! `RemoveLearner` is committed. The replaced replica learns it was removed from its group
+//! (or, when its node is down, from a removal notice once it returns) and destroys itself.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Mutex;
@@ -153,12 +162,19 @@ impl PlacementService {
 
     /// Steps 1–6 of a move; on failure the learner is settled (finished or rolled back).
     async fn move_replica(&self, group_id: u64, from: Option<u64>, to: u64) -> Result<(), tonic::Status> {
+        let result = self.run_move(group_id, from, to).await;
+        self.faults.move_ended(self.node.node_id(), group_id);
+        result
+    }
+
+    async fn run_move(&self, group_id: u64, from: Option<u64>, to: u64) -> Result<(), tonic::Status> {
+        let term = self.leading_term()?;
         // 1.
         let group = match self.propose(&Command::AddLearner { group_id, node: to }).await? {
             Outcome::ReplicasChanged(group) => group,
             other => return Err(internal(format!("unexpected outcome {other:?}"))),
         };
-        match self.add_and_promote(&group, from, to).await {
+        match self.add_and_promote(&group, from, to, term).await {
             Ok(()) => Ok(()),
             Err(error) => {
                 let group = self.state().await?.group(group_id).cloned().ok_or_else(|| internal(format!("group {group_id} is gone")))?;
@@ -168,28 +184,57 @@ impl PlacementService {
         }
     }
 
-    /// Steps 2–6.
-    async fn add_and_promote(&self, group: &GroupInfo, from: Option<u64>, to: u64) -> Result<(), tonic::Status> {
+    /// Fault injection (tests): waits while this node's moves of `group` are held before
+    /// `step`, so a test can depose the placement leader right there.
+    async fn move_fault_point(&self, group: u64, step: u8) {
+        while self.faults.move_held(self.node.node_id(), group, step) {
+            tokio::time::sleep(super::split::FAULT_POLL).await;
+        }
+    }
+
+    /// Steps 2–6, each once this node is known to lead placement still at `term`, the term
+    /// the move began at (`group`: as step 1 left it, its replicas the voters expected).
+    async fn add_and_promote(&self, group: &GroupInfo, from: Option<u64>, to: u64, term: u64) -> Result<(), tonic::Status> {
         let state = self.state().await?;
         // 2.
+        self.next_step(group.id, 2, term).await?;
         let request = CreateReplicaRequest { group_id: group.id, voters: Vec::new(), campaign: false };
         PlacementClient::new(self.channel(&node_addr(&state, to)?)?).create_replica(request).await?;
         // 3.
-        self.change_peers(&state, group, vec![peer(Kind::AddLearner, to)]).await?;
+        self.next_step(group.id, 3, term).await?;
+        self.change_peers(&state, group, vec![peer(Kind::AddLearner, to)], term, group.replicas.clone()).await?;
         // 4.
+        self.next_step(group.id, 4, term).await?;
         self.wait_caught_up(&state, group, to).await?;
         // 5.
+        self.next_step(group.id, 5, term).await?;
         let mut changes = vec![peer(Kind::AddVoter, to)];
         changes.extend(from.map(|from| peer(Kind::Remove, from)));
-        self.change_peers(&state, group, changes).await?;
+        self.change_peers(&state, group, changes, term, group.replicas.clone()).await?;
         // 6.
+        self.next_step(group.id, 6, term).await?;
         self.propose(&Command::PromoteLearner { group_id: group.id, node: to, replacing: from }).await?;
+        Ok(())
+    }
+
+    /// Before step `step` of a move begun at placement term `term`: refuses unless this node
+    /// still leads placement at that term (a leader deposed, or deposed and elected again,
+    /// stops; its successor settles the move). The check is cheap but cannot be exact — the
+    /// leadership may change right after it — which is what the group's fence is for.
+    async fn next_step(&self, group: u64, step: u8, term: u64) -> Result<(), tonic::Status> {
+        let leading = self.leading_term()?;
+        if leading != term {
+            return Err(internal(format!("group {group}: the move began at placement term {term}, this node leads at {leading} now")));
+        }
+        // After the check: the window a test deposes the leader in.
+        self.move_fault_point(group, step).await;
         Ok(())
     }
 
     /// Finishes or rolls back the move that made `learner` a learner of `group`, judged by the
     /// configuration the group's leader has applied.
     async fn settle_learner(&self, group: &GroupInfo, learner: u64) -> Result<(), tonic::Status> {
+        let term = self.leading_term()?;
         let state = self.state().await?;
         let status = self.leader_status(&state, group).await?;
         if status.voters.contains(&learner) {
@@ -199,9 +244,12 @@ impl PlacementService {
             tracing::info!(group = group.id, learner, ?replacing, "finished a replica move left half-way");
             return Ok(());
         }
-        if status.learners.contains(&learner) {
-            self.change_peers(&state, group, vec![peer(Kind::Remove, learner)]).await?;
-        }
+        // Sent even when the leader does not list the learner (a move held before step 3):
+        // applied, it raises the group's fence to this term, so the steps of the move a
+        // deposed leader may still send are refused. It expects the voters just read: if a
+        // deposed leader's step 5 lands first, it is refused, and the next round finds the
+        // learner a voter and commits the promotion instead.
+        self.change_peers(&state, group, vec![peer(Kind::Remove, learner)], term, status.voters.clone()).await?;
         self.propose(&Command::RemoveLearner { group_id: group.id, node: learner }).await?;
         tracing::info!(group = group.id, learner, "rolled back a replica move");
         Ok(())
@@ -233,8 +281,17 @@ impl PlacementService {
         Ok(())
     }
 
-    async fn change_peers(&self, state: &Placement, group: &GroupInfo, changes: Vec<PeerChange>) -> Result<ChangePeersResponse, tonic::Status> {
-        let request = ChangePeersRequest { group_id: group.id, changes };
+    /// Has the group's leader make `changes`, fenced at placement term `term`, expecting the
+    /// group's voters to be `expect_voters`.
+    async fn change_peers(
+        &self,
+        state: &Placement,
+        group: &GroupInfo,
+        changes: Vec<PeerChange>,
+        term: u64,
+        expect_voters: Vec<u64>,
+    ) -> Result<ChangePeersResponse, tonic::Status> {
+        let request = ChangePeersRequest { group_id: group.id, changes, placement_term: term, expect_voters };
         self.at_group_leader(state, group, |mut client| {
             let request = request.clone();
             async move { client.change_peers(request).await }

@@ -263,11 +263,17 @@ impl PlacementService {
     /// Refuses NOT_LEADER unless this node leads the placement group as far as it knows, so a
     /// lifecycle change never runs on two nodes that both know the true leader.
     pub(super) fn ensure_leader(&self) -> Result<(), Status> {
-        let leader = self.node.leader_info(PLACEMENT_GROUP_ID).leader_id;
-        if leader == self.node.node_id() {
-            return Ok(());
+        self.leading_term().map(drop)
+    }
+
+    /// The placement group's term at which this node leads it, as far as it knows;
+    /// NOT_LEADER when it does not lead.
+    pub(super) fn leading_term(&self) -> Result<u64, Status> {
+        let info = self.node.leader_info(PLACEMENT_GROUP_ID);
+        if info.leader_id == self.node.node_id() {
+            return Ok(info.term);
         }
-        let not_leader = EngineError::NotLeader { group: PLACEMENT_GROUP_ID, leader_hint: Some(leader).filter(|id| *id != 0) };
+        let not_leader = EngineError::NotLeader { group: PLACEMENT_GROUP_ID, leader_hint: Some(info.leader_id).filter(|id| *id != 0) };
         Err(engine_status(&self.directory, PLACEMENT_GROUP_ID, not_leader))
     }
 
@@ -792,9 +798,12 @@ impl PlacementApi for PlacementService {
 
     async fn change_peers(&self, request: Request<ChangePeersRequest>) -> Result<Response<ChangePeersResponse>, Status> {
         calling_node(&request)?;
-        let ChangePeersRequest { group_id, changes } = request.into_inner();
+        let ChangePeersRequest { group_id, changes, placement_term, expect_voters } = request.into_inner();
         if changes.is_empty() || group_id == PLACEMENT_GROUP_ID {
             return Err(invalid_argument("a peer change names at least one change of a shard group"));
+        }
+        if expect_voters.len() > crate::host::conf_fence::EXPECT_VOTERS_MAX {
+            return Err(invalid_argument(format!("a peer change expects at most {} voters", crate::host::conf_fence::EXPECT_VOTERS_MAX)));
         }
         let mut singles = Vec::with_capacity(changes.len());
         for change in changes {
@@ -812,7 +821,10 @@ impl PlacementApi for PlacementService {
             single.node_id = change.node_id;
             singles.push(single);
         }
-        let change = ConfChangeV2 { changes: singles.into(), ..ConfChangeV2::default() };
+        // Checked by every replica when the change applies (`host/conf_fence.rs`). A sender of
+        // an earlier release names term 0 and no voters: refused once the group is fenced.
+        let context = crate::host::conf_fence::ConfChangeFence { term: placement_term, expect_voters }.encode();
+        let change = ConfChangeV2 { changes: singles.into(), context: context.into(), ..ConfChangeV2::default() };
         let conf = self.node.conf_change(group_id, change, self.timeout).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
         Ok(Response::new(ChangePeersResponse { voters: conf.voters, learners: conf.learners }))
     }

@@ -36,7 +36,7 @@ use crate::namespace::split::EXPORT_PAGE_BYTES_MAX;
 use crate::service::error_of;
 
 /// How often a split held by fault injection looks whether it may go on.
-const FAULT_POLL: std::time::Duration = std::time::Duration::from_millis(20);
+pub(super) const FAULT_POLL: std::time::Duration = std::time::Duration::from_millis(20);
 
 /// How a split that could not finish ended.
 enum Settled {

@@ -434,7 +434,10 @@ pub(crate) fn engine_status(directory: &PeerDirectory, group: u64, error: Engine
         | EngineError::Stopped
         | EngineError::ReplicaFailed { .. } => warden_error(Code::Unavailable, error.to_string()),
         EngineError::TooLarge { limit_bytes, .. } => WardenError { limit: *limit_bytes as u64, ..warden_error(Code::TooLarge, error.to_string()) },
-        EngineError::Invalid(_) | EngineError::GroupExists(_) => warden_error(Code::InvalidArgument, error.to_string()),
+        // Final for its sender (a deposed placement leader): not UNAVAILABLE, which is retried.
+        EngineError::Invalid(_) | EngineError::GroupExists(_) | EngineError::ConfChangeFenced { .. } => {
+            warden_error(Code::InvalidArgument, error.to_string())
+        }
     };
     status(detail)
 }

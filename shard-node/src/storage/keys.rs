@@ -24,6 +24,10 @@ pub enum StateKey {
     /// it: a replica created here again starts from that term and vote, and so never votes
     /// twice in one term (raft peer id = node id is reused across incarnations).
     Tombstone = 6,
+    /// The group's configuration fence (8 bytes, big-endian): the highest placement term of
+    /// the configuration changes applied (`host/conf_fence.rs`). Written in the batch that
+    /// writes the `ConfState` it came with; absent means 0 (no fenced change applied yet).
+    ConfFence = 7,
 }
 
 /// `group` as the 8-byte prefix of every key of that group.

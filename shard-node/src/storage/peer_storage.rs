@@ -48,6 +48,8 @@ pub struct PeerStorage {
     limits: StorageLimits,
     hard_state: HardState,
     conf_state: ConfState,
+    /// The configuration fence as of the applied index (`StateKey::ConfFence`).
+    conf_fence: u64,
     truncated_index: u64,
     truncated_term: u64,
     last_index: u64,
@@ -122,6 +124,7 @@ impl PeerStorage {
         let hard_state: HardState = read_message(&db, group, StateKey::HardState)?.unwrap_or_default();
         let conf_state: ConfState = read_message(&db, group, StateKey::ConfState)?.unwrap_or_default();
         let (truncated_index, truncated_term) = read_index_term(&db, group, StateKey::Truncated)?.unwrap_or((0, 0));
+        let conf_fence = read_conf_fence(&db, group)?;
         let last_index = last_log_index(&db, group)?.unwrap_or(truncated_index).max(truncated_index);
         let (applied_index, _) = read_index_term(&db, group, StateKey::Apply)?.unwrap_or((0, 0));
         if applied_index > last_index {
@@ -148,6 +151,7 @@ impl PeerStorage {
             limits,
             hard_state,
             conf_state,
+            conf_fence,
             truncated_index,
             truncated_term,
             last_index,
@@ -167,6 +171,20 @@ impl PeerStorage {
     pub fn apply_state(&self) -> Result<ApplyState, StorageError> {
         let (index, term) = read_index_term(&self.db, self.group, StateKey::Apply)?.unwrap_or((0, 0));
         Ok(ApplyState { index, term })
+    }
+
+    /// The configuration fence as of the applied index (`host/conf_fence.rs`).
+    pub fn conf_fence(&self) -> u64 {
+        self.conf_fence
+    }
+
+    /// Raises the configuration fence to `term`, written with `ops` (the apply batch that
+    /// writes the configuration it came with).
+    pub fn raise_conf_fence(&mut self, term: u64, ops: &mut Vec<WriteOp>) {
+        if term > self.conf_fence {
+            self.conf_fence = term;
+            ops.push(state_put(self.group, StateKey::ConfFence, term.to_be_bytes().to_vec()));
+        }
     }
 
     /// Index of the last entry removed from the log.
@@ -236,6 +254,10 @@ impl PeerStorage {
         ops.extend(snapshot::restore_ops(self.group, &data));
         let conf_state = meta.get_conf_state();
         ops.push(state_put(self.group, StateKey::ConfState, encode(conf_state)));
+        // The fence of the snapshot's index, as its configuration (never below this
+        // replica's: a snapshot is newer than what it applied, and the fence only grows).
+        ops.push(state_put(self.group, StateKey::ConfFence, data.conf_fence.to_be_bytes().to_vec()));
+        self.conf_fence = data.conf_fence;
         ops.push(state_put(self.group, StateKey::Apply, keys::encode_index_term(index, term).to_vec()));
         ops.push(state_put(self.group, StateKey::Truncated, keys::encode_index_term(index, term).to_vec()));
         self.hard_state.term = self.hard_state.term.max(term);
@@ -421,6 +443,16 @@ pub fn read_message<M: protobuf::Message>(db: &Db, group: u64, tag: StateKey) ->
     match db.get(Cf::RaftState, &keys::state_key(group, tag))? {
         None => Ok(None),
         Some(bytes) => M::parse_from_bytes(&bytes).map(Some).map_err(|e| StorageError::Corrupt(format!("group {group} {tag:?}: {e}"))),
+    }
+}
+
+/// Reads a group's configuration fence (0 when absent).
+pub fn read_conf_fence(db: &Db, group: u64) -> Result<u64, StorageError> {
+    match db.get(Cf::RaftState, &keys::state_key(group, StateKey::ConfFence))? {
+        None => Ok(0),
+        Some(value) => <[u8; 8]>::try_from(value.as_slice())
+            .map(u64::from_be_bytes)
+            .map_err(|_| StorageError::Corrupt(format!("group {group}: conf fence of {} bytes", value.len()))),
     }
 }
 

@@ -3,6 +3,15 @@
 //!
 //! The engine snapshots the `sm` range generically, so a state machine needs no snapshot code
 //! of its own beyond reloading its in-memory index after a restore.
+//!
+//! The group's configuration fence (`host/conf_fence.rs`) is replicated state as well, kept
+//! beside the configuration in `raft_state`, so a snapshot carries it: a replica installing
+//! one must refuse the same changes as the others. Two formats, versioned by their magic:
+//! `WSN1` (pairs only, fence 0: what earlier releases write and read) and `WSN2` (the fence,
+//! then the pairs). A group never fenced is written as `WSN1`, so replicas of an earlier
+//! release keep installing its snapshots during a rolling upgrade; a fenced group's is
+//! `WSN2`, which an earlier release refuses (a typed error, raft sends it again later) rather
+//! than install without the fence.
 
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Instant;
@@ -13,21 +22,33 @@ use super::db::{Cf, Db, SnapshotBuildPermit, WriteOp};
 use super::keys::{self, StateKey};
 use crate::error::StorageError;
 
-const MAGIC: &[u8; 4] = b"WSN1";
+/// Pairs only (the fence is 0).
+const MAGIC_V1: &[u8; 4] = b"WSN1";
+/// The configuration fence (u64), then the pairs.
+const MAGIC_V2: &[u8; 4] = b"WSN2";
 
-/// The state-machine data carried in a raft snapshot: every `(user key, value)` of the group.
+/// The state carried in a raft snapshot: every `(user key, value)` of the group, and its
+/// configuration fence.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SnapshotData {
     /// Key/value pairs in key order, keys without the group prefix.
     pub pairs: Vec<(Vec<u8>, Vec<u8>)>,
+    /// The group's configuration fence as of the snapshot's index (`host/conf_fence.rs`).
+    pub conf_fence: u64,
 }
 
 impl SnapshotData {
-    /// Encodes as `MAGIC | count u64 | (key_len u32 | key | value_len u32 | value)*`.
+    /// Encodes as `WSN1 | count u64 | (key_len u32 | key | value_len u32 | value)*` when the
+    /// fence is 0, else as `WSN2 | fence u64 | count u64 | …` (see the module's comment).
     pub fn encode(&self) -> Vec<u8> {
         let size: usize = self.pairs.iter().map(|(k, v)| 8 + k.len() + v.len()).sum();
-        let mut out = Vec::with_capacity(12 + size);
-        out.extend_from_slice(MAGIC);
+        let mut out = Vec::with_capacity(20 + size);
+        if self.conf_fence == 0 {
+            out.extend_from_slice(MAGIC_V1);
+        } else {
+            out.extend_from_slice(MAGIC_V2);
+            out.extend_from_slice(&self.conf_fence.to_be_bytes());
+        }
         out.extend_from_slice(&(self.pairs.len() as u64).to_be_bytes());
         for (key, value) in &self.pairs {
             out.extend_from_slice(&(key.len() as u32).to_be_bytes());
@@ -41,23 +62,25 @@ impl SnapshotData {
     /// Decodes bytes that came from the network; any malformation is an error, never a panic.
     pub fn decode(bytes: &[u8]) -> Result<SnapshotData, StorageError> {
         let mut pairs = Vec::new();
-        Self::walk(bytes, |key, value| pairs.push((key.to_vec(), value.to_vec())))?;
-        Ok(SnapshotData { pairs })
+        let conf_fence = Self::walk(bytes, |key, value| pairs.push((key.to_vec(), value.to_vec())))?;
+        Ok(SnapshotData { pairs, conf_fence })
     }
 
     /// Checks that bytes from the network decode, without copying them (a snapshot can be
     /// hundreds of MiB): what [`Self::decode`] accepts, this accepts.
     pub fn validate(bytes: &[u8]) -> Result<(), StorageError> {
-        Self::walk(bytes, |_, _| {})
+        Self::walk(bytes, |_, _| {}).map(drop)
     }
 
-    /// Hands every `(key, value)` of encoded data to `each`, in order.
-    fn walk<'a>(bytes: &'a [u8], mut each: impl FnMut(&'a [u8], &'a [u8])) -> Result<(), StorageError> {
+    /// Hands every `(key, value)` of encoded data to `each`, in order; answers the fence.
+    fn walk<'a>(bytes: &'a [u8], mut each: impl FnMut(&'a [u8], &'a [u8])) -> Result<u64, StorageError> {
         let corrupt = |what: &str| StorageError::Corrupt(format!("snapshot data: {what}"));
         let mut reader = Reader { bytes };
-        if reader.take(4).ok_or_else(|| corrupt("short header"))? != MAGIC {
-            return Err(corrupt("bad magic"));
-        }
+        let conf_fence = match reader.take(4).ok_or_else(|| corrupt("short header"))? {
+            magic if magic == MAGIC_V1 => 0,
+            magic if magic == MAGIC_V2 => reader.u64().ok_or_else(|| corrupt("short header"))?,
+            _ => return Err(corrupt("bad magic")),
+        };
         let count = reader.u64().ok_or_else(|| corrupt("short header"))?;
         // Each pair takes at least 8 bytes, so a count beyond that is a lie: refuse it before
         // reading on.
@@ -74,7 +97,7 @@ impl SnapshotData {
         if !reader.bytes.is_empty() {
             return Err(corrupt("trailing bytes"));
         }
-        Ok(())
+        Ok(conf_fence)
     }
 }
 
@@ -113,7 +136,13 @@ pub fn build(db: &Db, group: u64, bytes_max: usize) -> Result<Option<Snapshot>, 
     let conf_bytes =
         view.get_cf(db.cf(Cf::RaftState)?, keys::state_key(group, StateKey::ConfState))?.ok_or_else(|| corrupt("no conf state".into()))?;
     let conf_state = <ConfState as protobuf::Message>::parse_from_bytes(&conf_bytes).map_err(|e| corrupt(e.to_string()))?;
-    let mut data = SnapshotData::default();
+    // Written in the apply batch of the configuration it came with, so the view holds the
+    // fence of the same applied index.
+    let conf_fence = match view.get_cf(db.cf(Cf::RaftState)?, keys::state_key(group, StateKey::ConfFence))? {
+        None => 0,
+        Some(value) => <[u8; 8]>::try_from(value.as_slice()).map(u64::from_be_bytes).map_err(|_| corrupt("conf fence".into()))?,
+    };
+    let mut data = SnapshotData { conf_fence, ..SnapshotData::default() };
     let mut size = 0usize;
     let mut read_options = rocksdb::ReadOptions::default();
     read_options.set_snapshot(&view);
@@ -229,16 +258,33 @@ mod tests {
 
     #[test]
     fn round_trips() {
-        let data = SnapshotData { pairs: vec![(b"a".to_vec(), b"1".to_vec()), (vec![], vec![0; 300])] };
-        assert_eq!(SnapshotData::decode(&data.encode()).ok(), Some(data));
+        let data = SnapshotData { pairs: vec![(b"a".to_vec(), b"1".to_vec()), (vec![], vec![0; 300])], conf_fence: 0 };
+        assert_eq!(SnapshotData::decode(&data.encode()).ok(), Some(data.clone()));
+        let fenced = SnapshotData { conf_fence: 9, ..data };
+        assert_eq!(&fenced.encode()[..4], b"WSN2");
+        assert_eq!(SnapshotData::decode(&fenced.encode()).ok(), Some(fenced));
+    }
+
+    /// Replicas of mixed releases exchange snapshots during a rolling upgrade: an unfenced
+    /// group's snapshot is byte for byte what an earlier release wrote, and that still reads.
+    #[test]
+    fn an_unfenced_snapshot_is_the_first_format() {
+        let earlier_release: &[u8] = b"WSN1\0\0\0\0\0\0\0\x01\0\0\0\x01k\0\0\0\x01v";
+        let data = SnapshotData { pairs: vec![(b"k".to_vec(), b"v".to_vec())], conf_fence: 0 };
+        assert_eq!(data.encode(), earlier_release);
+        assert_eq!(SnapshotData::decode(earlier_release).ok(), Some(data));
     }
 
     #[test]
     fn rejects_lies_about_sizes() {
-        let mut bytes = SnapshotData { pairs: vec![(b"k".to_vec(), b"v".to_vec())] }.encode();
+        let mut bytes = SnapshotData { pairs: vec![(b"k".to_vec(), b"v".to_vec())], conf_fence: 0 }.encode();
         bytes[4..12].copy_from_slice(&u64::MAX.to_be_bytes());
         assert!(SnapshotData::decode(&bytes).is_err());
+        let mut fenced = SnapshotData { pairs: vec![(b"k".to_vec(), b"v".to_vec())], conf_fence: 3 }.encode();
+        fenced[12..20].copy_from_slice(&u64::MAX.to_be_bytes());
+        assert!(SnapshotData::decode(&fenced).is_err());
         assert!(SnapshotData::decode(b"WSN1").is_err());
+        assert!(SnapshotData::decode(b"WSN2\0\0\0").is_err());
         assert!(SnapshotData::decode(b"XXXX\0\0\0\0\0\0\0\0").is_err());
     }
 
@@ -246,11 +292,13 @@ mod tests {
         #[test]
         fn random_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..256)) {
             let _ = SnapshotData::decode(&bytes);
-            let mut framed = b"WSN1".to_vec();
-            framed.extend_from_slice(&bytes);
-            let _ = SnapshotData::decode(&framed);
+            for magic in [b"WSN1", b"WSN2"] {
+                let mut framed = magic.to_vec();
+                framed.extend_from_slice(&bytes);
+                let _ = SnapshotData::decode(&framed);
+                prop_assert_eq!(SnapshotData::validate(&framed).is_ok(), SnapshotData::decode(&framed).is_ok());
+            }
             prop_assert_eq!(SnapshotData::validate(&bytes).is_ok(), SnapshotData::decode(&bytes).is_ok());
-            prop_assert_eq!(SnapshotData::validate(&framed).is_ok(), SnapshotData::decode(&framed).is_ok());
         }
     }
 }

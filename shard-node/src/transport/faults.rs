@@ -2,7 +2,8 @@
 //! and delay. Every node's transport consults the same `NetFaults` before sending; calls
 //! between groups (`GroupLinks`) consult its cut group links; a placement leader running a
 //! split stops before a held step until it is released (`placement/split.rs`), so a test can
-//! crash a participant at that exact step.
+//! crash a participant at that exact step; likewise a replica move (`placement/scheduler.rs`),
+//! so a test can depose the placement leader running it between two steps.
 
 use std::collections::HashSet;
 use std::sync::RwLock;
@@ -30,6 +31,14 @@ struct FaultState {
     split_reached: Option<u8>,
     /// Splits fail at this step of their sequence (as a call to a participant that failed).
     split_fail: Option<u8>,
+    /// `(node, group, step)`: a replica move of `group` run by `node` stops before `step`.
+    move_hold: Option<(u64, u64, u8)>,
+    /// The held step a move reached (and waits at).
+    move_reached: Option<u8>,
+    /// `(node, group)` of the move that reached the held step.
+    move_waited: Option<(u64, u64)>,
+    /// The held move ended (finished or failed) after it was released.
+    held_move_ended: bool,
 }
 
 /// What the transport does with one message.
@@ -133,6 +142,51 @@ impl NetFaults {
             state.split_reached = Some(step);
         }
         held
+    }
+
+    /// Replica moves of `group` run by the placement leader `node` stop before step `step`
+    /// (numbered as in `placement/scheduler.rs`) until [`Self::release_moves`].
+    pub fn hold_move_at(&self, node: u64, group: u64, step: u8) {
+        let mut state = self.write();
+        state.move_hold = Some((node, group, step));
+        state.move_reached = None;
+        state.move_waited = None;
+        state.held_move_ended = false;
+    }
+
+    /// Lets held moves go on.
+    pub fn release_moves(&self) {
+        self.write().move_hold = None;
+    }
+
+    /// The held step a move reached, if any.
+    pub fn move_reached(&self) -> Option<u8> {
+        self.read().move_reached
+    }
+
+    /// Whether the move that reached the held step has ended since.
+    pub fn held_move_ended(&self) -> bool {
+        self.read().held_move_ended
+    }
+
+    /// Called by `node`'s move of `group` before step `step`: true while it must wait there
+    /// (and records that it got there).
+    pub fn move_held(&self, node: u64, group: u64, step: u8) -> bool {
+        let mut state = self.write();
+        let held = state.move_hold == Some((node, group, step));
+        if held {
+            state.move_reached = Some(step);
+            state.move_waited = Some((node, group));
+        }
+        held
+    }
+
+    /// Called by `node` when its move of `group` ends (finished or failed).
+    pub fn move_ended(&self, node: u64, group: u64) {
+        let mut state = self.write();
+        if state.move_waited == Some((node, group)) {
+            state.held_move_ended = true;
+        }
     }
 
     /// Removes every fault.

@@ -302,7 +302,7 @@ mod tests {
     }
 
     fn valid_data() -> Vec<u8> {
-        SnapshotData { pairs: (0..40u8).map(|i| (vec![i], vec![i; 10_000])).collect() }.encode()
+        SnapshotData { pairs: (0..40u8).map(|i| (vec![i], vec![i; 10_000])).collect(), conf_fence: 0 }.encode()
     }
 
     #[tokio::test]
