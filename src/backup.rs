@@ -1,4 +1,4 @@
-//! `warden admin backup` and `warden admin restore` (issue 18; ARCHITECTURE.md "Backup and
+//! `warden admin backup` and `warden admin restore` (ARCHITECTURE.md "Backup and
 //! restore").
 //!
 //! A backup is a file of frames (`BackupFrame` in `placement.proto`): a manifest (placement's

@@ -1,4 +1,4 @@
-//! `warden admin backup` and `warden admin restore` (issue 18 item 3), run as the real binary
+//! `warden admin backup` and `warden admin restore`, run as the real binary
 //! against in-process clusters: 100,000 nodes in four groups, a backup while writers go on,
 //! a restore into a fresh cluster, and every node acknowledged at or before each group's
 //! backup revision there with its data and stat — and none acknowledged after it.

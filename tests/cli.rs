@@ -144,7 +144,7 @@ impl Cluster {
         if secure {
             command.arg("--secure");
         }
-        // Logging at its defaults (item 20 reads this log).
+        // Logging at its defaults (`servers_log_leader_changes_by_default` reads this log).
         command.stdout(log.try_clone().expect("log")).stderr(log).env_remove("RUST_LOG");
         // SAFETY: prctl in the forked child before exec: dies with this test process even if
         // it is killed without unwinding.

@@ -1,4 +1,4 @@
-//! Issue 15: the placement leader's scheduler on a real in-process cluster of six nodes. A
+//! The placement leader's scheduler on a real in-process cluster of six nodes. A
 //! node killed for good has its replicas replaced on the others after `down_after_ms`; a
 //! drained node ends up hosting nothing while the groups keep serving, and a decommissioned
 //! one becomes a tombstone; a removed group gives its prefix back to the root group and its

@@ -198,7 +198,7 @@ async fn revision(api: &ApiClient) -> u64 {
     response.header.expect("header").revision
 }
 
-/// Item 2: a waiting `Lock` call that is dropped (its client hung up) and retried at once with
+/// A waiting `Lock` call that is dropped (its client hung up) and retried at once with
 /// the same request id, over and over while the lock passes between clients. The dropped
 /// call's release must never take a hold the retry was told it has: a fenced resource sees
 /// no two holders at once, and every hold is still valid when its holder unlocks.
@@ -248,7 +248,7 @@ async fn dropped_and_retried_waiting_calls_never_make_two_holders() {
     assert!(holds.load(Ordering::Relaxed) >= 10, "too few holds ({}) to mean anything", holds.load(Ordering::Relaxed));
 }
 
-/// Item 6: a try-lock (`wait = false`) of a lock someone holds is refused without changing
+/// A try-lock (`wait = false`) of a lock someone holds is refused without changing
 /// anything: no waiter is added and removed again, the revision stays.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_try_lock_changes_nothing() {
@@ -270,7 +270,7 @@ async fn a_refused_try_lock_changes_nothing() {
     }
 }
 
-/// Item 6: a waiter whose session expires while its `Lock` call waits is answered
+/// A waiter whose session expires while its `Lock` call waits is answered
 /// SESSION_EXPIRED when the session ends, not "not acquired" when the wait runs out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
@@ -318,7 +318,7 @@ async fn a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
     keeper.await.expect("keeper");
 }
 
-/// Item 6: waiters keep their place in the queue while they wait, across the server's limit on
+/// Waiters keep their place in the queue while they wait, across the server's limit on
 /// one call's wait (the client library re-attaches to its waiter with the same request id), and
 /// are granted in the order they queued.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

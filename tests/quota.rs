@@ -1,4 +1,4 @@
-//! Subtree quotas (issue 17): set by an admin through placement, counted exactly by each
+//! Subtree quotas: set by an admin through placement, counted exactly by each
 //! group serving the subtree, shared among those groups so the limit holds for the whole
 //! subtree, refused RESOURCE_EXHAUSTED naming the quota, and a refused write changes nothing.
 

@@ -1,4 +1,4 @@
-//! Issue 16: a live subtree split into its own group, end to end through a router on an
+//! A live subtree split into its own group, end to end through a router on an
 //! in-process cluster. While clients write in and beside it, hold and wait for a fenced lock
 //! in it, and own ephemerals in it from sessions homed in three groups, `SplitGroup` moves
 //! 10,000 nodes to a new group: no acknowledged write is lost, every node keeps its data and

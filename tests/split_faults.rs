@@ -1,4 +1,4 @@
-//! Issue 16: a split crashed at each step of its sequence (a test per step, numbered as in
+//! A split crashed at each step of its sequence (a test per step, numbered as in
 //! `shard-node/src/placement/split.rs`: 3 freeze, 4 copy, 5 hand-over, 6 target descriptor,
 //! 7 route), and a merge crashed at its steps (`shard-node/src/placement/merge.rs`: 3 copy,
 //! 4 hand-over, 5 parent's descriptor, 6 route). At the held step the source group's leader,

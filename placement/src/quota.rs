@@ -1,4 +1,4 @@
-//! Subtree quotas (issue 17): the limits an admin set per prefix, and how each limit is
+//! Subtree quotas: the limits an admin set per prefix, and how each limit is
 //! shared out among the groups serving the subtree.
 //!
 //! Each group enforces its own share (its log counts its usage exactly); this record keeps,

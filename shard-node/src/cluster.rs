@@ -62,7 +62,7 @@ pub struct ClusterConfig {
     /// What a node that cannot go on does: stop its engine (the default, so that a test
     /// process outlives it) or abort the process (`warden dev`).
     pub fatal: FatalPolicy,
-    /// TLS on every node (issue 17): the directory of a CA ([`Authority`], made there if
+    /// TLS on every node: the directory of a CA ([`Authority`], made there if
     /// missing) that issues each node a certificate naming it. `None`: plaintext.
     pub tls_dir: Option<PathBuf>,
     /// Each node also opens a client port ([`Cluster::client_addr`]): node `i` on

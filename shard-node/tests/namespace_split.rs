@@ -1,4 +1,4 @@
-//! Moving a subtree between two groups' state machines (issue 16), step by step as the
+//! Moving a subtree between two groups' state machines, step by step as the
 //! placement leader drives it: freeze at the source, export pages, ingest at the target,
 //! hand-over (or abort) at the source, descriptor at the target. What must survive exactly:
 //! data and stat, sequential counters, locks with their holders, waiters and tokens, TTL

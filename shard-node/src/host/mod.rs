@@ -362,7 +362,7 @@ pub trait NodeServices: Send + Sync {
     fn start(&self, context: &ServiceContext, routes: &mut NodeRoutes) -> Result<(), NodeError>;
 }
 
-/// The gRPC services of a node's two ports (issue 17).
+/// The gRPC services of a node's two ports.
 #[derive(Default)]
 pub struct NodeRoutes {
     /// The peer port: the raft transport, placement's internal calls, session checks, and

@@ -50,7 +50,7 @@ pub(crate) enum ReadKind {
     Query,
     /// A leader-only request (`StateMachine::leader_call`), answered with the clock read when
     /// it arrived: the ReadIndex round that confirms it sent its heartbeats later, so no other
-    /// leader was elected before that moment (issue 12 item 1).
+    /// leader was elected before that moment.
     LeaderCall(LeaderClock),
 }
 
@@ -180,7 +180,7 @@ impl Replica {
     /// leading until check-quorum notices (up to two election timeouts), while the rest may
     /// elect a new leader after one, which grants every session only a full TTL from its
     /// election. Renewing a lease without that check would promise the client time the new
-    /// leader does not give (issue 12 item 1, DESIGN.md rule 6).
+    /// leader does not give (DESIGN.md rule 6).
     pub(crate) fn leader_call(&mut self, config: &NodeConfig, request: Vec<u8>, deadline: Instant, reply: Reply<Vec<u8>>) {
         if !self.is_leader() {
             let _ = reply.send(Err(self.not_leader()));

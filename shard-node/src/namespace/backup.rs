@@ -1,4 +1,4 @@
-//! Backups of a group's namespace and their restore (issue 18; ARCHITECTURE.md "Backup and
+//! Backups of a group's namespace and their restore (ARCHITECTURE.md "Backup and
 //! restore").
 //!
 //! A backup of a group is its persistent namespace read from one image of its data (one

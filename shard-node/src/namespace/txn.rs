@@ -613,7 +613,7 @@ impl Txn<'_, '_> {
             }
             // One epoch names one set of served paths: the same epoch with other contents
             // comes from a placement decision made on a stale state, and accepting it would let
-            // two groups serve the same paths (issue 12 item 8). So serving a path again that
+            // two groups serve the same paths. So serving a path again that
             // the group gave away (an exclusion dropped) always takes a newer version.
             if (new.conf_ver, new.version) == (current.conf_ver, current.version) && new != *current {
                 return Err(invalid(&new.prefix, "the group already has this descriptor version with other contents").into());

@@ -1,4 +1,4 @@
-//! The placement leader's side of subtree quotas (issue 17; `warden_placement::quota` has
+//! The placement leader's side of subtree quotas (`warden_placement::quota` has
 //! the record and its invariant, `namespace/quota.rs` the groups' counting).
 //!
 //! - **Share out** ([`PlacementService::share_out`], on `SetQuota`): every group serving the

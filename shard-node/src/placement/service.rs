@@ -103,7 +103,7 @@ pub struct PlacementService {
 /// Tables queued on one `WatchRoutingTable` stream (a watcher only needs the latest).
 const ROUTING_TABLES_QUEUED_MAX: usize = 2;
 
-/// A node's security (issue 17): its TLS for calls to other nodes, and the ACL its checks use.
+/// A node's security: its TLS for calls to other nodes, and the ACL its checks use.
 pub struct Security {
     /// This node's TLS (`None`: plaintext, security off).
     pub tls: Option<Arc<Tls>>,
@@ -657,7 +657,7 @@ impl PlacementApi for PlacementService {
         self.require_admin(&request, &request.get_ref().prefix, false)?;
         let prefix = request.into_inner().prefix;
         // One lifecycle change at a time: a creation computes descriptors from the state it
-        // read, which another creation's `GroupReady` would make stale (issue 12 item 8).
+        // read, which another creation's `GroupReady` would make stale.
         let _lifecycle = self.lifecycle.lock().await;
         self.ensure_leader()?;
         // A creation an earlier call (or an earlier leader) left half-way is finished or

@@ -1,4 +1,4 @@
-//! Splitting a live subtree into a new group (issue 16; ARCHITECTURE.md "Moving a
+//! Splitting a live subtree into a new group (ARCHITECTURE.md "Moving a
 //! subtree"), a numbered sequence the placement leader runs under its lifecycle lock:
 //!
 //! 1. `SplitGroup` is committed: placement allocates the target group T and its replicas,

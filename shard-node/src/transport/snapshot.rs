@@ -306,7 +306,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn item_13_malformed_truncated_refused_and_timed_out_snapshots_are_failures_and_the_next_attempt_is_taken() {
+    async fn malformed_truncated_refused_and_timed_out_snapshots_are_failures_and_the_next_attempt_is_taken() {
         let directory = Arc::new(PeerDirectory::new());
         let inbox = receiver(&directory, 1).await;
         let transfers = Transfers::new(1, 1 << 30);
