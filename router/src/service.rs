@@ -344,13 +344,15 @@ impl Warden for RouterService {
         // without one, where the caller's lock grants meet, as the node judges it), else one
         // by hash (a scope of `/`: any group counts it there).
         let named = request.routing.as_ref().map(|r| r.group_id).filter(|g| *g != 0);
+        let hint = request.path_hint.clone();
         let scope = match caller.principal() {
-            Some(principal) if request.path_hint.is_empty() => self.upstreams.acl().get().lock_scope(principal),
-            _ => request.path_hint.clone(),
+            Some(principal) if hint.is_empty() => self.upstreams.acl().get().lock_scope(principal),
+            _ => String::new(),
         };
         let target = match named {
             Some(group) => Target::Group(group),
             // (An invalid hint is refused INVALID_PATH by the call.)
+            None if !hint.is_empty() => Target::Path(&hint),
             None if !scope.is_empty() && scope != "/" => Target::Path(&scope),
             None => Target::Group(self.spread_session().await?),
         };

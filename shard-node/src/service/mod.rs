@@ -335,16 +335,19 @@ impl WardenService {
 
     /// Where a new session of `owner` counts for session quotas: its `hint`; without one, where
     /// the owner's `lock` grants meet ([`warden_placement::acl::Acl::lock_scope`]; empty for
-    /// `/`). A scope below `/` must be served by the home `group`, whose quota shares are the
-    /// ones that count it: a session homed elsewhere would count under no share of its
-    /// scope's quota (refused WRONG_GROUP, with the group's descriptor, before anything is
-    /// proposed).
+    /// `/`). A hint, or a scope below `/`, must be served by the home `group`, whose quota
+    /// shares are the ones that count it: a session homed elsewhere would count under no
+    /// share of its scope's quota (refused WRONG_GROUP, with the group's descriptor, before
+    /// anything is proposed).
     async fn session_scope(&self, group: u64, hint: &str, owner: &str, timeout: Duration) -> Result<String, Status> {
-        let scope = match hint {
-            "" if !owner.is_empty() => self.acl.get().lock_scope(owner),
-            _ => hint.to_string(),
+        let scope = match (hint, owner) {
+            ("", "") => return Ok(String::new()),
+            ("", owner) => self.acl.get().lock_scope(owner),
+            (hint, _) => hint.to_string(),
         };
-        if scope.is_empty() || scope == "/" {
+        // A session without a hint that counts at `/` may be homed anywhere: every group
+        // holds a share of a quota at `/`. A hint, `/` included, names the home group.
+        if hint.is_empty() && scope == "/" {
             return Ok(String::new());
         }
         let exists = ExistsRequest { path: scope.clone(), consistency: Consistency::Stale as i32, ..ExistsRequest::default() };
