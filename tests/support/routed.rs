@@ -31,14 +31,19 @@ pub async fn cluster_with_groups(prefixes: &[&str]) -> Arc<Cluster> {
 /// Has placement create a shard group for `prefix` (retried until placement answers).
 pub async fn create_group(cluster: &Cluster, prefix: &str) {
     let deadline = Instant::now() + TIMEOUT;
+    let mut retried = false;
     loop {
         let leader = cluster.wait_leader(warden_placement::PLACEMENT_GROUP_ID, TIMEOUT).await.expect("placement leader");
         let addr = cluster.addr(leader).expect("addr");
         let mut client = PlacementClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").connect_lazy());
         match client.create_group(CreateGroupRequest { prefix: prefix.into() }).await {
             Ok(_) => return,
+            // An earlier attempt whose answer was lost (a leader change, a timeout) may have
+            // created the group: the retry then finds the prefix taken, by that group.
+            Err(status) if retried && status.code() == tonic::Code::AlreadyExists => return,
             Err(status) => assert!(Instant::now() < deadline, "creating {prefix}: {status}"),
         }
+        retried = true;
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
