@@ -1,5 +1,4 @@
-//! `warden admin backup` and `warden admin restore` (ARCHITECTURE.md "Backup and
-//! restore").
+//! `warden admin backup` and `warden admin restore` (docs/design/backup-restore.md).
 //!
 //! A backup is a file of frames (`BackupFrame` in `placement.proto`): a manifest (placement's
 //! state: the routing table, quotas, limits, ACL), each group's pages as its nodes stream
@@ -44,6 +43,9 @@ const PAGE_BYTES: u32 = 1 << 20;
 /// How long one call (a page, a group's stream start) may keep failing over before the
 /// backup or restore gives up.
 const CALL_PATIENCE: Duration = Duration::from_secs(30);
+/// How long a group may take to delete an unfinished restore's records before a new
+/// restore gives up on it (a page of records per round trip of its log).
+const DISCARD_PATIENCE: Duration = Duration::from_secs(600);
 /// Attempts at one group's image (a replica may go away mid-stream).
 const GROUP_ATTEMPTS_MAX: usize = 5;
 /// Longest a backup (or a restore) waits for a subtree move in the cluster — a split, a
@@ -504,7 +506,9 @@ pub async fn restore(seeds: &[String], from: &Path) -> anyhow::Result<Summary> {
 /// nothing it holds: a group that id restored, or is restoring (a run that died), goes on
 /// with it (an empty page that is neither first nor last); any other is asked as a first
 /// page would be, with an empty restore of its own: refused NOT_EMPTY by a group holding
-/// nodes (an unfinished restore of another file it discards).
+/// nodes. An unfinished restore of another file the group discards: the first send starts
+/// deleting its records (a page at a time, by the group's leader), the second waits until
+/// they are gone (UNAVAILABLE meanwhile) and then ends the empty restore.
 async fn probe(table: &RoutingTable, group_id: u64, restore_id: u64) -> anyhow::Result<()> {
     let ours = warden_proto::namespace::RestorePage { restore_id, ..Default::default() };
     match restore_page_answer(table, group_id, ours).await? {
@@ -514,7 +518,11 @@ async fn probe(table: &RoutingTable, group_id: u64, restore_id: u64) -> anyhow::
         Err((addr, status)) => anyhow::bail!("{addr}: {}", status.message()),
     }
     let fresh = warden_proto::namespace::RestorePage { restore_id: rand::random::<u64>().max(1), first: true, last: true, ..Default::default() };
-    restore_page(table, group_id, fresh).await
+    for _ in 0..2 {
+        let answer = restore_page_within(table, group_id, fresh.clone(), DISCARD_PATIENCE).await?;
+        answer.map_err(|(addr, status)| anyhow::anyhow!("{addr}: {}", status.message()))?;
+    }
+    Ok(())
 }
 
 /// Has the leader of `group_id` apply `page`.
@@ -529,8 +537,18 @@ async fn restore_page_answer(
     group_id: u64,
     page: warden_proto::namespace::RestorePage,
 ) -> anyhow::Result<Result<RestorePageResponse, (String, tonic::Status)>> {
+    restore_page_within(table, group_id, page, CALL_PATIENCE).await
+}
+
+/// [`restore_page_answer`], retried for up to `patience`.
+async fn restore_page_within(
+    table: &RoutingTable,
+    group_id: u64,
+    page: warden_proto::namespace::RestorePage,
+    patience: Duration,
+) -> anyhow::Result<Result<RestorePageResponse, (String, tonic::Status)>> {
     let request = RestorePageRequest { group_id, page: Some(page) };
-    at_any_answer(&replica_addrs(table, group_id), CALL_PATIENCE, |mut c| {
+    at_any_answer(&replica_addrs(table, group_id), patience, |mut c| {
         let request = request.clone();
         async move { c.restore_page(request).await }
     })

@@ -1,5 +1,4 @@
-//! Backups of a group's namespace and their restore (ARCHITECTURE.md "Backup and
-//! restore").
+//! Backups of a group's namespace and their restore (docs/design/backup-restore.md).
 //!
 //! A backup of a group is its persistent namespace read from one image of its data (one
 //! RocksDB snapshot, [`crate::state_machine::SmImage`]): node records and the children
@@ -170,8 +169,22 @@ impl Txn<'_, '_> {
                     return Err(error(Code::NotEmpty, &root, "the group holds nodes: a backup is restored into a fresh cluster").into());
                 }
             }
-            // An unfinished restore (its client gone) is discarded by a new one.
-            (true, _) => self.discard_restored(&root)?,
+            // An unfinished restore (its client gone) is discarded by a new one: its records
+            // are purged a page at a time after this entry, as a moved subtree's are (deleting
+            // them here would take every replica's memory and time at once). A page that
+            // starts the discard carries no records (the client's probe): records written now
+            // would be purged with the rest.
+            (true, _) if page.records.is_empty() => {
+                state.restoring = 0;
+                state.restoring_prefix.clear();
+                state.purging.push(root);
+                self.view.put_split(&state);
+                return Ok(state);
+            }
+            (true, unfinished) => {
+                let message = format!("restore {unfinished} is unfinished here: a new one starts with an empty first page, which discards it");
+                return Err(invalid(&root, message).into());
+            }
             (false, _) => {
                 let message = format!("restore {} is not running here (its first page never applied, or it ended)", page.restore_id);
                 return Err(invalid(&root, message).into());
@@ -215,24 +228,6 @@ impl Txn<'_, '_> {
             }
         }
         Ok(false)
-    }
-
-    /// Deletes what an unfinished restore wrote (node records and children index at or
-    /// below `root`: a restore writes nothing else).
-    fn discard_restored(&mut self, root: &str) -> Result<(), Failure> {
-        let base = self.view.base();
-        for (from, to) in store::subtree_ranges(root) {
-            base.visit_range(&from, &to, |key, value| {
-                if let Some(SubtreeKey::Node(node_path)) = parse_subtree_key(key) {
-                    if store::decode_record(value)?.stat.is_some_and(|stat| stat.kind == NodeKind::Ttl as i32) {
-                        self.ttl_changes.push(TtlChange::Remove(node_path.to_string()));
-                    }
-                }
-                self.view.delete_raw(key);
-                Ok::<_, StorageError>(true)
-            })?;
-        }
-        Ok(())
     }
 
     fn restore_record(&mut self, current: Option<&GroupDescriptor>, record: &SubtreeRecord) -> Result<(), Failure> {
@@ -352,6 +347,56 @@ mod tests {
         assert_eq!(refused.code, Code::NotEmpty as i32, "{refused:?}");
         let costs = target.take_batch_costs();
         assert!(costs.iter().all(|cost| cost.records_scanned <= 2), "records read to find one node: {costs:?}");
+    }
+
+    /// A new restore finding another run unfinished has its records deleted a page per
+    /// entry, by the leader, before anything else changes the group; then takes its pages.
+    #[test]
+    fn an_unfinished_restore_is_discarded_a_page_at_a_time_before_a_new_one_writes() {
+        let mut source = Harness::new(Limits::default()).expect("harness");
+        let creates: Vec<Vec<u8>> = (0..2_500).map(|i| create_command(&format!("/n{i:05}"))).collect();
+        source.apply_batch(&creates).expect("created");
+        let pages = pages_of(&source, 16 << 10);
+        assert!(pages.len() > 4, "small pages: {}", pages.len());
+        let mut target = Harness::new(Limits::default()).expect("harness");
+        // Run 7 writes half its pages, then its client is gone.
+        for (i, page) in pages.iter().take(pages.len() / 2).enumerate() {
+            target.placement_step(restore(page, 7, i == 0, 0)).expect("a page applies");
+        }
+        // A page of another run that holds records neither discards nor writes anything.
+        let refused = target.placement_step(restore(&pages[0], 8, true, 0)).expect_err("records while run 7 is unfinished");
+        assert_eq!(refused.code, Code::InvalidArgument as i32, "{refused:?}");
+        assert!(target.get("/n00000").is_ok(), "run 7's records are still there");
+        // Run 8's empty first page starts the discard; the entry itself deletes nothing.
+        let empty = BackupPage { head: None, records: Vec::new(), last: true };
+        target.take_batch_costs();
+        target.placement_step(restore(&empty, 8, true, 0)).expect("the discard starts");
+        assert!(target.get("/n00000").is_ok(), "nothing is deleted in the entry that starts the discard");
+        assert!(target.take_batch_costs().iter().all(|cost| cost.write_ops < 10), "the entry writes only the split state");
+        let waiting = target.placement_step(restore(&empty, 8, true, 0)).expect_err("the discard is not done");
+        assert_eq!(waiting.code, Code::Unavailable as i32, "{waiting:?}");
+        let write = target.create_simple("/z", b"").expect_err("no client write while discarding");
+        assert_eq!(write.code, Code::Unavailable as i32, "{write:?}");
+        // The leader deletes the records in pages of a bounded size.
+        let mut rounds = 0;
+        while target.leader_scan(1).expect("leader proposals") > 0 {
+            rounds += 1;
+            let costs = target.take_batch_costs();
+            let per_page = u64::from(crate::namespace::split::PURGE_RECORDS_PER_PAGE) + 1;
+            assert!(costs.iter().all(|cost| cost.records_scanned <= per_page), "a page reads at most its budget: {costs:?}");
+            assert!(rounds < 1_000, "the discard ends");
+        }
+        assert!(rounds > 1, "run 7's records go in more than one page: {rounds}");
+        assert!(target.get("/n00000").is_err() && target.get("/n01200").is_err(), "run 7's records are gone");
+        // Run 8 is taken now; then run 9 restores the whole backup.
+        target.placement_step(restore(&empty, 8, true, 0)).expect("the empty restore ends");
+        for (i, page) in pages.iter().enumerate() {
+            target.placement_step(restore(page, 9, i == 0, 0)).expect("a page applies");
+        }
+        for path in ["/n00000", "/n01249", "/n02499"] {
+            assert_eq!(target.get(path), source.get(path), "{path}");
+        }
+        target.create_simple("/z", b"").expect("writes after the restore");
     }
 
     /// A create of the persistent node `path`, as command bytes.
