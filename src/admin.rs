@@ -157,7 +157,7 @@ pub enum AdminCommand {
     },
     /// Write a consistent backup of every shard group (each at one revision, read while
     /// writes go on) and of placement's state (routes, quotas, limits, ACL) to FILE. Sessions
-    /// and their ephemeral nodes are not in it (ARCHITECTURE.md "Backup and restore").
+    /// and their ephemeral nodes are not in it (docs/design/backup-restore.md).
     Backup {
         /// The backup file (written as FILE.partial, renamed once complete).
         #[arg(long)]

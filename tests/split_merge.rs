@@ -87,7 +87,7 @@ async fn a_subtree_split_off_and_merged_back_under_load_keeps_every_guarantee() 
 
     // Watchers, the counter writer and the workload run through both moves. The lockers of
     // the lock inside the subtree have their sessions homed in /b: a merge waits for the
-    // sessions homed in the merging group to end (ARCHITECTURE.md "Moving a subtree").
+    // sessions homed in the merging group to end (docs/design/subtree-moves.md).
     let library = ::warden_client::Client::connect(::warden_client::ClientConfig::new([router_addr.clone()])).await.expect("client");
     let mut watchers = Vec::new();
     for path in [SUBTREE, "/"] {

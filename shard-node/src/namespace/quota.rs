@@ -1,4 +1,4 @@
-//! Subtree quotas inside one group (ARCHITECTURE.md "Quotas").
+//! Subtree quotas inside one group (docs/design/security.md "Quotas").
 //!
 //! A quota limits what lives at or below a prefix: nodes, bytes of data, sessions (by their
 //! scope, the path hint they were opened with), lock waiters. When the subtree spans several

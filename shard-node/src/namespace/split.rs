@@ -1,4 +1,4 @@
-//! Moving a subtree between groups (ARCHITECTURE.md "Moving a subtree"): a split
+//! Moving a subtree between groups (docs/design/subtree-moves.md): a split
 //! gives a subtree to a new group, a merge gives a group's whole subtree to the group of its
 //! parent path. The source group's side — freeze, export, hand-over, abort — and the
 //! target's — ingest, settle (on the descriptor serving the prefix), discard (on abort).

@@ -1,4 +1,4 @@
-//! The node's side of backups and restores (ARCHITECTURE.md "Backup and restore"):
+//! The node's side of backups and restores (docs/design/backup-restore.md):
 //! `BackupGroup` streams a consistent image of one group hosted here, `RestorePage` has the
 //! group's leader apply a page of one. What is in a page, and what a restore checks, is the
 //! namespace's business (`namespace/backup.rs`); the file and the order of calls are the

@@ -1,5 +1,4 @@
-//! Merging a group back into the group serving its parent path (ARCHITECTURE.md
-//! "Moving a subtree"): the split in reverse, a numbered sequence the placement leader runs
+//! Merging a group back into the group serving its parent path (docs/design/subtree-moves.md): the split in reverse, a numbered sequence the placement leader runs
 //! under its lifecycle lock. T is the merging group, P the group serving T's parent path.
 //!
 //! 1. `MergeGroup` is committed: placement records in T the operation (an id from the group

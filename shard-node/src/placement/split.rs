@@ -1,5 +1,4 @@
-//! Splitting a live subtree into a new group (ARCHITECTURE.md "Moving a
-//! subtree"), a numbered sequence the placement leader runs under its lifecycle lock:
+//! Splitting a live subtree into a new group (docs/design/subtree-moves.md), a numbered sequence the placement leader runs under its lifecycle lock:
 //!
 //! 1. `SplitGroup` is committed: placement allocates the target group T and its replicas,
 //!    recording the source S (the group serving the prefix now).
