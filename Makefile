@@ -23,11 +23,15 @@ lint: setup
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-# Cluster tests start many nodes; one test at a time keeps a 2-core machine from thrashing.
-# The criterion benches (`benches/`) run once each in test mode, in a step of their own:
-# criterion refuses libtest's `--test-threads`. Doctests run in a last step.
+# Every test target through cargo-nextest (`.config/nextest.toml`): tests that start clusters
+# run one at a time, since two at once would thrash a 2-core machine; tests of pure logic run
+# beside them. The ten slowest tests are printed after the run, passed or not. The criterion
+# benches (`benches/`) then run once each in test mode, and the doctests last (nextest runs
+# no doctests).
 test: lint
-	cargo test --release --workspace --lib --bins --tests --examples -- --test-threads=1
+	@command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
+	status=0; cargo nextest run --release --workspace --lib --bins --tests --examples || status=$$?; \
+	  python3 scripts/slowest-tests.py $(CARGO_TARGET_DIR)/nextest/default/junit.xml; exit $$status
 	cargo test --release --workspace --bench '*'
 	cargo test --release --workspace --doc
 
