@@ -31,7 +31,7 @@ lint: setup
 test: lint
 	@command -v cargo-nextest >/dev/null || cargo install --locked cargo-nextest
 	status=0; cargo nextest run --release --workspace --lib --bins --tests --examples || status=$$?; \
-	  python3 scripts/slowest-tests.py $(CARGO_TARGET_DIR)/nextest/default/junit.xml; exit $$status
+	  python3 scripts/slowest-tests.py target/nextest/default/junit.xml; exit $$status
 	cargo test --release --workspace --bench '*'
 	cargo test --release --workspace --doc
 
