@@ -23,9 +23,9 @@ lint: setup
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 
-# Every test target through cargo-nextest (`.config/nextest.toml`): tests that start clusters
-# run one at a time, since two at once would thrash a 2-core machine; tests of pure logic run
-# beside them. The ten slowest tests are printed after the run, passed or not. The criterion
+# Every test target through cargo-nextest (`.config/nextest.toml`), two tests at a time: the
+# cluster tests mostly wait on ticks and timeouts, and those that start `warden dev` on its
+# fixed ports never overlap. The ten slowest tests are printed after the run, passed or not. The criterion
 # benches (`benches/`) then run once each in test mode, and the doctests last (nextest runs
 # no doctests).
 test: lint

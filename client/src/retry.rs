@@ -1,6 +1,6 @@
 //! What may be retried after a failed attempt, and the pause before the next one.
 //!
-//! The rule (docs/design/choices.md; the router applies the same one towards the nodes):
+//! The rule (the router applies the same one towards the nodes):
 //! an idempotent call is retried on any failure of the connection, on UNAVAILABLE,
 //! NOT_LEADER and OUTCOME_UNKNOWN; a write only when the failure proves it was not applied —
 //! the connection was refused before anything was sent (`never_sent`), or the server answered
