@@ -39,7 +39,7 @@ bench: build
 	$(CARGO_TARGET_DIR)/release/warden bench engine $(ARGS)
 
 # Side-by-side load runs against a 5-member etcd and a 5-server ZooKeeper on this machine
-# (installed from Debian when missing), writing BENCHMARKS.md and benchmarks/results/. Not part
+# (installed from Debian when missing), writing the first section of docs/benchmarks.md and benchmarks/results/. Not part
 # of `make test`: it installs servers and takes a while. ARGS=--quick tries it in short runs.
 compare: setup
 	bash scripts/bench-vs $(ARGS)

@@ -2,7 +2,7 @@
 //! use that a measurement can switch on.
 //!
 //! mimalloc instead of glibc's malloc: allocation and free were about 17% of a loaded
-//! `warden dev`'s CPU under glibc (BENCHMARKS.md's profile); mimalloc's per-thread free lists
+//! `warden dev`'s CPU under glibc (docs/benchmarks.md, the profile of `make compare`); mimalloc's per-thread free lists
 //! make the many small, short-lived buffers of the request path cheaper. A release build of
 //! mimalloc keeps no count of live bytes (its "committed" figure grows by whole arenas, so a
 //! few thousand small allocations read as nothing), hence the count here. Off, it costs one
