@@ -20,6 +20,10 @@ use std::hint::black_box;
 use criterion::measurement::WallTime;
 use criterion::{criterion_group, criterion_main, BatchSize, BenchmarkGroup, Criterion, Throughput};
 use prost::Message as _;
+use warden_engine::state_machine::ApplyOutput;
+use warden_namespace::locks::{self, Waiter};
+use warden_namespace::store::TxnView;
+use warden_namespace::Limits;
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::{
@@ -28,11 +32,7 @@ use warden_proto::namespace::{
 use warden_proto::v1::compare::{Op as CompareOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::{Compare, CreateRequest, GetRequest, GroupDescriptor, LockMode, SetRequest, TxnOp, TxnRequest};
-use warden_shard_node::namespace::harness::Harness;
-use warden_shard_node::namespace::locks::{self, Waiter};
-use warden_shard_node::namespace::store::TxnView;
-use warden_shard_node::namespace::Limits;
-use warden_shard_node::state_machine::ApplyOutput;
+use warden_testkit::harness::Harness;
 
 /// Commands per applied batch.
 const BATCH: usize = 64;
@@ -126,7 +126,7 @@ fn apply_batch(c: &mut Criterion) {
         shrink: false,
         remove: false,
         cap: false,
-        records_max: warden_shard_node::namespace::quota::COUNT_RECORDS_PER_PAGE,
+        records_max: warden_namespace::quota::COUNT_RECORDS_PER_PAGE,
     };
     ns.set_quota_share(share).expect("a quota share");
     bench_batches(&mut group, "create_under_quota", ns, new_nodes());

@@ -9,8 +9,8 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use warden_shard_node::namespace::{path, store};
-use warden_shard_node::storage::keys;
+use warden_engine::storage::keys;
+use warden_namespace::{path, store};
 
 /// Typical paths: short locks, service registries, deep config trees, one long path.
 fn typical_paths() -> Vec<String> {

@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use raft::eraftpb::{Entry, HardState};
-use warden_shard_node::storage::{Db, PeerStorage, StorageLimits, INIT_INDEX};
-use warden_shard_node::store_writer::{build_batch, Persisted, WriteTask};
+use warden_engine::storage::{Db, PeerStorage, StorageLimits, INIT_INDEX};
+use warden_engine::store_writer::{build_batch, Persisted, WriteTask};
 
 /// Groups each task carries.
 const GROUPS_PER_TASK: u64 = 8;

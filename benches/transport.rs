@@ -16,10 +16,10 @@ use std::sync::atomic::AtomicU64;
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use prost::Message as _;
 use raft::eraftpb::{Entry, Message, MessageType};
+use warden_engine::transport::chunk::Assembler;
+use warden_engine::transport::server::decode_envelope;
+use warden_engine::transport::{encode_message, TransportLimits};
 use warden_proto::transport::RaftBatch;
-use warden_shard_node::transport::chunk::Assembler;
-use warden_shard_node::transport::server::decode_envelope;
-use warden_shard_node::transport::{encode_message, TransportLimits};
 
 const GROUPS: u64 = 64;
 const ENTRIES_PER_APPEND: u64 = 4;

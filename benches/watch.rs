@@ -10,12 +10,12 @@ use std::sync::Arc;
 
 use criterion::{criterion_group, criterion_main, BatchSize, Criterion, Throughput};
 use prost::bytes::Bytes;
+use warden_namespace::watch::event::NodeState;
+use warden_namespace::watch::hub::CatchUp;
+use warden_namespace::watch::stream::{Outgoing, Phase, StreamWatch};
+use warden_namespace::watch::{Event, EventBatch, EventKind, WatchHub, WatchLimits, WatchSpec, WatchStream};
 use warden_proto::v1::watch_create::Kind as WatchKind;
 use warden_proto::v1::{NodeKind, Stat, WatchCreated};
-use warden_shard_node::watch::event::NodeState;
-use warden_shard_node::watch::hub::CatchUp;
-use warden_shard_node::watch::stream::{Outgoing, Phase, StreamWatch};
-use warden_shard_node::watch::{Event, EventBatch, EventKind, WatchHub, WatchLimits, WatchSpec, WatchStream};
 
 const GROUP: u64 = 1;
 const WATCHED: &str = "/bench/watched";

@@ -24,13 +24,13 @@ use std::time::Duration;
 
 use anyhow::Context as _;
 use prost::Message as _;
+use warden_namespace::descriptor;
+use warden_namespace::store::{parse_subtree_key, SubtreeKey};
 use warden_placement::{is_at_or_below, is_strictly_below};
 use warden_proto::placement::backup_frame::Frame;
 use warden_proto::placement::*;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::GroupDescriptor;
-use warden_shard_node::namespace::descriptor;
-use warden_shard_node::namespace::store::{parse_subtree_key, SubtreeKey};
 
 use crate::admin::{at_any_answer, at_any_within, create_group, routing_table};
 

@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::transport::Channel;
+use warden_engine::{EngineError, FatalPolicy};
 use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::CreateGroupRequest;
@@ -14,7 +15,6 @@ use warden_proto::tls::authority::Authority;
 use warden_proto::tls::{Expected, Identity, Tls, TlsFiles};
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
-use warden_shard_node::{EngineError, FatalPolicy};
 
 /// Flags of `warden dev`.
 #[derive(clap::Args)]

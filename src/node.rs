@@ -7,14 +7,15 @@ use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
+use warden_engine::config::HIBERNATE_AFTER_TICKS_DEFAULT;
+use warden_engine::host::drain::DrainLimits;
+use warden_engine::transport::{NetFaults, PeerDirectory};
+use warden_engine::{FatalPolicy, NodeConfig};
 use warden_placement::{AutoSplit, PlacementConfig};
-use warden_shard_node::config::HIBERNATE_AFTER_TICKS_DEFAULT;
-use warden_shard_node::host::drain::DrainLimits;
-use warden_shard_node::host::Listeners;
 use warden_shard_node::node_services::ApiServices;
 use warden_shard_node::placement::ShardNodeFactory;
-use warden_shard_node::transport::{NetFaults, PeerDirectory};
-use warden_shard_node::{FatalPolicy, Node, NodeConfig};
+use warden_shard_node::Listeners;
+use warden_shard_node::Node;
 
 /// Flags of `warden node`.
 #[derive(clap::Args, serde::Deserialize)]

@@ -27,9 +27,10 @@ use std::time::{Duration, Instant};
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::processes::{wait_for, ProcessCluster, NODES, STEP_TIMEOUT};
+use support::processes::{ProcessCluster, NODES, STEP_TIMEOUT};
 use support::workload::{FencedResource, Workload, LOCKS, PREFIXES, SESSION_TTL};
 use warden_proto::v1::GetRequest;
+use warden_testkit::wait_until;
 
 fn knob(name: &str, default: u64) -> u64 {
     match std::env::var(name) {
@@ -124,11 +125,11 @@ async fn a_paused_leader_lets_no_stale_holder_act() {
             }
         };
         let name = if placement { "the placement group".to_string() } else { format!("group {group}") };
-        let leader = wait_for(&format!("a leader of {name}"), STEP_TIMEOUT, || leader_of(None)).await;
+        let leader = wait_until(&format!("a leader of {name}"), STEP_TIMEOUT, || leader_of(None)).await;
         let paused_at = Instant::now();
         cluster.pause(leader);
         workload.log(format!("round {round} at {} ns: SIGSTOP node {leader} (leader of {name})", workload.now()));
-        let successor = wait_for("a new leader while the old one is paused", STEP_TIMEOUT, || leader_of(Some(leader))).await;
+        let successor = wait_until("a new leader while the old one is paused", STEP_TIMEOUT, || leader_of(Some(leader))).await;
         workload.log(format!("round {round} at {} ns: node {successor} leads {name}", workload.now()));
         // Stay paused past the sessions' TTL too, so leases the old leader granted have
         // lapsed by the time it runs again (pacing, not synchronisation).

@@ -6,10 +6,11 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
+use warden_engine::kv::{self, KvFactory};
+use warden_engine::{ConfChangeFence, EngineError, ReadConsistency};
 use warden_proto::kv::KvResult;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::kv::{self, KvFactory};
-use warden_shard_node::{ConfChangeFence, EngineError, ReadConsistency};
+use warden_testkit::wait_until;
 
 const WRITE_TIMEOUT: Duration = Duration::from_secs(15);
 const ALL: [u64; 5] = [1, 2, 3, 4, 5];
@@ -241,14 +242,6 @@ async fn applied_confs(cluster: &Cluster, group: u64, nodes: &[u64]) -> Vec<(u64
         confs.push((node, voters, learners, status.conf_fence));
     }
     confs
-}
-
-async fn wait_until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

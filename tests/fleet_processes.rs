@@ -21,9 +21,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::processes::{admin, wait_for, ClusterOptions, ProcessCluster, PLACEMENT_NODES, STEP_TIMEOUT};
+use support::processes::{admin, ClusterOptions, ProcessCluster, PLACEMENT_NODES, STEP_TIMEOUT};
 use support::workload::{ClientLoad, Workload, PREFIXES};
 use warden_proto::placement::{GetRoutingTableRequest, GroupEntry, NodeState, ReplicaStatusRequest, ReplicaStatusResponse, RoutingTable};
+use warden_testkit::wait_until;
 
 /// Nodes at the start.
 const NODES: u64 = 6;
@@ -54,7 +55,7 @@ async fn a_node_killed_for_good_is_repaired_under_load_and_its_return_disturbs_n
     cluster.kill(victim);
     let killed_at = Instant::now();
     workload.log(format!("at {} ns: SIGKILL node {victim} for good (it hosts groups {stale:?})", workload.now()));
-    let repaired = wait_for(&format!("every group has {REPLICAS} live voters, none on node {victim}"), REPAIR_WAIT, || async {
+    let repaired = wait_until(&format!("every group has {REPLICAS} live voters, none on node {victim}"), REPAIR_WAIT, || async {
         let table = table(&cluster).await;
         table.groups.iter().all(|g| voters(g).len() == REPLICAS && !voters(g).contains(&victim) && g.learners.is_empty()).then_some(table)
     })
@@ -69,7 +70,7 @@ async fn a_node_killed_for_good_is_repaired_under_load_and_its_return_disturbs_n
     let terms = stable_terms(&cluster, &repaired).await;
     cluster.restart(victim);
     workload.log(format!("at {} ns: node {victim} restarted", workload.now()));
-    wait_for(&format!("node {victim} destroys its replicas of {stale:?}"), STEP_TIMEOUT, || async {
+    wait_until(&format!("node {victim} destroys its replicas of {stale:?}"), STEP_TIMEOUT, || async {
         let mut hosting = Vec::new();
         for group in &stale {
             let mut node = cluster.placement(victim, Duration::from_secs(2));
@@ -83,7 +84,7 @@ async fn a_node_killed_for_good_is_repaired_under_load_and_its_return_disturbs_n
         hosting.is_empty().then_some(())
     })
     .await;
-    wait_for(&format!("node {victim} is up in the table"), STEP_TIMEOUT, || async {
+    wait_until(&format!("node {victim} is up in the table"), STEP_TIMEOUT, || async {
         table(&cluster).await.nodes.iter().any(|n| n.id == victim && n.up).then_some(())
     })
     .await;
@@ -106,7 +107,7 @@ async fn a_drained_node_empties_under_load_and_decommission_makes_it_a_tombstone
     let load = ClientLoad::start(cluster.router_addr(), Duration::from_secs(10)).await;
 
     admin(&["drain", &drained.to_string(), "--seeds", cluster.seeds()]);
-    let empty = wait_for(&format!("node {drained} hosts nothing"), MOVES_WAIT, || async {
+    let empty = wait_until(&format!("node {drained} hosts nothing"), MOVES_WAIT, || async {
         let table = table(&cluster).await;
         let settled = table.groups.iter().all(|g| voters(g).len() == REPLICAS && g.learners.is_empty());
         (settled && hosted(&table, drained).is_empty()).then_some(table)
@@ -117,12 +118,12 @@ async fn a_drained_node_empties_under_load_and_decommission_makes_it_a_tombstone
     assert_eq!(state, Some(NodeState::Draining), "a drained node stays draining (and may be undrained)");
 
     admin(&["decommission", &drained.to_string(), "--seeds", cluster.seeds()]);
-    wait_for(&format!("node {drained} is a tombstone"), MOVES_WAIT, || async {
+    wait_until(&format!("node {drained} is a tombstone"), MOVES_WAIT, || async {
         (node_state(&table(&cluster).await, drained) == Some(NodeState::Tombstone)).then_some(())
     })
     .await;
     // The node destroyed every replica it had: it answers for none of them.
-    wait_for(&format!("node {drained} destroys its replicas of {hosted_before:?}"), STEP_TIMEOUT, || async {
+    wait_until(&format!("node {drained} destroys its replicas of {hosted_before:?}"), STEP_TIMEOUT, || async {
         let mut hosting = Vec::new();
         for group in &hosted_before {
             let mut node = cluster.placement(drained, Duration::from_secs(2));
@@ -143,7 +144,7 @@ async fn a_seventh_node_gets_its_share_of_replicas_and_leaders() {
     let mut cluster = ProcessCluster::start_with(options(), &["/b", "/c", "/d", "/e", "/f"]).await;
     wait_balanced(&cluster, "six nodes balance").await;
     let joined = cluster.add_node();
-    wait_for(&format!("node {joined} registers"), STEP_TIMEOUT, || async {
+    wait_until(&format!("node {joined} registers"), STEP_TIMEOUT, || async {
         table(&cluster).await.nodes.iter().any(|n| n.id == joined && n.up).then_some(())
     })
     .await;
@@ -156,7 +157,7 @@ async fn a_seventh_node_gets_its_share_of_replicas_and_leaders() {
 
 /// The routing table, from any placement node that answers.
 async fn table(cluster: &ProcessCluster) -> RoutingTable {
-    wait_for("the routing table", STEP_TIMEOUT, || async {
+    wait_until("the routing table", STEP_TIMEOUT, || async {
         for id in PLACEMENT_NODES {
             if let Ok(table) = cluster.placement(id, Duration::from_secs(2)).get_routing_table(GetRoutingTableRequest {}).await {
                 return Some(table.into_inner());
@@ -211,7 +212,7 @@ async fn assert_leaders_apply_the_table(cluster: &ProcessCluster, table: &Routin
     for group in &table.groups {
         let mut expected = voters(group);
         expected.sort_unstable();
-        wait_for(&format!("group {}'s leader applies voters {expected:?}", group_id(group)), STEP_TIMEOUT, || async {
+        wait_until(&format!("group {}'s leader applies voters {expected:?}", group_id(group)), STEP_TIMEOUT, || async {
             let mut status = leader_status(cluster, group).await?;
             status.voters.sort_unstable();
             (status.voters == expected && status.learners.is_empty()).then_some(())
@@ -233,7 +234,7 @@ async fn terms_of(cluster: &ProcessCluster, table: &RoutingTable) -> Option<BTre
 /// Each group's (leader, term) once two reads a scheduling round or two apart agree (a
 /// leader transfer started before balancing was paused has finished by then).
 async fn stable_terms(cluster: &ProcessCluster, table: &RoutingTable) -> BTreeMap<u64, (u64, u64)> {
-    wait_for("every group keeps its leader and term", STEP_TIMEOUT, || async {
+    wait_until("every group keeps its leader and term", STEP_TIMEOUT, || async {
         let first = terms_of(cluster, table).await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
         (terms_of(cluster, table).await? == first).then_some(first)
@@ -245,7 +246,7 @@ async fn stable_terms(cluster: &ProcessCluster, table: &RoutingTable) -> BTreeMa
 /// up host numbers of replicas within one of each other, and lead numbers of groups within
 /// one of each other; returns that table.
 async fn wait_balanced(cluster: &ProcessCluster, what: &str) -> RoutingTable {
-    wait_for(&format!("{what}: replicas and leaders balanced within one"), MOVES_WAIT, || async {
+    wait_until(&format!("{what}: replicas and leaders balanced within one"), MOVES_WAIT, || async {
         let table = table(cluster).await;
         let settled = table.groups.iter().all(|g| voters(g).len() == REPLICAS && g.learners.is_empty());
         let serving: Vec<u64> = table.nodes.iter().filter(|n| n.up && n.state == NodeState::Serving as i32).map(|n| n.id).collect();

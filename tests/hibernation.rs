@@ -7,16 +7,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use prost::Message as _;
+use warden_engine::config::HIBERNATE_AFTER_TICKS_ON;
+use warden_engine::kv::{self, KvFactory};
+use warden_engine::{EngineError, ReadConsistency};
+use warden_namespace::{Limits, NamespaceFactory};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
 use warden_proto::namespace::{Command, CommandResult, CreateSession, LeaderRequest, LeaderResponse};
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::config::HIBERNATE_AFTER_TICKS_ON;
-use warden_shard_node::kv::{self, KvFactory};
-use warden_shard_node::namespace::{Limits, NamespaceFactory};
-use warden_shard_node::{EngineError, ReadConsistency};
+use warden_testkit::wait_until;
 
 const TIMEOUT: Duration = Duration::from_secs(15);
 const ALL: [u64; 5] = [1, 2, 3, 4, 5];
@@ -43,15 +44,6 @@ async fn put(cluster: &Cluster, group: u64, key: &str, value: &str) -> Result<u6
 async fn get(cluster: &Cluster, group: u64, key: &str) -> Option<Vec<u8>> {
     let bytes = cluster.read(group, kv::get(key.as_bytes()), TIMEOUT).await.expect("linearizable read");
     kv::decode_value(&bytes).expect("value decodes").value
-}
-
-/// Waits until `check` holds, polling, or fails after `timeout`.
-async fn wait_until(what: &str, timeout: Duration, mut check: impl AsyncFnMut() -> bool) {
-    let deadline = Instant::now() + timeout;
-    while !check().await {
-        assert!(Instant::now() < deadline, "timed out waiting until {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// True when every running replica of `group` sleeps.

@@ -8,10 +8,10 @@ use std::time::Duration;
 use support::api::{namespace_cluster, ApiClient, CallError};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
+use warden_engine::host::drain::DrainLimits;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::ClusterConfig;
-use warden_shard_node::host::drain::DrainLimits;
 use warden_shard_node::service::error_of;
 
 const TIMEOUT: Duration = Duration::from_secs(20);

@@ -16,9 +16,10 @@ mod support;
 use std::time::Duration;
 
 use serde_json::Value;
-use support::processes::{wait_for, ProcessCluster, BIN, PLACEMENT_NODES, STEP_TIMEOUT};
+use support::processes::{ProcessCluster, BIN, PLACEMENT_NODES, STEP_TIMEOUT};
 use support::workload::{ClientLoad, PREFIXES};
 use warden_proto::v1::GetRequest;
+use warden_testkit::wait_until;
 
 /// The load's session: short, so a keepalive gap during a leader move would end it.
 const SESSION_TTL: Duration = Duration::from_secs(4);
@@ -64,7 +65,7 @@ fn try_status(cluster: &ProcessCluster) -> (Option<i32>, Result<Value, String>) 
 async fn warden_status_exits_non_zero_without_a_quorum_plus_one() {
     let mut cluster = ProcessCluster::start(&PREFIXES).await;
     let groups = cluster.shard_groups().await;
-    let (code, all_up) = wait_for("warden status says healthy", STEP_TIMEOUT, || async {
+    let (code, all_up) = wait_until("warden status says healthy", STEP_TIMEOUT, || async {
         let (code, value) = status(&cluster);
         (code == Some(0)).then_some((code, value))
     })
@@ -88,7 +89,7 @@ async fn warden_status_exits_non_zero_without_a_quorum_plus_one() {
     for prefix in std::iter::once("/").chain(PREFIXES) {
         let _ = router.get(GetRequest { path: prefix.into(), ..GetRequest::default() }).await;
     }
-    let one_down = wait_for("one node down is tolerated", STEP_TIMEOUT, || async {
+    let one_down = wait_until("one node down is tolerated", STEP_TIMEOUT, || async {
         match try_status(&cluster) {
             (Some(0), Ok(value)) => Some(value),
             _ => None,
@@ -109,5 +110,5 @@ async fn warden_status_exits_non_zero_without_a_quorum_plus_one() {
         cluster.restart(id);
         cluster.wait_caught_up(id, &groups).await;
     }
-    wait_for("warden status says healthy again", STEP_TIMEOUT, || async { (status(&cluster).0 == Some(0)).then_some(()) }).await;
+    wait_until("warden status says healthy again", STEP_TIMEOUT, || async { (status(&cluster).0 == Some(0)).then_some(()) }).await;
 }

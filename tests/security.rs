@@ -26,6 +26,7 @@ use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{CreateRequest, GetRequest};
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
+use warden_testkit::wait_until;
 
 /// A 5-node cluster with TLS on every node and client ports, the CA's directory, and a
 /// router with a router certificate.
@@ -122,7 +123,7 @@ fn raft_batch(from_node: u64, message_from: u64, to: u64) -> RaftBatch {
     message.set_msg_type(raft::eraftpb::MessageType::MsgHeartbeat);
     (message.from, message.to, message.term) = (message_from, to, 1);
     let mut envelopes = Vec::new();
-    warden_shard_node::transport::encode_message(warden_placement::PLACEMENT_GROUP_ID, &message, 1 << 20, &Default::default(), &mut envelopes);
+    warden_engine::transport::encode_message(warden_placement::PLACEMENT_GROUP_ID, &message, 1 << 20, &Default::default(), &mut envelopes);
     RaftBatch { from_node, envelopes }
 }
 
@@ -262,19 +263,6 @@ fn reissue(authority: &Authority, dir: &std::path::Path, identity: &Identity) {
     std::fs::write(&files.cert, certificate).expect("write certificate");
 }
 
-/// Polls `probe` until it is true, for up to [`TIMEOUT`].
-async fn eventually<F, Fut>(what: &str, mut probe: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + TIMEOUT;
-    while !probe().await {
-        assert!(tokio::time::Instant::now() < deadline, "{what} within {TIMEOUT:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 /// A CA rotation while a client writes: the CA file becomes the old and the new CA, every
 /// process gets a certificate of the new one, a node restarts (its peers reconnect with the
 /// new certificates), then the old CA goes. No write fails, nothing restarts but that node,
@@ -315,7 +303,7 @@ async fn the_cluster_ca_rotates_under_load_without_a_failed_request() {
             async move { writes.load(std::sync::atomic::Ordering::Relaxed) >= from + 20 }
         }
     };
-    eventually("writes go on", progressed(0)).await;
+    wait_until("writes go on", TIMEOUT, progressed(0)).await;
 
     // 1. Trust both CAs, 2. every process gets a certificate of the new one.
     let new_ca = Authority::create("the new CA").expect("ca");
@@ -343,17 +331,17 @@ async fn the_cluster_ca_rotates_under_load_without_a_failed_request() {
             Err(_) => false,
         }
     };
-    eventually("a client of the new CA is accepted", || reads(new_client.clone())).await;
+    wait_until("a client of the new CA is accepted", TIMEOUT, || reads(new_client.clone())).await;
     let restarted_node = secure.cluster.handle(restarted).expect("restarted");
-    eventually("the restarted node hears its group again", || async { restarted_node.leader_info(secure.root_group).leader_id != 0 }).await;
+    wait_until("the restarted node hears its group again", TIMEOUT, || async { restarted_node.leader_info(secure.root_group).leader_id != 0 }).await;
     let now = writes.load(std::sync::atomic::Ordering::Relaxed);
-    eventually("writes go on after the new certificates", progressed(now)).await;
+    wait_until("writes go on after the new certificates", TIMEOUT, progressed(now)).await;
 
     // 4. The old CA goes.
     std::fs::write(dir.join("ca.pem"), new_ca.certificate_pem()).expect("new CA only");
-    eventually("a client of the old CA is refused", || async { !reads(old_client.clone()).await }).await;
+    wait_until("a client of the old CA is refused", TIMEOUT, || async { !reads(old_client.clone()).await }).await;
     let now = writes.load(std::sync::atomic::Ordering::Relaxed);
-    eventually("writes go on after the old CA went", progressed(now)).await;
+    wait_until("writes go on after the old CA went", TIMEOUT, progressed(now)).await;
     stop.store(true, std::sync::atomic::Ordering::Relaxed);
     let failures = writer.await.expect("writer");
     assert!(failures.is_empty(), "failed writes during the rotation: {failures:?}");

@@ -13,6 +13,9 @@ use prost::Message as _;
 use support::api::{ApiClient, CallError};
 use support::fleet::{Fleet, Security};
 use support::routed::{at_placement_leader, create_group};
+use warden_engine::host::ReadConsistency;
+use warden_engine::state_machine::{StateMachine, StateMachineFactory};
+use warden_namespace::{Limits, NamespaceFactory};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
@@ -21,10 +24,7 @@ use warden_proto::placement::{GetLimitsRequest, SetLimitsRequest};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::host::ReadConsistency;
-use warden_shard_node::namespace::{Limits, NamespaceFactory};
 use warden_shard_node::node_services::ServingFactory;
-use warden_shard_node::state_machine::{StateMachine, StateMachineFactory};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 
@@ -57,11 +57,11 @@ impl StateMachineFactory for MixedVersions {
 }
 
 impl ServingFactory for MixedVersions {
-    fn watch_hubs(&self) -> Option<warden_shard_node::watch::WatchHubs> {
+    fn watch_hubs(&self) -> Option<warden_namespace::watch::WatchHubs> {
         self.old.watch_hubs()
     }
 
-    fn limits_board(&self) -> Option<warden_shard_node::namespace::limits::LimitsBoard> {
+    fn limits_board(&self) -> Option<warden_namespace::limits::LimitsBoard> {
         self.old.limits_board()
     }
 }

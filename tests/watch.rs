@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 use support::api::{namespace_cluster, namespace_cluster_with, ApiClient, CallError};
 use support::watch::{events_of, persistent, WatchConn};
 use warden_loadgen::watch_check::{self, AckedWrite, Delivery, EventKind};
+use warden_namespace::watch::{WatchHubs, WatchLimits};
+use warden_namespace::NamespaceFactory;
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::watch_create::Kind;
@@ -23,8 +25,6 @@ use warden_proto::v1::watch_event::Type;
 use warden_proto::v1::watch_request::Request as WatchRequestKind;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::namespace::NamespaceFactory;
-use warden_shard_node::watch::{WatchHubs, WatchLimits};
 
 const TIMEOUT: Duration = Duration::from_secs(20);
 const CALL_TIMEOUT: Duration = Duration::from_secs(3);

@@ -8,16 +8,17 @@ use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use crate::config::{FatalPolicy, NodeConfig};
-use crate::error::EngineError;
+use warden_engine::config::{FatalPolicy, NodeConfig};
+use warden_engine::error::EngineError;
 use warden_proto::tls::authority::Authority;
 use warden_proto::tls::{Identity, Tls};
 
-use crate::host::{GroupStatus, Listeners, Node, NodeError, NodeHandle, RaftMetricsSnapshot, ReadConsistency};
+use crate::node::{Drainer, Listeners, Node};
 use crate::node_services::{ApiServices, ServingFactory};
-use crate::state_machine::ApplyOutput;
-use crate::store_writer::StoreMetricsSnapshot;
-use crate::transport::{NetFaults, PeerDirectory};
+use warden_engine::host::{GroupStatus, NodeError, NodeHandle, RaftMetricsSnapshot, ReadConsistency};
+use warden_engine::state_machine::ApplyOutput;
+use warden_engine::store_writer::StoreMetricsSnapshot;
+use warden_engine::transport::{NetFaults, PeerDirectory};
 
 /// Pause between retries of a request that found no leader.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
@@ -80,7 +81,7 @@ impl Default for ClusterConfig {
             tick_ms: 50,
             election_tick: 10,
             heartbeat_tick: 2,
-            hibernate_after_ticks: crate::config::HIBERNATE_AFTER_TICKS_DEFAULT,
+            hibernate_after_ticks: warden_engine::config::HIBERNATE_AFTER_TICKS_DEFAULT,
             workers: 1,
             log_compact_entries: 10_000,
             base_port: None,
@@ -194,7 +195,7 @@ impl Cluster {
     }
 
     fn start_node(&self, id: u64, listeners: Listeners) -> Result<(), NodeError> {
-        let services = self.api.as_ref().map(|api| api as &dyn crate::host::NodeServices);
+        let services = self.api.as_ref().map(|api| api as &dyn crate::node::NodeServices);
         let node = Node::start(self.node_config(id), listeners, self.directory.clone(), self.faults.clone(), self.factory.clone(), services)?;
         self.nodes().insert(id, node);
         Ok(())
@@ -240,7 +241,7 @@ impl Cluster {
     }
 
     /// What runs a graceful stop of node `id` (see [`Node::drainer`]; `None`: not running).
-    pub fn drainer(&self, id: u64) -> Option<crate::host::drain::Drainer> {
+    pub fn drainer(&self, id: u64) -> Option<Drainer> {
         self.nodes().get(&id).map(Node::drainer)
     }
 
@@ -465,7 +466,8 @@ mod tests {
     use warden_proto::v1::{txn_op::Op, CreateRequest, ExistsRequest, TxnOp, TxnRequest};
 
     use super::*;
-    use crate::namespace::{store, NamespaceFactory};
+    use warden_namespace::{store, NamespaceFactory};
+    use warden_testkit::wait_until;
 
     const TIMEOUT: Duration = Duration::from_secs(30);
     const VOTERS: [u64; 3] = [1, 2, 3];
@@ -477,14 +479,6 @@ mod tests {
 
     async fn status(cluster: &Cluster, node: u64, group: u64) -> GroupStatus {
         cluster.handle(node).expect("node running").status(group).await.expect("status")
-    }
-
-    async fn wait_until(what: &str, mut check: impl AsyncFnMut() -> bool) {
-        let deadline = Instant::now() + TIMEOUT;
-        while !check().await {
-            assert!(Instant::now() < deadline, "timed out waiting until {what}");
-            tokio::time::sleep(RETRY_PAUSE).await;
-        }
     }
 
     /// Node `node`'s replica of `group` read as it is (stale): its revision, and whether
@@ -516,12 +510,12 @@ mod tests {
         let leader = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
         cluster.propose(1, create("/before"), TIMEOUT).await.expect("first write");
         let failing = VOTERS.into_iter().find(|node| *node != leader).expect("a follower");
-        cluster.nodes().get(&failing).expect("running").db().read_faults.fail(1, &store::node_key("/a"));
+        cluster.nodes().get(&failing).expect("running").engine().db().read_faults.fail(1, &store::node_key("/a"));
 
         // Committed by the leader and the other follower.
         cluster.propose(1, create("/a"), TIMEOUT).await.expect("committed");
         let entry = status(&cluster, leader, 1).await.applied;
-        wait_until("the failing follower applied the entry or stopped", async || {
+        wait_until("the failing follower applied the entry or stopped", TIMEOUT, async || {
             let seen = status(&cluster, failing, 1).await;
             seen.failure.is_some() || seen.applied >= entry
         })
@@ -541,7 +535,8 @@ mod tests {
         cluster.propose(2, create("/elsewhere"), TIMEOUT).await.expect("the other group takes writes");
         let others_leader = cluster.wait_leader(2, TIMEOUT).await.expect("leader of the other group");
         let other_applied = status(&cluster, others_leader, 2).await.applied;
-        wait_until("the failing node applied the other group's write", async || status(&cluster, failing, 2).await.applied >= other_applied).await;
+        wait_until("the failing node applied the other group's write", TIMEOUT, async || status(&cluster, failing, 2).await.applied >= other_applied)
+            .await;
         assert_eq!(status(&cluster, failing, 1).await.applied, seen.applied, "nothing more applied");
 
         // A restart (a fresh store handle: the fault is gone) applies the entry again.
@@ -549,7 +544,10 @@ mod tests {
         let leader = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
         let expected = stale_read(&cluster, leader, 1, "/a").await.expect("the leader reads");
         assert!(expected.1, "/a exists at the leader");
-        wait_until("the restarted replica caught up", async || stale_read(&cluster, failing, 1, "/a").await.is_ok_and(|read| read == expected)).await;
+        wait_until("the restarted replica caught up", TIMEOUT, async || {
+            stale_read(&cluster, failing, 1, "/a").await.is_ok_and(|read| read == expected)
+        })
+        .await;
         assert_eq!(status(&cluster, failing, 1).await.failure, None);
     }
 
@@ -557,7 +555,7 @@ mod tests {
     /// below `prefix` (straight from its store).
     fn purge_state(cluster: &Cluster, node: u64, group: u64, prefix: &str) -> Option<(warden_proto::namespace::SplitState, bool)> {
         let nodes = cluster.nodes();
-        let reader = crate::state_machine::SmReader::new(nodes.get(&node)?.db().clone(), group);
+        let reader = warden_engine::state_machine::SmReader::new(nodes.get(&node)?.engine().db().clone(), group);
         let state = store::read_split(&reader).ok()?;
         let mut holds = false;
         for (from, to) in store::subtree_node_ranges(prefix) {
@@ -604,10 +602,11 @@ mod tests {
         assert!(!state.purging.is_empty(), "the leader crashed before it purged the subtree: {state:?}");
 
         let purged = |node: u64| purge_state(&cluster, node, 1, "/moved").is_some_and(|(state, holds)| state.purging.is_empty() && !holds);
-        wait_until("the next leader purged the rest", async || VOTERS.iter().filter(|node| **node != leader).all(|node| purged(*node))).await;
+        wait_until("the next leader purged the rest", TIMEOUT, async || VOTERS.iter().filter(|node| **node != leader).all(|node| purged(*node)))
+            .await;
         cluster.restart(leader).expect("restart");
-        wait_until("the restarted replica purged it too", async || purged(leader)).await;
-        wait_until("the node beside the subtree is read there", async || {
+        wait_until("the restarted replica purged it too", TIMEOUT, async || purged(leader)).await;
+        wait_until("the node beside the subtree is read there", TIMEOUT, async || {
             stale_read(&cluster, leader, 1, "/stays").await.is_ok_and(|(_, exists)| exists)
         })
         .await;

@@ -17,7 +17,7 @@ use warden_proto::tls::Tls;
 use warden_proto::v1::warden_error::Code;
 use warden_router::upstream::{bounded, Target, Upstreams};
 
-use crate::transport::{NetFaults, PeerDirectory};
+use warden_engine::transport::{NetFaults, PeerDirectory};
 
 /// Calls from one node's groups to other groups.
 pub struct GroupLinks {

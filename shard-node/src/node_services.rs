@@ -3,8 +3,9 @@
 //! node's placement heartbeats — put together from the namespace, watch, service and
 //! placement modules and handed to the engine as routes.
 //!
-//! Architecture invariant: this module is the only place that knows both the engine
-//! (`host`) and what runs on it; the engine sees only [`NodeServices`].
+//! Architecture invariant: the engine (`warden-engine`) knows nothing of these services,
+//! and the compiler enforces it (they live in crates above it); the node's serving
+//! (`node.rs`) sees them only as [`NodeServices`].
 
 use std::collections::HashMap;
 use std::convert::Infallible;
@@ -19,18 +20,19 @@ use tonic::server::NamedService;
 use warden_placement::{PlacementConfig, ScheduleLimits};
 
 use crate::group_links::GroupLinks;
-use crate::host::{NodeError, NodeRoutes, NodeServices, ServiceContext};
-use crate::kv::KvFactory;
-use crate::namespace::limits::LimitsBoard;
-use crate::namespace::{Limits, NamespaceFactory};
+use crate::node::{NodeRoutes, NodeServices, ServiceContext};
 use crate::placement::gauges::PlacementGauges;
 use crate::placement::heartbeat::Heard;
 use crate::placement::limits::{bootstrap_record, spread_periodically};
 use crate::placement::service::{PlacementService, Security, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
 use crate::placement::ShardNodeFactory;
 use crate::service::{RemoteSessionMetrics, WardenService};
-use crate::state_machine::StateMachineFactory;
-use crate::watch::WatchHubs;
+use warden_engine::host::NodeError;
+use warden_engine::kv::KvFactory;
+use warden_engine::state_machine::StateMachineFactory;
+use warden_namespace::limits::LimitsBoard;
+use warden_namespace::watch::WatchHubs;
+use warden_namespace::{Limits, NamespaceFactory};
 
 /// A state-machine factory together with what the node's services need from its state
 /// machines. The defaults are for factories that make neither namespaces nor a placement
@@ -59,7 +61,7 @@ pub trait ServingFactory: StateMachineFactory {
 
     /// Where the namespace replicas publish what they hold, for the metrics (`None`: no
     /// namespace).
-    fn namespace_counts(&self) -> Option<crate::namespace::counts::NamespaceCounts> {
+    fn namespace_counts(&self) -> Option<warden_namespace::counts::NamespaceCounts> {
         None
     }
 
@@ -80,7 +82,7 @@ impl ServingFactory for NamespaceFactory {
         Some(self.board.clone())
     }
 
-    fn namespace_counts(&self) -> Option<crate::namespace::counts::NamespaceCounts> {
+    fn namespace_counts(&self) -> Option<warden_namespace::counts::NamespaceCounts> {
         Some(self.counts.clone())
     }
 
@@ -106,7 +108,7 @@ impl ServingFactory for ShardNodeFactory {
         self.namespace.limits_board()
     }
 
-    fn namespace_counts(&self) -> Option<crate::namespace::counts::NamespaceCounts> {
+    fn namespace_counts(&self) -> Option<warden_namespace::counts::NamespaceCounts> {
         self.namespace.namespace_counts()
     }
 
@@ -187,10 +189,10 @@ impl NodeServices for ApiServices {
             }
         }
         if let Some(counts) = self.factory.namespace_counts() {
-            context.handle.metrics().attach_namespace(counts);
+            context.metrics.attach_namespace(counts);
         }
         if let Some(hubs) = self.factory.watch_hubs() {
-            context.handle.metrics().attach_watches(hubs);
+            context.metrics.attach_watches(hubs);
         }
         if let Some(auto_split) = placement_config.as_ref().and_then(|c| c.auto_split.clone()) {
             context.runtime.spawn(placement.clone().auto_split_periodically(auto_split));

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::json;
+use warden_engine::kv::{self, KvFactory};
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::kv::{self, KvFactory};
 
 use super::NODES;
 

@@ -12,11 +12,11 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt as _;
 use serde_json::json;
+use warden_engine::RaftMetricsSnapshot;
 use warden_loadgen::cpu::{CpuSample, Threads};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{CreateRequest, Routing};
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::RaftMetricsSnapshot;
 
 use super::NODES;
 
@@ -74,9 +74,9 @@ pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
 async fn run_one(args: &IdleArgs, root: &std::path::Path, hibernate: bool) -> anyhow::Result<serde_json::Value> {
     let setting = if hibernate { "on" } else { "off" };
     let dir = super::fresh_dir(root, &format!("idle-g{}-{setting}", args.groups))?;
-    let hibernate_after_ticks = if hibernate { warden_shard_node::config::HIBERNATE_AFTER_TICKS_ON } else { 0 };
+    let hibernate_after_ticks = if hibernate { warden_engine::config::HIBERNATE_AFTER_TICKS_ON } else { 0 };
     let config = ClusterConfig { nodes: NODES, tick_ms: TICK_MS, serve_api: true, hibernate_after_ticks, ..ClusterConfig::default() };
-    let factory = Arc::new(warden_shard_node::namespace::NamespaceFactory::default());
+    let factory = Arc::new(warden_namespace::NamespaceFactory::default());
     let cluster = Arc::new(Cluster::start_at(config, factory, &dir)?);
     let setup_started = Instant::now();
     setup(&cluster, args.groups).await?;

@@ -182,7 +182,7 @@ impl ApiCluster {
         anyhow::ensure!(groups > 0, "group counts must be positive");
         let dir = fresh_dir(root, name)?;
         let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, ..ClusterConfig::default() };
-        let factory = std::sync::Arc::new(warden_shard_node::namespace::NamespaceFactory::default());
+        let factory = std::sync::Arc::new(warden_namespace::NamespaceFactory::default());
         let cluster = std::sync::Arc::new(Cluster::start_at(config, factory, &dir)?);
         let voters: Vec<u64> = (1..=NODES).collect();
         for group in 1..=groups {

@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
+use warden_namespace::NamespaceFactory;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::WardenError;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
-use warden_shard_node::namespace::NamespaceFactory;
 use warden_shard_node::service::error_of;
 
 /// A 5-node cluster serving the namespace API with group 1 on all nodes.

@@ -7,7 +7,6 @@
 //! Every wait here is on a condition with a deadline; nothing sleeps to synchronise.
 
 use std::fs::OpenOptions;
-use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -17,6 +16,7 @@ use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{GetRoutingTableRequest, ReplicaStatusRequest};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{Routing, SyncRequest};
+use warden_testkit::wait_until;
 
 /// The `warden` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_warden");
@@ -75,22 +75,6 @@ pub fn spawn(args: &[&str], log: &Path) -> Process {
 pub fn admin(args: &[&str]) {
     let output = Command::new(BIN).arg("admin").args(args).output().expect("run warden admin");
     assert!(output.status.success(), "warden admin {args:?}: {}", String::from_utf8_lossy(&output.stderr));
-}
-
-/// Polls `probe` until it answers `Some`, panicking with `what` after `timeout`.
-pub async fn wait_for<T, F, Fut>(what: &str, timeout: Duration, mut probe: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Some(value) = probe().await {
-            return value;
-        }
-        assert!(Instant::now() < deadline, "{what}: not within {timeout:?}");
-        tokio::time::sleep(POLL).await;
-    }
 }
 
 /// A lazily connected channel to `addr` whose calls give up after `timeout` (a paused
@@ -174,7 +158,7 @@ impl ProcessCluster {
         let router = spawn(&["router", "--listen", &router_addr, "--seeds", &seeds], &dir.path().join("router.log"));
         let cluster = ProcessCluster { seeds, node_args: options.node_args, specs, nodes, _router: router, router_addr, dir: Some(dir) };
         let router = cluster.router();
-        wait_for("the router answers", STEP_TIMEOUT, || {
+        wait_until("the router answers", STEP_TIMEOUT, || {
             let mut router = router.clone();
             async move { router.sync(SyncRequest::default()).await.ok() }
         })
@@ -285,7 +269,7 @@ impl ProcessCluster {
     /// The shard groups (ids) of the routing table, read from any placement node.
     pub async fn shard_groups(&self) -> Vec<u64> {
         let addrs: Vec<String> = PLACEMENT_NODES.iter().map(|id| self.spec(*id).listen.clone()).collect();
-        wait_for("the routing table", STEP_TIMEOUT, || {
+        wait_until("the routing table", STEP_TIMEOUT, || {
             let addrs = addrs.clone();
             async move {
                 for addr in addrs {

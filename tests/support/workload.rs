@@ -15,7 +15,8 @@ use warden_client::{
 use warden_loadgen::linearizability::{KvInput, KvOutput};
 
 use super::history::{check_records, Record};
-use super::processes::{wait_for, STEP_TIMEOUT};
+use super::processes::STEP_TIMEOUT;
+use warden_testkit::wait_until;
 
 /// Shard groups besides the root group.
 pub const PREFIXES: [&str; 3] = ["/b", "/c", "/d"];
@@ -112,7 +113,7 @@ impl Workload {
     /// Waits until a write through the router succeeds in every group.
     pub async fn wait_writable(&self) {
         for probe in probes() {
-            wait_for(&format!("a write of {probe} through the router"), STEP_TIMEOUT, || async {
+            wait_until(&format!("a write of {probe} through the router"), STEP_TIMEOUT, || async {
                 self.client.set(probe, b"probe".to_vec(), None).await.ok()
             })
             .await;

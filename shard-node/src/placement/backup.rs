@@ -13,12 +13,12 @@ use warden_proto::namespace::{Query, QueryResult};
 use warden_proto::placement::{BackupGroupRequest, BackupPage};
 
 use super::service::{internal, invalid_argument, PlacementService};
-use crate::host::ReadConsistency;
-use crate::namespace::backup;
-use crate::namespace::error::Failure;
-use crate::namespace::store;
 use crate::service::{engine_status, status};
-use crate::state_machine::SmReader;
+use warden_engine::host::ReadConsistency;
+use warden_engine::state_machine::SmReader;
+use warden_namespace::backup;
+use warden_namespace::error::Failure;
+use warden_namespace::store;
 
 /// Pages queued between a backup's reading thread and its stream: a slow reader of the
 /// stream holds the reading back, so a backup's memory is this many pages.
@@ -86,7 +86,7 @@ impl PlacementService {
 
 /// Hands the backup of `image` (at `floor` or later) to `send` page by page.
 fn send_image(
-    image: &crate::state_machine::SmImage<'_>,
+    image: &warden_engine::state_machine::SmImage<'_>,
     group_id: u64,
     floor: u64,
     page_bytes_max: u32,

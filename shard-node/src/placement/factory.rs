@@ -8,8 +8,8 @@ use tokio::sync::watch;
 use warden_placement::{PlacementConfig, PLACEMENT_GROUP_ID};
 
 use super::PlacementStateMachine;
-use crate::namespace::NamespaceFactory;
-use crate::state_machine::{StateMachine, StateMachineFactory};
+use warden_engine::state_machine::{StateMachine, StateMachineFactory};
+use warden_namespace::NamespaceFactory;
 
 /// Creates the placement group's state machine and the namespace of every shard group.
 #[derive(Default)]

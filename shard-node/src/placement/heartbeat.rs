@@ -21,9 +21,9 @@ use warden_proto::tls::{Expected, Tls};
 use warden_router::access::{acl_from_proto, AclCache};
 
 use super::limits::ClusterLimits;
-use crate::host::NodeHandle;
 use crate::service::error_of;
-use crate::transport::PeerDirectory;
+use warden_engine::host::NodeHandle;
+use warden_engine::transport::PeerDirectory;
 
 /// Groups listed in one heartbeat, at most (led and hosted each).
 pub const GROUPS_PER_HEARTBEAT_MAX: usize = 100_000;

@@ -22,9 +22,9 @@ use warden_proto::namespace::Command as NamespaceCommand;
 use warden_proto::v1::ApplyLimits;
 
 use super::service::{internal, now_ms, PlacementService};
-use crate::host::NodeHandle;
-use crate::namespace::limits::{merged, LimitsBoard};
-use crate::namespace::Limits;
+use warden_engine::host::NodeHandle;
+use warden_namespace::limits::{merged, LimitsBoard};
+use warden_namespace::Limits;
 
 /// Groups one node brings up to date per round, at most (a change reaches 10,000 led groups
 /// in a few rounds without stalling the node's other proposals).

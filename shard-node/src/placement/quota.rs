@@ -24,7 +24,7 @@ use warden_proto::placement::{QuotaGroupShare, QuotaState, SetQuotaShareRequest}
 use warden_proto::v1::QuotaLimits;
 
 use super::service::{internal, PlacementService};
-use crate::namespace::quota::{counts_of, counts_to_proto};
+use warden_namespace::quota::{counts_of, counts_to_proto};
 
 /// The wire form of `limits`.
 pub fn limits_to_proto(limits: &Limits) -> QuotaLimits {
@@ -34,7 +34,7 @@ pub fn limits_to_proto(limits: &Limits) -> QuotaLimits {
 
 /// The limits the wire names.
 pub fn limits_from_proto(limits: Option<&QuotaLimits>) -> Limits {
-    Limits { counted: crate::namespace::quota::limits_of(limits), watches: limits.and_then(|l| l.watches) }
+    Limits { counted: warden_namespace::quota::limits_of(limits), watches: limits.and_then(|l| l.watches) }
 }
 
 /// The groups serving some of the subtree at `prefix`: the group routing `prefix` itself
@@ -77,7 +77,7 @@ fn share_command(prefix: &str, version: u64, limits: &Limits, allotment: Counts)
         allotment: Some(counts_to_proto(allotment)),
         // A group new to the quota counts what it holds in pages of this many records (the
         // rest its leader proposes): small groups are counted at once.
-        records_max: crate::namespace::quota::COUNT_RECORDS_PER_PAGE,
+        records_max: warden_namespace::quota::COUNT_RECORDS_PER_PAGE,
         ..SetQuotaShare::default()
     }
 }

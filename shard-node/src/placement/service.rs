@@ -45,10 +45,10 @@ use warden_proto::v1::{Routing, SyncRequest, WardenError};
 
 use super::scheduler::{LeadersHeard, Running};
 use super::state_machine::{decode_result, decode_state, encode_command};
-use crate::error::EngineError;
-use crate::host::{NodeHandle, ReadConsistency};
 use crate::service::{engine_status, status};
-use crate::transport::PeerDirectory;
+use warden_engine::error::EngineError;
+use warden_engine::host::{NodeHandle, ReadConsistency};
+use warden_engine::transport::PeerDirectory;
 use warden_placement::acl;
 use warden_placement::quota::QuotaError;
 use warden_proto::tls::{caller, calling_node, peer_identity, Caller, Expected, Role, Tls};
@@ -81,7 +81,7 @@ pub struct PlacementService {
     /// Groups with a scheduler operator running from this node.
     pub(super) running: Arc<Running>,
     /// Fault injection (tests): where a split stops (`split.rs`).
-    pub(super) faults: Arc<crate::transport::NetFaults>,
+    pub(super) faults: Arc<warden_engine::transport::NetFaults>,
     /// This node's TLS, for its calls to other nodes (`None`: plaintext).
     tls: Option<Arc<Tls>>,
     /// The ACL as this node last heard it: who may administer what (security on).
@@ -95,7 +95,7 @@ pub struct PlacementService {
     /// The apply limits a bootstrap by this node records (`limits.rs`).
     bootstrap_limits: warden_proto::v1::ApplyLimits,
     /// The node's store, read by backups (`backup.rs`; `None`: backups are refused here).
-    pub(super) store: Option<Arc<crate::storage::Db>>,
+    pub(super) store: Option<Arc<warden_engine::storage::Db>>,
     /// Leave to read one backup here (at most [`super::backup::BACKUPS_MAX`] at once).
     pub(super) backups: Arc<tokio::sync::Semaphore>,
 }
@@ -119,7 +119,7 @@ impl PlacementService {
         timeout: Duration,
         routing_versions: Option<tokio::sync::watch::Receiver<u64>>,
         config: PlacementConfig,
-        faults: Arc<crate::transport::NetFaults>,
+        faults: Arc<warden_engine::transport::NetFaults>,
         security: Security,
     ) -> PlacementService {
         PlacementService {
@@ -143,7 +143,7 @@ impl PlacementService {
     }
 
     /// The service, reading backups of the groups hosted in `store` (see `backup.rs`).
-    pub fn with_store(self, store: Arc<crate::storage::Db>) -> PlacementService {
+    pub fn with_store(self, store: Arc<warden_engine::storage::Db>) -> PlacementService {
         PlacementService { store: Some(store), ..self }
     }
 
@@ -802,8 +802,8 @@ impl PlacementApi for PlacementService {
         if changes.is_empty() || group_id == PLACEMENT_GROUP_ID {
             return Err(invalid_argument("a peer change names at least one change of a shard group"));
         }
-        if expect_voters.len() > crate::host::conf_fence::EXPECT_VOTERS_MAX {
-            return Err(invalid_argument(format!("a peer change expects at most {} voters", crate::host::conf_fence::EXPECT_VOTERS_MAX)));
+        if expect_voters.len() > warden_engine::host::conf_fence::EXPECT_VOTERS_MAX {
+            return Err(invalid_argument(format!("a peer change expects at most {} voters", warden_engine::host::conf_fence::EXPECT_VOTERS_MAX)));
         }
         let mut singles = Vec::with_capacity(changes.len());
         for change in changes {
@@ -823,7 +823,7 @@ impl PlacementApi for PlacementService {
         }
         // Checked by every replica when the change applies (`host/conf_fence.rs`). A sender of
         // an earlier release names term 0 and no voters: refused once the group is fenced.
-        let context = crate::host::conf_fence::ConfChangeFence { term: placement_term, expect_voters }.encode();
+        let context = warden_engine::host::conf_fence::ConfChangeFence { term: placement_term, expect_voters }.encode();
         let change = ConfChangeV2 { changes: singles.into(), context: context.into(), ..ConfChangeV2::default() };
         let conf = self.node.conf_change(group_id, change, self.timeout).await.map_err(|e| engine_status(&self.directory, group_id, e))?;
         Ok(Response::new(ChangePeersResponse { voters: conf.voters, learners: conf.learners }))

@@ -31,8 +31,8 @@ use warden_proto::placement::{ExportSubtreeRequest, SplitStepRequest};
 use warden_proto::v1::warden_error::Code;
 
 use super::service::{busy, descriptor_proto, internal, placement_status, PlacementService};
-use crate::namespace::split::EXPORT_PAGE_BYTES_MAX;
 use crate::service::error_of;
+use warden_namespace::split::EXPORT_PAGE_BYTES_MAX;
 
 /// How often a split held by fault injection looks whether it may go on.
 pub(super) const FAULT_POLL: std::time::Duration = std::time::Duration::from_millis(20);

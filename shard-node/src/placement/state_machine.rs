@@ -4,8 +4,8 @@
 
 use warden_placement::{Command, Outcome, Placement, PlacementConfig, PlacementError};
 
-use crate::error::{EngineError, StorageError};
-use crate::state_machine::{Applied, ApplyOutput, LeaderClock, SmReader, SmWrites, StateMachine};
+use warden_engine::error::{EngineError, StorageError};
+use warden_engine::state_machine::{Applied, ApplyOutput, LeaderClock, SmReader, SmWrites, StateMachine};
 
 /// Key of the encoded state in the placement group's range.
 const STATE_KEY: &[u8] = b"placement";
@@ -132,7 +132,7 @@ impl StateMachine for PlacementStateMachine {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::storage::Db;
+    use warden_engine::storage::Db;
     use warden_placement::AppliedSettings;
 
     fn apply(sm: &mut PlacementStateMachine, db: &std::sync::Arc<Db>, index: u64, command: &Command) -> PlacementResult {

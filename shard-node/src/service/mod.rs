@@ -33,13 +33,13 @@ use tonic::metadata::MetadataMap;
 use warden_proto::tls::{Caller, PeerInfo};
 use warden_router::access::{authorize_call, Access, AclCache};
 
-use crate::error::EngineError;
 use crate::group_links::GroupLinks;
-use crate::host::{NodeHandle, ReadConsistency};
-use crate::namespace::limits::LimitsBoard;
-use crate::namespace::{path, sessions, txn, Limits};
-use crate::transport::PeerDirectory;
-use crate::watch::WatchHubs;
+use warden_engine::error::EngineError;
+use warden_engine::host::{NodeHandle, ReadConsistency};
+use warden_engine::transport::PeerDirectory;
+use warden_namespace::limits::LimitsBoard;
+use warden_namespace::watch::WatchHubs;
+use warden_namespace::{path, sessions, txn, Limits};
 
 /// Largest request accepted (DESIGN.md rule 8: 1.5 MiB).
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
@@ -591,7 +591,7 @@ impl Warden for WardenService {
         let limits = self.limits(group);
         let granted = request.ttl_ms.max(self.session_ttl_ms_floor).clamp(limits.session_ttl_ms_min, limits.session_ttl_ms_max);
         if !request.path_hint.is_empty() {
-            path::validate(&request.path_hint, true).map_err(|reason| status(crate::namespace::error::invalid_path(&request.path_hint, &reason)))?;
+            path::validate(&request.path_hint, true).map_err(|reason| status(warden_namespace::error::invalid_path(&request.path_hint, &reason)))?;
         }
         let scope = self.session_scope(group, &request.path_hint, &owner, timeout).await?;
         let op = CommandOp::CreateSession(warden_proto::namespace::CreateSession { ttl_ms: granted, owner: owner.clone(), scope });
@@ -693,7 +693,7 @@ impl Warden for WardenService {
         };
         let deadline = std::time::Instant::now() + wait;
         let guard = ReleaseOnDrop { service: Some(self.clone()), group, sequencer: sequencer.clone(), attempt };
-        let key = crate::namespace::locks::notify_key(&sequencer.waiter);
+        let key = warden_namespace::locks::notify_key(&sequencer.waiter);
         let mut header = header;
         loop {
             let remaining = deadline.saturating_duration_since(std::time::Instant::now());

@@ -35,7 +35,7 @@ use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::Consistency;
 
 use super::{error, internal, status, WardenService};
-use crate::namespace::sessions::{home_group, REMOTE_SESSIONS_PAGE_MAX, SESSION_IDS_PER_CHECK_MAX};
+use warden_namespace::sessions::{home_group, REMOTE_SESSIONS_PAGE_MAX, SESSION_IDS_PER_CHECK_MAX};
 
 /// Remote sessions one group's check looks at per round at most (the rest wait a round).
 const REMOTE_SESSIONS_PER_ROUND_MAX: usize = 64 * REMOTE_SESSIONS_PAGE_MAX;
@@ -245,7 +245,7 @@ impl SessionCheck for WardenService {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::namespace::sessions::session_id;
+    use warden_namespace::sessions::session_id;
 
     #[test]
     fn sessions_are_grouped_by_their_home() {

@@ -20,11 +20,11 @@ use warden_proto::v1::watch_request::Request as WatchRequestKind;
 use warden_proto::v1::*;
 
 use super::{error_of, group_of, WardenService};
-use crate::namespace::error::{error, invalid};
-use crate::namespace::path;
-use crate::watch::hub::CatchUp;
-use crate::watch::stream::{Outgoing, Phase, StreamWatch};
-use crate::watch::{WatchHubs, WatchSpec};
+use warden_namespace::error::{error, invalid};
+use warden_namespace::path;
+use warden_namespace::watch::hub::CatchUp;
+use warden_namespace::watch::stream::{Outgoing, Phase, StreamWatch};
+use warden_namespace::watch::{WatchHubs, WatchSpec};
 
 /// The responses of one `Watch` call.
 pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
@@ -40,7 +40,7 @@ pub(super) fn serve(
     metadata: MetadataMap,
     incoming: Streaming<WatchRequest>,
 ) -> Responses {
-    let stream = crate::watch::WatchStream::new(hubs.limits().stream_queue_bytes_max);
+    let stream = warden_namespace::watch::WatchStream::new(hubs.limits().stream_queue_bytes_max);
     let node_id = service.node.node_id();
     let driver = Driver { node_id, service: service.clone(), hubs, peer, metadata, stream: stream.clone(), next_watch_id: 1 };
     tokio::spawn(driver.run(incoming));
@@ -54,7 +54,7 @@ pub(super) fn serve(
 
 /// The sending half; when tonic drops it (the client went away) the driver cleans up.
 struct Sender {
-    stream: Arc<crate::watch::WatchStream>,
+    stream: Arc<warden_namespace::watch::WatchStream>,
     service: WardenService,
 }
 
@@ -100,7 +100,7 @@ struct Driver {
     peer: Option<PeerInfo>,
     /// The stream call's metadata (a router names the principal there, a client its token).
     metadata: MetadataMap,
-    stream: Arc<crate::watch::WatchStream>,
+    stream: Arc<warden_namespace::watch::WatchStream>,
     /// Next id to try for a watch created with `watch_id = 0`.
     next_watch_id: u64,
 }
@@ -226,7 +226,7 @@ impl Driver {
             let message = format!("a stream carries at most {} watches", limits.watches_per_stream_max);
             return Err(WardenError { limit: limits.watches_per_stream_max as u64, ..error(Code::TooLarge, "", message) });
         }
-        path::validate(&create.path, true).map_err(|reason| crate::namespace::error::invalid_path(&create.path, &reason))?;
+        path::validate(&create.path, true).map_err(|reason| warden_namespace::error::invalid_path(&create.path, &reason))?;
         let kind = WatchKind::try_from(create.kind).map_err(|_| invalid("unknown watch kind"))?;
         if create.recursive && kind != WatchKind::Persistent {
             return Err(invalid("only persistent watches are recursive"));
@@ -277,7 +277,7 @@ impl Driver {
         let charge = self
             .hubs
             .charge_watch(hub.watch_limits_covering(&create.path))
-            .map_err(|full| crate::namespace::quota::watches_exceeded(&full.prefix, full.limit))?;
+            .map_err(|full| warden_namespace::quota::watches_exceeded(&full.prefix, full.limit))?;
         let watch = StreamWatch {
             group,
             path: Arc::from(create.path.as_str()),

@@ -1,0 +1,820 @@
+//! Executing one write transaction against a [`TxnView`]: compares, then the `then` or
+//! `else` operations, all-or-nothing, at one new revision. Deterministic: the only time is
+//! the leader's `now_ms` carried in the command.
+
+use warden_proto::namespace::{AcquireLock, LockMeta, LockWaiterRecord, NodeRecord, SessionRecord};
+use warden_proto::v1::compare::{Op as CompareOp, Target};
+use warden_proto::v1::txn_op::Op;
+use warden_proto::v1::txn_op_result::Result as OpResult;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::{
+    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, GroupDescriptor, LockMode,
+    LockResponse, NodeKind, Sequencer, SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
+};
+
+use super::descriptor::is_retiring;
+use super::error::{error, invalid, invalid_path, no_node, too_large};
+use super::error::{session_expired, Failure};
+use super::locks;
+use super::path;
+use super::sessions;
+use super::store::TxnView;
+use super::Limits;
+use warden_engine::error::StorageError;
+
+/// Largest sequential suffix (`%010d`): creating past it fails with `SequenceExhausted`.
+pub const SEQUENCE_MAX: u64 = 9_999_999_999;
+
+/// A change of a TTL node the state machine's expiry index must learn once the transaction
+/// commits.
+pub enum TtlChange {
+    /// A TTL node now exists (or changed) with this stat.
+    Upsert(String, Stat),
+    /// The node is gone.
+    Remove(String),
+}
+
+/// A change of the set of sessions, for the in-memory index and the leader's lease table.
+pub enum SessionChange {
+    /// A session was created with this TTL.
+    Added(u64, u64),
+    /// A session homed in another group was recorded here.
+    RemoteAdded(u64),
+    /// A session ended.
+    Removed(u64),
+}
+
+/// Who deletes nodes: a plain write may not delete a lock waiter or a lock in its lock-delay
+/// (only the lock operations and a session's end change a lock's state).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Deleter {
+    Plain,
+    Locks,
+}
+
+/// One transaction in progress.
+pub struct Txn<'v, 'a> {
+    pub view: &'v mut TxnView<'a>,
+    /// The group's root (its prefix): always exists, cannot be deleted or be a lock.
+    pub root: &'v str,
+    pub limits: &'v Limits,
+    pub now_ms: u64,
+    /// The revision every change of this transaction carries.
+    pub revision: u64,
+    pub ttl_changes: Vec<TtlChange>,
+    pub session_changes: Vec<SessionChange>,
+    /// Parents whose children changed (locks among them get their holders notified).
+    pub touched: std::collections::BTreeSet<String>,
+    /// Locks whose lock-delay changed: `(path, blocked until; 0 = none or gone)`.
+    pub lock_changes: Vec<(String, u64)>,
+    /// Lock waiters deleted (their waiting calls are woken to learn why).
+    pub gone_waiters: Vec<String>,
+    /// The principal the command is for (`Command.principal`): a session it uses must be
+    /// its own. Empty: not checked.
+    pub principal: &'v str,
+}
+
+/// Checks the shape of a request before anything runs (also used before proposing).
+pub fn check_request(request: &TxnRequest, limits: &Limits) -> Result<(), WardenError> {
+    let ops = request.then.len() + request.r#else.len();
+    if ops > limits.txn_ops_max {
+        return Err(too_large("", "transaction operations", ops, limits.txn_ops_max));
+    }
+    for compare in &request.compares {
+        path::validate(&compare.path, true).map_err(|e| invalid_path(&compare.path, &e))?;
+        CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
+        Target::try_from(compare.target).map_err(|_| invalid(&compare.path, "unknown compare target"))?;
+    }
+    // `op_index` of a validation error counts the `then` operations first, then `else`.
+    for (index, op) in request.then.iter().chain(&request.r#else).enumerate() {
+        check_op(op, limits).map_err(|error| WardenError { op_index: index as u32, ..error })?;
+    }
+    Ok(())
+}
+
+fn check_op(op: &TxnOp, limits: &Limits) -> Result<(), WardenError> {
+    match &op.op {
+        None => return Err(invalid("", "transaction operation without a body")),
+        Some(Op::Create(create)) => {
+            path::validate(&create.path, false).map_err(|e| invalid_path(&create.path, &e))?;
+            if create.data.len() > limits.value_bytes_max {
+                return Err(too_large(&create.path, "data", create.data.len(), limits.value_bytes_max));
+            }
+            let kind = NodeKind::try_from(create.kind).map_err(|_| invalid(&create.path, "unknown node kind"))?;
+            match kind {
+                NodeKind::Ttl if create.ttl_ms == 0 || create.ttl_ms > limits.ttl_ms_max => {
+                    return Err(invalid(&create.path, format!("ttl_ms must be in 1..={}", limits.ttl_ms_max)));
+                }
+                NodeKind::Persistent | NodeKind::Container if create.ttl_ms != 0 => {
+                    return Err(invalid(&create.path, "ttl_ms is only for TTL nodes"));
+                }
+                _ => {}
+            }
+            if create.session_id != 0 && kind != NodeKind::Persistent {
+                return Err(invalid(&create.path, "ephemeral nodes are neither containers nor TTL nodes"));
+            }
+        }
+        Some(Op::Set(set)) => {
+            path::validate(&set.path, false).map_err(|e| invalid_path(&set.path, &e))?;
+            if set.data.len() > limits.value_bytes_max {
+                return Err(too_large(&set.path, "data", set.data.len(), limits.value_bytes_max));
+            }
+        }
+        Some(Op::Delete(delete)) => {
+            path::validate(&delete.path, false).map_err(|e| invalid_path(&delete.path, &e))?;
+            if delete.path == "/" {
+                return Err(invalid("/", "the root cannot be deleted"));
+            }
+        }
+        Some(Op::Get(get)) => path::validate(&get.path, true).map_err(|e| invalid_path(&get.path, &e))?,
+    }
+    Ok(())
+}
+
+impl Txn<'_, '_> {
+    /// Runs the transaction. On `Err`, the view must be discarded.
+    pub fn run(&mut self, request: &TxnRequest) -> Result<TxnResponse, Failure> {
+        check_request(request, self.limits)?;
+        let mut succeeded = true;
+        for compare in &request.compares {
+            if !self.compare(compare)? {
+                succeeded = false;
+                break;
+            }
+        }
+        let ops = if succeeded { &request.then } else { &request.r#else };
+        let mut results = Vec::with_capacity(ops.len());
+        for (index, op) in ops.iter().enumerate() {
+            let result = self.op(op).map_err(|failure| match failure {
+                Failure::Refused(error) => Failure::Refused(WardenError { op_index: index as u32, ..error }),
+                storage => storage,
+            })?;
+            results.push(TxnOpResult { result: Some(result) });
+        }
+        Ok(TxnResponse { header: None, succeeded, results })
+    }
+
+    fn compare(&self, compare: &Compare) -> Result<bool, Failure> {
+        let node = self.node(&compare.path)?;
+        let stat = node.as_ref().and_then(|n| n.stat).unwrap_or_default();
+        let op = CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
+        let target = Target::try_from(compare.target).map_err(|_| invalid(&compare.path, "unknown compare target"))?;
+        let ordering = match target {
+            Target::Exists => return Ok(node.is_some() == compare.exists),
+            // A missing node compares as version 0, revision 0 and empty value, as in etcd,
+            // so `create_revision == 0` means "does not exist".
+            Target::Version => stat.version.cmp(&compare.number),
+            Target::CreateRevision => stat.create_revision.cmp(&compare.number),
+            Target::ModRevision => stat.mod_revision.cmp(&compare.number),
+            Target::Value => node.as_ref().map_or(&[][..], |n| n.data.as_slice()).cmp(compare.value.as_slice()),
+        };
+        Ok(match op {
+            CompareOp::Equal => ordering.is_eq(),
+            CompareOp::NotEqual => ordering.is_ne(),
+            CompareOp::Less => ordering.is_lt(),
+            CompareOp::Greater => ordering.is_gt(),
+        })
+    }
+
+    fn op(&mut self, op: &TxnOp) -> Result<OpResult, Failure> {
+        Ok(match &op.op {
+            Some(Op::Create(create)) => OpResult::Create(self.create(create)?),
+            Some(Op::Set(set)) => OpResult::Set(self.set(set)?),
+            Some(Op::Delete(delete)) => OpResult::Delete(self.delete(delete)?),
+            Some(Op::Get(get)) => OpResult::Get(self.get(get)?),
+            None => return Err(invalid("", "transaction operation without a body").into()),
+        })
+    }
+
+    /// The node at `path`; the root exists even before anything was written to it.
+    fn node(&self, path: &str) -> Result<Option<NodeRecord>, StorageError> {
+        match self.view.node(path)? {
+            None if path == "/" => Ok(Some(super::store::implicit_root())),
+            node => Ok(node),
+        }
+    }
+
+    /// A plain create: a lock's children are its waiters, which only the lock operations
+    /// create.
+    fn create(&mut self, request: &CreateRequest) -> Result<CreateResponse, Failure> {
+        self.create_node(request, None)
+    }
+
+    /// Creates a node; `lock_waiter` makes it a waiter of its parent lock (lock operations only).
+    fn create_node(&mut self, request: &CreateRequest, lock_waiter: Option<LockWaiterRecord>) -> Result<CreateResponse, Failure> {
+        let requested = request.path.as_str();
+        let parent_path = path::parent(requested).ok_or_else(|| error(Code::NodeExists, "/", "the root always exists"))?;
+        let mut parent = match self.node(parent_path)? {
+            Some(parent) => parent,
+            None if request.create_parents => self.create_ancestors(parent_path)?,
+            None => return Err(no_node(parent_path).into()),
+        };
+        let mut parent_stat = parent.stat.unwrap_or_default();
+        if parent_stat.ephemeral_owner != 0 {
+            return Err(error(Code::NoChildrenForEphemerals, parent_path, "ephemeral nodes cannot have children").into());
+        }
+        if lock_waiter.is_none() && self.view.lock_meta(parent_path)?.is_some() {
+            return Err(locks::waiters_only_by_lock_operations(requested));
+        }
+        let path = if request.sequential {
+            let sequence = parent.next_sequence;
+            if sequence > SEQUENCE_MAX {
+                return Err(error(Code::SequenceExhausted, parent_path, "the sequential counter of this parent is exhausted").into());
+            }
+            parent.next_sequence += 1;
+            format!("{requested}{sequence:010}")
+        } else {
+            requested.to_string()
+        };
+        if path.len() > path::PATH_BYTES_MAX {
+            return Err(too_large(&path, "path", path.len(), path::PATH_BYTES_MAX).into());
+        }
+        if self.view.node(&path)?.is_some() {
+            return Err(error(Code::NodeExists, &path, format!("{path} already exists")).into());
+        }
+        let kind = NodeKind::try_from(request.kind).unwrap_or(NodeKind::Persistent);
+        if request.session_id != 0 {
+            self.attach_ephemeral(request.session_id, &path)?;
+        }
+        let stat = Stat {
+            ephemeral_owner: request.session_id,
+            create_revision: self.revision,
+            mod_revision: self.revision,
+            ctime_ms: self.now_ms,
+            mtime_ms: self.now_ms,
+            data_length: request.data.len() as u64,
+            kind: kind as i32,
+            ttl_ms: request.ttl_ms,
+            ..Stat::default()
+        };
+        self.view.put_node(&path, &NodeRecord { data: request.data.clone(), stat: Some(stat), next_sequence: 0, lock_waiter });
+        self.view.add_child(parent_path, path::name(&path));
+        self.touched.insert(parent_path.to_string());
+        parent_stat.num_children += 1;
+        parent_stat.cversion += 1;
+        parent.stat = Some(parent_stat);
+        self.view.put_node(parent_path, &parent);
+        if kind == NodeKind::Ttl {
+            self.ttl_changes.push(TtlChange::Upsert(path.clone(), stat));
+        }
+        Ok(CreateResponse { header: None, path, stat: Some(stat) })
+    }
+
+    /// Creates every missing ancestor of (and including) `path` as a persistent node.
+    fn create_ancestors(&mut self, path: &str) -> Result<NodeRecord, Failure> {
+        let mut missing = vec![path.to_string()];
+        let mut current = path;
+        while let Some(parent) = path::parent(current) {
+            if self.node(parent)?.is_some() {
+                break;
+            }
+            missing.push(parent.to_string());
+            current = parent;
+        }
+        for ancestor in missing.iter().rev() {
+            let request = CreateRequest { path: ancestor.clone(), ..CreateRequest::default() };
+            self.create(&request)?;
+        }
+        self.node(path)?.ok_or_else(|| Failure::Storage(StorageError::Corrupt(format!("{path} vanished after creation"))))
+    }
+
+    fn set(&mut self, request: &SetRequest) -> Result<SetResponse, Failure> {
+        let mut node = self.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
+        if node.lock_waiter.is_some() {
+            return Err(locks::waiters_only_by_lock_operations(&request.path));
+        }
+        let mut stat = node.stat.unwrap_or_default();
+        if let Some(expected) = request.expected_version {
+            if expected != stat.version {
+                return Err(error(Code::BadVersion, &request.path, format!("version is {}, not {expected}", stat.version)).into());
+            }
+        }
+        stat.version += 1;
+        stat.mod_revision = self.revision;
+        stat.mtime_ms = self.now_ms;
+        stat.data_length = request.data.len() as u64;
+        node.data = request.data.clone();
+        node.stat = Some(stat);
+        self.view.put_node(&request.path, &node);
+        if stat.kind == NodeKind::Ttl as i32 {
+            self.ttl_changes.push(TtlChange::Upsert(request.path.clone(), stat));
+        }
+        Ok(SetResponse { header: None, stat: Some(stat) })
+    }
+
+    fn delete(&mut self, request: &DeleteRequest) -> Result<DeleteResponse, Failure> {
+        if request.path == self.root {
+            return Err(invalid(&request.path, "the group's root cannot be deleted").into());
+        }
+        let node = self.view.node(&request.path)?.ok_or_else(|| no_node(&request.path))?;
+        let stat = node.stat.unwrap_or_default();
+        if let Some(expected) = request.expected_version {
+            if expected != stat.version {
+                return Err(error(Code::BadVersion, &request.path, format!("version is {}, not {expected}", stat.version)).into());
+            }
+        }
+        if stat.num_children > 0 && !request.recursive {
+            return Err(error(Code::NotEmpty, &request.path, format!("{} has {} children", request.path, stat.num_children)).into());
+        }
+        let mut deleted = self.delete_subtree(&request.path, Deleter::Plain)?;
+        deleted += self.detach_from_parent(&request.path)?;
+        Ok(DeleteResponse { header: None, deleted, ..DeleteResponse::default() })
+    }
+
+    /// Deletes `path` and everything under it; returns how many nodes went. A plain delete
+    /// that would remove a lock waiter or a lock in its lock-delay (even below `path`) is
+    /// refused as a whole.
+    fn delete_subtree(&mut self, path: &str, deleter: Deleter) -> Result<u64, Failure> {
+        let mut doomed = vec![path.to_string()];
+        let mut next = 0;
+        while next < doomed.len() {
+            let parent = doomed[next].clone();
+            next += 1;
+            let mut start_after = String::new();
+            loop {
+                let room = self.limits.recursive_delete_nodes_max.saturating_sub(doomed.len());
+                let (names, more) = self.view.children(&parent, &start_after, room.clamp(1, 1024))?;
+                for name in &names {
+                    doomed.push(path::join(&parent, name));
+                }
+                if doomed.len() > self.limits.recursive_delete_nodes_max {
+                    return Err(too_large(path, "recursive delete (nodes)", doomed.len(), self.limits.recursive_delete_nodes_max).into());
+                }
+                match names.last() {
+                    Some(last) if more => start_after = last.clone(),
+                    _ => break,
+                }
+            }
+        }
+        for doomed_path in &doomed {
+            let node = self.view.node(doomed_path)?;
+            if node.as_ref().is_some_and(|node| node.lock_waiter.is_some()) {
+                if deleter == Deleter::Plain {
+                    return Err(locks::waiters_only_by_lock_operations(doomed_path));
+                }
+                self.gone_waiters.push(doomed_path.clone());
+            }
+            if deleter == Deleter::Plain && self.in_lock_delay(doomed_path)? {
+                return Err(invalid(doomed_path, format!("{doomed_path} is a lock in its lock-delay: it can be deleted once that ends")).into());
+            }
+            let owner = node.and_then(|node| node.stat).map_or(0, |stat| stat.ephemeral_owner);
+            if owner != 0 {
+                self.detach_ephemeral(owner, doomed_path)?;
+            }
+            self.forget_lock(doomed_path)?;
+            self.view.delete_node(doomed_path);
+            self.ttl_changes.push(TtlChange::Remove(doomed_path.clone()));
+            if let Some(parent) = path::parent(doomed_path) {
+                if doomed_path != path {
+                    self.view.remove_child(parent, path::name(doomed_path));
+                }
+            }
+        }
+        Ok(doomed.len() as u64)
+    }
+
+    /// Removes `path` from its parent's children; an emptied container parent goes too
+    /// (and so on upward). Returns how many containers were removed.
+    fn detach_from_parent(&mut self, path: &str) -> Result<u64, Failure> {
+        let Some(parent_path) = path::parent(path) else { return Ok(0) };
+        self.view.remove_child(parent_path, path::name(path));
+        self.touched.insert(parent_path.to_string());
+        let mut parent = self.node(parent_path)?.ok_or_else(|| StorageError::Corrupt(format!("parent of {path} missing")))?;
+        let mut stat = parent.stat.unwrap_or_default();
+        stat.num_children = stat.num_children.saturating_sub(1);
+        stat.cversion += 1;
+        // A lock in its lock-delay stays (with its metadata) until the delay ends, even empty.
+        if stat.num_children == 0 && stat.kind == NodeKind::Container as i32 && parent_path != self.root && !self.in_lock_delay(parent_path)? {
+            self.forget_lock(parent_path)?;
+            self.view.delete_node(parent_path);
+            return Ok(1 + self.detach_from_parent(parent_path)?);
+        }
+        parent.stat = Some(stat);
+        self.view.put_node(parent_path, &parent);
+        Ok(0)
+    }
+
+    /// Whether `path` is a lock in its lock-delay.
+    fn in_lock_delay(&self, path: &str) -> Result<bool, StorageError> {
+        Ok(self.view.lock_meta(path)?.is_some_and(|meta| meta.blocked_until_ms != 0))
+    }
+
+    /// Removes the lock metadata of a node that is being deleted (if it is a lock).
+    fn forget_lock(&mut self, path: &str) -> Result<(), Failure> {
+        if self.view.lock_meta(path)?.is_some() {
+            self.view.delete_lock_meta(path);
+            self.lock_changes.push((path.to_string(), 0));
+        }
+        Ok(())
+    }
+
+    fn get(&self, request: &GetRequest) -> Result<GetResponse, Failure> {
+        Ok(match self.node(&request.path)? {
+            Some(node) => GetResponse { header: None, data: node.data, stat: node.stat },
+            None => GetResponse::default(),
+        })
+    }
+
+    /// Refuses the use of `session` by a principal that does not own it
+    /// ([`sessions::check_use`]); a session that does not exist is left to the caller.
+    fn check_owner(&self, session: u64, path: &str) -> Result<(), Failure> {
+        match self.view.session(session)? {
+            Some(record) => Ok(sessions::check_use(&record, self.principal, path)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Records that `session` owns the new ephemeral node `path`.
+    fn attach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
+        self.check_owner(session, path)?;
+        let mut record = self.view.session(session)?.ok_or_else(|| session_expired(session, path))?;
+        if record.ephemerals >= self.limits.ephemerals_per_session_max as u64 {
+            return Err(
+                too_large(path, "ephemeral nodes of one session", record.ephemerals as usize + 1, self.limits.ephemerals_per_session_max).into()
+            );
+        }
+        record.ephemerals += 1;
+        self.view.put_session(&record);
+        self.view.add_ephemeral(session, path);
+        Ok(())
+    }
+
+    /// `session` no longer owns `path` here: its index entry goes and its count drops.
+    pub(super) fn detach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
+        self.view.remove_ephemeral(session, path);
+        if let Some(mut record) = self.view.session(session)? {
+            record.ephemerals = record.ephemerals.saturating_sub(1);
+            self.view.put_session(&record);
+        }
+        Ok(())
+    }
+
+    /// Opens a session of `group` with `ttl_ms` (clamped to the limits).
+    pub fn create_session(&mut self, group: u64, ttl_ms: u64, owner: &str, scope: &str) -> Result<CreateSessionResponse, Failure> {
+        let granted = ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
+        let sequence = self.view.take_session_sequence()?;
+        if sequence >= 1 << sessions::SESSION_SEQUENCE_BITS {
+            return Err(error(Code::TooLarge, "", "session ids of this group are exhausted").into());
+        }
+        let session_id = sessions::session_id(group, sequence);
+        let record = SessionRecord {
+            session_id,
+            ttl_ms: granted,
+            ephemerals: 0,
+            remote: false,
+            owner: owner.to_string(),
+            scope: scope.to_string(),
+            owner_known: true,
+        };
+        self.view.put_session(&record);
+        self.session_changes.push(SessionChange::Added(session_id, granted));
+        Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
+    }
+
+    /// Closes a session of this group (a client's CloseSession); `None` if it does not
+    /// exist. A remote session is refused: only its home group may end it (DESIGN.md rule 7).
+    pub fn close_session(&mut self, session: u64) -> Result<Option<u64>, Failure> {
+        self.check_owner(session, "")?;
+        if self.view.session(session)?.is_some_and(|record| record.remote) {
+            return Err(invalid("", format!("session {session} is homed in group {}: close it there", sessions::home_group(session))).into());
+        }
+        self.end_session(session, false)
+    }
+
+    /// Ends sessions of this group whose lease ran out (the leader's expiry): remote
+    /// records are skipped, since only their home groups' verdicts end them.
+    pub fn expire_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
+        for id in ids {
+            if self.view.session(*id)?.is_some_and(|record| !record.remote) {
+                self.end_session(*id, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records sessions of other groups that their home groups confirmed alive, with their
+    /// `owners` (in the order of `ids`; an entry of an earlier release without them leaves
+    /// the owners unknown). A recorded one is left as it is, but for an owner it did not know.
+    pub fn add_remote_sessions(&mut self, group: u64, ids: &[u64], owners: &[String]) -> Result<(), Failure> {
+        if let Some(own) = ids.iter().find(|id| sessions::home_group(**id) == group || sessions::home_group(**id) == 0) {
+            return Err(invalid("", format!("session {own} is not homed in another group")).into());
+        }
+        for (index, id) in ids.iter().enumerate() {
+            let owner = owners.get(index);
+            match self.view.session(*id)? {
+                Some(mut record) => {
+                    if let Some(owner) = owner.filter(|_| sessions::owner(&record) == sessions::Owner::Unknown) {
+                        record.owner = owner.clone();
+                        record.owner_known = true;
+                        self.view.put_session(&record);
+                    }
+                }
+                None => {
+                    let record = SessionRecord {
+                        session_id: *id,
+                        remote: true,
+                        owner: owner.cloned().unwrap_or_default(),
+                        owner_known: owner.is_some(),
+                        ..SessionRecord::default()
+                    };
+                    self.view.put_session(&record);
+                    self.session_changes.push(SessionChange::RemoteAdded(*id));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends remote sessions whose home groups said they ended: their ephemerals are deleted
+    /// as an expiry's would be (locks they held enter their lock-delay). Ids that are not
+    /// remote records here are skipped.
+    pub fn end_remote_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
+        for id in ids {
+            if self.view.session(*id)?.is_some_and(|record| record.remote) {
+                self.end_session(*id, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a session: its ephemeral nodes go first, in path order, then its record. When it
+    /// `expired` (rather than closed), locks it held enter their lock-delay. Returns how many
+    /// nodes were deleted (with emptied containers); `None` if the session does not exist.
+    pub fn end_session(&mut self, session: u64, expired: bool) -> Result<Option<u64>, Failure> {
+        if self.view.session(session)?.is_none() {
+            return Ok(None);
+        }
+        let mut deleted = 0;
+        loop {
+            let (paths, _) = self.view.ephemerals(session, 1024)?;
+            if paths.is_empty() {
+                break;
+            }
+            for path in paths {
+                if self.view.node(&path)?.is_none() {
+                    // Already gone with an ancestor deleted earlier in this loop.
+                    self.view.remove_ephemeral(session, &path);
+                    continue;
+                }
+                if expired {
+                    self.start_lock_delay_if_holding(&path)?;
+                }
+                deleted += self.delete_subtree(&path, Deleter::Locks)?;
+                deleted += self.detach_from_parent(&path)?;
+            }
+        }
+        self.view.delete_session(session);
+        self.session_changes.push(SessionChange::Removed(session));
+        Ok(Some(deleted))
+    }
+
+    /// If `waiter` holds its parent's lock and asked for a lock-delay, the lock is granted to
+    /// nobody new until the delay has passed (Chubby's lock-delay); the other holders (sharing
+    /// it) keep their holds.
+    fn start_lock_delay_if_holding(&mut self, waiter: &str) -> Result<(), Failure> {
+        let Some(lock_path) = path::parent(waiter) else { return Ok(()) };
+        let Some(mut meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
+        let waiters = locks::waiters(self.view, lock_path, self.limits.lock_waiters_max)?;
+        let holding = &waiters[..locks::holders(&waiters, Some(&meta))];
+        let Some(expired) = holding.iter().find(|w| w.path == waiter) else { return Ok(()) };
+        if expired.record.lock_delay_ms == 0 {
+            return Ok(());
+        }
+        if meta.blocked_until_ms == 0 {
+            // Holders are a leading run in token order: the last one's token bounds them all.
+            meta.held_through_token = holding.last().map_or(0, |w| w.token);
+        }
+        meta.blocked_until_ms = meta.blocked_until_ms.max(self.now_ms.saturating_add(expired.record.lock_delay_ms));
+        self.view.put_lock_meta(lock_path, &meta);
+        self.lock_changes.push((lock_path.to_string(), meta.blocked_until_ms));
+        Ok(())
+    }
+
+    /// Makes the group serve `new` (see `namespace.proto`, `SetDescriptor`): refused when it
+    /// is older than `current`, changes the prefix, or gives away a path where this group
+    /// holds a node. A prefix node missing here is created: it is the group's root.
+    pub fn set_descriptor(
+        &mut self,
+        group: u64,
+        current: Option<&GroupDescriptor>,
+        new: Option<GroupDescriptor>,
+    ) -> Result<GroupDescriptor, Failure> {
+        let new = new.ok_or_else(|| invalid("", "set_descriptor without a descriptor"))?;
+        if new.group_id != group {
+            return Err(invalid(&new.prefix, format!("a descriptor of group {} sent to group {group}", new.group_id)).into());
+        }
+        path::validate(&new.prefix, true).map_err(|e| invalid_path(&new.prefix, &e))?;
+        if let Some(current) = current {
+            if new.conf_ver < current.conf_ver || new.version < current.version {
+                return Err(invalid(&new.prefix, "the descriptor is older than the group's").into());
+            }
+            if new.prefix != current.prefix {
+                return Err(invalid(&new.prefix, format!("the group's prefix is {}; it never changes", current.prefix)).into());
+            }
+            // One epoch names one set of served paths: the same epoch with other contents
+            // comes from a placement decision made on a stale state, and accepting it would let
+            // two groups serve the same paths. So serving a path again that
+            // the group gave away (an exclusion dropped) always takes a newer version.
+            if (new.conf_ver, new.version) == (current.conf_ver, current.version) && new != *current {
+                return Err(invalid(&new.prefix, "the group already has this descriptor version with other contents").into());
+            }
+        }
+        if is_retiring(&new) {
+            return self.retire(new);
+        }
+        for excluded in &new.excluded {
+            path::validate(excluded, true).map_err(|e| invalid_path(excluded, &e))?;
+            if !warden_placement::is_strictly_below(excluded, &new.prefix) {
+                return Err(invalid(excluded, "an excluded prefix must be below the group's prefix").into());
+            }
+            // A subtree handed over is excluded at once, while its records are still purged.
+            if self.node(excluded)?.is_some() && !super::split::is_purging(&self.view.split()?, excluded) {
+                return Err(
+                    error(Code::NotEmpty, excluded, "this group holds nodes there (moving a subtree to another group is not supported)").into()
+                );
+            }
+        }
+        if self.node(&new.prefix)?.is_none() {
+            let stat = Stat {
+                create_revision: self.revision,
+                mod_revision: self.revision,
+                ctime_ms: self.now_ms,
+                mtime_ms: self.now_ms,
+                kind: NodeKind::Persistent as i32,
+                ..Stat::default()
+            };
+            self.view.put_node(&new.prefix, &NodeRecord { stat: Some(stat), ..NodeRecord::default() });
+        }
+        self.view.put_descriptor(&new);
+        Ok(new)
+    }
+
+    /// Takes a retiring descriptor (see [`is_retiring`]): the group stops serving anything,
+    /// so placement can give its prefix back to the parent's group and remove it. Refused
+    /// for the root group and while the prefix node has children (the caller refuses while
+    /// the group homes sessions).
+    fn retire(&mut self, new: GroupDescriptor) -> Result<GroupDescriptor, Failure> {
+        if new.prefix == "/" || new.excluded.len() != 1 {
+            return Err(invalid(&new.prefix, "only a group below the root retires, and its one exclusion is its prefix").into());
+        }
+        let children = self.node(&new.prefix)?.and_then(|node| node.stat).map_or(0, |stat| stat.num_children);
+        // A merge's hand-over retires the group at once; the subtree's records go in pages.
+        if children > 0 && !super::split::is_purging(&self.view.split()?, &new.prefix) {
+            return Err(error(Code::NotEmpty, &new.prefix, format!("{} has {children} children: only an empty group is removed", new.prefix)).into());
+        }
+        self.view.put_descriptor(&new);
+        Ok(new)
+    }
+
+    /// Adds a waiter for `request.session_id` to the lock at `request.path` (creating the
+    /// lock as a container node), or re-attaches to the one an earlier call of the same request
+    /// made (its attempt goes up, so a release naming an earlier call leaves it). Returns the
+    /// answer and the call's attempt on its waiter (0: none). A try-lock (`if_free`) that would
+    /// not hold changes nothing.
+    pub fn acquire_lock(&mut self, request: &AcquireLock) -> Result<(LockResponse, u64), Failure> {
+        let lock_path = request.path.as_str();
+        path::validate(lock_path, false).map_err(|e| invalid_path(lock_path, &e))?;
+        if lock_path == self.root {
+            return Err(invalid(lock_path, "the group's root cannot be a lock").into());
+        }
+        let mode = LockMode::try_from(request.mode).map_err(|_| invalid(lock_path, "unknown lock mode"))?;
+        if request.lock_delay_ms > self.limits.lock_delay_ms_max {
+            return Err(invalid(lock_path, format!("lock_delay_ms is at most {}", self.limits.lock_delay_ms_max)).into());
+        }
+        if self.view.session(request.session_id)?.is_none() {
+            return Err(session_expired(request.session_id, lock_path).into());
+        }
+        self.check_owner(request.session_id, lock_path)?;
+        let node = self.node(lock_path)?;
+        let stat = node.as_ref().and_then(|node| node.stat).unwrap_or_default();
+        if stat.ephemeral_owner != 0 {
+            return Err(invalid(lock_path, "an ephemeral node cannot be a lock").into());
+        }
+        let meta = self.view.lock_meta(lock_path)?;
+        let mut waiters = match meta {
+            Some(_) => locks::waiters(self.view, lock_path, self.limits.lock_waiters_max)?,
+            // A node becomes a lock only while childless: a lock's children are its waiters.
+            None if stat.num_children > 0 => {
+                return Err(invalid(lock_path, format!("{lock_path} has children that are not lock waiters")).into());
+            }
+            None => Vec::new(),
+        };
+        let retried =
+            waiters.iter().position(|w| request.request_id != 0 && w.session_id == request.session_id && w.request_id == request.request_id);
+        let (index, attempt) = match retried {
+            Some(index) if request.if_free && index >= locks::holders(&waiters, meta.as_ref()) => {
+                // A try-lock with the id of a waiting call that does not hold: it gives up.
+                let waiter = waiters[index].path.clone();
+                self.delete_waiter(&waiter)?;
+                return Ok((LockResponse { header: None, acquired: false, sequencer: None }, 0));
+            }
+            Some(index) => {
+                let waiter = &mut waiters[index];
+                waiter.record.attempt += 1;
+                waiter.record.lock_delay_ms = request.lock_delay_ms;
+                let mut node = self.view.node(&waiter.path)?.ok_or_else(|| StorageError::Corrupt(format!("waiter {} vanished", waiter.path)))?;
+                node.lock_waiter = Some(waiter.record);
+                self.view.put_node(&waiter.path, &node);
+                (index, waiter.record.attempt)
+            }
+            None => {
+                let record = LockWaiterRecord { lock_delay_ms: request.lock_delay_ms, attempt: 1 };
+                // The waiter it would be (its token is this revision): checked before anything
+                // is written, so a refused try-lock changes nothing.
+                waiters.push(locks::Waiter {
+                    path: String::new(),
+                    mode,
+                    session_id: request.session_id,
+                    token: self.revision,
+                    request_id: request.request_id,
+                    record,
+                });
+                if request.if_free && locks::holders(&waiters, meta.as_ref()) < waiters.len() {
+                    return Ok((LockResponse { header: None, acquired: false, sequencer: None }, 0));
+                }
+                if node.is_none() {
+                    let container =
+                        CreateRequest { path: lock_path.into(), kind: NodeKind::Container as i32, create_parents: true, ..CreateRequest::default() };
+                    self.create(&container)?;
+                }
+                if meta.is_none() {
+                    self.view.put_lock_meta(lock_path, &LockMeta::default());
+                }
+                let waiter = CreateRequest {
+                    path: path::join(lock_path, locks::WAITER_PREFIX),
+                    data: locks::waiter_data(mode, request.request_id),
+                    sequential: true,
+                    session_id: request.session_id,
+                    ..CreateRequest::default()
+                };
+                let created = self.create_node(&waiter, Some(record))?;
+                let index = waiters.len() - 1;
+                waiters[index].path = created.path;
+                (index, 1)
+            }
+        };
+        let holding = locks::holders(&waiters, meta.as_ref());
+        let waiter = &waiters[index];
+        let sequencer = Sequencer { path: lock_path.into(), mode: waiter.mode as i32, token: waiter.token, group_id: 0, waiter: waiter.path.clone() };
+        Ok((LockResponse { header: None, acquired: index < holding, sequencer: Some(sequencer) }, attempt))
+    }
+
+    /// Removes a sequencer's waiter (unlock, or giving up waiting); with a nonzero `attempt`,
+    /// only if no later call re-attached to it. Releasing a waiter that is already gone is
+    /// not an error; a sequencer naming another hold, or a node that is no waiter, is.
+    pub fn release_lock(&mut self, sequencer: &Sequencer, attempt: u64) -> Result<(), Failure> {
+        let waiter = sequencer.waiter.as_str();
+        path::validate(waiter, false).map_err(|e| invalid_path(waiter, &e))?;
+        if path::parent(waiter) != Some(sequencer.path.as_str()) {
+            return Err(invalid(waiter, "the waiter is not a child of the lock").into());
+        }
+        let Some(node) = self.view.node(waiter)? else { return Ok(()) };
+        let stat = node.stat.unwrap_or_default();
+        if stat.create_revision != sequencer.token {
+            return Err(invalid(waiter, "the sequencer's token does not match its waiter").into());
+        }
+        self.check_owner(stat.ephemeral_owner, &sequencer.path)?;
+        let Some(record) = node.lock_waiter else { return Err(invalid(waiter, format!("{waiter} is not a lock waiter")).into()) };
+        if attempt != 0 && record.attempt != attempt {
+            // A later call took over this waiter: the release of an abandoned call leaves it.
+            return Ok(());
+        }
+        self.delete_waiter(waiter)
+    }
+
+    /// Deletes a waiter (and the lock's container if it was the last one).
+    fn delete_waiter(&mut self, waiter: &str) -> Result<(), Failure> {
+        self.delete_subtree(waiter, Deleter::Locks)?;
+        self.detach_from_parent(waiter)?;
+        Ok(())
+    }
+
+    /// A lock's lock-delay has passed (judged by the leader): grant it again. A container lock
+    /// that lost its last waiter during the delay goes now.
+    pub fn end_lock_delay(&mut self, lock_path: &str) -> Result<(), Failure> {
+        let Some(meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
+        if meta.blocked_until_ms == 0 || meta.blocked_until_ms > self.now_ms {
+            return Ok(());
+        }
+        self.view.put_lock_meta(lock_path, &LockMeta::default());
+        self.lock_changes.push((lock_path.to_string(), 0));
+        self.touched.insert(lock_path.to_string());
+        let stat = self.node(lock_path)?.and_then(|node| node.stat).unwrap_or_default();
+        if stat.kind == NodeKind::Container as i32 && stat.num_children == 0 && lock_path != self.root {
+            self.delete_subtree(lock_path, Deleter::Locks)?;
+            self.detach_from_parent(lock_path)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes a TTL node the leader found expired, if it is unchanged and childless.
+    pub fn expire_ttl(&mut self, path: &str, mod_revision: u64) -> Result<u64, Failure> {
+        let Some(node) = self.view.node(path)? else { return Ok(0) };
+        let stat = node.stat.unwrap_or_default();
+        if stat.kind != NodeKind::Ttl as i32 || stat.mod_revision != mod_revision || stat.num_children > 0 || self.in_lock_delay(path)? {
+            return Ok(0);
+        }
+        let deleted = self.delete_subtree(path, Deleter::Plain)?;
+        Ok(deleted + self.detach_from_parent(path)?)
+    }
+}

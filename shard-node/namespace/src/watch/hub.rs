@@ -1,0 +1,596 @@
+//! The watch hub of one replica of a group: its event history and its live watches.
+//!
+//! The state machine publishes each applied revision's events here once the apply write is
+//! done; the hub appends them to a bounded history and pushes them to the live watches
+//! indexed by watched path. A watch that starts in the past first catches up from the
+//! history (driven by its stream, a budget at a time), then joins the index under the same
+//! lock, so it sees every revision exactly once.
+//!
+//! A subtree that moves to another group (a split) produces no events here: its watches end
+//! with MOVED at the move's revision instead ([`WatchHub::moved`]), live ones at once and
+//! catching-up ones once they have every event up to it, so a watch resumed at the new group
+//! from the revision after misses nothing and repeats nothing.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::WardenError;
+
+use super::event::{EventBatch, WatchSpec};
+use super::stream::{Phase, Pushed, WatchStream};
+use super::WatchLimits;
+use crate::error::error;
+use crate::path;
+
+/// A live watch in the index.
+struct Watcher {
+    stream: Arc<WatchStream>,
+    watch_id: u64,
+    spec: WatchSpec,
+    /// Revisions before this are not reported (a watch may start in the future).
+    from_revision: u64,
+}
+
+struct HubState {
+    history: VecDeque<Arc<EventBatch>>,
+    history_bytes: usize,
+    /// Events up to this revision are gone from the history.
+    compact_revision: u64,
+    /// The last revision applied and published.
+    revision: u64,
+    /// Live watches by watched path.
+    watchers: HashMap<Arc<str>, Vec<Watcher>>,
+    /// Live recursive watches (when none, only an event's own path and parent are looked up).
+    recursive: usize,
+    /// The replica is gone: no watch starts or goes on here.
+    closed: bool,
+    /// The latest subtrees moved away (at most [`MOVES_REMEMBERED`]), for watches still
+    /// catching up from before a move.
+    moves: VecDeque<Move>,
+}
+
+/// Moves a hub remembers: a watch catching up from before an older one (a move's history is
+/// bounded like every other) ends COMPACTED instead.
+const MOVES_REMEMBERED: usize = 16;
+
+/// A subtree that left the group.
+struct Move {
+    prefix: String,
+    to_group: u64,
+    /// The revision of the hand-over: the last one whose events this hub has for it.
+    revision: u64,
+}
+
+impl Move {
+    /// Whether a watch of `path` with `spec` watches into the moved subtree.
+    fn concerns(&self, path: &str, spec: WatchSpec) -> bool {
+        warden_placement::is_at_or_below(path, &self.prefix) || (spec.is_recursive() && warden_placement::is_strictly_below(&self.prefix, path))
+    }
+
+    /// The cancellation of a watch it concerns.
+    fn error(&self) -> WardenError {
+        WardenError {
+            moved_to_group: self.to_group,
+            ..error(Code::Moved, &self.prefix, format!("{} moved to group {}: watch again from the resume revision", self.prefix, self.to_group))
+        }
+    }
+}
+
+/// How a catch-up step ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum CatchUp {
+    /// The watch reached the present and is live.
+    Live,
+    /// The budget ran out first: call again when the stream has room.
+    More,
+    /// The watch ended (fired, cancelled, or gone from its stream).
+    Ended,
+}
+
+/// The watch hub of one replica of a group.
+pub struct WatchHub {
+    group: u64,
+    limits: WatchLimits,
+    state: Mutex<HubState>,
+    /// The watch limits of the quotas on the group's subtree, by prefix (from its shares).
+    watch_limits: Mutex<std::collections::BTreeMap<String, u64>>,
+    /// Where the events sent and the slow watchers cancelled are counted (its node's).
+    counters: std::sync::OnceLock<Arc<super::WatchCounters>>,
+}
+
+impl WatchHub {
+    /// An empty hub of `group`.
+    pub fn new(group: u64, limits: WatchLimits) -> Arc<WatchHub> {
+        Arc::new(WatchHub {
+            group,
+            limits,
+            state: Mutex::new(HubState {
+                history: VecDeque::new(),
+                history_bytes: 0,
+                compact_revision: 0,
+                revision: 0,
+                watchers: HashMap::new(),
+                recursive: 0,
+                closed: false,
+                moves: VecDeque::new(),
+            }),
+            watch_limits: Mutex::default(),
+            counters: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Replaces the watch limits of the group's quotas (the state machine's, on every change).
+    pub fn set_watch_limits(&self, limits: std::collections::BTreeMap<String, u64>) {
+        *self.watch_limits.lock().unwrap_or_else(|e| e.into_inner()) = limits;
+    }
+
+    /// The watch limits of the quotas at `path` or above it: `(prefix, limit)`.
+    pub fn watch_limits_covering(&self, path: &str) -> Vec<(String, u64)> {
+        let limits = self.watch_limits.lock().unwrap_or_else(|e| e.into_inner());
+        if limits.is_empty() {
+            return Vec::new();
+        }
+        let mut covering = Vec::new();
+        let mut at = Some(path);
+        while let Some(current) = at {
+            if let Some(limit) = limits.get(current) {
+                covering.push((current.to_string(), *limit));
+            }
+            at = path::parent(current);
+        }
+        covering
+    }
+
+    fn lock(&self) -> MutexGuard<'_, HubState> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// The group.
+    pub fn group(&self) -> u64 {
+        self.group
+    }
+
+    /// The last published revision.
+    pub fn revision(&self) -> u64 {
+        self.lock().revision
+    }
+
+    /// Events up to this revision are no longer in the history.
+    pub fn compact_revision(&self) -> u64 {
+        self.lock().compact_revision
+    }
+
+    /// Counts this hub's events and cancels into `counters` (its node's), from now on.
+    pub fn count_into(&self, counters: Arc<super::WatchCounters>) {
+        let _ = self.counters.set(counters);
+    }
+
+    /// Revisions and bytes in the history, and live watches.
+    pub fn stats(&self) -> (usize, usize, usize) {
+        let state = self.lock();
+        (state.history.len(), state.history_bytes, state.watchers.values().map(Vec::len).sum())
+    }
+
+    /// Publishes the events of applied revisions (in revision order) and the applied
+    /// revision (which also moves on for writes that changed no node).
+    pub fn publish(&self, batches: Vec<EventBatch>, revision: u64) {
+        let mut state = self.lock();
+        for batch in batches {
+            assert!(batch.revision > state.revision, "group {}: event revision {} after {}", self.group, batch.revision, state.revision);
+            let batch = Arc::new(batch);
+            self.deliver(&mut state, &batch);
+            state.revision = batch.revision;
+            state.history_bytes += batch.size_bytes();
+            state.history.push_back(batch);
+        }
+        assert!(revision >= state.revision, "group {}: revision went back", self.group);
+        state.revision = revision;
+        while state.history.len() > self.limits.history_revisions_max || state.history_bytes > self.limits.history_bytes_max {
+            let Some(oldest) = state.history.pop_front() else { break };
+            state.history_bytes -= oldest.size_bytes();
+            state.compact_revision = oldest.revision;
+        }
+    }
+
+    /// Pushes one revision's events to the live watches that want them.
+    fn deliver(&self, state: &mut HubState, batch: &Arc<EventBatch>) {
+        if state.watchers.is_empty() {
+            return;
+        }
+        // The watched paths an event can concern: its own, its parent's (children watches)
+        // and, with recursive watches, every ancestor's.
+        let mut candidates: BTreeSet<&str> = BTreeSet::new();
+        for event in &batch.events {
+            candidates.insert(&event.path);
+            let mut at = path::parent(&event.path);
+            while let Some(ancestor) = at {
+                candidates.insert(ancestor);
+                at = if state.recursive > 0 { path::parent(ancestor) } else { None };
+            }
+        }
+        let mut removed_recursive = 0;
+        for candidate in candidates {
+            let Some(watchers) = state.watchers.get_mut(candidate) else { continue };
+            watchers.retain(|watcher| {
+                if batch.revision < watcher.from_revision {
+                    return true;
+                }
+                let selected = watcher.spec.select(candidate, batch);
+                if selected.is_empty() {
+                    return true;
+                }
+                let events = selected.len() as u64;
+                let keep = match watcher.stream.push_events(watcher.watch_id, self.group, vec![(batch.clone(), selected)], None) {
+                    Pushed::Queued => {
+                        if let Some(counters) = self.counters.get() {
+                            counters.events_sent.fetch_add(events, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        true
+                    }
+                    Pushed::Fired | Pushed::Gone => false,
+                    Pushed::Full => {
+                        if let Some(counters) = self.counters.get() {
+                            counters.slow_cancels.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                        }
+                        let error = error(Code::SlowWatcher, "", "the watch stream's queue is full: the client reads too slowly");
+                        watcher.stream.cancel(watcher.watch_id, Some(error), batch.revision);
+                        false
+                    }
+                };
+                if !keep && watcher.spec.is_recursive() {
+                    removed_recursive += 1;
+                }
+                keep
+            });
+            if watchers.is_empty() {
+                state.watchers.remove(candidate);
+            }
+        }
+        state.recursive -= removed_recursive;
+    }
+
+    /// Moves a catching-up watch of `stream` on through the history, queueing at most about
+    /// `budget_bytes` of events; once it reaches the present it joins the index (under the
+    /// same lock as publishing, so no revision is missed or repeated).
+    pub fn catch_up(&self, stream: &Arc<WatchStream>, watch_id: u64, budget_bytes: usize) -> CatchUp {
+        let mut state = self.lock();
+        let Some(watch) = stream.watch(watch_id).filter(|w| w.group == self.group) else { return CatchUp::Ended };
+        let Phase::CatchingUp { next_revision } = watch.phase else { return CatchUp::Live };
+        if state.closed {
+            stream.cancel(watch_id, Some(replica_gone()), next_revision);
+            return CatchUp::Ended;
+        }
+        if next_revision <= state.compact_revision {
+            let error = WardenError {
+                compact_revision: state.compact_revision,
+                ..error(Code::Compacted, "", format!("revision {next_revision} is no longer in this replica's event history"))
+            };
+            stream.cancel(watch_id, Some(error), next_revision);
+            return CatchUp::Ended;
+        }
+        // A move this watch has not passed yet: it catches up to the move, then ends MOVED.
+        let pending_move = state.moves.iter().find(|m| m.revision >= next_revision && m.concerns(&watch.path, watch.spec));
+        let (stop_at, move_error) = match pending_move {
+            Some(m) => (m.revision, Some((m.error(), m.revision + 1))),
+            None => (u64::MAX, None),
+        };
+        let first = state.history.partition_point(|batch| batch.revision < next_revision);
+        let mut batches = Vec::new();
+        let mut bytes = 0;
+        let mut next = next_revision;
+        let mut exhausted = true;
+        for batch in state.history.range(first..).take_while(|batch| batch.revision <= stop_at) {
+            if watch.spec.is_one_shot() && !batches.is_empty() {
+                exhausted = false;
+                break;
+            }
+            let selected = watch.spec.select(&watch.path, batch);
+            let size_bytes: usize = selected.iter().map(|i| batch.events[*i as usize].size_bytes()).sum();
+            // Always at least one revision, so a watch moves on whatever its events' size.
+            if !batches.is_empty() && bytes + size_bytes > budget_bytes {
+                exhausted = false;
+                break;
+            }
+            next = batch.revision + 1;
+            if !selected.is_empty() {
+                bytes += size_bytes;
+                batches.push((batch.clone(), selected));
+            }
+        }
+        if exhausted {
+            // Every revision up to the present was looked at (revisions without events are
+            // not in the history); a start in the future stays where it is.
+            next = next.max(state.revision + 1);
+        }
+        if let (true, Some((error, resume_revision))) = (exhausted, move_error) {
+            // Every event up to the move is queued first (the queue keeps order).
+            return match stream.push_events(watch_id, self.group, batches, Some(Phase::CatchingUp { next_revision: resume_revision })) {
+                Pushed::Queued => {
+                    stream.cancel(watch_id, Some(error), resume_revision);
+                    CatchUp::Ended
+                }
+                Pushed::Fired | Pushed::Gone => CatchUp::Ended,
+                Pushed::Full => {
+                    stream.push_events(watch_id, self.group, Vec::new(), Some(Phase::CatchingUp { next_revision }));
+                    CatchUp::More
+                }
+            };
+        }
+        let phase = if exhausted { Phase::Live } else { Phase::CatchingUp { next_revision: next } };
+        match stream.push_events(watch_id, self.group, batches, Some(phase)) {
+            Pushed::Queued if exhausted => {
+                let watcher = Watcher { stream: stream.clone(), watch_id, spec: watch.spec, from_revision: next };
+                state.recursive += usize::from(watch.spec.is_recursive());
+                // Most paths have one watcher: a Vec's first push would reserve four.
+                state.watchers.entry(watch.path.clone()).or_insert_with(|| Vec::with_capacity(1)).push(watcher);
+                CatchUp::Live
+            }
+            Pushed::Queued => CatchUp::More,
+            Pushed::Fired | Pushed::Gone => CatchUp::Ended,
+            Pushed::Full => {
+                // The budget is taken from the free space, so this is a race with another
+                // group's hub filling the queue: try again later from the same place.
+                stream.push_events(watch_id, self.group, Vec::new(), Some(Phase::CatchingUp { next_revision }));
+                CatchUp::More
+            }
+        }
+    }
+
+    /// Takes a live watch out of the index (the client cancelled it or went away).
+    pub fn remove(&self, path: &str, stream: &Arc<WatchStream>, watch_id: u64) {
+        let mut state = self.lock();
+        let Some(watchers) = state.watchers.get_mut(path) else { return };
+        let before = watchers.len();
+        let mut recursive = 0;
+        watchers.retain(|w| {
+            let matches = w.watch_id == watch_id && Arc::ptr_eq(&w.stream, stream);
+            recursive += usize::from(matches && w.spec.is_recursive());
+            !matches
+        });
+        debug_assert!(before - watchers.len() <= 1, "one watch id twice in the index");
+        if watchers.is_empty() {
+            state.watchers.remove(path);
+        }
+        state.recursive -= recursive;
+    }
+
+    /// Queues a progress response at the published revision for each of `watch_ids` that is
+    /// live: every event up to that revision is queued before it. Periodic ones (not
+    /// `requested` by the client) only when they fit the stream's queue.
+    pub fn progress(&self, stream: &WatchStream, watch_ids: &[u64], requested: bool) {
+        let state = self.lock();
+        for watch_id in watch_ids {
+            stream.push_progress(*watch_id, self.group, state.revision, requested);
+        }
+    }
+
+    /// The replica's state was (re)loaded at `revision` (start, or a snapshot installed):
+    /// the history starts over. Live watches that would miss the revisions the state jumped
+    /// over are cancelled with COMPACTED.
+    pub fn reset(&self, revision: u64) {
+        let mut state = self.lock();
+        if revision != state.revision {
+            let resume_revision = state.revision + 1;
+            let error = WardenError {
+                compact_revision: revision,
+                ..error(Code::Compacted, "", "this replica installed a snapshot: the events it skipped are not available here")
+            };
+            cancel_all(&mut state, &error, resume_revision);
+        }
+        state.history.clear();
+        state.history_bytes = 0;
+        state.compact_revision = revision;
+        state.revision = revision;
+    }
+
+    /// The subtree at `prefix` moved to `to_group` at `revision` (published already): every
+    /// live watch into it ends with MOVED, to resume from `revision + 1` — in `to_group` for
+    /// paths in the subtree, here for the rest (the subtree did not change between this
+    /// group's move revision and the new group's first one).
+    pub fn moved(&self, prefix: &str, to_group: u64, revision: u64) {
+        let mut state = self.lock();
+        let m = Move { prefix: prefix.to_string(), to_group, revision };
+        let error = m.error();
+        let mut removed_recursive = 0;
+        state.watchers.retain(|path, watchers| {
+            watchers.retain(|watcher| {
+                if !m.concerns(path, watcher.spec) {
+                    return true;
+                }
+                removed_recursive += usize::from(watcher.spec.is_recursive());
+                watcher.stream.cancel(watcher.watch_id, Some(error.clone()), (revision + 1).max(watcher.from_revision));
+                false
+            });
+            !watchers.is_empty()
+        });
+        state.recursive -= removed_recursive;
+        if state.moves.len() == MOVES_REMEMBERED {
+            state.moves.pop_front();
+        }
+        state.moves.push_back(m);
+    }
+
+    /// The replica is gone: every watch ends with UNAVAILABLE (resume elsewhere).
+    pub fn close(&self) {
+        let mut state = self.lock();
+        state.closed = true;
+        let resume_revision = state.revision + 1;
+        cancel_all(&mut state, &replica_gone(), resume_revision);
+    }
+}
+
+fn replica_gone() -> WardenError {
+    error(Code::Unavailable, "", "the replica serving this watch stopped")
+}
+
+fn cancel_all(state: &mut HubState, error: &WardenError, resume_revision: u64) {
+    for (_, watchers) in state.watchers.drain() {
+        for watcher in watchers {
+            watcher.stream.cancel(watcher.watch_id, Some(error.clone()), resume_revision.max(watcher.from_revision));
+        }
+    }
+    state.recursive = 0;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::watch::event::{node_state, Event, EventKind};
+    use crate::watch::stream::{Outgoing, StreamWatch};
+    use warden_proto::v1::watch_create::Kind as WatchKind;
+
+    fn batch(revision: u64, paths: &[&str]) -> EventBatch {
+        let events =
+            paths.iter().map(|p| Event { kind: EventKind::Created, path: p.to_string(), node: node_state(None, vec![1; 10]), prev: None }).collect();
+        EventBatch { revision, events }
+    }
+
+    fn limits() -> WatchLimits {
+        WatchLimits { history_revisions_max: 4, ..WatchLimits::default() }
+    }
+
+    fn add(stream: &Arc<WatchStream>, watch_id: u64, path: &str, kind: WatchKind, recursive: bool, start: u64) {
+        let watch = StreamWatch {
+            group: 1,
+            path: Arc::from(path),
+            spec: WatchSpec::new(kind, recursive, false, false, false, false),
+            phase: Phase::CatchingUp { next_revision: start },
+            progress_notify: false,
+            active: false,
+            charge: None,
+        };
+        stream.add(watch_id, watch, Outgoing::Created { watch_id, group: 1, revision: start, created: Box::default() });
+    }
+
+    /// Drains the queue: (watch id, revisions) per event response; (watch id, [0, resume
+    /// revision]) per cancellation.
+    fn drain(stream: &WatchStream) -> Vec<(u64, Vec<u64>)> {
+        let mut out = Vec::new();
+        while let Some(outgoing) = stream.try_next() {
+            match outgoing {
+                Outgoing::Events { watch_id, batches, .. } => out.push((watch_id, batches.iter().map(|(b, _)| b.revision).collect())),
+                Outgoing::Canceled { watch_id, resume_revision, .. } => out.push((watch_id, vec![0, resume_revision])),
+                Outgoing::Created { .. } | Outgoing::Progress { .. } => {}
+            }
+        }
+        out
+    }
+
+    fn stream_limit() -> usize {
+        WatchLimits::default().stream_queue_bytes_max
+    }
+
+    #[test]
+    fn a_watch_from_the_past_catches_up_then_goes_live_without_gap_or_repeat() {
+        let hub = WatchHub::new(1, limits());
+        hub.publish(vec![batch(1, &["/a"]), batch(2, &["/b"]), batch(3, &["/a/x"])], 3);
+        let stream = WatchStream::new(stream_limit());
+        add(&stream, 1, "/a", WatchKind::Persistent, true, 1);
+        assert_eq!(hub.catch_up(&stream, 1, 1), CatchUp::More, "a tiny budget moves one revision at a time");
+        assert_eq!(hub.catch_up(&stream, 1, 1 << 20), CatchUp::Live);
+        hub.publish(vec![batch(4, &["/a/y", "/a/z"])], 4);
+        assert_eq!(drain(&stream), vec![(1, vec![1]), (1, vec![3]), (1, vec![4])]);
+    }
+
+    #[test]
+    fn old_start_revisions_are_compacted_and_future_ones_wait() {
+        let hub = WatchHub::new(1, limits());
+        for revision in 1..=6 {
+            hub.publish(vec![batch(revision, &["/a"])], revision);
+        }
+        assert_eq!(hub.compact_revision(), 2, "four revisions kept");
+        let stream = WatchStream::new(stream_limit());
+        add(&stream, 1, "/a", WatchKind::Persistent, false, 2);
+        assert_eq!(hub.catch_up(&stream, 1, 1 << 20), CatchUp::Ended);
+        assert_eq!(drain(&stream), vec![(1, vec![0, 2])], "cancelled with its start as resume revision");
+        add(&stream, 2, "/a", WatchKind::Persistent, false, 9);
+        assert_eq!(hub.catch_up(&stream, 2, 1 << 20), CatchUp::Live);
+        hub.publish(vec![batch(7, &["/a"]), batch(8, &["/a"])], 8);
+        assert!(drain(&stream).is_empty(), "revisions before the start are not reported");
+        hub.publish(vec![batch(9, &["/a"])], 9);
+        assert_eq!(drain(&stream), vec![(2, vec![9])]);
+    }
+
+    #[test]
+    fn one_shot_watches_fire_once_and_children_watches_see_only_children() {
+        let hub = WatchHub::new(1, limits());
+        let stream = WatchStream::new(stream_limit());
+        add(&stream, 1, "/p", WatchKind::Children, false, 1);
+        add(&stream, 2, "/p", WatchKind::Exists, false, 1);
+        assert_eq!(hub.catch_up(&stream, 1, 1 << 20), CatchUp::Live);
+        assert_eq!(hub.catch_up(&stream, 2, 1 << 20), CatchUp::Live);
+        hub.publish(vec![batch(1, &["/p/q/r"])], 1);
+        hub.publish(vec![batch(2, &["/p/c", "/p/d"])], 2);
+        hub.publish(vec![batch(3, &["/p/e"]), batch(4, &["/p"])], 4);
+        assert_eq!(drain(&stream), vec![(1, vec![2]), (2, vec![4])]);
+        assert_eq!(hub.stats().2, 0, "fired watches leave the index");
+    }
+
+    #[test]
+    fn a_slow_stream_loses_the_watch_with_a_resume_revision() {
+        let hub = WatchHub::new(1, limits());
+        let stream = WatchStream::new(400);
+        add(&stream, 1, "/a", WatchKind::Persistent, false, 1);
+        assert_eq!(hub.catch_up(&stream, 1, 1 << 20), CatchUp::Live);
+        for revision in 1..=5 {
+            hub.publish(vec![batch(revision, &["/a"])], revision);
+        }
+        let delivered = drain(&stream);
+        let (last, cancel) = delivered.split_at(delivered.len() - 1);
+        let next = last.last().map_or(1, |(_, revs)| revs[0] + 1);
+        assert_eq!(cancel, &[(1, vec![0, next])], "resume exactly after the last delivered revision");
+        assert_eq!(hub.stats().2, 0);
+    }
+
+    /// A moved subtree ends the watches into it with MOVED at the move's revision + 1: live
+    /// ones at once, catching-up ones once they have every event up to the move; watches
+    /// beside it, and ones that start after the move, go on.
+    #[test]
+    fn a_moved_subtree_ends_its_watches_after_every_event_up_to_the_move() {
+        let hub = WatchHub::new(1, limits());
+        hub.publish(vec![batch(1, &["/t/a"]), batch(2, &["/t/b"]), batch(3, &["/u"])], 3);
+        let stream = WatchStream::new(stream_limit());
+        add(&stream, 1, "/t/a", WatchKind::Persistent, false, 4);
+        add(&stream, 2, "/", WatchKind::Persistent, true, 4);
+        add(&stream, 3, "/u", WatchKind::Persistent, false, 4);
+        add(&stream, 4, "/t", WatchKind::Persistent, true, 1);
+        for live in 1..=3 {
+            assert_eq!(hub.catch_up(&stream, live, 1 << 20), CatchUp::Live);
+        }
+        hub.publish(Vec::new(), 5);
+        hub.moved("/t", 9, 5);
+        let moved = |watch_id: u64| (watch_id, vec![0, 6]);
+        let mut cancelled = drain(&stream);
+        cancelled.sort();
+        assert_eq!(cancelled, vec![moved(1), moved(2)], "live watches into the subtree, and above it recursively");
+        assert_eq!(hub.stats().2, 1, "the watch beside it stays");
+        // Catching up from before the move: its events up to the move, then MOVED, in as
+        // many steps as its budget takes.
+        assert_eq!(hub.catch_up(&stream, 4, 1), CatchUp::More);
+        assert_eq!(hub.catch_up(&stream, 4, 1 << 20), CatchUp::Ended);
+        assert_eq!(drain(&stream), vec![(4, vec![1]), (4, vec![2]), moved(4)]);
+        // A recursive watch above it that starts after the move goes live.
+        add(&stream, 5, "/", WatchKind::Persistent, true, 6);
+        assert_eq!(hub.catch_up(&stream, 5, 1 << 20), CatchUp::Live);
+        hub.publish(vec![batch(6, &["/u"])], 6);
+        let mut delivered = drain(&stream);
+        delivered.sort();
+        assert_eq!(delivered, vec![(3, vec![6]), (5, vec![6])]);
+    }
+
+    #[test]
+    fn reset_cancels_live_watches_that_would_miss_revisions() {
+        let hub = WatchHub::new(1, limits());
+        hub.reset(10);
+        let stream = WatchStream::new(stream_limit());
+        add(&stream, 1, "/", WatchKind::Persistent, true, 11);
+        assert_eq!(hub.catch_up(&stream, 1, 1 << 20), CatchUp::Live);
+        hub.publish(vec![batch(11, &["/x"])], 11);
+        hub.reset(20);
+        assert_eq!(drain(&stream), vec![(1, vec![11]), (1, vec![0, 12])]);
+        hub.close();
+        add(&stream, 2, "/", WatchKind::Persistent, true, 21);
+        assert_eq!(hub.catch_up(&stream, 2, 1 << 20), CatchUp::Ended, "a closed hub starts nothing");
+    }
+}
