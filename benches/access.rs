@@ -1,5 +1,5 @@
 //! The ACL check every public call pays twice with security on: once on the
-//! router, once on the node serving the path (`router::access::authorize`). Measured with a
+//! router, once on the node serving the path (`warden_access::authorize`). Measured with a
 //! fleet-sized list at its limit of 10,000 grants (a principal per tenant service, 100 × 99,
 //! with read, write and lock at the service's prefix, and a group grant of read per tenant),
 //! and the paths a call touches below the prefixes (a Set, a 3-path transaction); and a
@@ -8,10 +8,10 @@
 use std::hint::black_box;
 
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
+use warden_access::{authorize, Access};
 use warden_placement::acl::{self, Acl};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::{Compare, SetRequest, TxnOp, TxnRequest};
-use warden_router::access::{authorize, Access};
 
 const TENANTS: u32 = 100;
 const SERVICES: u32 = 99;

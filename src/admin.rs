@@ -1,15 +1,17 @@
 //! `warden admin`: cluster administration against the placement API of any node.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use tokio::time::Instant;
 
 use crate::tls_args::CommandChannel;
 use warden_placement::PLACEMENT_GROUP_ID;
+use warden_proto::follow::{CallKind, Follow};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::*;
-use warden_proto::tls::authority::Authority;
 use warden_proto::tls::Identity;
+use warden_server_kit::authority::Authority;
 
-use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{ApplyLimits, QuotaLimits};
 
 use crate::cli::status::{group_json, group_text, node_json, node_text, route_json, route_text, routes};
@@ -580,27 +582,23 @@ where
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
     anyhow::ensure!(!addrs.is_empty(), "no node addresses given");
-    let deadline = Instant::now() + patience;
-    let mut turn = 0;
+    // Retried by the rule of `warden_proto::follow`, as an idempotent call: another node (or
+    // the same one later) may answer differently when this one is not the placement leader,
+    // is unreachable or busy, or did not learn the outcome; anything else (an invalid
+    // request, a refused state change) is final. The nodes are asked in turn (addresses name
+    // no node ids, so a NOT_LEADER's hint cannot be followed).
+    let mut follow = Follow::new(CallKind::Idempotent, Instant::now() + patience);
     loop {
-        let addr = &addrs[turn % addrs.len().max(1)];
+        let addr = &addrs[follow.turn().attempt % addrs.len()];
         match call(client(addr)?).await {
             Ok(response) => return Ok(Ok(response.into_inner())),
-            Err(status) if Instant::now() < deadline && retryable(&status) => tracing::debug!(%addr, %status, "retrying"),
-            Err(status) => return Ok(Err((addr.clone(), status))),
+            Err(status) => {
+                tracing::debug!(%addr, %status, "placement call failed");
+                if let Err(status) = follow.retry_after(status).await {
+                    return Ok(Err((addr.clone(), status)));
+                }
+            }
         }
-        turn += 1;
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
-/// Whether another node (or the same one later) may answer `status` differently: not the
-/// placement leader, unreachable, or busy. Anything else (an invalid request, a refused
-/// state change) is final.
-fn retryable(status: &tonic::Status) -> bool {
-    match warden_proto::error_of(status) {
-        Some(error) => matches!(Code::try_from(error.code), Ok(Code::NotLeader | Code::Unavailable | Code::OutcomeUnknown)),
-        None => true,
     }
 }
 

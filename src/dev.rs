@@ -9,10 +9,11 @@ use std::time::Duration;
 use tonic::transport::Channel;
 use warden_engine::{EngineError, FatalPolicy};
 use warden_placement::PLACEMENT_GROUP_ID;
+use warden_proto::channel::{self, ChannelSettings};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::CreateGroupRequest;
-use warden_proto::tls::authority::Authority;
 use warden_proto::tls::{Expected, Identity, Tls, TlsFiles};
+use warden_server_kit::authority::Authority;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
 
@@ -181,8 +182,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
 
 /// A channel to the node at `addr` (its peer port), with `tls` when it is on.
 async fn node_channel(addr: std::net::SocketAddr, tls: Option<&Arc<Tls>>) -> anyhow::Result<Channel> {
-    let endpoint = Channel::from_shared(format!("http://{addr}"))?;
-    Ok(warden_proto::tls::connect_channel(endpoint, tls, Expected::AnyNode).await?)
+    Ok(channel::connect(&addr.to_string(), tls, &ChannelSettings::new(Expected::AnyNode)).await?)
 }
 
 /// Has the placement leader create a shard group for `prefix`.

@@ -3,13 +3,13 @@
 //! `WARDEN_TOKEN`, `WARDEN_TOKENS`. `--ca` with `--cert` and `--key` turns TLS on; a client
 //! may instead give `--ca` and `--token` (no certificate of its own); none leaves it off.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::Channel;
-use warden_proto::tls::{Tls, TlsFiles, Tokens};
+use warden_proto::channel::{ChannelCache, ChannelSettings};
+use warden_proto::tls::{Expected, Tls, TlsFiles, Tokens};
 
 /// `--ca`, `--cert`, `--key`.
 #[derive(clap::Args, Clone, Debug, Default)]
@@ -88,26 +88,17 @@ pub fn use_for_commands(args: &TlsArgs) -> anyhow::Result<()> {
 }
 
 /// This process's channels by address: a command that makes many calls (a restore's pages,
-/// a watch's retries) keeps one connection per node instead of opening one per call.
-static COMMAND_CHANNELS: std::sync::Mutex<BTreeMap<String, CommandChannel>> = std::sync::Mutex::new(BTreeMap::new());
-
-/// Channels kept at most: far more than a cluster's nodes; past it the map starts again.
-const COMMAND_CHANNELS_MAX: usize = 1024;
+/// a watch's retries) keeps one connection per node instead of opening one per call. Made
+/// on first use, with the command's TLS ([`use_for_commands`] comes first).
+static COMMAND_CHANNELS: std::sync::OnceLock<ChannelCache<CommandChannel>> = std::sync::OnceLock::new();
 
 /// A lazily connected channel to the node (client port) or router at `addr`, with this
 /// command's TLS; the same one (a clone) for every call to `addr` in this process.
 pub fn node_channel(addr: &str) -> anyhow::Result<CommandChannel> {
-    let mut channels = COMMAND_CHANNELS.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if let Some(channel) = channels.get(addr) {
-        return Ok(channel.clone());
-    }
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))?.connect_timeout(std::time::Duration::from_secs(1));
-    let tls = COMMAND_TLS.get().and_then(Option::as_ref);
-    let channel = warden_proto::tls::lazy_channel(endpoint, tls, warden_proto::tls::Expected::NodeOrRouter);
-    let channel = InterceptedService::new(channel, COMMAND_TOKEN.get().cloned().unwrap_or(Bearer(None)));
-    if channels.len() >= COMMAND_CHANNELS_MAX {
-        channels.clear();
-    }
-    channels.insert(addr.to_string(), channel.clone());
-    Ok(channel)
+    let channels = COMMAND_CHANNELS.get_or_init(|| {
+        let settings = ChannelSettings::new(Expected::NodeOrRouter).with_connect_timeout(std::time::Duration::from_secs(1));
+        ChannelCache::new(COMMAND_TLS.get().cloned().flatten(), settings)
+    });
+    let bearer = || COMMAND_TOKEN.get().cloned().unwrap_or(Bearer(None));
+    Ok(channels.get_with(addr, |channel| InterceptedService::new(channel, bearer()))?)
 }

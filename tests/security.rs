@@ -18,12 +18,12 @@ use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{
     ChangeAclRequest, CreateReplicaRequest, GetRoutingTableRequest, HeartbeatRequest, RequestQuotaRequest, SetQuotaRequest, SetQuotaShareRequest,
 };
-use warden_proto::tls::authority::Authority;
 use warden_proto::tls::{lazy_channel, Expected, Identity, Tls};
 use warden_proto::transport::raft_transport_client::RaftTransportClient;
 use warden_proto::transport::RaftBatch;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{CreateRequest, GetRequest};
+use warden_server_kit::authority::Authority;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
 use warden_testkit::wait_until;

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::{Channel, Endpoint};
 use tonic::{Request, Response, Status};
+use warden_proto::channel::{self, ChannelSettings, Keepalive};
 use warden_proto::tls::{connect_channel, lazy_channel, Expected};
 use warden_proto::v1 as pb;
 use warden_proto::v1::warden_client::WardenClient;
@@ -19,16 +20,19 @@ use crate::convert;
 use crate::error::{Error, Result};
 use crate::lock::{LockInfo, Sequencer};
 use crate::node::{Consistency, CreateOptions, Created, DeleteOptions, Node, Stat};
-use crate::retry::{judge, Backoff, CallKind, Failure};
+use crate::retry::{judge, CallKind, Failure};
 use crate::session::{Session, SessionId, SessionInfo, SessionLease};
 use crate::txn::{Txn, TxnResult};
 use crate::watch::{WatchOptions, Watcher};
+use warden_proto::follow::Follow;
 
 /// Interval of HTTP/2 pings on a connection with open calls (a silently dead router is
 /// noticed within the interval plus [`PING_TIMEOUT`]).
 const PING_INTERVAL: Duration = Duration::from_secs(10);
 /// Time a ping may go unanswered before the connection is closed.
 const PING_TIMEOUT: Duration = Duration::from_secs(5);
+/// Who an endpoint must prove to be with TLS: a router, or a node's client port.
+const ROUTER_OR_NODE: Expected = Expected::NodeOrRouter;
 /// A deadline further away than any call waits ("no deadline" without overflow).
 const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 3600);
 
@@ -75,9 +79,10 @@ pub(crate) fn deadline_after(timeout: Duration) -> Instant {
 }
 
 fn endpoint(address: &str, config: &ClientConfig) -> Result<Endpoint> {
-    let uri = if address.contains("://") { address.to_string() } else { format!("http://{address}") };
-    let endpoint = Endpoint::from_shared(uri).map_err(|e| Error::InvalidArgument { message: format!("endpoint {address:?}: {e}") })?;
-    Ok(endpoint.connect_timeout(config.connect_timeout).tcp_nodelay(true).http2_keep_alive_interval(PING_INTERVAL).keep_alive_timeout(PING_TIMEOUT))
+    let settings = ChannelSettings::new(ROUTER_OR_NODE)
+        .with_connect_timeout(config.connect_timeout)
+        .with_keepalive(Keepalive { interval: PING_INTERVAL, timeout: PING_TIMEOUT });
+    channel::endpoint(address, &settings).map_err(|e| Error::InvalidArgument { message: format!("endpoint {address:?}: {e}") })
 }
 
 impl Client {
@@ -90,8 +95,7 @@ impl Client {
         }
         let endpoints = config.endpoints.iter().map(|address| endpoint(address, &config)).collect::<Result<Vec<_>>>()?;
         let tls = config.tls.as_ref();
-        // A router, or a node's client port.
-        let expected = Expected::NodeOrRouter;
+        let expected = ROUTER_OR_NODE;
         let connecting =
             endpoints.iter().map(|endpoint| tokio::time::timeout(config.connect_timeout, connect_channel(endpoint.clone(), tls, expected)));
         let connected = futures::future::join_all(connecting).await;
@@ -150,7 +154,7 @@ impl Client {
         Fut: Future<Output = std::result::Result<T, Failure>>,
     {
         let deadline = deadline_after(timeout);
-        let mut backoff = Backoff::new();
+        let mut follow = Follow::new(kind, deadline);
         loop {
             let (endpoint, client) = self.shared.endpoints.pick();
             let status = match tokio::time::timeout_at(deadline, attempt(client, deadline)).await {
@@ -168,11 +172,9 @@ impl Client {
             if verdict.next_endpoint {
                 self.shared.endpoints.failed(endpoint);
             }
-            let pause = backoff.next_pause();
-            if !verdict.retry || Instant::now() + pause >= deadline {
+            if follow.retry_after(status).await.is_err() {
                 return Err(verdict.error);
             }
-            tokio::time::sleep(pause).await;
         }
     }
 

@@ -235,16 +235,10 @@ impl Error {
         match status.code() {
             GrpcCode::InvalidArgument => Error::InvalidArgument { message },
             GrpcCode::ResourceExhausted | GrpcCode::OutOfRange => Error::TooLarge { limit: 0, message },
-            code if is_transport(code) => Error::Transport { message },
+            code if warden_proto::follow::is_connection_failure(code) => Error::Transport { message },
             _ => Error::Protocol { message },
         }
     }
-}
-
-/// Whether a status without a Warden detail is a failure of the connection (or of the router
-/// reaching a node) rather than an answer.
-pub(crate) fn is_transport(code: GrpcCode) -> bool {
-    matches!(code, GrpcCode::Unavailable | GrpcCode::Unknown | GrpcCode::Cancelled | GrpcCode::Internal | GrpcCode::DeadlineExceeded)
 }
 
 /// A status's message followed by its chain of causes.

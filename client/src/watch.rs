@@ -252,7 +252,7 @@ impl Watcher {
                         if !self.next_revisions.contains_key(&to_group) {
                             self.advance(to_group, canceled.resume_revision);
                         }
-                        if warden_placement::is_at_or_below(&self.options.path, &path) {
+                        if warden_paths::is_at_or_below(&self.options.path, &path) {
                             self.owner = to_group;
                         }
                     }

@@ -1,11 +1,15 @@
-//! Path prefixes: the validator for group prefixes and the segment-wise "at or below" relation
-//! that routing, descriptors and [`crate::serves`] all share.
+//! Path prefixes: the validator for paths and group prefixes. The segment-wise "at or below"
+//! relation that routing, descriptors and [`crate::serves`] all share is `warden-paths`'s.
 //!
 //! A prefix follows the namespace's path rules (DESIGN.md "Data model"): absolute,
 //! `/`-separated, no empty segment, no `.` or `..`, no trailing `/`, no control character,
 //! bounded bytes and depth. The root `/` is always group 1's, so it is never a new prefix.
 
 use serde::{Deserialize, Serialize};
+
+/// The relations between paths (parent, join, "at or below") are `warden-paths`'s, shared
+/// with the router, the shard-nodes and the client library.
+pub use warden_paths::{is_at_or_below, is_strictly_below, join, parent};
 
 /// Longest path, in bytes.
 pub const PATH_BYTES_MAX: usize = 1024;
@@ -98,45 +102,6 @@ pub fn validate_prefix(prefix: &str) -> Result<(), PrefixError> {
     Ok(())
 }
 
-/// Whether `path` is `prefix` or below it, by segments: `/a/b` is below `/a`, `/ab` is not.
-/// Every absolute path is at or below `/`.
-pub fn is_at_or_below(path: &str, prefix: &str) -> bool {
-    if prefix == "/" {
-        return path.starts_with('/');
-    }
-    match path.strip_prefix(prefix) {
-        Some(rest) => rest.is_empty() || rest.starts_with('/'),
-        None => false,
-    }
-}
-
-/// Whether `path` is below `prefix` and not `prefix` itself.
-pub fn is_strictly_below(path: &str, prefix: &str) -> bool {
-    path != prefix && is_at_or_below(path, prefix)
-}
-
-/// `parent` joined with its child `name`: `/a` + `b` → `/a/b`, `/` + `b` → `/b`.
-pub fn join(parent: &str, name: &str) -> String {
-    if parent == "/" {
-        format!("/{name}")
-    } else {
-        format!("{parent}/{name}")
-    }
-}
-
-/// The path one segment up: `/a/b` → `/a`, `/a` → `/`, `/` → none. Cuts at the last `/`,
-/// so walking parents from any string visits exactly the prefixes it is at or below.
-pub fn parent(path: &str) -> Option<&str> {
-    if path == "/" {
-        return None;
-    }
-    match path.rfind('/') {
-        Some(0) => Some("/"),
-        Some(index) => Some(&path[..index]),
-        None => None,
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -167,32 +132,5 @@ mod tests {
         assert_eq!(validate_prefix(&longest), Ok(()));
         let long = format!("/{}", "x".repeat(PATH_BYTES_MAX));
         assert_eq!(validate_prefix(&long), Err(PrefixError::Path(PathError::TooLong(PATH_BYTES_MAX + 1))));
-    }
-
-    #[test]
-    fn below_is_by_segments() {
-        assert!(is_at_or_below("/a", "/a"));
-        assert!(is_at_or_below("/a/b", "/a"));
-        assert!(is_at_or_below("/a/b/c", "/a/b"));
-        assert!(!is_at_or_below("/ab", "/a"));
-        assert!(!is_at_or_below("/a", "/a/b"));
-        assert!(!is_at_or_below("/b", "/a"));
-        assert!(is_at_or_below("/", "/"));
-        assert!(is_at_or_below("/anything/at/all", "/"));
-        assert!(!is_at_or_below("relative", "/"));
-        assert!(!is_strictly_below("/a", "/a"));
-        assert!(is_strictly_below("/a/b", "/a"));
-        assert!(is_strictly_below("/a", "/"));
-        assert!(!is_strictly_below("/", "/"));
-    }
-
-    #[test]
-    fn parents() {
-        assert_eq!(parent("/"), None);
-        assert_eq!(parent("/a"), Some("/"));
-        assert_eq!(parent("/a/b"), Some("/a"));
-        assert_eq!(parent("/a//b"), Some("/a/"));
-        assert_eq!(parent("a"), None);
-        assert_eq!(parent(""), None);
     }
 }

@@ -1,8 +1,6 @@
 //! Read-only queries of the placement state: routing, descriptors, the groups a
 //! scatter-gather operation spans, and which nodes the leader should mark down.
 
-use std::ops::Bound;
-
 use crate::group::{GroupDescriptor, GroupInfo};
 use crate::node::NodeInfo;
 use crate::paths::parent;
@@ -13,14 +11,7 @@ impl Placement {
     /// is an ancestor of it, by segments (`/ab` is not below `/a`). Once bootstrapped, every
     /// absolute path has one (`/` is always routed).
     pub fn route(&self, path: &str) -> Option<&GroupInfo> {
-        let mut candidate = Some(path);
-        while let Some(prefix) = candidate {
-            if let Some(id) = self.routes.get(prefix) {
-                return self.groups.get(id);
-            }
-            candidate = parent(prefix);
-        }
-        None
+        warden_paths::longest_prefix(&self.routes, path).and_then(|(_, id)| self.groups.get(id))
     }
 
     /// What group `group_id` serves: its prefix minus the prefixes of the ready groups
@@ -73,25 +64,13 @@ impl Placement {
 
     /// Routes whose prefix is strictly below `path`, in prefix order.
     fn routes_below<'a>(&'a self, path: &str) -> impl Iterator<Item = (&'a String, &'a u64)> + 'a {
-        let start = if path == "/" { "/".to_string() } else { format!("{path}/") };
-        let own = path.to_string();
-        self.routes
-            .range::<str, _>((Bound::Included(start.as_str()), Bound::Unbounded))
-            .take_while(move |(prefix, _)| prefix.starts_with(&start))
-            .filter(move |(prefix, _)| **prefix != own)
+        warden_paths::below(&self.routes, path)
     }
 
     /// The longest proper ancestor of `prefix` that is routed or is `also` (a group being
     /// created, treated as if ready).
     fn nearest_owner_above<'a>(&'a self, prefix: &'a str, also: &'a str) -> Option<&'a str> {
-        let mut candidate = parent(prefix);
-        while let Some(ancestor) = candidate {
-            if ancestor == also || self.routes.contains_key(ancestor) {
-                return Some(ancestor);
-            }
-            candidate = parent(ancestor);
-        }
-        None
+        warden_paths::ancestors_and_self(prefix).skip(1).find(|ancestor| *ancestor == also || self.routes.contains_key(*ancestor))
     }
 }
 

@@ -1,8 +1,12 @@
-//! Every `.proto` of Warden and the tonic/prost code generated from it, and the TLS both
-//! ends of every link use ([`tls`]).
+//! Every `.proto` of Warden and the tonic/prost code generated from it, and what both ends of
+//! every link share: TLS ([`tls`]), channels to an address ([`channel`]), and the rule of
+//! calling a group's leader and retrying ([`follow`]).
 //!
 //! Architecture invariant: only this crate runs code generation. Other crates use these
 //! types at their edges and convert to their own domain types.
+//! Architecture invariant: the client library builds on this crate, so it carries nothing
+//! only servers need (no HTTP server, metrics exporter or certificate generator: those are
+//! `warden-server-kit`'s; a test in the root package checks the client's dependency tree).
 
 /// Node-to-node raft transport (batches of opaque raft-proto messages).
 pub mod transport {
@@ -34,7 +38,8 @@ pub mod batch {
     tonic::include_proto!("warden.batch");
 }
 
-pub mod metrics;
+pub mod channel;
+pub mod follow;
 pub mod tls;
 
 /// Sessions one keepalive request renews at most (a router splits a request by home group,

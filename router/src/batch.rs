@@ -40,7 +40,8 @@ use warden_proto::v1::warden_error::Code;
 use warden_proto::{BATCH_BYTES_MAX, BATCH_ITEMS_IN_FLIGHT_MAX, BATCH_ITEMS_MAX, RESPONSE_BYTES_MAX};
 
 use crate::service::REQUEST_BYTES_MAX;
-use crate::upstream::{bounded, warden_client};
+use crate::upstream::warden_client;
+use warden_proto::follow::bounded;
 
 /// Calls queued on one stream before callers wait.
 const QUEUED_MAX: usize = 4096;

@@ -8,7 +8,7 @@
 
 use tokio::time::Instant;
 use tonic::Status;
-use warden_placement::{is_at_or_below, join};
+use warden_paths::{is_at_or_below, join};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{DeleteRequest, DeleteResponse, GetChildrenRequest, ResponseHeader, Routing};
 

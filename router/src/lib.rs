@@ -15,7 +15,6 @@
 //! **Architecture invariant:** a router holds nothing that cannot be rebuilt from placement
 //! and the shard-nodes; killing one loses nothing (clients reconnect to any router).
 
-pub mod access;
 pub mod batch;
 pub mod fan_out;
 pub mod limits;
@@ -84,9 +83,9 @@ pub async fn serve(listener: tokio::net::TcpListener, mut config: RouterConfig) 
     let metrics = config.metrics_listen.take().map(|listener| {
         let upstreams = upstreams.clone();
         tokio::spawn(async move {
-            let render: warden_proto::metrics::Render = Arc::new(move || upstreams.metrics.render(upstreams.table().version));
+            let render: warden_server_kit::metrics::Render = Arc::new(move || upstreams.metrics.render(upstreams.table().version));
             let listener = listener.try_clone().and_then(|l| l.set_nonblocking(true).map(|()| l)).and_then(tokio::net::TcpListener::from_std);
-            if let Err(error) = async { warden_proto::metrics::serve(listener?, render).await }.await {
+            if let Err(error) = async { warden_server_kit::metrics::serve(listener?, render).await }.await {
                 tracing::error!(%error, "the metrics endpoint stopped");
             }
         })

@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use prometheus::{HistogramVec, IntCounter, IntCounterVec, IntGauge, Opts, Registry};
 use tonic::Status;
-use warden_proto::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
+use warden_server_kit::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
 
 /// One router's metrics.
 pub struct RouterMetrics {
@@ -58,6 +58,6 @@ impl RouterMetrics {
     /// The metrics in the Prometheus text format, with the table at `table_version`.
     pub fn render(&self, table_version: u64) -> String {
         self.table_version.set(i64::try_from(table_version).unwrap_or(i64::MAX));
-        warden_proto::metrics::render(&self.registry)
+        warden_server_kit::metrics::render(&self.registry)
     }
 }

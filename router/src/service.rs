@@ -21,9 +21,9 @@ use warden_proto::v1::*;
 
 use warden_placement::home_group;
 
-use crate::access::{authorize_call, Access};
 use crate::batch::Batchable;
 use crate::upstream::{Target, Upstreams};
+use warden_access::{authorize_call, Access};
 use warden_proto::batch::Method;
 
 /// Largest request the router accepts (as a shard-node does: 1.5 MiB).
@@ -285,7 +285,7 @@ impl Warden for RouterService {
         let extra: Vec<(String, u64, String)> = table
             .child_groups(&request.path)
             .into_iter()
-            .map(|group| (group.descriptor.prefix.rsplit('/').next().unwrap_or_default().to_string(), group.id(), group.descriptor.prefix.clone()))
+            .map(|group| (warden_paths::name(&group.descriptor.prefix).to_string(), group.id(), group.descriptor.prefix.clone()))
             .filter(|(name, _, _)| {
                 name.as_str() > request.start_after.as_str()
                     && page_end.as_ref().is_none_or(|end| name <= end)

@@ -1,9 +1,9 @@
 //! The router's copy of the routing table: ready groups by prefix, and node addresses.
 //! Rebuilt whole from `GetRoutingTable`; never edited in place.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::HashMap;
 
-use warden_placement::is_at_or_below;
+use warden_paths::RouteTable;
 use warden_proto::placement::RoutingTable;
 use warden_proto::v1::GroupDescriptor;
 
@@ -27,7 +27,7 @@ pub struct Table {
     /// Placement's routing version.
     pub version: u64,
     /// Ready groups by prefix.
-    routes: BTreeMap<String, GroupRoute>,
+    routes: RouteTable<GroupRoute>,
     /// Every group (ready or not) by id: lookups by id (sessions, sequencers).
     groups: HashMap<u64, GroupRoute>,
     /// Node addresses (`host:port`).
@@ -37,7 +37,7 @@ pub struct Table {
 impl Table {
     /// The table of a `GetRoutingTable` answer.
     pub fn from_proto(table: RoutingTable) -> Table {
-        let mut routes = BTreeMap::new();
+        let mut routes = RouteTable::new();
         let mut groups = HashMap::new();
         for entry in table.groups {
             let Some(descriptor) = entry.descriptor else { continue };
@@ -53,7 +53,7 @@ impl Table {
 
     /// The ready group with the longest prefix at or above `path`.
     pub fn route(&self, path: &str) -> Option<&GroupRoute> {
-        self.routes.iter().filter(|(prefix, _)| is_at_or_below(path, prefix)).max_by_key(|(prefix, _)| prefix.len()).map(|(_, route)| route)
+        self.routes.route(path)
     }
 
     /// A group by id.
@@ -74,19 +74,13 @@ impl Table {
     /// Ready groups whose prefix is strictly below `path` (a recursive watch or delete of
     /// `path` spans them), in prefix order.
     pub fn groups_below(&self, path: &str) -> Vec<&GroupRoute> {
-        self.routes.iter().filter(|(prefix, _)| warden_placement::is_strictly_below(prefix, path)).map(|(_, route)| route).collect()
+        self.routes.below(path).map(|(_, route)| route).collect()
     }
 
     /// Ready groups whose prefix is a direct child of `parent` (their prefix nodes are
     /// children of `parent` that the parent's own group does not list).
     pub fn child_groups(&self, parent: &str) -> Vec<&GroupRoute> {
-        self.routes
-            .iter()
-            .filter(|(prefix, _)| {
-                prefix.rsplit_once('/').map(|(head, _)| if head.is_empty() { "/" } else { head }) == Some(parent) && prefix.as_str() != "/"
-            })
-            .map(|(_, route)| route)
-            .collect()
+        self.routes.children(parent).map(|(_, route)| route).collect()
     }
 
     /// Where node `id` listens.

@@ -4,17 +4,18 @@
 //!
 //! [`call`]: Upstreams::call
 
-use crate::access::{acl_from_proto, AclCache};
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, RwLock};
+use std::sync::{Arc, RwLock};
 use std::time::Duration;
+use warden_access::{acl_from_proto, AclCache};
 
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::{Response, Status};
+use warden_proto::channel::{ChannelCache, ChannelSettings};
+use warden_proto::follow::{CallKind, Fault, Follow};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{GetRoutingTableRequest, WatchRoutingTableRequest};
-use warden_proto::tls::{Expected, Tls};
+use warden_proto::tls::Tls;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::Routing;
@@ -24,10 +25,6 @@ use warden_placement::home_group;
 use crate::batch::{Batcher, Upstream};
 use crate::table::{GroupRoute, Table};
 
-/// First pause before retrying; doubles up to [`BACKOFF_MAX`].
-const BACKOFF_MIN: Duration = Duration::from_millis(10);
-/// Longest pause between retries.
-const BACKOFF_MAX: Duration = Duration::from_millis(500);
 /// How long a leader stays cached without being confirmed.
 const LEADER_TTL: Duration = Duration::from_secs(30);
 /// Groups whose leaders are cached at most.
@@ -81,27 +78,18 @@ pub enum Target<'a> {
     Session(u64),
 }
 
-/// `message` as an upstream request that carries the time left until `deadline` as its
-/// `grpc-timeout`, so the node answers (typed) within the caller's deadline.
-pub fn bounded<T>(message: T, deadline: Instant) -> tonic::Request<T> {
-    let mut request = tonic::Request::new(message);
-    request.set_timeout(deadline.saturating_duration_since(Instant::now()));
-    request
-}
-
 /// The cluster as one router sees it.
 pub struct Upstreams {
     seeds: Vec<String>,
     table: RwLock<Arc<Table>>,
     /// One refresh at a time; the others wait for it and use its result.
     refreshing: tokio::sync::Mutex<()>,
-    channels: Mutex<HashMap<String, Upstream>>,
+    /// Each node's channel and batch streams, by address, over this process's TLS (a
+    /// router's or a node's; `None`: plaintext).
+    channels: ChannelCache<Upstream>,
     /// Batch streams per node for forwarded unary calls (0: every call unary).
     batch_streams: usize,
     leaders: moka::sync::Cache<u64, u64>,
-    /// This process's TLS (a router's or a node's) for its connections to nodes (`None`:
-    /// plaintext).
-    tls: Option<Arc<Tls>>,
     /// The ACL, as the routing table last brought it.
     acl: AclCache,
     /// The router's metrics.
@@ -109,7 +97,7 @@ pub struct Upstreams {
 }
 
 pub use warden_proto::error_of;
-use warden_proto::{never_sent, RESPONSE_BYTES_MAX};
+use warden_proto::RESPONSE_BYTES_MAX;
 
 impl Upstreams {
     /// A view that learns the cluster from `seeds` (node addresses, `host:port`); calls go
@@ -122,12 +110,11 @@ impl Upstreams {
     /// calls of [`Upstream::forward`] (0: none, every call unary).
     pub fn batched(seeds: Vec<String>, batch_streams: usize, tls: Option<Arc<Tls>>) -> Upstreams {
         Upstreams {
-            tls,
             acl: AclCache::default(),
             seeds,
             table: RwLock::new(Arc::new(Table::default())),
             refreshing: tokio::sync::Mutex::new(()),
-            channels: Mutex::new(HashMap::new()),
+            channels: ChannelCache::new(tls, ChannelSettings::to_nodes()),
             batch_streams,
             leaders: moka::sync::Cache::builder().max_capacity(LEADERS_CACHED_MAX).time_to_live(LEADER_TTL).build(),
             metrics: crate::metrics::RouterMetrics::new(),
@@ -151,23 +138,12 @@ impl Upstreams {
 
     /// The node at `addr`: its (lazily connected) channel and batch streams.
     pub fn upstream(&self, addr: &str) -> Result<Upstream, Status> {
-        let mut channels = self.channels.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(upstream) = channels.get(addr) {
-            return Ok(upstream.clone());
-        }
-        let endpoint = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| Status::invalid_argument(format!("address {addr}: {e}")))?
-            .connect_timeout(Duration::from_secs(1))
-            .tcp_nodelay(true)
-            // A node that vanished without closing the connection (a partition) ends the
-            // streams on it within seconds, not never.
-            .http2_keep_alive_interval(Duration::from_secs(5))
-            .keep_alive_timeout(Duration::from_secs(5));
-        let channel = warden_proto::tls::lazy_channel(endpoint, self.tls.as_ref(), Expected::AnyNode);
-        let batcher = (self.batch_streams > 0).then(|| Arc::new(Batcher::new(addr, &channel, self.batch_streams)));
-        let upstream = Upstream { channel, batcher };
-        channels.insert(addr.to_string(), upstream.clone());
-        Ok(upstream)
+        self.channels
+            .get_with(addr, |channel| {
+                let batcher = (self.batch_streams > 0).then(|| Arc::new(Batcher::new(addr, &channel, self.batch_streams)));
+                Upstream { channel, batcher }
+            })
+            .map_err(|e| Status::invalid_argument(format!("address {addr}: {e}")))
     }
 
     /// Fetches the routing table from the first node that answers (seeds first, then the
@@ -271,20 +247,21 @@ impl Upstreams {
 
     /// Sends a request (made by `call` to the chosen node) to the group `target`
     /// names, with that group's id and epoch in its routing, until it is answered or
-    /// `deadline` passes. Retried within the deadline: NOT_LEADER (at the hinted leader),
-    /// WRONG_GROUP (after refreshing the table, the target judged again on the new table),
-    /// UNAVAILABLE, and connections that never reached a node; OUTCOME_UNKNOWN and lost
-    /// connections only when `idempotent`. Anything else is the answer. Each attempt ends at
-    /// `deadline` (the request should carry it: [`bounded`]); one still unanswered then is
-    /// OUTCOME_UNKNOWN for a write, UNAVAILABLE for an idempotent call.
+    /// `deadline` passes. Retried by the rule of `warden_proto::follow` (NOT_LEADER at the
+    /// hinted leader, UNAVAILABLE, connections that never reached a node; OUTCOME_UNKNOWN and
+    /// lost connections only when `idempotent`), and WRONG_GROUP after refreshing the table
+    /// (the target judged again on the new table). Anything else is the answer. Each attempt
+    /// ends at `deadline` (the request should carry it: [`warden_proto::follow::bounded`]);
+    /// one still unanswered then is OUTCOME_UNKNOWN for a write, UNAVAILABLE for an
+    /// idempotent call.
     pub async fn call<T, F, Fut>(&self, target: Target<'_>, idempotent: bool, deadline: Instant, mut call: F) -> Result<T, Status>
     where
         F: FnMut(Upstream, Routing) -> Fut,
         Fut: std::future::Future<Output = Result<Response<T>, Status>>,
     {
-        let mut attempt = 0usize;
-        let mut backoff = BACKOFF_MIN;
+        let mut follow = Follow::new(CallKind::of(idempotent), deadline);
         loop {
+            let attempt = follow.turn().attempt;
             let mut table = self.table();
             let mut group = self.resolve(&table, target)?;
             if group.is_none() {
@@ -300,7 +277,6 @@ impl Upstreams {
             if attempt > 0 {
                 self.metrics.retries.inc();
             }
-            attempt += 1;
             let addr = table.addr(node).unwrap_or_default().to_string();
             let client = self.upstream(&addr)?;
             let routing = Routing { group_id: group.id(), conf_ver: group.descriptor.conf_ver, version: group.descriptor.version };
@@ -316,39 +292,22 @@ impl Upstreams {
                     return Err(warden_proto::status(warden_proto::warden_error(code, "", message)));
                 }
             };
-            let retry = match error_of(&status).map(|e| (Code::try_from(e.code).unwrap_or(Code::Unknown), e.leader_id)) {
-                Some((Code::NotLeader, leader)) => {
-                    if leader != 0 && leader != node {
-                        self.leaders.insert(group.id(), leader);
-                        true
-                    } else {
-                        self.leaders.invalidate(&group.id());
-                        true
-                    }
+            match Fault::of(&status) {
+                Fault::NotLeader { leader: Some(leader) } if leader != node => self.leaders.insert(group.id(), leader),
+                Fault::NotLeader { .. } | Fault::Unavailable | Fault::Lost { .. } | Fault::Answer { code: None } => {
+                    self.leaders.invalidate(&group.id())
                 }
-                Some((Code::WrongGroup, _)) => {
+                Fault::Answer { code: Some(Code::WrongGroup) } => {
                     // A failed refresh is retried like the call, within the deadline.
                     if let Err(refresh) = self.refresh_by(deadline).await {
                         tracing::debug!(%refresh, "routing table refresh after WRONG_GROUP");
                     }
-                    true
+                    follow.retry_anyway(status).await?;
+                    continue;
                 }
-                Some((Code::Unavailable, _)) => {
-                    self.leaders.invalidate(&group.id());
-                    true
-                }
-                Some((Code::OutcomeUnknown, _)) => idempotent,
-                Some(_) => false,
-                None => {
-                    self.leaders.invalidate(&group.id());
-                    idempotent || never_sent(&status)
-                }
-            };
-            if !retry || Instant::now() + backoff >= deadline {
-                return Err(status);
+                Fault::OutcomeUnknown | Fault::Answer { .. } => {}
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(BACKOFF_MAX);
+            follow.retry_after(status).await?;
         }
     }
 }

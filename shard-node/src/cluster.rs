@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 
 use warden_engine::config::{FatalPolicy, NodeConfig};
 use warden_engine::error::EngineError;
-use warden_proto::tls::authority::Authority;
 use warden_proto::tls::{Identity, Tls};
+use warden_server_kit::authority::Authority;
 
 use crate::node::{Drainer, Listeners, Node};
 use crate::node_services::{ApiServices, ServingFactory};

@@ -1,46 +1,91 @@
-//! How a shard-node reaches other shard groups: the router's [`Upstreams`] (the routing
-//! table from placement, a leader cache, and the router's retry rules), built on first use
-//! from the addresses this node knows, plus the test fault hook that cuts calls between two
-//! groups ([`NetFaults::cut_group_link`]). Used today by sessions across groups: a group
-//! holding a remote session's ephemerals asks the session's home group about it.
+//! How a shard-node reaches other shard groups: the routing table (read from any node that
+//! answers, again when it names no such group or a call finds it stale), a channel per node
+//! ([`ChannelCache`]), and the leader-following retry rule of `warden_proto::follow`, plus the
+//! test fault hook that cuts calls between two groups ([`NetFaults::cut_group_link`]). Used
+//! today by sessions across groups: a group holding a remote session's ephemerals asks the
+//! session's home group about it, and by quota shares, asked of the placement leader.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::Status;
 use warden_placement::home_group;
+use warden_proto::channel::{ChannelCache, ChannelSettings};
+use warden_proto::follow::{bounded, CallKind, Fault, Follow};
 use warden_proto::namespace::session_check_client::SessionCheckClient;
 use warden_proto::namespace::CheckSessionsRequest;
 use warden_proto::placement::placement_client::PlacementClient;
-use warden_proto::placement::RequestQuotaRequest;
+use warden_proto::placement::{GetRoutingTableRequest, RequestQuotaRequest, RoutingTable};
 use warden_proto::tls::Tls;
 use warden_proto::v1::warden_error::Code;
-use warden_router::upstream::{bounded, Target, Upstreams};
+use warden_proto::v1::{GroupDescriptor, Routing};
 
 use warden_engine::transport::{NetFaults, PeerDirectory};
+
+/// Longest one node may take to send the routing table before the next is asked.
+const TABLE_FETCH_MAX: Duration = Duration::from_secs(2);
 
 /// Calls from one node's groups to other groups.
 pub struct GroupLinks {
     directory: Arc<PeerDirectory>,
     faults: Arc<NetFaults>,
-    tls: Option<Arc<Tls>>,
-    upstreams: OnceLock<Arc<Upstreams>>,
+    channels: ChannelCache,
+    /// The routing table as last read (`None`: not yet).
+    table: Mutex<Option<Arc<RoutingTable>>>,
 }
 
 impl GroupLinks {
     /// Links that find the cluster through the nodes in `directory` (with `tls`, as the node
     /// it names).
     pub fn new(directory: Arc<PeerDirectory>, faults: Arc<NetFaults>, tls: Option<Arc<Tls>>) -> GroupLinks {
-        GroupLinks { directory, faults, tls, upstreams: OnceLock::new() }
+        GroupLinks { directory, faults, channels: ChannelCache::new(tls, ChannelSettings::to_nodes()), table: Mutex::new(None) }
     }
 
-    /// The cluster view, seeded with every node known when it is first needed (the routing
-    /// table it then fetches names the rest).
-    fn upstreams(&self) -> &Arc<Upstreams> {
-        self.upstreams.get_or_init(|| {
-            let seeds = self.directory.ids().into_iter().filter_map(|id| self.directory.get(id)).map(|addr| addr.to_string()).collect();
-            Arc::new(Upstreams::new(seeds, self.tls.clone()))
-        })
+    /// A (lazily connected) channel to the node at `addr`.
+    fn channel(&self, addr: &str) -> Result<tonic::transport::Channel, Status> {
+        self.channels.get(addr).map_err(|e| Status::invalid_argument(format!("address {addr}: {e}")))
+    }
+
+    /// Reads the routing table again from the first node that sends it (the nodes this node
+    /// knows, then those the last table named), by `deadline`; a node that does not answer
+    /// within [`TABLE_FETCH_MAX`] (paused, partitioned) is passed over.
+    async fn refresh(&self, deadline: Instant) -> Result<Arc<RoutingTable>, Status> {
+        let held = self.table.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        let known = self.directory.ids().into_iter().filter_map(|id| self.directory.get(id)).map(|addr| addr.to_string());
+        let named = held.iter().flat_map(|table| table.nodes.iter().map(|node| node.addr.clone()));
+        let mut last = Status::unavailable("no node to read the routing table from");
+        for addr in known.chain(named).collect::<Vec<_>>() {
+            let mut placement = PlacementClient::new(self.channel(&addr)?);
+            let call = placement.get_routing_table(bounded(GetRoutingTableRequest {}, deadline));
+            match tokio::time::timeout_at(deadline.min(Instant::now() + TABLE_FETCH_MAX), call).await {
+                Ok(Ok(response)) => {
+                    let table = Arc::new(response.into_inner());
+                    *self.table.lock().unwrap_or_else(PoisonError::into_inner) = Some(table.clone());
+                    return Ok(table);
+                }
+                Ok(Err(status)) => last = status,
+                Err(_) if Instant::now() >= deadline => {
+                    return Err(Status::unavailable("the routing table could not be read before the deadline"));
+                }
+                Err(_) => last = Status::unavailable(format!("{addr} did not send the routing table in {TABLE_FETCH_MAX:?}")),
+            }
+        }
+        Err(last)
+    }
+
+    /// Group `id` in the table held, or in a fresh one when the held one has none; `None`:
+    /// no such group (its sessions do not exist).
+    async fn group(&self, id: u64, deadline: Instant) -> Result<Option<(GroupDescriptor, Arc<RoutingTable>)>, Status> {
+        let in_table = |table: Arc<RoutingTable>| {
+            let group = table.groups.iter().filter_map(|entry| entry.descriptor.as_ref()).find(|group| group.group_id == id).cloned();
+            group.map(|group| (group, table))
+        };
+        let held = self.table.lock().unwrap_or_else(PoisonError::into_inner).clone();
+        if let Some(found) = held.and_then(in_table) {
+            return Ok(Some(found));
+        }
+        Ok(in_table(self.refresh(deadline).await?))
     }
 
     /// Asks `home` (linearizably) which of `session_ids`, all homed there, are alive, with
@@ -51,24 +96,46 @@ impl GroupLinks {
         if self.faults.group_link_cut(from, home) {
             return Err(Status::unavailable(format!("group {from} is cut off from group {home}")));
         }
-        let request = CheckSessionsRequest { session_ids: session_ids.to_vec(), routing: None };
         let Some(first) = session_ids.first() else { return Ok(Vec::new()) };
         debug_assert!(session_ids.iter().all(|id| home_group(*id) == home), "sessions of one home group");
-        let response = self
-            .upstreams()
-            .call(Target::Session(*first), true, deadline, |upstream, routing| {
-                let request = CheckSessionsRequest { routing: Some(routing), ..request.clone() };
-                async move { SessionCheckClient::new(upstream.channel).check_sessions(bounded(request, deadline)).await }
-            })
-            .await;
-        match response {
-            Ok(response) => {
-                let mut owners = response.owners.into_iter();
-                Ok(response.alive.into_iter().map(|id| (id, owners.next().unwrap_or_default())).collect())
-            }
+        let mut follow = Follow::new(CallKind::Idempotent, deadline);
+        loop {
             // The routing table (fresh) has no such group: it has no sessions.
-            Err(status) if warden_proto::error_of(&status).is_some_and(|e| e.code == Code::SessionExpired as i32) => Ok(Vec::new()),
-            Err(status) => Err(status),
+            let Some((group, table)) = self.group(home_group(*first), deadline).await? else { return Ok(Vec::new()) };
+            let replicas = &group.replicas;
+            let turn = follow.turn();
+            let Some(fallback) = replicas.get(turn.attempt % replicas.len().max(1)) else {
+                return Err(Status::unavailable(format!("group {} has no replicas", group.group_id)));
+            };
+            let node = turn.hint.filter(|id| replicas.contains(id)).unwrap_or(*fallback);
+            let addr = table.nodes.iter().find(|entry| entry.id == node).map(|entry| entry.addr.clone()).unwrap_or_default();
+            let routing = Routing { group_id: group.group_id, conf_ver: group.conf_ver, version: group.version };
+            let request = CheckSessionsRequest { session_ids: session_ids.to_vec(), routing: Some(routing) };
+            let mut group_client = SessionCheckClient::new(self.channel(&addr)?);
+            let call = group_client.check_sessions(bounded(request, deadline));
+            let status = match tokio::time::timeout_at(deadline, call).await {
+                Ok(Ok(response)) => {
+                    let response = response.into_inner();
+                    let mut owners = response.owners.into_iter();
+                    return Ok(response.alive.into_iter().map(|id| (id, owners.next().unwrap_or_default())).collect());
+                }
+                Ok(Err(status)) => status,
+                Err(_) => {
+                    let message = format!("no answer from group {} before the deadline", group.group_id);
+                    return Err(warden_proto::status(warden_proto::warden_error(Code::Unavailable, "", message)));
+                }
+            };
+            let retried = match Fault::of(&status) {
+                // The session's group is gone: so are its sessions.
+                Fault::Answer { code: Some(Code::SessionExpired) } => return Ok(Vec::new()),
+                Fault::Answer { code: Some(Code::WrongGroup) } => {
+                    // The table is stale: read it again, and judge the group on the new one.
+                    self.refresh(deadline).await?;
+                    follow.retry_anyway(status).await
+                }
+                _ => follow.retry_after(status).await,
+            };
+            retried?;
         }
     }
 
@@ -86,7 +153,7 @@ impl GroupLinks {
                 break;
             }
             let Some(addr) = self.directory.get(id) else { continue };
-            let channel = self.upstreams().channel(&addr.to_string())?;
+            let channel = self.channel(&addr.to_string())?;
             match PlacementClient::new(channel).request_quota(bounded(request.clone(), deadline)).await {
                 Ok(response) => return Ok(response.into_inner().granted),
                 Err(status) => {

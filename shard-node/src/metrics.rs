@@ -13,7 +13,7 @@ use prometheus::{IntCounter, IntGauge, IntGaugeVec, Opts, Registry};
 use warden_engine::metrics::ScrapeSource;
 use warden_namespace::counts::NamespaceCounts;
 use warden_namespace::watch::WatchHubs;
-use warden_proto::metrics::registered;
+use warden_server_kit::metrics::registered;
 
 /// Brings a counter kept elsewhere (an atomic that only grows) up to `total`.
 fn sync_counter(counter: &IntCounter, total: u64) {

@@ -175,7 +175,7 @@ impl Node {
                 let metrics = handle.metrics().clone();
                 runtime.spawn(async move {
                     let served = match tokio::net::TcpListener::from_std(listener) {
-                        Ok(listener) => warden_proto::metrics::serve(listener, Arc::new(move || metrics.render())).await,
+                        Ok(listener) => warden_server_kit::metrics::serve(listener, Arc::new(move || metrics.render())).await,
                         Err(error) => Err(error),
                     };
                     if let Err(error) = served {

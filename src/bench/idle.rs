@@ -161,7 +161,7 @@ async fn setup(cluster: &Arc<Cluster>, groups: u64) -> anyhow::Result<()> {
     let mut channels = std::collections::HashMap::new();
     for id in cluster.node_ids() {
         let addr = cluster.addr(id).ok_or_else(|| anyhow::anyhow!("no address for node {id}"))?;
-        channels.insert(id, tonic::transport::Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+        channels.insert(id, warden_proto::channel::connect(&addr.to_string(), None, &super::TO_NODE).await?);
     }
     let channels = Arc::new(channels);
     let written: Vec<anyhow::Result<()>> = futures::stream::iter(1..=groups)

@@ -86,6 +86,10 @@ pub const SERVER_THREADS: [&str; 5] = ["node-", "store-writer-", "snapshot-", "r
 /// Thread name of the benchmarks' in-process router's runtime.
 const ROUTER_THREAD: &str = "bench-router";
 
+/// Channels of the benchmarks' setup and of their calls straight to nodes: tonic's defaults,
+/// to any node when TLS is on.
+const TO_NODE: warden_proto::channel::ChannelSettings = warden_proto::channel::ChannelSettings::new(warden_proto::tls::Expected::AnyNode);
+
 /// Which threads of this process count as server CPU.
 pub fn server_threads() -> warden_loadgen::cpu::Threads {
     warden_loadgen::cpu::Threads::Named(SERVER_THREADS.iter().map(|prefix| prefix.to_string()).collect())
@@ -191,7 +195,7 @@ impl ApiCluster {
         let mut channels = std::collections::HashMap::new();
         for id in cluster.node_ids() {
             let addr = cluster.addr(id).ok_or_else(|| anyhow::anyhow!("no address for node {id}"))?;
-            channels.insert(id, tonic::transport::Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+            channels.insert(id, warden_proto::channel::connect(&addr.to_string(), None, &TO_NODE).await?);
         }
         let mut leaders = std::collections::HashMap::new();
         for group in 1..=groups {
@@ -238,9 +242,8 @@ impl RoutedCluster {
     /// A channel to `addr`, a router (`expected` Router: as a client) or a node's peer port
     /// (as a node), with TLS when the cluster has it.
     pub async fn channel(&self, addr: std::net::SocketAddr, expected: warden_proto::tls::Expected) -> anyhow::Result<tonic::transport::Channel> {
-        let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))?.tcp_nodelay(true);
         let tls = self.tls.as_ref().map(|tls| if expected == warden_proto::tls::Expected::Router { &tls.client } else { &tls.node });
-        Ok(warden_proto::tls::connect_channel(endpoint, tls, expected).await?)
+        Ok(warden_proto::channel::connect(&addr.to_string(), tls, &warden_proto::channel::ChannelSettings::new(expected)).await?)
     }
 }
 
@@ -264,8 +267,8 @@ impl RoutedCluster {
     /// `dir/tls`).
     pub async fn start(dir: std::path::PathBuf, prefixes: &[String], tls: bool) -> anyhow::Result<RoutedCluster> {
         use warden_proto::placement::{placement_client::PlacementClient, CreateGroupRequest};
-        use warden_proto::tls::authority::Authority;
         use warden_proto::tls::{Identity, Tls};
+        use warden_server_kit::authority::Authority;
         use warden_shard_node::cluster::{Cluster, ClusterConfig};
         let tls_dir = tls.then(|| dir.join("tls"));
         let config = ClusterConfig { nodes: NODES, tick_ms: 100, serve_api: true, tls_dir: tls_dir.clone(), ..ClusterConfig::default() };
@@ -284,9 +287,7 @@ impl RoutedCluster {
         for prefix in prefixes {
             let leader = cluster.wait_leader(warden_placement::PLACEMENT_GROUP_ID, std::time::Duration::from_secs(30)).await?;
             let addr = cluster.addr(leader).ok_or_else(|| anyhow::anyhow!("no address for node {leader}"))?;
-            let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}"))?;
-            let channel =
-                warden_proto::tls::connect_channel(endpoint, tls.as_ref().map(|tls| &tls.node), warden_proto::tls::Expected::AnyNode).await?;
+            let channel = warden_proto::channel::connect(&addr.to_string(), tls.as_ref().map(|tls| &tls.node), &TO_NODE).await?;
             PlacementClient::new(channel).create_group(CreateGroupRequest { prefix: prefix.clone() }).await?;
         }
         let router_tls = tls.as_ref().map(|tls| tls.router.clone());

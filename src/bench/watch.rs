@@ -58,7 +58,7 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
     let mut nodes = Vec::new();
     for id in bench.cluster.node_ids() {
         let addr = bench.cluster.addr(id).ok_or_else(|| anyhow::anyhow!("no address for node {id}"))?;
-        nodes.push(Channel::from_shared(format!("http://{addr}"))?.connect().await?);
+        nodes.push(warden_proto::channel::connect(&addr.to_string(), None, &super::TO_NODE).await?);
     }
     leader.create(CreateRequest { path: "/bench".into(), ..CreateRequest::default() }).await?;
     leader.create(CreateRequest { path: "/bench/hot".into(), ..CreateRequest::default() }).await?;

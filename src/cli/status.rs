@@ -316,7 +316,7 @@ async fn hot(table: &RoutingTable, args: &StatusArgs, out: Output) -> anyhow::Re
         for (child, writes) in &after.writes {
             let delta = writes.saturating_sub(before.writes.get(child).copied().unwrap_or(0));
             if delta > 0 {
-                let path = if prefix == "/" { format!("/{child}") } else { format!("{prefix}/{child}") };
+                let path = warden_paths::join(prefix, child);
                 hot.push(Hot { path, group: *group, writes_per_s: delta as f64 / seconds });
             }
         }

@@ -3,10 +3,11 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use tonic::transport::Channel;
 use warden_namespace::NamespaceFactory;
+use warden_proto::follow::{CallKind, Fault, Follow};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::WardenError;
@@ -77,44 +78,39 @@ impl ApiClient {
     }
 
     /// Runs `call` against the believed leader until it succeeds, is refused, or its
-    /// outcome becomes unknown; `idempotent` calls (reads) are also retried on unknown
-    /// outcomes. Gives up after `timeout` (as unknown).
+    /// outcome becomes unknown, retried by the rule of `warden_proto::follow` (NOT_LEADER's
+    /// hint followed); `idempotent` calls (reads) are also retried on unknown outcomes. Gives
+    /// up after `timeout` (as unknown).
     pub async fn call<T, F, Fut>(&self, timeout: Duration, idempotent: bool, call: F) -> Result<T, CallError>
     where
         F: Fn(WardenClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
     {
-        let deadline = Instant::now() + timeout;
-        let mut attempt = 0u64;
+        let kind = CallKind::of(idempotent);
+        let mut follow = Follow::new(kind, tokio::time::Instant::now() + timeout);
         loop {
-            if Instant::now() >= deadline {
-                return Err(CallError::Unknown("deadline".into()));
-            }
             let node = *self.preferred.lock().expect("lock");
-            let result = call(self.clients[&node].clone()).await;
-            let status = match result {
+            let status = match call(self.clients[&node].clone()).await {
                 Ok(response) => return Ok(response.into_inner()),
                 Err(status) => status,
             };
-            attempt += 1;
-            let retry = |next: Option<u64>| {
-                let ids: Vec<u64> = self.clients.keys().copied().collect();
-                let next = next.filter(|id| self.clients.contains_key(id)).unwrap_or(ids[(attempt as usize) % ids.len()]);
-                *self.preferred.lock().expect("lock") = next;
-            };
-            match error_of(&status) {
-                Some(error) if error.code == Code::NotLeader as i32 => retry(Some(error.leader_id).filter(|id| *id != 0 && *id != node)),
-                Some(error) if error.code == Code::Unavailable as i32 => retry(None),
-                Some(error) if error.code == Code::OutcomeUnknown as i32 && !idempotent => return Err(CallError::Unknown(error.message)),
-                Some(error) if error.code == Code::OutcomeUnknown as i32 => retry(None),
-                Some(error) => return Err(CallError::Refused(error)),
-                // No Warden detail: the connection failed. A write is retried only when it
-                // provably never left (the connection was refused); a reset after sending
-                // ("error reading a body from connection") may follow an applied write.
-                None if idempotent || warden_proto::never_sent(&status) => retry(None),
-                None => return Err(CallError::Unknown(status.to_string())),
+            let fault = Fault::of(&status);
+            if let Err(status) = follow.retry_after(status).await {
+                return Err(match error_of(&status) {
+                    // Retried until the deadline, or an outcome left unknown.
+                    _ if fault.retried(kind) => CallError::Unknown("deadline".into()),
+                    Some(error) if error.code == Code::OutcomeUnknown as i32 => CallError::Unknown(error.message),
+                    Some(error) => CallError::Refused(error),
+                    // No Warden detail: the connection failed after a write was sent (a reset
+                    // may follow an applied write).
+                    None => CallError::Unknown(status.to_string()),
+                });
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            // The hinted leader, else the next node.
+            let turn = follow.turn();
+            let ids: Vec<u64> = self.clients.keys().copied().collect();
+            let next = turn.hint.filter(|id| *id != node && self.clients.contains_key(id)).unwrap_or(ids[turn.attempt % ids.len()]);
+            *self.preferred.lock().expect("lock") = next;
         }
     }
 }

@@ -15,10 +15,10 @@ use warden_client::{Client, ClientConfig};
 use warden_placement::acl;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{ChangeAclRequest, CreateGroupRequest};
-use warden_proto::tls::authority::Authority;
 use warden_proto::tls::{lazy_channel, Expected, Identity, Tls};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{CreateRequest, DeleteRequest};
+use warden_server_kit::authority::Authority;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
 
@@ -132,7 +132,7 @@ impl Fleet {
         // leader learned the grant).
         let mut api = reach.raw();
         for prefix in std::iter::once("/").chain(prefixes.iter().copied()) {
-            let probe = if prefix == "/" { "/fleet-probe".to_string() } else { format!("{prefix}/fleet-probe") };
+            let probe = warden_paths::join(prefix, "fleet-probe");
             let deadline = Instant::now() + TIMEOUT;
             while let Err(status) = api.create(CreateRequest { path: probe.clone(), ..CreateRequest::default() }).await {
                 assert!(Instant::now() < deadline, "the tester's grant is not in force at {prefix}: {status:?}");

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tonic::transport::Channel;
+use warden_proto::follow::{CallKind, Follow};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::CreateGroupRequest;
 use warden_proto::v1::warden_client::WardenClient;
@@ -159,30 +160,30 @@ pub fn placement_client(cluster: &Cluster, node: u64) -> PlacementClient<Channel
 }
 
 /// Calls `call` on the running nodes in turn (following NOT_LEADER hints) until it succeeds
-/// or is refused with something other than NOT_LEADER / UNAVAILABLE, for up to [`TIMEOUT`].
+/// or is refused, retried as an idempotent call by the rule of `warden_proto::follow`, for up
+/// to [`TIMEOUT`].
 pub async fn at_placement_leader<T, F, Fut>(cluster: &Cluster, call: F) -> Result<T, WardenError>
 where
     F: Fn(PlacementClient<Channel>) -> Fut,
     Fut: std::future::Future<Output = Result<tonic::Response<T>, tonic::Status>>,
 {
-    let deadline = Instant::now() + TIMEOUT;
-    let mut turn = 0;
+    let mut follow = Follow::new(CallKind::Idempotent, tokio::time::Instant::now() + TIMEOUT);
     let mut node = cluster.running()[0];
     loop {
         let status = match call(placement_client(cluster, node)).await {
             Ok(response) => return Ok(response.into_inner()),
             Err(status) => status,
         };
-        let error =
-            error_of(&status).unwrap_or(WardenError { code: Code::Unavailable as i32, message: status.to_string(), ..WardenError::default() });
-        let retry = error.code == Code::NotLeader as i32 || error.code == Code::Unavailable as i32;
-        if !retry || Instant::now() > deadline {
-            return Err(error);
+        if let Err(status) = follow.retry_after(status).await {
+            return Err(error_of(&status).unwrap_or(WardenError {
+                code: Code::Unavailable as i32,
+                message: status.to_string(),
+                ..WardenError::default()
+            }));
         }
-        turn += 1;
+        let turn = follow.turn();
         let running = cluster.running();
-        node = Some(error.leader_id).filter(|id| running.contains(id) && *id != node).unwrap_or(running[turn % running.len()]);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        node = turn.hint.filter(|id| running.contains(id) && *id != node).unwrap_or(running[turn.attempt % running.len()]);
     }
 }
 

@@ -113,7 +113,7 @@ impl MembersWatch {
             if parent_of(&event.node.path) != self.group || event.node.path == self.group {
                 continue;
             }
-            let Some(id) = event.node.path.rsplit('/').next().map(str::to_string) else { continue };
+            let id = warden_paths::name(&event.node.path).to_string();
             // A member read after the event (its stat is newer) already shows it.
             let newer = self.members.get(&id).is_none_or(|known| event.revision > known.stat.mod_revision);
             let changed = match event.kind {

@@ -44,7 +44,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use tokio::sync::watch;
-use warden_placement::join;
+use warden_paths::join;
 
 use crate::children::{Child, ChildrenOptions};
 use crate::client::Client;
@@ -105,7 +105,7 @@ impl Owner {
 
 /// The parent of `path` (`/` for top-level nodes).
 fn parent_of(path: &str) -> &str {
-    warden_placement::parent(path).unwrap_or("/")
+    warden_paths::parent(path).unwrap_or("/")
 }
 
 /// The children of `dir` with their stats, in name order; none when `dir` does not exist.

@@ -37,7 +37,6 @@ use tokio::sync::{mpsc, Semaphore};
 use tonic::transport::server::Connected;
 use tonic::transport::{Channel, Endpoint, Uri};
 
-pub mod authority;
 pub mod tokens;
 
 pub use tokens::Tokens;
@@ -66,7 +65,8 @@ pub enum Role {
 }
 
 impl Role {
-    fn as_str(self) -> &'static str {
+    /// Its name in identities and file names: `node`, `router`, `client`.
+    pub fn as_str(self) -> &'static str {
         match self {
             Role::Node => "node",
             Role::Router => "router",
@@ -143,20 +143,16 @@ impl Identity {
     }
 
     /// The identity certificate `der` names: its one `warden://` URI subject alternative
-    /// name. (The chain is verified elsewhere, by rustls.)
+    /// name. (The chain is verified elsewhere, by rustls.) Read with rustls's own certificate
+    /// parser (webpki), so both ends of a link need no other.
     pub fn of_certificate(der: &[u8]) -> Result<Identity, TlsError> {
-        use x509_parser::extensions::GeneralName;
-        let (_, certificate) = x509_parser::parse_x509_certificate(der).map_err(|e| TlsError::Identity(format!("unreadable certificate: {e}")))?;
-        let names = certificate.subject_alternative_name().map_err(|e| TlsError::Identity(format!("subject alternative names: {e}")))?;
+        let der = CertificateDer::from(der);
+        let certificate = webpki::EndEntityCert::try_from(&der).map_err(|e| TlsError::Identity(format!("unreadable certificate: {e}")))?;
         let mut found = None;
-        for name in names.iter().flat_map(|names| names.value.general_names.iter()) {
-            if let GeneralName::URI(uri) = name {
-                if uri.starts_with(URI_PREFIX) {
-                    let identity = Identity::from_uri(uri).ok_or_else(|| TlsError::Identity(format!("malformed identity {uri:?}")))?;
-                    if found.replace(identity).is_some() {
-                        return Err(TlsError::Identity("a certificate names one identity, this one several".into()));
-                    }
-                }
+        for uri in certificate.valid_uri_names().filter(|uri| uri.starts_with(URI_PREFIX)) {
+            let identity = Identity::from_uri(uri).ok_or_else(|| TlsError::Identity(format!("malformed identity {uri:?}")))?;
+            if found.replace(identity).is_some() {
+                return Err(TlsError::Identity("a certificate names one identity, this one several".into()));
             }
         }
         found.ok_or_else(|| TlsError::Identity("the certificate names no warden:// identity".into()))
@@ -766,14 +762,24 @@ impl tower_service::Service<Uri> for Connector {
             let host = uri.host().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no host in {uri}")))?;
             let host = host.trim_start_matches('[').trim_end_matches(']');
             let port = uri.port_u16().ok_or_else(|| io::Error::new(io::ErrorKind::InvalidInput, format!("no port in {uri}")))?;
-            let stream = TcpStream::connect((host, port)).await?;
-            stream.set_nodelay(true)?;
-            let config = tls.client_config(expected).map_err(io::Error::other)?;
-            let name = ServerName::try_from(SERVER_NAME).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
-            let stream = tokio_rustls::TlsConnector::from(config).connect(name, stream).await?;
-            Ok(TokioIo::new(stream))
+            Ok(TokioIo::new(connect_tls(&tls, (host, port), expected).await?))
         })
     }
+}
+
+/// One TLS connection to `addr` as this process (presenting its certificate, if any),
+/// accepting only an `expected` server: what a channel's connector opens for each of its
+/// connections.
+pub async fn connect_tls(
+    tls: &Tls,
+    addr: impl tokio::net::ToSocketAddrs,
+    expected: Expected,
+) -> io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    let config = tls.client_config(expected).map_err(io::Error::other)?;
+    let name = ServerName::try_from(SERVER_NAME).map_err(|e| io::Error::new(io::ErrorKind::InvalidInput, e))?;
+    tokio_rustls::TlsConnector::from(config).connect(name, stream).await
 }
 
 /// A lazily connected channel through `endpoint`: plaintext without `tls`, else TLS to an
@@ -795,13 +801,9 @@ pub async fn connect_channel(endpoint: Endpoint, tls: Option<&Arc<Tls>>, expecte
 
 #[cfg(test)]
 mod tests {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    use tokio_stream::StreamExt;
-    use tower_service::Service;
-
-    use super::authority::Authority;
     use super::*;
 
+    /// (Certificates and handshakes are tested with a CA, in `warden-server-kit`.)
     #[test]
     fn identities_are_named_by_one_well_formed_uri() {
         for identity in [Identity::node(3), Identity::router("r1"), Identity::client("alice@payments")] {
@@ -820,132 +822,5 @@ mod tests {
         ] {
             assert_eq!(Identity::from_uri(malformed), None, "{malformed}");
         }
-        let authority = Authority::create("test").expect("ca");
-        let (certificate, _) = authority.issue(&Identity::router("r1"), &[]).expect("issue");
-        let der = CertificateDer::from_pem_slice(certificate.as_bytes()).expect("pem");
-        assert_eq!(Identity::of_certificate(&der).expect("identity"), Identity::router("r1"));
-    }
-
-    struct Fixture {
-        dir: tempfile::TempDir,
-        ca: Authority,
-        other_ca: Authority,
-    }
-
-    impl Fixture {
-        fn new() -> Fixture {
-            let dir = tempfile::tempdir().expect("tempdir");
-            Fixture { dir, ca: Authority::create("cluster").expect("ca"), other_ca: Authority::create("other").expect("ca") }
-        }
-
-        fn tls(&self, authority: &Authority, identity: &Identity, sub: &str) -> Arc<Tls> {
-            let files = authority.issue_files(&self.dir.path().join(sub), identity).expect("issue");
-            Tls::load(files).expect("load")
-        }
-    }
-
-    /// Connects `tls` to `addr` expecting `expected`, then reads: Ok(()) once the server sent
-    /// what `serve_one` writes to each connection it admitted, Err when the handshake failed
-    /// or the server closed the connection.
-    async fn exchange(tls: &Arc<Tls>, addr: SocketAddr, expected: Expected) -> io::Result<()> {
-        let mut connector = Connector { tls: tls.clone(), expected };
-        let uri: Uri = format!("http://{addr}").parse().expect("uri");
-        let stream = connector.call(uri).await?;
-        let mut stream = stream.into_inner();
-        let mut byte = [0u8; 1];
-        match stream.read(&mut byte).await? {
-            1 => Ok(()),
-            _ => Err(io::Error::new(io::ErrorKind::ConnectionAborted, "closed by the server")),
-        }
-    }
-
-    /// A listener admitting `admit` with `tls`; each admitted connection is answered one
-    /// byte and its peer's identity is sent on the returned channel.
-    async fn listener(tls: Arc<Tls>, admit: Admit) -> (SocketAddr, mpsc::UnboundedReceiver<Option<Identity>>) {
-        let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
-        let addr = listener.local_addr().expect("addr");
-        let (sender, receiver) = mpsc::unbounded_channel();
-        let mut incoming = incoming(listener, Some(tls), admit);
-        tokio::spawn(async move {
-            while let Some(Ok(mut conn)) = incoming.next().await {
-                let _ = sender.send(conn.connect_info().identity);
-                let _ = conn.write_all(b"!").await;
-                let _ = conn.flush().await;
-                tokio::spawn(async move {
-                    let mut rest = Vec::new();
-                    let _ = conn.read_to_end(&mut rest).await;
-                });
-            }
-        });
-        (addr, receiver)
-    }
-
-    #[tokio::test]
-    async fn a_peer_port_admits_only_nodes_and_routers_of_the_cluster_ca() {
-        let fixture = Fixture::new();
-        let server = fixture.tls(&fixture.ca, &Identity::node(1), "n1");
-        let (addr, mut admitted) = listener(server, Admit::Peers).await;
-
-        let node = fixture.tls(&fixture.ca, &Identity::node(2), "n2");
-        exchange(&node, addr, Expected::Node(1)).await.expect("a node of the CA connects");
-        assert_eq!(admitted.recv().await, Some(Some(Identity::node(2))));
-        let router = fixture.tls(&fixture.ca, &Identity::router("r"), "r");
-        exchange(&router, addr, Expected::AnyNode).await.expect("a router of the CA connects");
-        assert_eq!(admitted.recv().await, Some(Some(Identity::router("r"))));
-
-        let client = fixture.tls(&fixture.ca, &Identity::client("alice"), "alice");
-        assert!(exchange(&client, addr, Expected::AnyNode).await.is_err(), "a client certificate is refused on the peer port");
-        let stranger = fixture.tls(&fixture.other_ca, &Identity::node(3), "stranger");
-        assert!(exchange(&stranger, addr, Expected::AnyNode).await.is_err(), "a node of another CA is refused");
-        // The server is verified too: a node that is not the one expected, a server of
-        // another CA.
-        assert!(exchange(&node, addr, Expected::Node(4)).await.is_err(), "node 1 is not node 4");
-        assert!(exchange(&node, addr, Expected::Router).await.is_err(), "node 1 is not a router");
-        let (other_addr, _other) = listener(fixture.tls(&fixture.other_ca, &Identity::node(1), "other-n1"), Admit::Clients).await;
-        assert!(exchange(&node, other_addr, Expected::Node(1)).await.is_err(), "a server of another CA is not node 1");
-        // None of the refused connections reached the server.
-        exchange(&node, addr, Expected::Node(1)).await.expect("connects again");
-        assert_eq!(admitted.recv().await, Some(Some(Identity::node(2))));
-    }
-
-    #[tokio::test]
-    async fn a_client_port_admits_any_holder_of_a_certificate_of_the_ca() {
-        let fixture = Fixture::new();
-        let (addr, mut admitted) = listener(fixture.tls(&fixture.ca, &Identity::router("r"), "r"), Admit::Clients).await;
-        let client = fixture.tls(&fixture.ca, &Identity::client("alice"), "alice");
-        exchange(&client, addr, Expected::Router).await.expect("a client of the CA connects");
-        assert_eq!(admitted.recv().await, Some(Some(Identity::client("alice"))));
-        let stranger = fixture.tls(&fixture.other_ca, &Identity::client("mallory"), "mallory");
-        assert!(exchange(&stranger, addr, Expected::Router).await.is_err(), "a certificate of another CA is refused");
-        exchange(&client, addr, Expected::Router).await.expect("connects again");
-        assert_eq!(admitted.recv().await, Some(Some(Identity::client("alice"))), "the stranger never got in");
-    }
-
-    #[tokio::test]
-    async fn changed_files_are_used_by_new_connections_without_a_restart() {
-        let fixture = Fixture::new();
-        let server_dir = fixture.dir.path().join("n1");
-        let server = fixture.tls(&fixture.ca, &Identity::node(1), "n1");
-        let (addr, mut admitted) = listener(server.clone(), Admit::Peers).await;
-        let old_node = fixture.tls(&fixture.ca, &Identity::node(2), "n2");
-        exchange(&old_node, addr, Expected::Node(1)).await.expect("before the rotation");
-        assert_eq!(admitted.recv().await, Some(Some(Identity::node(2))));
-
-        // The cluster moves to a new CA: node 1's files are rewritten.
-        let new_ca = Authority::create("rotated").expect("ca");
-        new_ca.issue_files(&server_dir, &Identity::node(1)).expect("reissue");
-        assert!(server.reload().expect("reload"), "the rewritten files are taken");
-        assert!(!server.reload().expect("reload"), "unchanged files are not read again");
-        assert!(exchange(&old_node, addr, Expected::Node(1)).await.is_err(), "the old CA's node is refused now");
-        let new_node = fixture.tls(&new_ca, &Identity::node(2), "new-n2");
-        exchange(&new_node, addr, Expected::Node(1)).await.expect("the new CA's node connects");
-        assert_eq!(admitted.recv().await, Some(Some(Identity::node(2))));
-
-        // A key that does not match its certificate is refused; the previous files stay.
-        let (_, stray_key) = new_ca.issue(&Identity::node(1), &[]).expect("issue");
-        std::fs::write(server_dir.join("node-1.key"), stray_key).expect("write");
-        assert!(server.reload().is_err(), "a mismatched pair does not load");
-        exchange(&new_node, addr, Expected::Node(1)).await.expect("still served with the previous files");
-        assert_eq!(admitted.recv().await, Some(Some(Identity::node(2))));
     }
 }

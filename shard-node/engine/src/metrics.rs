@@ -1,5 +1,5 @@
 //! A node's Prometheus metrics: one registry per node, served at `GET /metrics`
-//! on `--metrics-listen` (`warden_proto::metrics`, by the node crate). The engine's figures
+//! on `--metrics-listen` (`warden_server_kit::metrics`, by the node crate). The engine's figures
 //! are here; what runs on it registers its own in the same registry and refreshes them at
 //! each scrape through a [`ScrapeSource`].
 //!
@@ -17,7 +17,7 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
 use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
-use warden_proto::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
+use warden_server_kit::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
 
 use crate::host::{HostMetrics, LeaderTable};
 use crate::storage::Db;
@@ -272,7 +272,7 @@ impl NodeMetrics {
     /// The node's metrics in the Prometheus text format.
     pub fn render(&self) -> String {
         self.refresh();
-        warden_proto::metrics::render(&self.registry)
+        warden_server_kit::metrics::render(&self.registry)
     }
 }
 

@@ -61,7 +61,7 @@ pub struct StoreMetrics {
 
 impl Default for StoreMetrics {
     fn default() -> Self {
-        use warden_proto::metrics::{histogram_opts, BYTES_BUCKETS, COUNT_BUCKETS, LATENCY_BUCKETS};
+        use warden_server_kit::metrics::{histogram_opts, BYTES_BUCKETS, COUNT_BUCKETS, LATENCY_BUCKETS};
         let histogram = |name: &str, help: &str, buckets: &[f64]| {
             // Valid names and buckets: construction cannot fail (checked by the node's metrics test).
             prometheus::Histogram::with_opts(histogram_opts(name, help, buckets)).unwrap_or_else(|e| unreachable!("{name}: {e}"))

@@ -18,7 +18,7 @@ use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::HeartbeatRequest;
 use warden_proto::tls::{Expected, Tls};
 
-use warden_router::access::{acl_from_proto, AclCache};
+use warden_access::{acl_from_proto, AclCache};
 
 use super::limits::ClusterLimits;
 use crate::service::error_of;

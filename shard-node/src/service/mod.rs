@@ -30,8 +30,8 @@ use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::*;
 
 use tonic::metadata::MetadataMap;
+use warden_access::{authorize_call, Access, AclCache};
 use warden_proto::tls::{Caller, PeerInfo};
-use warden_router::access::{authorize_call, Access, AclCache};
 
 use crate::group_links::GroupLinks;
 use warden_engine::error::EngineError;
@@ -128,7 +128,7 @@ impl WardenService {
     }
 
     /// Whom `request` is for, refused (UNAUTHENTICATED, PERMISSION_DENIED) unless it may make
-    /// this call (`router::access`; security off: everything is allowed).
+    /// this call (`warden-access`; security off: everything is allowed).
     fn admit<R: Access>(&self, request: &Request<R>) -> Result<Caller, Status> {
         self.admit_of(request.extensions().get::<PeerInfo>(), request.metadata(), request.get_ref())
     }

@@ -32,7 +32,7 @@ pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + 
 /// Starts serving one `Watch` call.
 /// `peer` is the connection the call came over and `metadata` the call's (a router names the
 /// principal there, a client its token): each watch created on the stream is checked
-/// against the ACL for that caller (`router::access`).
+/// against the ACL for that caller (`warden-access`).
 pub(super) fn serve(
     service: WardenService,
     hubs: WatchHubs,

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use rcgen::{BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType};
 
-use super::{Identity, TlsError, TlsFiles};
+use warden_proto::tls::{Identity, TlsError, TlsFiles};
 
 /// A CA: its certificate and its signing key.
 pub struct Authority {

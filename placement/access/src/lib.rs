@@ -22,9 +22,12 @@
 //! ephemeral's owner, a lock's waiter, an Unlock, a close, a keepalive) is refused by the
 //! group unless the session is the caller's (`Command.principal`).
 //!
-//! Architecture invariant: this module knows the calls and the list, not the transport: who
+//! Used by the router and by every shard-node (and placement's copy of the list travels in
+//! the routing table: [`acl_from_proto`], [`acl_to_proto`]).
+//!
+//! Architecture invariant: this crate knows the calls and the list, not the transport: who
 //! the caller is comes from [`warden_proto::tls::caller`] (a router forwards it to nodes in
-//! the [`warden_proto::tls::PRINCIPAL_HEADER`] metadata, see [`crate::principal`]).
+//! the [`warden_proto::tls::PRINCIPAL_HEADER`] metadata, see `warden_router::principal`).
 
 use std::sync::{Arc, RwLock};
 
