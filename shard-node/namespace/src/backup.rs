@@ -21,13 +21,16 @@ use warden_proto::placement::{BackupGroupHead, BackupPage};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{GroupDescriptor, NodeKind};
 
+use super::apply::{done, Effects};
 use super::descriptor;
 use super::error::{error, invalid, Failure};
 use super::path;
 use super::store::{self, parse_subtree_key, SubtreeKey};
 use super::txn::{TtlChange, Txn};
+use super::NamespaceStateMachine;
 use warden_engine::error::StorageError;
 use warden_engine::state_machine::SmRead;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
 
 /// Largest backup page (a page is one raft entry when restored, within its command limit).
 pub const PAGE_BYTES_MAX: u32 = super::split::EXPORT_PAGE_BYTES_MAX;
@@ -252,6 +255,17 @@ impl Txn<'_, '_> {
         self.view.put_raw(&record.key, &record.value);
         Ok(())
     }
+}
+
+/// Applies a `RestorePage`: a page of a backup written into the group.
+pub(super) fn apply_restore(
+    sm: &NamespaceStateMachine,
+    txn: &mut Txn<'_, '_>,
+    page: &RestorePage,
+    effects: &mut Effects,
+) -> Result<CommandOutcome, Failure> {
+    effects.split = Some(txn.restore_page(sm.descriptor.as_ref(), page)?);
+    Ok(done())
 }
 
 #[cfg(test)]

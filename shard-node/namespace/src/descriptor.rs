@@ -7,7 +7,16 @@ use warden_placement::{is_at_or_below, is_strictly_below};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{GroupDescriptor, WardenError};
 
-use super::error::error;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
+use warden_proto::namespace::NodeRecord;
+use warden_proto::namespace::SetDescriptor;
+use warden_proto::v1::{NodeKind, Stat};
+
+use super::apply::{done, Effects};
+use super::error::{error, invalid, invalid_path, Failure};
+use super::path;
+use super::txn::Txn;
+use super::NamespaceStateMachine;
 
 /// Whether `descriptor` (none: every path) serves `path`.
 pub fn serves(descriptor: Option<&GroupDescriptor>, path: &str) -> bool {
@@ -53,6 +62,108 @@ pub fn is_retiring(descriptor: &GroupDescriptor) -> bool {
 /// deleted or locked.
 pub fn root(descriptor: Option<&GroupDescriptor>) -> &str {
     descriptor.map_or("/", |d| d.prefix.as_str())
+}
+
+/// Applies a `SetDescriptor`: the group serves the new descriptor from now on (a merge's
+/// target also the subtree it ingested). A group that homes sessions is not removed: their
+/// ephemerals elsewhere would lose their home (the sessions must close or expire first).
+pub(super) fn apply_set(
+    sm: &NamespaceStateMachine,
+    txn: &mut Txn<'_, '_>,
+    set: SetDescriptor,
+    effects: &mut Effects,
+) -> Result<CommandOutcome, Failure> {
+    if set.descriptor.as_ref().is_some_and(is_retiring) && !sm.sessions.is_empty() {
+        let prefix = set.descriptor.as_ref().map_or("", |d| d.prefix.as_str());
+        let homed = sm.sessions.len();
+        return Err(Failure::Refused(error(
+            Code::NotEmpty,
+            prefix,
+            format!("{homed} sessions are homed in this group: only an empty group is removed"),
+        )));
+    }
+    let descriptor = txn.set_descriptor(sm.group, sm.descriptor.as_ref(), set.descriptor)?;
+    effects.split = txn.settle_incoming(&descriptor)?;
+    effects.descriptor = Some(descriptor);
+    Ok(done())
+}
+
+impl Txn<'_, '_> {
+    /// Makes the group serve `new` (see `namespace.proto`, `SetDescriptor`): refused when it
+    /// is older than `current`, changes the prefix, or gives away a path where this group
+    /// holds a node. A prefix node missing here is created: it is the group's root.
+    pub fn set_descriptor(
+        &mut self,
+        group: u64,
+        current: Option<&GroupDescriptor>,
+        new: Option<GroupDescriptor>,
+    ) -> Result<GroupDescriptor, Failure> {
+        let new = new.ok_or_else(|| invalid("", "set_descriptor without a descriptor"))?;
+        if new.group_id != group {
+            return Err(invalid(&new.prefix, format!("a descriptor of group {} sent to group {group}", new.group_id)).into());
+        }
+        path::validate(&new.prefix, true).map_err(|e| invalid_path(&new.prefix, &e))?;
+        if let Some(current) = current {
+            if new.conf_ver < current.conf_ver || new.version < current.version {
+                return Err(invalid(&new.prefix, "the descriptor is older than the group's").into());
+            }
+            if new.prefix != current.prefix {
+                return Err(invalid(&new.prefix, format!("the group's prefix is {}; it never changes", current.prefix)).into());
+            }
+            // One epoch names one set of served paths: the same epoch with other contents
+            // comes from a placement decision made on a stale state, and accepting it would let
+            // two groups serve the same paths. So serving a path again that
+            // the group gave away (an exclusion dropped) always takes a newer version.
+            if (new.conf_ver, new.version) == (current.conf_ver, current.version) && new != *current {
+                return Err(invalid(&new.prefix, "the group already has this descriptor version with other contents").into());
+            }
+        }
+        if is_retiring(&new) {
+            return self.retire(new);
+        }
+        for excluded in &new.excluded {
+            path::validate(excluded, true).map_err(|e| invalid_path(excluded, &e))?;
+            if !warden_placement::is_strictly_below(excluded, &new.prefix) {
+                return Err(invalid(excluded, "an excluded prefix must be below the group's prefix").into());
+            }
+            // A subtree handed over is excluded at once, while its records are still purged.
+            if self.node(excluded)?.is_some() && !super::split::is_purging(&self.view.split()?, excluded) {
+                return Err(
+                    error(Code::NotEmpty, excluded, "this group holds nodes there (moving a subtree to another group is not supported)").into()
+                );
+            }
+        }
+        if self.node(&new.prefix)?.is_none() {
+            let stat = Stat {
+                create_revision: self.revision,
+                mod_revision: self.revision,
+                ctime_ms: self.now_ms,
+                mtime_ms: self.now_ms,
+                kind: NodeKind::Persistent as i32,
+                ..Stat::default()
+            };
+            self.view.put_node(&new.prefix, &NodeRecord { stat: Some(stat), ..NodeRecord::default() });
+        }
+        self.view.put_descriptor(&new);
+        Ok(new)
+    }
+
+    /// Takes a retiring descriptor (see [`is_retiring`]): the group stops serving anything,
+    /// so placement can give its prefix back to the parent's group and remove it. Refused
+    /// for the root group and while the prefix node has children (the caller refuses while
+    /// the group homes sessions).
+    fn retire(&mut self, new: GroupDescriptor) -> Result<GroupDescriptor, Failure> {
+        if new.prefix == "/" || new.excluded.len() != 1 {
+            return Err(invalid(&new.prefix, "only a group below the root retires, and its one exclusion is its prefix").into());
+        }
+        let children = self.node(&new.prefix)?.and_then(|node| node.stat).map_or(0, |stat| stat.num_children);
+        // A merge's hand-over retires the group at once; the subtree's records go in pages.
+        if children > 0 && !super::split::is_purging(&self.view.split()?, &new.prefix) {
+            return Err(error(Code::NotEmpty, &new.prefix, format!("{} has {children} children: only an empty group is removed", new.prefix)).into());
+        }
+        self.view.put_descriptor(&new);
+        Ok(new)
+    }
 }
 
 #[cfg(test)]

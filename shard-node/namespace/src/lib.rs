@@ -11,6 +11,7 @@
 //! store). Architecture invariant: this crate knows no gRPC service and no placement
 //! group; the node crate serves it.
 
+mod apply;
 pub mod backup;
 pub mod counts;
 pub mod descriptor;
@@ -34,15 +35,11 @@ use std::sync::Arc;
 
 use prost::Message as _;
 use warden_proto::namespace::command::Op as CommandOp;
-use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
-use warden_proto::namespace::{Command, CommandResult, EndRemoteSessions, ExpireSessions, ExpireTtl, SessionIds};
+use warden_proto::namespace::{Command, EndRemoteSessions, ExpireSessions, ExpireTtl, SessionIds};
 use warden_proto::namespace::{LeaderRequest, LeaderResponse, SplitState};
-use warden_proto::v1::{
-    CloseSessionResponse, CreateSessionResponse, GroupDescriptor, KeepAliveResponse, LockResponse, NodeKind, SessionInfoResponse, SessionLease,
-    TxnResponse,
-};
+use warden_proto::v1::{GroupDescriptor, KeepAliveResponse, NodeKind, SessionInfoResponse, SessionLease};
 
 use crate::watch::event::node_state;
 use crate::watch::{Event, EventBatch, WatchHub, WatchHubs};
@@ -52,7 +49,7 @@ use limits::LimitsBoard;
 pub use sessions::LeaderClock;
 use sessions::LeaseTable;
 use store::TxnView;
-use txn::{SessionChange, TtlChange, Txn};
+use txn::TtlChange;
 use warden_engine::error::{EngineError, StorageError};
 use warden_engine::state_machine::{Applied, SmReader, SmWrites, StateMachine, StateMachineFactory};
 
@@ -247,46 +244,6 @@ impl NamespaceStateMachine {
         self.reader.as_ref().ok_or_else(|| StorageError::Corrupt(format!("group {}: namespace used before load", self.group)))
     }
 
-    /// Wakes the waiters that hold each touched lock now (only those: no herd), and the
-    /// calls waiting on waiters that are gone; counts each touched lock's holders again.
-    fn notify_lock_waiters(
-        &mut self,
-        reader: &SmReader,
-        writes: &mut SmWrites,
-        touched: &std::collections::BTreeSet<String>,
-        gone_waiters: &[String],
-    ) -> Result<(), StorageError> {
-        let mut keys: Vec<Vec<u8>> = gone_waiters.iter().map(|waiter| locks::notify_key(waiter)).collect();
-        {
-            let view = TxnView::new(reader, Some(writes));
-            for lock_path in touched {
-                let holders = Self::lock_holders_at(&view, lock_path, self.limits.lock_waiters_max)?;
-                keys.extend(holders.iter().map(|w| locks::notify_key(&w.path)));
-                match holders.len() as u64 {
-                    0 => self.lock_holders.remove(lock_path),
-                    holding => self.lock_holders.insert(lock_path.clone(), holding),
-                };
-            }
-        }
-        for key in keys {
-            writes.notify(key);
-        }
-        Ok(())
-    }
-
-    /// The waiters holding the lock at `lock_path` (none when it is no lock, or one with
-    /// foreign children, which serves nobody).
-    fn lock_holders_at(view: &TxnView<'_>, lock_path: &str, waiters_max: usize) -> Result<Vec<locks::Waiter>, StorageError> {
-        let Some(meta) = view.lock_meta(lock_path)? else { return Ok(Vec::new()) };
-        let mut waiters = match locks::waiters(view, lock_path, waiters_max) {
-            Ok(waiters) => waiters,
-            Err(Failure::Storage(error)) => return Err(error),
-            Err(Failure::Refused(_)) => return Ok(Vec::new()),
-        };
-        waiters.truncate(locks::holders(&waiters, Some(&meta)));
-        Ok(waiters)
-    }
-
     /// The children of the group's root among `names` that a split may not take
     /// ([`split::check_movable`]).
     fn unmovable_children<'n>(&self, reader: &SmReader, names: impl Iterator<Item = &'n String>) -> Result<Vec<String>, StorageError> {
@@ -347,313 +304,19 @@ impl NamespaceStateMachine {
         Ok(())
     }
 
-    fn apply_command(&mut self, command: Command, writes: &mut SmWrites) -> Result<CommandResult, StorageError> {
-        if let Err(error) = self.check_paths(command.op.as_ref()) {
-            return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() });
-        }
-        let reader = self.reader()?.clone();
-        let root = descriptor::root(self.descriptor.as_ref()).to_string();
-        let mut new_descriptor = None;
-        let mut lock_attempt = 0;
-        let mut view = TxnView::new(&reader, Some(writes));
-        let mut command = command;
-        // The path a lock operation uses as a lock (hot subtrees: a split may not take it).
-        let lock_path = match &command.op {
-            Some(CommandOp::AcquireLock(acquire)) => Some(acquire.path.clone()),
-            Some(CommandOp::ReleaseLock(release)) => release.sequencer.as_ref().map(|s| s.path.clone()),
-            _ => None,
-        };
-        match split::check_frozen(&self.split, &view, command.op.as_ref()) {
-            Ok(()) => {}
-            Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
-            Err(Failure::Storage(error)) => return Err(error),
-        }
-        // Ends of sessions owning nodes in a frozen subtree wait until it has moved.
-        if let Some(CommandOp::ExpireSessions(ExpireSessions { session_ids }) | CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids })) =
-            command.op.as_mut()
-        {
-            *session_ids = split::deferred(&self.split, &view, session_ids)?;
-        }
-        // A moved subtree's records are not changes of its nodes: no watch events.
-        // Nor are a restore's.
-        let moves_records = matches!(
-            command.op,
-            Some(
-                CommandOp::IngestSubtree(_)
-                    | CommandOp::HandSubtree(_)
-                    | CommandOp::AbortSplit(_)
-                    | CommandOp::RestorePage(_)
-                    | CommandOp::PurgeSubtree(_)
-            )
-        );
-        // An ingested page takes no revision: the target's first comes with its descriptor.
-        // Nor does a quota share or a limits record: no node changes. Nor a purge page: what
-        // it deletes the group serves no more. Nor a count page: it changes no node.
-        let takes_revision = !matches!(
-            command.op,
-            Some(
-                CommandOp::IngestSubtree(_)
-                    | CommandOp::SetQuotaShare(_)
-                    | CommandOp::SetLimits(_)
-                    | CommandOp::PurgeSubtree(_)
-                    | CommandOp::CountQuota(_)
-            )
-        );
-        // A client's write is refused past its quotas; the system's own are only counted.
-        let client_write = matches!(command.op, Some(CommandOp::Txn(_) | CommandOp::CreateSession(_) | CommandOp::AcquireLock(_)));
-        let sets_quota = matches!(command.op, Some(CommandOp::SetQuotaShare(_)));
-        let counts_quota = matches!(command.op, Some(CommandOp::CountQuota(_)));
-        let mut quota_shares = Vec::new();
-        let mut quota_removed = None;
-        let mut new_split = None;
-        let mut new_limits = None;
-        let mut moved = None;
-        // A new descriptor may raise the revision first (placement's floor: tokens of paths
-        // that move here never go backwards, DESIGN.md rule 5).
-        let floor = match &command.op {
-            Some(CommandOp::SetDescriptor(set)) => set.revision_floor,
-            // A restored group's revisions go on from the backup's.
-            Some(CommandOp::RestorePage(page)) => page.revision_floor,
-            _ => 0,
-        };
-        let revision = self.revision.max(floor) + 1;
-        let mut txn = Txn {
-            root: &root,
-            view: &mut view,
-            limits: &self.limits,
-            now_ms: command.now_ms,
-            revision,
-            ttl_changes: Vec::new(),
-            session_changes: Vec::new(),
-            touched: std::collections::BTreeSet::new(),
-            lock_changes: Vec::new(),
-            gone_waiters: Vec::new(),
-            principal: &command.principal,
-        };
-        let empty = || TxnResponse { header: None, succeeded: true, results: Vec::new() };
-        let outcome = match command.op {
-            Some(CommandOp::Txn(request)) => txn.run(&request).map(CommandOutcome::Txn),
-            Some(CommandOp::ExpireTtl(ExpireTtl { path, mod_revision })) => txn.expire_ttl(&path, mod_revision).map(|_| CommandOutcome::Txn(empty())),
-            // A retired group (merged away) only lets the sessions it homes end.
-            Some(CommandOp::CreateSession(_)) if self.descriptor.as_ref().is_some_and(descriptor::is_retiring) => {
-                let retired = self.descriptor.as_ref().map(|d| Box::new(d.clone()));
-                let message = "this group serves nothing (merged away): sessions are homed in serving groups";
-                Err(Failure::Refused(warden_proto::v1::WardenError {
-                    descriptor: retired,
-                    ..error::error(warden_proto::v1::warden_error::Code::WrongGroup, "", message)
-                }))
-            }
-            Some(CommandOp::CreateSession(create)) => {
-                txn.create_session(self.group, create.ttl_ms, &create.owner, &create.scope).map(CommandOutcome::CreateSession)
-            }
-            Some(CommandOp::SetQuotaShare(set)) => self.quotas.set_share(txn.view, &set).map(|share| {
-                if set.remove {
-                    quota_removed = Some(set.prefix.clone());
-                } else {
-                    quota_shares.push(share.clone());
+    /// Keeps the TTL index in step with the TTL nodes a command changed.
+    fn apply_ttl_changes(&mut self, changes: Vec<TtlChange>) {
+        for change in changes {
+            match change {
+                TtlChange::Upsert(path, stat) => {
+                    self.ttl_recheck_at_ms = self.ttl_recheck_at_ms.min(stat.mtime_ms.saturating_add(stat.ttl_ms));
+                    self.ttl.insert(path, TtlEntry { mod_revision: stat.mod_revision, mtime_ms: stat.mtime_ms, ttl_ms: stat.ttl_ms });
                 }
-                CommandOutcome::QuotaShare(share)
-            }),
-            // Only a newer record changes the limits (a stale proposal answers the current).
-            Some(CommandOp::SetLimits(record)) if record.version <= self.limits_version => {
-                Ok(CommandOutcome::Limits(self.limits.to_record(self.limits_version)))
-            }
-            Some(CommandOp::SetLimits(record)) => {
-                let limits = self.limits.with_record(Some(&record));
-                match limits.check() {
-                    Ok(()) => {
-                        txn.view.put_limits(&record);
-                        new_limits = Some((record.version, limits));
-                        Ok(CommandOutcome::Limits(record))
-                    }
-                    Err(reason) => Err(Failure::Refused(error::invalid("", reason))),
-                }
-            }
-            Some(CommandOp::CloseSession(close)) => match txn.close_session(close.session_id) {
-                Ok(Some(deleted)) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
-                Ok(None) => Err(Failure::Refused(error::session_expired(close.session_id, ""))),
-                Err(failure) => Err(failure),
-            },
-            Some(CommandOp::ExpireSessions(expire)) => {
-                let ids = &expire.session_ids[..expire.session_ids.len().min(self.limits.sessions_per_expiry_max)];
-                txn.expire_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
-            }
-            Some(CommandOp::AddRemoteSessions(add)) => {
-                txn.add_remote_sessions(self.group, &add.session_ids, &add.owners).map(|()| CommandOutcome::Txn(empty()))
-            }
-            Some(CommandOp::EndRemoteSessions(end)) => {
-                let ids = &end.session_ids[..end.session_ids.len().min(self.limits.sessions_per_expiry_max)];
-                txn.end_remote_sessions(ids).map(|()| CommandOutcome::Txn(empty()))
-            }
-            Some(CommandOp::AcquireLock(acquire)) => txn.acquire_lock(&acquire).map(|(response, attempt)| {
-                lock_attempt = attempt;
-                CommandOutcome::Lock(response)
-            }),
-            Some(CommandOp::ReleaseLock(release)) => {
-                txn.release_lock(&release.sequencer.unwrap_or_default(), release.attempt).map(|()| CommandOutcome::Txn(empty()))
-            }
-            Some(CommandOp::LockDelayEnded(ended)) => txn.end_lock_delay(&ended.path).map(|()| CommandOutcome::Txn(empty())),
-            // A group that homes sessions is not removed: their ephemerals elsewhere would lose
-            // their home (the sessions must close or expire first).
-            Some(CommandOp::SetDescriptor(set)) if set.descriptor.as_ref().is_some_and(descriptor::is_retiring) && !self.sessions.is_empty() => {
-                let prefix = set.descriptor.as_ref().map_or("", |d| d.prefix.as_str());
-                let homed = self.sessions.len();
-                Err(Failure::Refused(error::error(
-                    warden_proto::v1::warden_error::Code::NotEmpty,
-                    prefix,
-                    format!("{homed} sessions are homed in this group: only an empty group is removed"),
-                )))
-            }
-            Some(CommandOp::SetDescriptor(set)) => txn.set_descriptor(self.group, self.descriptor.as_ref(), set.descriptor).and_then(|descriptor| {
-                // A merge's target serves the subtree it ingested from now on.
-                new_split = txn.settle_incoming(&descriptor)?;
-                new_descriptor = Some(descriptor);
-                Ok(CommandOutcome::Txn(empty()))
-            }),
-            Some(CommandOp::FreezeSubtree(freeze)) => txn.freeze_subtree(self.descriptor.as_ref(), &freeze).map(|state| {
-                new_split = Some(state);
-                CommandOutcome::Txn(empty())
-            }),
-            Some(CommandOp::AbortSplit(abort)) => txn.abort_split(&abort).map(|state| {
-                new_split = Some(state);
-                CommandOutcome::Txn(empty())
-            }),
-            Some(CommandOp::HandSubtree(hand)) => {
-                let prefix = self.split.frozen_prefix.clone();
-                // Watches resume at the group the subtree went to (a merge's parent group).
-                let target = match self.split.frozen_into {
-                    0 => hand.target_group,
-                    into => into,
-                };
-                txn.hand_subtree(self.group, self.descriptor.as_ref(), hand).map(|(state, descriptor)| {
-                    // A hand-over done again (idempotent) moves nothing.
-                    if descriptor.is_some() {
-                        moved = Some((prefix, target, revision));
-                    }
-                    new_split = Some(state);
-                    new_descriptor = descriptor;
-                    CommandOutcome::Txn(empty())
-                })
-            }
-            Some(CommandOp::IngestSubtree(ingest)) => txn.ingest_subtree(self.group, self.descriptor.as_ref(), &ingest).map(|state| {
-                new_split = Some(state);
-                CommandOutcome::Txn(empty())
-            }),
-            Some(CommandOp::RestorePage(page)) => txn.restore_page(self.descriptor.as_ref(), &page).map(|state| {
-                new_split = Some(state);
-                CommandOutcome::Txn(empty())
-            }),
-            Some(CommandOp::CountQuota(count)) => self.quotas.count(txn.view, &count).map(|share| {
-                quota_shares.extend(share);
-                CommandOutcome::Txn(empty())
-            }),
-            Some(CommandOp::PurgeSubtree(purge)) => txn.purge_subtree(&purge).map(|state| {
-                new_split = Some(state);
-                CommandOutcome::Txn(empty())
-            }),
-            None => Err(Failure::Refused(error::invalid("", "command without an operation"))),
-        };
-        let ttl_changes = std::mem::take(&mut txn.ttl_changes);
-        let session_changes = std::mem::take(&mut txn.session_changes);
-        let touched = std::mem::take(&mut txn.touched);
-        let lock_changes = std::mem::take(&mut txn.lock_changes);
-        let gone_waiters = std::mem::take(&mut txn.gone_waiters);
-        let response = match outcome {
-            Ok(response) => response,
-            Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
-            Err(Failure::Storage(error)) => return Err(error),
-        };
-        // What it changes under quotas is counted (a client's write past one refused: the view
-        // is dropped, nothing written).
-        // Every node the command changed, before and after (read once, for quotas, events and
-        // the counts of what the group holds).
-        let node_changes = if view.is_unchanged() { Vec::new() } else { view.node_changes()? };
-        match self.quotas.charge(&view, &node_changes, client_write) {
-            Ok(charged) => quota_shares.extend(charged),
-            Err(Failure::Refused(error)) => return Ok(CommandResult { result: Some(CommandOutcome::Error(error)), ..CommandResult::default() }),
-            Err(Failure::Storage(error)) => return Err(error),
-        }
-        // Only a transaction that changed something takes a revision.
-        if !view.is_unchanged() {
-            if takes_revision {
-                self.revision = revision;
-            }
-            self.counts.apply_changes(&node_changes);
-            let events: Vec<Event> = if moves_records { Vec::new() } else { Self::events_of(node_changes) };
-            self.writes.record(&root, events.iter().map(|event| event.path.as_str()));
-            if let Some(lock_path) = &lock_path {
-                self.writes.record_lock(&root, lock_path);
-            }
-            if !events.is_empty() {
-                self.unpublished.push(EventBatch { revision: self.revision, events });
-            }
-            view.set_revision(self.revision);
-            view.into_changes().commit_into(writes);
-            if new_descriptor.is_some() {
-                self.descriptor = new_descriptor;
-            }
-            if let Some(state) = new_split {
-                self.split = state;
-                self.purge_pacing.applied();
-            }
-            if let Some((version, limits)) = new_limits {
-                self.set_limits(version, limits);
-            }
-            if moved.is_some() {
-                self.unpublished_move = moved;
-            }
-            self.quotas.update(quota_shares, quota_removed);
-            if sets_quota || counts_quota {
-                self.count_pacing.applied();
-            }
-            if sets_quota {
-                self.hub.set_watch_limits(self.quotas.watch_limits());
-            }
-            for change in ttl_changes {
-                match change {
-                    TtlChange::Upsert(path, stat) => {
-                        self.ttl_recheck_at_ms = self.ttl_recheck_at_ms.min(stat.mtime_ms.saturating_add(stat.ttl_ms));
-                        self.ttl.insert(path, TtlEntry { mod_revision: stat.mod_revision, mtime_ms: stat.mtime_ms, ttl_ms: stat.ttl_ms });
-                    }
-                    TtlChange::Remove(path) => {
-                        self.ttl.remove(&path);
-                    }
-                }
-            }
-            for (path, blocked_until_ms) in lock_changes {
-                if blocked_until_ms == 0 {
-                    self.blocked_locks.remove(&path);
-                } else {
-                    self.blocked_locks.insert(path, blocked_until_ms);
-                }
-            }
-            self.notify_lock_waiters(&reader, writes, &touched, &gone_waiters)?;
-            for change in session_changes {
-                match change {
-                    SessionChange::Added(id, ttl_ms) => {
-                        self.sessions.insert(id, ttl_ms);
-                        self.leases.add(id, ttl_ms);
-                    }
-                    SessionChange::RemoteAdded(id) => {
-                        self.remote_sessions.insert(id);
-                    }
-                    SessionChange::Removed(id) => {
-                        self.sessions.remove(&id);
-                        self.remote_sessions.remove(&id);
-                        self.leases.remove(id);
-                    }
+                TtlChange::Remove(path) => {
+                    self.ttl.remove(&path);
                 }
             }
         }
-        let header = Some(warden_proto::v1::ResponseHeader { revision: self.revision, ..Default::default() });
-        let response = match response {
-            CommandOutcome::Txn(txn) => CommandOutcome::Txn(TxnResponse { header, ..txn }),
-            CommandOutcome::CreateSession(created) => CommandOutcome::CreateSession(CreateSessionResponse { header, ..created }),
-            CommandOutcome::CloseSession(closed) => CommandOutcome::CloseSession(CloseSessionResponse { header, ..closed }),
-            CommandOutcome::Lock(lock) => CommandOutcome::Lock(LockResponse { header, ..lock }),
-            other @ (CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) | CommandOutcome::Limits(_)) => other,
-        };
-        Ok(CommandResult { result: Some(response), lock_attempt })
     }
 }
 
@@ -962,7 +625,8 @@ impl StateMachine for NamespaceStateMachine {
 mod tests {
     use super::*;
     use warden_engine::storage::Db;
-    use warden_proto::namespace::{Query, QueryResult};
+    use warden_proto::namespace::command_result::Result as CommandOutcome;
+    use warden_proto::namespace::{CommandResult, Query, QueryResult};
     use warden_proto::v1::txn_op::Op;
     use warden_proto::v1::{CreateRequest, DeleteRequest, GetChildrenRequest, TxnOp, TxnRequest};
 

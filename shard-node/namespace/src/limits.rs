@@ -21,6 +21,11 @@ use std::sync::{Arc, RwLock};
 
 use warden_proto::v1::ApplyLimits;
 
+use super::apply::Effects;
+use super::error::{invalid, Failure};
+use super::txn::Txn;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
+
 /// Limits of the namespace. The replicated ones (in the record) are marked so.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
@@ -212,6 +217,19 @@ impl LimitsBoard {
     pub fn remove(&self, node: u64, group: u64) {
         self.groups.write().unwrap_or_else(|e| e.into_inner()).remove(&(node, group));
     }
+}
+
+/// Applies a `SetLimits`: only a newer record changes the limits (a stale proposal answers
+/// the current one); a record whose limits fail their checks is refused.
+pub(super) fn apply_record(txn: &mut Txn<'_, '_>, version: u64, record: ApplyLimits, effects: &mut Effects) -> Result<CommandOutcome, Failure> {
+    if record.version <= version {
+        return Ok(CommandOutcome::Limits(txn.limits.to_record(version)));
+    }
+    let limits = txn.limits.with_record(Some(&record));
+    limits.check().map_err(|reason| Failure::Refused(invalid("", reason)))?;
+    txn.view.put_limits(&record);
+    effects.limits = Some((record.version, limits));
+    Ok(CommandOutcome::Limits(record))
 }
 
 #[cfg(test)]

@@ -24,11 +24,14 @@ use warden_proto::namespace::{CountQuota, NodeRecord, QuotaShare, SessionRecord,
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{QuotaCounts, QuotaExceeded, QuotaKind, QuotaLimits, WardenError};
 
+use super::apply::{done, Effects};
 use super::error::{error, invalid, Failure};
 use super::path;
 use super::store::{NodeChange, TxnView};
+use super::txn::Txn;
 use warden_engine::error::StorageError;
 use warden_engine::state_machine::SmReader;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
 
 /// First byte of a share record's key (`Q<prefix>`). It sorts before the node records
 /// (`n`): a record rewritten every batch above them widens every flushed SST's key range past
@@ -381,6 +384,28 @@ pub fn watches_exceeded(prefix: &str, limit: u64) -> WardenError {
         })),
         ..error(Code::ResourceExhausted, prefix, message)
     }
+}
+
+/// Applies a `SetQuotaShare`: the group's share of a subtree quota (or its removal).
+pub(super) fn apply_share(
+    quotas: &GroupQuotas,
+    txn: &mut Txn<'_, '_>,
+    set: &SetQuotaShare,
+    effects: &mut Effects,
+) -> Result<CommandOutcome, Failure> {
+    let share = quotas.set_share(txn.view, set)?;
+    if set.remove {
+        effects.quota_removed = Some(set.prefix.clone());
+    } else {
+        effects.quota_shares.push(share.clone());
+    }
+    Ok(CommandOutcome::QuotaShare(share))
+}
+
+/// Applies a `CountQuota`: a page of a new share's first count.
+pub(super) fn apply_count(quotas: &GroupQuotas, txn: &mut Txn<'_, '_>, count: &CountQuota, effects: &mut Effects) -> Result<CommandOutcome, Failure> {
+    effects.quota_shares.extend(quotas.count(txn.view, count)?);
+    Ok(done())
 }
 
 #[cfg(test)]

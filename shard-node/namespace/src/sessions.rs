@@ -10,7 +10,13 @@ use warden_proto::namespace::SessionRecord;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::WardenError;
 
-use super::error::error;
+use super::apply::done;
+use super::error::{error, invalid, session_expired, Failure};
+use super::txn::{Deleter, SessionChange, Txn};
+use super::NamespaceStateMachine;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
+use warden_proto::namespace::CreateSession;
+use warden_proto::v1::{CloseSessionResponse, CreateSessionResponse};
 
 pub use warden_placement::{home_group, session_id, SESSION_SEQUENCE_BITS};
 
@@ -172,6 +178,181 @@ impl LeaseTable {
     }
 }
 
+/// Applies a `CreateSession`: a session homed in this group (a retired group, merged away,
+/// opens none: it only lets the sessions it homes end).
+pub(super) fn apply_create(sm: &NamespaceStateMachine, txn: &mut Txn<'_, '_>, create: &CreateSession) -> Result<CommandOutcome, Failure> {
+    if sm.descriptor.as_ref().is_some_and(super::descriptor::is_retiring) {
+        let retired = sm.descriptor.as_ref().map(|d| Box::new(d.clone()));
+        let message = "this group serves nothing (merged away): sessions are homed in serving groups";
+        return Err(Failure::Refused(WardenError { descriptor: retired, ..error(Code::WrongGroup, "", message) }));
+    }
+    txn.create_session(sm.group, create.ttl_ms, &create.owner, &create.scope).map(CommandOutcome::CreateSession)
+}
+
+/// Applies a client's `CloseSession` (refused SESSION_EXPIRED when it does not exist).
+pub(super) fn apply_close(txn: &mut Txn<'_, '_>, session: u64) -> Result<CommandOutcome, Failure> {
+    match txn.close_session(session)? {
+        Some(deleted) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
+        None => Err(Failure::Refused(session_expired(session, ""))),
+    }
+}
+
+/// Applies the leader's `ExpireSessions`: at most the limit's sessions per entry.
+pub(super) fn apply_expire(txn: &mut Txn<'_, '_>, ids: &[u64]) -> Result<CommandOutcome, Failure> {
+    let ids = &ids[..ids.len().min(txn.limits.sessions_per_expiry_max)];
+    txn.expire_sessions(ids).map(|()| done())
+}
+
+/// Applies `EndRemoteSessions` (the home groups' verdicts): at most the limit's per entry.
+pub(super) fn apply_end_remote(txn: &mut Txn<'_, '_>, ids: &[u64]) -> Result<CommandOutcome, Failure> {
+    let ids = &ids[..ids.len().min(txn.limits.sessions_per_expiry_max)];
+    txn.end_remote_sessions(ids).map(|()| done())
+}
+
+impl NamespaceStateMachine {
+    /// Keeps the session index and the leader's lease table in step with the sessions a
+    /// command opened, recorded or ended.
+    pub(super) fn apply_session_changes(&mut self, changes: Vec<SessionChange>) {
+        for change in changes {
+            match change {
+                SessionChange::Added(id, ttl_ms) => {
+                    self.sessions.insert(id, ttl_ms);
+                    self.leases.add(id, ttl_ms);
+                }
+                SessionChange::RemoteAdded(id) => {
+                    self.remote_sessions.insert(id);
+                }
+                SessionChange::Removed(id) => {
+                    self.sessions.remove(&id);
+                    self.remote_sessions.remove(&id);
+                    self.leases.remove(id);
+                }
+            }
+        }
+    }
+}
+
+impl Txn<'_, '_> {
+    /// Opens a session of `group` with `ttl_ms` (clamped to the limits).
+    pub fn create_session(&mut self, group: u64, ttl_ms: u64, owner: &str, scope: &str) -> Result<CreateSessionResponse, Failure> {
+        let granted = ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
+        let sequence = self.view.take_session_sequence()?;
+        if sequence >= 1 << SESSION_SEQUENCE_BITS {
+            return Err(error(Code::TooLarge, "", "session ids of this group are exhausted").into());
+        }
+        let session_id = session_id(group, sequence);
+        let record = SessionRecord {
+            session_id,
+            ttl_ms: granted,
+            ephemerals: 0,
+            remote: false,
+            owner: owner.to_string(),
+            scope: scope.to_string(),
+            owner_known: true,
+        };
+        self.view.put_session(&record);
+        self.session_changes.push(SessionChange::Added(session_id, granted));
+        Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
+    }
+
+    /// Closes a session of this group (a client's CloseSession); `None` if it does not
+    /// exist. A remote session is refused: only its home group may end it (DESIGN.md rule 7).
+    pub fn close_session(&mut self, session: u64) -> Result<Option<u64>, Failure> {
+        self.check_owner(session, "")?;
+        if self.view.session(session)?.is_some_and(|record| record.remote) {
+            return Err(invalid("", format!("session {session} is homed in group {}: close it there", home_group(session))).into());
+        }
+        self.end_session(session, false)
+    }
+
+    /// Ends sessions of this group whose lease ran out (the leader's expiry): remote
+    /// records are skipped, since only their home groups' verdicts end them.
+    pub fn expire_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
+        for id in ids {
+            if self.view.session(*id)?.is_some_and(|record| !record.remote) {
+                self.end_session(*id, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Records sessions of other groups that their home groups confirmed alive, with their
+    /// `owners` (in the order of `ids`; an entry of an earlier release without them leaves
+    /// the owners unknown). A recorded one is left as it is, but for an owner it did not know.
+    pub fn add_remote_sessions(&mut self, group: u64, ids: &[u64], owners: &[String]) -> Result<(), Failure> {
+        if let Some(own) = ids.iter().find(|id| home_group(**id) == group || home_group(**id) == 0) {
+            return Err(invalid("", format!("session {own} is not homed in another group")).into());
+        }
+        for (index, id) in ids.iter().enumerate() {
+            let owner = owners.get(index);
+            match self.view.session(*id)? {
+                Some(mut record) => {
+                    if let Some(owner) = owner.filter(|_| self::owner(&record) == Owner::Unknown) {
+                        record.owner = owner.clone();
+                        record.owner_known = true;
+                        self.view.put_session(&record);
+                    }
+                }
+                None => {
+                    let record = SessionRecord {
+                        session_id: *id,
+                        remote: true,
+                        owner: owner.cloned().unwrap_or_default(),
+                        owner_known: owner.is_some(),
+                        ..SessionRecord::default()
+                    };
+                    self.view.put_session(&record);
+                    self.session_changes.push(SessionChange::RemoteAdded(*id));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends remote sessions whose home groups said they ended: their ephemerals are deleted
+    /// as an expiry's would be (locks they held enter their lock-delay). Ids that are not
+    /// remote records here are skipped.
+    pub fn end_remote_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
+        for id in ids {
+            if self.view.session(*id)?.is_some_and(|record| record.remote) {
+                self.end_session(*id, true)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends a session: its ephemeral nodes go first, in path order, then its record. When it
+    /// `expired` (rather than closed), locks it held enter their lock-delay. Returns how many
+    /// nodes were deleted (with emptied containers); `None` if the session does not exist.
+    pub fn end_session(&mut self, session: u64, expired: bool) -> Result<Option<u64>, Failure> {
+        if self.view.session(session)?.is_none() {
+            return Ok(None);
+        }
+        let mut deleted = 0;
+        loop {
+            let (paths, _) = self.view.ephemerals(session, 1024)?;
+            if paths.is_empty() {
+                break;
+            }
+            for path in paths {
+                if self.view.node(&path)?.is_none() {
+                    // Already gone with an ancestor deleted earlier in this loop.
+                    self.view.remove_ephemeral(session, &path);
+                    continue;
+                }
+                if expired {
+                    self.start_lock_delay_if_holding(&path)?;
+                }
+                deleted += self.delete_subtree(&path, Deleter::Locks)?;
+                deleted += self.detach_from_parent(&path)?;
+            }
+        }
+        self.view.delete_session(session);
+        self.session_changes.push(SessionChange::Removed(session));
+        Ok(Some(deleted))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -219,7 +400,7 @@ mod tests {
     /// The bug hibernation exposed: a leader that slept for longer than a TTL (no ticks, so
     /// no `take_expired` to move its clock) granted a session created on waking a lease that
     /// had ended already, expired it at its next tick and freed its locks, while the client
-    /// counted a full TTL from its request (a stale holder acted in `tests/crash_cycles.rs`).
+    /// counted a full TTL from its request (a stale holder acted in `tests/suite/crash_cycles.rs`).
     #[test]
     fn a_session_created_after_the_clock_stood_still_gets_a_full_ttl_from_its_creation() {
         let mut leases = LeaseTable::default();

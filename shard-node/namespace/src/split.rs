@@ -22,14 +22,17 @@ use warden_proto::namespace::{
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{GroupDescriptor, NodeKind, WardenError};
 
+use super::apply::{done, Effects};
 use super::descriptor;
 use super::error::{error, invalid, Failure};
 use super::path;
 use super::sessions;
 use super::store::{self, parse_subtree_key, SubtreeKey, TxnView};
 use super::txn::{SessionChange, TtlChange, Txn};
+use super::NamespaceStateMachine;
 use warden_engine::error::StorageError;
 use warden_engine::state_machine::SmReader;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
 
 /// Largest export page (a page is one raft entry at the target, within its command limit;
 /// a single record larger than this — a node of the largest value — still makes a page).
@@ -640,6 +643,62 @@ fn settled(prefix: &str, state: &SplitState, target: u64) -> WardenError {
     } else {
         error(Code::InvalidArgument, prefix, format!("the split to group {target} was aborted or never began"))
     }
+}
+
+/// Applies a `FreezeSubtree`: the subtree stops taking writes until it has moved.
+pub(super) fn apply_freeze(
+    sm: &NamespaceStateMachine,
+    txn: &mut Txn<'_, '_>,
+    freeze: &FreezeSubtree,
+    effects: &mut Effects,
+) -> Result<CommandOutcome, Failure> {
+    effects.split = Some(txn.freeze_subtree(sm.descriptor.as_ref(), freeze)?);
+    Ok(done())
+}
+
+/// Applies an `AbortSplit`: a move that will not finish gives its subtree back.
+pub(super) fn apply_abort(txn: &mut Txn<'_, '_>, abort: &AbortSplit, effects: &mut Effects) -> Result<CommandOutcome, Failure> {
+    effects.split = Some(txn.abort_split(abort)?);
+    Ok(done())
+}
+
+/// Applies a `HandSubtree`: the frozen subtree now belongs to its target, whose watches take
+/// over (a merge's: the parent group). A hand-over done again (idempotent) moves nothing.
+pub(super) fn apply_hand(
+    sm: &NamespaceStateMachine,
+    txn: &mut Txn<'_, '_>,
+    hand: HandSubtree,
+    effects: &mut Effects,
+) -> Result<CommandOutcome, Failure> {
+    let prefix = sm.split.frozen_prefix.clone();
+    let target = match sm.split.frozen_into {
+        0 => hand.target_group,
+        into => into,
+    };
+    let (state, descriptor) = txn.hand_subtree(sm.group, sm.descriptor.as_ref(), hand)?;
+    if descriptor.is_some() {
+        effects.moved = Some((prefix, target, txn.revision));
+    }
+    effects.split = Some(state);
+    effects.descriptor = descriptor;
+    Ok(done())
+}
+
+/// Applies an `IngestSubtree`: a page of a subtree moving in.
+pub(super) fn apply_ingest(
+    sm: &NamespaceStateMachine,
+    txn: &mut Txn<'_, '_>,
+    ingest: &IngestSubtree,
+    effects: &mut Effects,
+) -> Result<CommandOutcome, Failure> {
+    effects.split = Some(txn.ingest_subtree(sm.group, sm.descriptor.as_ref(), ingest)?);
+    Ok(done())
+}
+
+/// Applies a `PurgeSubtree`: a page of a moved subtree's records deleted.
+pub(super) fn apply_purge(txn: &mut Txn<'_, '_>, purge: &PurgeSubtree, effects: &mut Effects) -> Result<CommandOutcome, Failure> {
+    effects.split = Some(txn.purge_subtree(purge)?);
+    Ok(done())
 }
 
 #[cfg(test)]

@@ -2,17 +2,16 @@
 //! `else` operations, all-or-nothing, at one new revision. Deterministic: the only time is
 //! the leader's `now_ms` carried in the command.
 
-use warden_proto::namespace::{AcquireLock, LockMeta, LockWaiterRecord, NodeRecord, SessionRecord};
+use warden_proto::namespace::{LockWaiterRecord, NodeRecord};
 use warden_proto::v1::compare::{Op as CompareOp, Target};
 use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{
-    Compare, CreateRequest, CreateResponse, CreateSessionResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, GroupDescriptor, LockMode,
-    LockResponse, NodeKind, Sequencer, SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse, WardenError,
+    Compare, CreateRequest, CreateResponse, DeleteRequest, DeleteResponse, GetRequest, GetResponse, NodeKind, SetRequest, SetResponse, Stat, TxnOp,
+    TxnOpResult, TxnRequest, TxnResponse, WardenError,
 };
 
-use super::descriptor::is_retiring;
 use super::error::{error, invalid, invalid_path, no_node, too_large};
 use super::error::{session_expired, Failure};
 use super::locks;
@@ -47,8 +46,10 @@ pub enum SessionChange {
 /// Who deletes nodes: a plain write may not delete a lock waiter or a lock in its lock-delay
 /// (only the lock operations and a session's end change a lock's state).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Deleter {
+pub(super) enum Deleter {
+    /// A client's write or a TTL expiry.
     Plain,
+    /// A lock operation or a session's end.
     Locks,
 }
 
@@ -187,7 +188,7 @@ impl Txn<'_, '_> {
     }
 
     /// The node at `path`; the root exists even before anything was written to it.
-    fn node(&self, path: &str) -> Result<Option<NodeRecord>, StorageError> {
+    pub(super) fn node(&self, path: &str) -> Result<Option<NodeRecord>, StorageError> {
         match self.view.node(path)? {
             None if path == "/" => Ok(Some(super::store::implicit_root())),
             node => Ok(node),
@@ -196,12 +197,12 @@ impl Txn<'_, '_> {
 
     /// A plain create: a lock's children are its waiters, which only the lock operations
     /// create.
-    fn create(&mut self, request: &CreateRequest) -> Result<CreateResponse, Failure> {
+    pub(super) fn create(&mut self, request: &CreateRequest) -> Result<CreateResponse, Failure> {
         self.create_node(request, None)
     }
 
     /// Creates a node; `lock_waiter` makes it a waiter of its parent lock (lock operations only).
-    fn create_node(&mut self, request: &CreateRequest, lock_waiter: Option<LockWaiterRecord>) -> Result<CreateResponse, Failure> {
+    pub(super) fn create_node(&mut self, request: &CreateRequest, lock_waiter: Option<LockWaiterRecord>) -> Result<CreateResponse, Failure> {
         let requested = request.path.as_str();
         let parent_path = path::parent(requested).ok_or_else(|| error(Code::NodeExists, "/", "the root always exists"))?;
         let mut parent = match self.node(parent_path)? {
@@ -324,7 +325,7 @@ impl Txn<'_, '_> {
     /// Deletes `path` and everything under it; returns how many nodes went. A plain delete
     /// that would remove a lock waiter or a lock in its lock-delay (even below `path`) is
     /// refused as a whole.
-    fn delete_subtree(&mut self, path: &str, deleter: Deleter) -> Result<u64, Failure> {
+    pub(super) fn delete_subtree(&mut self, path: &str, deleter: Deleter) -> Result<u64, Failure> {
         let mut doomed = vec![path.to_string()];
         let mut next = 0;
         while next < doomed.len() {
@@ -375,7 +376,7 @@ impl Txn<'_, '_> {
 
     /// Removes `path` from its parent's children; an emptied container parent goes too
     /// (and so on upward). Returns how many containers were removed.
-    fn detach_from_parent(&mut self, path: &str) -> Result<u64, Failure> {
+    pub(super) fn detach_from_parent(&mut self, path: &str) -> Result<u64, Failure> {
         let Some(parent_path) = path::parent(path) else { return Ok(0) };
         self.view.remove_child(parent_path, path::name(path));
         self.touched.insert(parent_path.to_string());
@@ -395,7 +396,7 @@ impl Txn<'_, '_> {
     }
 
     /// Whether `path` is a lock in its lock-delay.
-    fn in_lock_delay(&self, path: &str) -> Result<bool, StorageError> {
+    pub(super) fn in_lock_delay(&self, path: &str) -> Result<bool, StorageError> {
         Ok(self.view.lock_meta(path)?.is_some_and(|meta| meta.blocked_until_ms != 0))
     }
 
@@ -417,7 +418,7 @@ impl Txn<'_, '_> {
 
     /// Refuses the use of `session` by a principal that does not own it
     /// ([`sessions::check_use`]); a session that does not exist is left to the caller.
-    fn check_owner(&self, session: u64, path: &str) -> Result<(), Failure> {
+    pub(super) fn check_owner(&self, session: u64, path: &str) -> Result<(), Failure> {
         match self.view.session(session)? {
             Some(record) => Ok(sessions::check_use(&record, self.principal, path)?),
             None => Ok(()),
@@ -445,364 +446,6 @@ impl Txn<'_, '_> {
         if let Some(mut record) = self.view.session(session)? {
             record.ephemerals = record.ephemerals.saturating_sub(1);
             self.view.put_session(&record);
-        }
-        Ok(())
-    }
-
-    /// Opens a session of `group` with `ttl_ms` (clamped to the limits).
-    pub fn create_session(&mut self, group: u64, ttl_ms: u64, owner: &str, scope: &str) -> Result<CreateSessionResponse, Failure> {
-        let granted = ttl_ms.clamp(self.limits.session_ttl_ms_min, self.limits.session_ttl_ms_max);
-        let sequence = self.view.take_session_sequence()?;
-        if sequence >= 1 << sessions::SESSION_SEQUENCE_BITS {
-            return Err(error(Code::TooLarge, "", "session ids of this group are exhausted").into());
-        }
-        let session_id = sessions::session_id(group, sequence);
-        let record = SessionRecord {
-            session_id,
-            ttl_ms: granted,
-            ephemerals: 0,
-            remote: false,
-            owner: owner.to_string(),
-            scope: scope.to_string(),
-            owner_known: true,
-        };
-        self.view.put_session(&record);
-        self.session_changes.push(SessionChange::Added(session_id, granted));
-        Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
-    }
-
-    /// Closes a session of this group (a client's CloseSession); `None` if it does not
-    /// exist. A remote session is refused: only its home group may end it (DESIGN.md rule 7).
-    pub fn close_session(&mut self, session: u64) -> Result<Option<u64>, Failure> {
-        self.check_owner(session, "")?;
-        if self.view.session(session)?.is_some_and(|record| record.remote) {
-            return Err(invalid("", format!("session {session} is homed in group {}: close it there", sessions::home_group(session))).into());
-        }
-        self.end_session(session, false)
-    }
-
-    /// Ends sessions of this group whose lease ran out (the leader's expiry): remote
-    /// records are skipped, since only their home groups' verdicts end them.
-    pub fn expire_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
-        for id in ids {
-            if self.view.session(*id)?.is_some_and(|record| !record.remote) {
-                self.end_session(*id, true)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Records sessions of other groups that their home groups confirmed alive, with their
-    /// `owners` (in the order of `ids`; an entry of an earlier release without them leaves
-    /// the owners unknown). A recorded one is left as it is, but for an owner it did not know.
-    pub fn add_remote_sessions(&mut self, group: u64, ids: &[u64], owners: &[String]) -> Result<(), Failure> {
-        if let Some(own) = ids.iter().find(|id| sessions::home_group(**id) == group || sessions::home_group(**id) == 0) {
-            return Err(invalid("", format!("session {own} is not homed in another group")).into());
-        }
-        for (index, id) in ids.iter().enumerate() {
-            let owner = owners.get(index);
-            match self.view.session(*id)? {
-                Some(mut record) => {
-                    if let Some(owner) = owner.filter(|_| sessions::owner(&record) == sessions::Owner::Unknown) {
-                        record.owner = owner.clone();
-                        record.owner_known = true;
-                        self.view.put_session(&record);
-                    }
-                }
-                None => {
-                    let record = SessionRecord {
-                        session_id: *id,
-                        remote: true,
-                        owner: owner.cloned().unwrap_or_default(),
-                        owner_known: owner.is_some(),
-                        ..SessionRecord::default()
-                    };
-                    self.view.put_session(&record);
-                    self.session_changes.push(SessionChange::RemoteAdded(*id));
-                }
-            }
-        }
-        Ok(())
-    }
-
-    /// Ends remote sessions whose home groups said they ended: their ephemerals are deleted
-    /// as an expiry's would be (locks they held enter their lock-delay). Ids that are not
-    /// remote records here are skipped.
-    pub fn end_remote_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
-        for id in ids {
-            if self.view.session(*id)?.is_some_and(|record| record.remote) {
-                self.end_session(*id, true)?;
-            }
-        }
-        Ok(())
-    }
-
-    /// Ends a session: its ephemeral nodes go first, in path order, then its record. When it
-    /// `expired` (rather than closed), locks it held enter their lock-delay. Returns how many
-    /// nodes were deleted (with emptied containers); `None` if the session does not exist.
-    pub fn end_session(&mut self, session: u64, expired: bool) -> Result<Option<u64>, Failure> {
-        if self.view.session(session)?.is_none() {
-            return Ok(None);
-        }
-        let mut deleted = 0;
-        loop {
-            let (paths, _) = self.view.ephemerals(session, 1024)?;
-            if paths.is_empty() {
-                break;
-            }
-            for path in paths {
-                if self.view.node(&path)?.is_none() {
-                    // Already gone with an ancestor deleted earlier in this loop.
-                    self.view.remove_ephemeral(session, &path);
-                    continue;
-                }
-                if expired {
-                    self.start_lock_delay_if_holding(&path)?;
-                }
-                deleted += self.delete_subtree(&path, Deleter::Locks)?;
-                deleted += self.detach_from_parent(&path)?;
-            }
-        }
-        self.view.delete_session(session);
-        self.session_changes.push(SessionChange::Removed(session));
-        Ok(Some(deleted))
-    }
-
-    /// If `waiter` holds its parent's lock and asked for a lock-delay, the lock is granted to
-    /// nobody new until the delay has passed (Chubby's lock-delay); the other holders (sharing
-    /// it) keep their holds.
-    fn start_lock_delay_if_holding(&mut self, waiter: &str) -> Result<(), Failure> {
-        let Some(lock_path) = path::parent(waiter) else { return Ok(()) };
-        let Some(mut meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
-        let waiters = locks::waiters(self.view, lock_path, self.limits.lock_waiters_max)?;
-        let holding = &waiters[..locks::holders(&waiters, Some(&meta))];
-        let Some(expired) = holding.iter().find(|w| w.path == waiter) else { return Ok(()) };
-        if expired.record.lock_delay_ms == 0 {
-            return Ok(());
-        }
-        if meta.blocked_until_ms == 0 {
-            // Holders are a leading run in token order: the last one's token bounds them all.
-            meta.held_through_token = holding.last().map_or(0, |w| w.token);
-        }
-        meta.blocked_until_ms = meta.blocked_until_ms.max(self.now_ms.saturating_add(expired.record.lock_delay_ms));
-        self.view.put_lock_meta(lock_path, &meta);
-        self.lock_changes.push((lock_path.to_string(), meta.blocked_until_ms));
-        Ok(())
-    }
-
-    /// Makes the group serve `new` (see `namespace.proto`, `SetDescriptor`): refused when it
-    /// is older than `current`, changes the prefix, or gives away a path where this group
-    /// holds a node. A prefix node missing here is created: it is the group's root.
-    pub fn set_descriptor(
-        &mut self,
-        group: u64,
-        current: Option<&GroupDescriptor>,
-        new: Option<GroupDescriptor>,
-    ) -> Result<GroupDescriptor, Failure> {
-        let new = new.ok_or_else(|| invalid("", "set_descriptor without a descriptor"))?;
-        if new.group_id != group {
-            return Err(invalid(&new.prefix, format!("a descriptor of group {} sent to group {group}", new.group_id)).into());
-        }
-        path::validate(&new.prefix, true).map_err(|e| invalid_path(&new.prefix, &e))?;
-        if let Some(current) = current {
-            if new.conf_ver < current.conf_ver || new.version < current.version {
-                return Err(invalid(&new.prefix, "the descriptor is older than the group's").into());
-            }
-            if new.prefix != current.prefix {
-                return Err(invalid(&new.prefix, format!("the group's prefix is {}; it never changes", current.prefix)).into());
-            }
-            // One epoch names one set of served paths: the same epoch with other contents
-            // comes from a placement decision made on a stale state, and accepting it would let
-            // two groups serve the same paths. So serving a path again that
-            // the group gave away (an exclusion dropped) always takes a newer version.
-            if (new.conf_ver, new.version) == (current.conf_ver, current.version) && new != *current {
-                return Err(invalid(&new.prefix, "the group already has this descriptor version with other contents").into());
-            }
-        }
-        if is_retiring(&new) {
-            return self.retire(new);
-        }
-        for excluded in &new.excluded {
-            path::validate(excluded, true).map_err(|e| invalid_path(excluded, &e))?;
-            if !warden_placement::is_strictly_below(excluded, &new.prefix) {
-                return Err(invalid(excluded, "an excluded prefix must be below the group's prefix").into());
-            }
-            // A subtree handed over is excluded at once, while its records are still purged.
-            if self.node(excluded)?.is_some() && !super::split::is_purging(&self.view.split()?, excluded) {
-                return Err(
-                    error(Code::NotEmpty, excluded, "this group holds nodes there (moving a subtree to another group is not supported)").into()
-                );
-            }
-        }
-        if self.node(&new.prefix)?.is_none() {
-            let stat = Stat {
-                create_revision: self.revision,
-                mod_revision: self.revision,
-                ctime_ms: self.now_ms,
-                mtime_ms: self.now_ms,
-                kind: NodeKind::Persistent as i32,
-                ..Stat::default()
-            };
-            self.view.put_node(&new.prefix, &NodeRecord { stat: Some(stat), ..NodeRecord::default() });
-        }
-        self.view.put_descriptor(&new);
-        Ok(new)
-    }
-
-    /// Takes a retiring descriptor (see [`is_retiring`]): the group stops serving anything,
-    /// so placement can give its prefix back to the parent's group and remove it. Refused
-    /// for the root group and while the prefix node has children (the caller refuses while
-    /// the group homes sessions).
-    fn retire(&mut self, new: GroupDescriptor) -> Result<GroupDescriptor, Failure> {
-        if new.prefix == "/" || new.excluded.len() != 1 {
-            return Err(invalid(&new.prefix, "only a group below the root retires, and its one exclusion is its prefix").into());
-        }
-        let children = self.node(&new.prefix)?.and_then(|node| node.stat).map_or(0, |stat| stat.num_children);
-        // A merge's hand-over retires the group at once; the subtree's records go in pages.
-        if children > 0 && !super::split::is_purging(&self.view.split()?, &new.prefix) {
-            return Err(error(Code::NotEmpty, &new.prefix, format!("{} has {children} children: only an empty group is removed", new.prefix)).into());
-        }
-        self.view.put_descriptor(&new);
-        Ok(new)
-    }
-
-    /// Adds a waiter for `request.session_id` to the lock at `request.path` (creating the
-    /// lock as a container node), or re-attaches to the one an earlier call of the same request
-    /// made (its attempt goes up, so a release naming an earlier call leaves it). Returns the
-    /// answer and the call's attempt on its waiter (0: none). A try-lock (`if_free`) that would
-    /// not hold changes nothing.
-    pub fn acquire_lock(&mut self, request: &AcquireLock) -> Result<(LockResponse, u64), Failure> {
-        let lock_path = request.path.as_str();
-        path::validate(lock_path, false).map_err(|e| invalid_path(lock_path, &e))?;
-        if lock_path == self.root {
-            return Err(invalid(lock_path, "the group's root cannot be a lock").into());
-        }
-        let mode = LockMode::try_from(request.mode).map_err(|_| invalid(lock_path, "unknown lock mode"))?;
-        if request.lock_delay_ms > self.limits.lock_delay_ms_max {
-            return Err(invalid(lock_path, format!("lock_delay_ms is at most {}", self.limits.lock_delay_ms_max)).into());
-        }
-        if self.view.session(request.session_id)?.is_none() {
-            return Err(session_expired(request.session_id, lock_path).into());
-        }
-        self.check_owner(request.session_id, lock_path)?;
-        let node = self.node(lock_path)?;
-        let stat = node.as_ref().and_then(|node| node.stat).unwrap_or_default();
-        if stat.ephemeral_owner != 0 {
-            return Err(invalid(lock_path, "an ephemeral node cannot be a lock").into());
-        }
-        let meta = self.view.lock_meta(lock_path)?;
-        let mut waiters = match meta {
-            Some(_) => locks::waiters(self.view, lock_path, self.limits.lock_waiters_max)?,
-            // A node becomes a lock only while childless: a lock's children are its waiters.
-            None if stat.num_children > 0 => {
-                return Err(invalid(lock_path, format!("{lock_path} has children that are not lock waiters")).into());
-            }
-            None => Vec::new(),
-        };
-        let retried =
-            waiters.iter().position(|w| request.request_id != 0 && w.session_id == request.session_id && w.request_id == request.request_id);
-        let (index, attempt) = match retried {
-            Some(index) if request.if_free && index >= locks::holders(&waiters, meta.as_ref()) => {
-                // A try-lock with the id of a waiting call that does not hold: it gives up.
-                let waiter = waiters[index].path.clone();
-                self.delete_waiter(&waiter)?;
-                return Ok((LockResponse { header: None, acquired: false, sequencer: None }, 0));
-            }
-            Some(index) => {
-                let waiter = &mut waiters[index];
-                waiter.record.attempt += 1;
-                waiter.record.lock_delay_ms = request.lock_delay_ms;
-                let mut node = self.view.node(&waiter.path)?.ok_or_else(|| StorageError::Corrupt(format!("waiter {} vanished", waiter.path)))?;
-                node.lock_waiter = Some(waiter.record);
-                self.view.put_node(&waiter.path, &node);
-                (index, waiter.record.attempt)
-            }
-            None => {
-                let record = LockWaiterRecord { lock_delay_ms: request.lock_delay_ms, attempt: 1 };
-                // The waiter it would be (its token is this revision): checked before anything
-                // is written, so a refused try-lock changes nothing.
-                waiters.push(locks::Waiter {
-                    path: String::new(),
-                    mode,
-                    session_id: request.session_id,
-                    token: self.revision,
-                    request_id: request.request_id,
-                    record,
-                });
-                if request.if_free && locks::holders(&waiters, meta.as_ref()) < waiters.len() {
-                    return Ok((LockResponse { header: None, acquired: false, sequencer: None }, 0));
-                }
-                if node.is_none() {
-                    let container =
-                        CreateRequest { path: lock_path.into(), kind: NodeKind::Container as i32, create_parents: true, ..CreateRequest::default() };
-                    self.create(&container)?;
-                }
-                if meta.is_none() {
-                    self.view.put_lock_meta(lock_path, &LockMeta::default());
-                }
-                let waiter = CreateRequest {
-                    path: path::join(lock_path, locks::WAITER_PREFIX),
-                    data: locks::waiter_data(mode, request.request_id),
-                    sequential: true,
-                    session_id: request.session_id,
-                    ..CreateRequest::default()
-                };
-                let created = self.create_node(&waiter, Some(record))?;
-                let index = waiters.len() - 1;
-                waiters[index].path = created.path;
-                (index, 1)
-            }
-        };
-        let holding = locks::holders(&waiters, meta.as_ref());
-        let waiter = &waiters[index];
-        let sequencer = Sequencer { path: lock_path.into(), mode: waiter.mode as i32, token: waiter.token, group_id: 0, waiter: waiter.path.clone() };
-        Ok((LockResponse { header: None, acquired: index < holding, sequencer: Some(sequencer) }, attempt))
-    }
-
-    /// Removes a sequencer's waiter (unlock, or giving up waiting); with a nonzero `attempt`,
-    /// only if no later call re-attached to it. Releasing a waiter that is already gone is
-    /// not an error; a sequencer naming another hold, or a node that is no waiter, is.
-    pub fn release_lock(&mut self, sequencer: &Sequencer, attempt: u64) -> Result<(), Failure> {
-        let waiter = sequencer.waiter.as_str();
-        path::validate(waiter, false).map_err(|e| invalid_path(waiter, &e))?;
-        if path::parent(waiter) != Some(sequencer.path.as_str()) {
-            return Err(invalid(waiter, "the waiter is not a child of the lock").into());
-        }
-        let Some(node) = self.view.node(waiter)? else { return Ok(()) };
-        let stat = node.stat.unwrap_or_default();
-        if stat.create_revision != sequencer.token {
-            return Err(invalid(waiter, "the sequencer's token does not match its waiter").into());
-        }
-        self.check_owner(stat.ephemeral_owner, &sequencer.path)?;
-        let Some(record) = node.lock_waiter else { return Err(invalid(waiter, format!("{waiter} is not a lock waiter")).into()) };
-        if attempt != 0 && record.attempt != attempt {
-            // A later call took over this waiter: the release of an abandoned call leaves it.
-            return Ok(());
-        }
-        self.delete_waiter(waiter)
-    }
-
-    /// Deletes a waiter (and the lock's container if it was the last one).
-    fn delete_waiter(&mut self, waiter: &str) -> Result<(), Failure> {
-        self.delete_subtree(waiter, Deleter::Locks)?;
-        self.detach_from_parent(waiter)?;
-        Ok(())
-    }
-
-    /// A lock's lock-delay has passed (judged by the leader): grant it again. A container lock
-    /// that lost its last waiter during the delay goes now.
-    pub fn end_lock_delay(&mut self, lock_path: &str) -> Result<(), Failure> {
-        let Some(meta) = self.view.lock_meta(lock_path)? else { return Ok(()) };
-        if meta.blocked_until_ms == 0 || meta.blocked_until_ms > self.now_ms {
-            return Ok(());
-        }
-        self.view.put_lock_meta(lock_path, &LockMeta::default());
-        self.lock_changes.push((lock_path.to_string(), 0));
-        self.touched.insert(lock_path.to_string());
-        let stat = self.node(lock_path)?.and_then(|node| node.stat).unwrap_or_default();
-        if stat.kind == NodeKind::Container as i32 && stat.num_children == 0 && lock_path != self.root {
-            self.delete_subtree(lock_path, Deleter::Locks)?;
-            self.detach_from_parent(lock_path)?;
         }
         Ok(())
     }
