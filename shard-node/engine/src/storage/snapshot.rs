@@ -208,7 +208,7 @@ impl Builder {
         }
         let permit = db.snapshot_build_permit(builds_max)?;
         let builder = self.clone();
-        let spawned = std::thread::Builder::new().name(format!("snapshot-{group}")).spawn(move || builder.run(&permit, group, bytes_max));
+        let spawned = std::thread::Builder::new().name(format!("snapshot-{group}")).spawn(move || builder.run(permit, group, bytes_max));
         match spawned {
             // The build's own thread waits for this lock before recording its result.
             Ok(_) => *state = BuildState::Running,
@@ -222,9 +222,13 @@ impl Builder {
         matches!(*self.state(), BuildState::Running)
     }
 
-    fn run(&self, permit: &SnapshotBuildPermit, group: u64, bytes_max: usize) {
+    fn run(&self, permit: SnapshotBuildPermit, group: u64, bytes_max: usize) {
         let started = Instant::now();
         let built = build(permit.db(), group, bytes_max);
+        // The permit goes back before the build is seen to end, so whoever sees it end (raft
+        // asking again, another group) can start the next build at once instead of finding
+        // every permit still taken.
+        drop(permit);
         let mut state = self.state();
         *state = match built {
             Ok(Some(snap)) => {
