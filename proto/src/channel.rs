@@ -38,6 +38,9 @@ pub struct ChannelSettings {
     pub request_timeout: Option<Duration>,
     /// HTTP/2 keepalive pings (`None`: none).
     pub keepalive: Option<Keepalive>,
+    /// HTTP/2 flow-control windows, bytes: per stream and per connection (`None`: hyper's
+    /// defaults, 64 KiB).
+    pub windows_bytes: Option<(u32, u32)>,
     /// Who the server must prove to be when TLS is on (its certificate's identity stands in
     /// for a host name).
     pub expected: Expected,
@@ -46,7 +49,7 @@ pub struct ChannelSettings {
 impl ChannelSettings {
     /// tonic's defaults, to an `expected` server.
     pub const fn new(expected: Expected) -> ChannelSettings {
-        ChannelSettings { connect_timeout: None, request_timeout: None, keepalive: None, expected }
+        ChannelSettings { connect_timeout: None, request_timeout: None, keepalive: None, windows_bytes: None, expected }
     }
 
     /// From one node to another (a router's or a node's upstream calls): connected within a
@@ -71,6 +74,13 @@ impl ChannelSettings {
     pub const fn with_keepalive(self, keepalive: Keepalive) -> ChannelSettings {
         ChannelSettings { keepalive: Some(keepalive), ..self }
     }
+
+    /// The same, with flow-control windows of `stream_bytes` per stream and
+    /// `connection_bytes` per connection (a stream that carries bulk data, such as raft
+    /// messages and snapshots, is not held to 64 KiB in flight).
+    pub const fn with_windows(self, stream_bytes: u32, connection_bytes: u32) -> ChannelSettings {
+        ChannelSettings { windows_bytes: Some((stream_bytes, connection_bytes)), ..self }
+    }
 }
 
 /// The endpoint of `addr` (`host:port`, reached over `http://`, or a full URI) with
@@ -86,6 +96,9 @@ pub fn endpoint(addr: &str, settings: &ChannelSettings) -> Result<Endpoint, toni
     }
     if let Some(keepalive) = settings.keepalive {
         endpoint = endpoint.http2_keep_alive_interval(keepalive.interval).keep_alive_timeout(keepalive.timeout);
+    }
+    if let Some((stream_bytes, connection_bytes)) = settings.windows_bytes {
+        endpoint = endpoint.initial_stream_window_size(Some(stream_bytes)).initial_connection_window_size(Some(connection_bytes));
     }
     Ok(endpoint)
 }

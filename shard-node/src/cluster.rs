@@ -10,7 +10,9 @@ use std::time::{Duration, Instant};
 
 use warden_engine::config::{FatalPolicy, NodeConfig};
 use warden_engine::error::EngineError;
-use warden_proto::tls::{Identity, Tls};
+use warden_proto::channel::ChannelSettings;
+use warden_proto::follow::{CallKind, Follow};
+use warden_proto::tls::{Expected, Identity, Tls};
 use warden_server_kit::authority::Authority;
 
 use crate::node::{Drainer, Listeners, Node};
@@ -286,26 +288,22 @@ impl Cluster {
         use warden_placement::PLACEMENT_GROUP_ID;
         use warden_proto::placement::{placement_client::PlacementClient, BootstrapRequest};
         self.create_group(PLACEMENT_GROUP_ID, voters).await?;
-        let deadline = Instant::now() + Duration::from_secs(30);
+        let mut follow = Follow::new(CallKind::Write, tokio::time::Instant::now() + Duration::from_secs(30));
         loop {
             let leader = self.wait_leader(PLACEMENT_GROUP_ID, Duration::from_secs(30)).await?;
             let addr = self.addr(leader).ok_or(EngineError::Stopped)?;
-            let endpoint = tonic::transport::Channel::from_shared(format!("http://{addr}")).map_err(|e| EngineError::Invalid(e.to_string()))?;
             // With TLS, the leader bootstraps as itself (only nodes may).
-            let channel = warden_proto::tls::lazy_channel(endpoint, self.tls.get(&leader), warden_proto::tls::Expected::Node(leader));
-            let status = match PlacementClient::new(channel).bootstrap(BootstrapRequest {}).await {
+            let settings = ChannelSettings::new(Expected::Node(leader));
+            let channel =
+                warden_proto::channel::lazy(&addr.to_string(), self.tls.get(&leader), &settings).map_err(|e| EngineError::Invalid(e.to_string()))?;
+            match PlacementClient::new(channel).bootstrap(BootstrapRequest {}).await {
                 Ok(response) => {
                     let root = response.into_inner().root.and_then(|entry| entry.descriptor);
                     return root.ok_or_else(|| EngineError::Invalid("bootstrap answered no root group".into()));
                 }
-                Err(status) => status,
-            };
-            // Only a leader change is worth another try: nothing was proposed.
-            let not_leader = crate::service::error_of(&status).is_some_and(|e| e.code == warden_proto::v1::warden_error::Code::NotLeader as i32);
-            if !not_leader || Instant::now() >= deadline {
-                return Err(EngineError::Invalid(format!("bootstrap: {status}")));
+                // NOT_LEADER and UNAVAILABLE proposed nothing: asked again of the leader then.
+                Err(status) => follow.retry_after(status).await.map_err(|status| EngineError::Invalid(format!("bootstrap: {status}")))?,
             }
-            tokio::time::sleep(RETRY_PAUSE).await;
         }
     }
 

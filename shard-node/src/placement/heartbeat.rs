@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use warden_placement::PLACEMENT_GROUP_ID;
+use warden_proto::channel::{ChannelCache, ChannelSettings};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::HeartbeatRequest;
 use warden_proto::tls::{Expected, Tls};
@@ -60,7 +61,9 @@ pub async fn run(
 ) {
     let mut hint: Option<u64> = None;
     let mut turn = 0usize;
-    let mut channels: std::collections::HashMap<SocketAddr, tonic::transport::Channel> = std::collections::HashMap::new();
+    // One connection per target, kept across heartbeats; a heartbeat is bounded by its interval.
+    let settings = ChannelSettings::new(Expected::AnyNode).with_connect_timeout(interval).with_request_timeout(interval);
+    let channels = ChannelCache::new(tls, settings);
     let mut ticker = tokio::time::interval(interval);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -72,17 +75,7 @@ pub async fn run(
             ids.get(turn % ids.len().max(1)).copied()
         });
         let Some(target_addr) = target.and_then(|id| directory.get(id)) else { continue };
-        // One connection per target, kept across heartbeats.
-        let channel = match channels.get(&target_addr) {
-            Some(channel) => channel.clone(),
-            None => {
-                let Ok(endpoint) = tonic::transport::Channel::from_shared(format!("http://{target_addr}")) else { continue };
-                let endpoint = endpoint.connect_timeout(interval).timeout(interval);
-                let channel = warden_proto::tls::lazy_channel(endpoint, tls.as_ref(), Expected::AnyNode);
-                channels.insert(target_addr, channel.clone());
-                channel
-            }
-        };
+        let Ok(channel) = channels.get(&target_addr.to_string()) else { continue };
         let mut client = PlacementClient::new(channel);
         let shard_groups = |groups: Vec<u64>| -> Vec<u64> {
             groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID).take(GROUPS_PER_HEARTBEAT_MAX).collect()

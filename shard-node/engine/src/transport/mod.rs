@@ -20,6 +20,7 @@ use std::time::Duration;
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
 use tokio::sync::mpsc;
+use warden_proto::channel::ChannelSettings;
 use warden_proto::tls::{Expected, Tls};
 use warden_proto::transport::raft_envelope::Body;
 use warden_proto::transport::raft_transport_client::RaftTransportClient;
@@ -269,13 +270,8 @@ async fn connect(
     tls: Option<&Arc<Tls>>,
 ) -> Result<RaftTransportClient<tonic::transport::Channel>, String> {
     let addr = directory.get(to).ok_or_else(|| format!("no address for node {to}"))?;
-    let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .map_err(|e| e.to_string())?
-        .connect_timeout(Duration::from_millis(500))
-        .tcp_nodelay(true)
-        .initial_stream_window_size(Some(8 << 20))
-        .initial_connection_window_size(Some(16 << 20));
-    let channel = warden_proto::tls::connect_channel(endpoint, tls, Expected::Node(to)).await.map_err(|e| e.to_string())?;
+    let settings = ChannelSettings::new(Expected::Node(to)).with_connect_timeout(Duration::from_millis(500)).with_windows(8 << 20, 16 << 20);
+    let channel = warden_proto::channel::connect(&addr.to_string(), tls, &settings).await.map_err(|e| e.to_string())?;
     Ok(RaftTransportClient::new(channel)
         .max_encoding_message_size(limits.grpc_message_bytes_max)
         .max_decoding_message_size(limits.grpc_message_bytes_max))

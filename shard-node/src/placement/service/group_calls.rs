@@ -2,12 +2,11 @@
 //! hosts (placement's descriptors, split steps, quota shares, restores), and calls only a
 //! group's leader answers, made to its replicas in turn.
 
-use std::time::Duration;
-
 use prost::Message as _;
 use tonic::transport::Channel;
 use tonic::{Response, Status};
 use warden_placement::{GroupDescriptor, Placement};
+use warden_proto::follow::{CallKind, Follow};
 use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::query::Query as NamespaceQuery;
@@ -15,16 +14,11 @@ use warden_proto::namespace::query_result::Result as NamespaceAnswer;
 use warden_proto::namespace::{Command as NamespaceCommand, CommandResult};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::SetDescriptorRequest;
-use warden_proto::tls::Expected;
-use warden_proto::v1::warden_error::Code;
 
 use super::wire::{descriptor_proto, internal, now_ms};
 use super::PlacementService;
-use warden_engine::host::ReadConsistency;
 use crate::service::{engine_status, status};
-
-/// Pause between tries of a call only a group's leader answers.
-const LEADER_RETRY_PAUSE: Duration = Duration::from_millis(50);
+use warden_engine::host::ReadConsistency;
 
 impl PlacementService {
     /// Asks a namespace query of a group this node hosts; its answer, or the typed refusal.
@@ -63,7 +57,12 @@ impl PlacementService {
 
     /// Has the leader of `descriptor`'s group apply it (its revision raised to at least
     /// `revision_floor` first). Answers the group's revision once applied.
-    pub(in crate::placement) async fn set_descriptor_at(&self, state: &Placement, descriptor: &GroupDescriptor, revision_floor: u64) -> Result<u64, Status> {
+    pub(in crate::placement) async fn set_descriptor_at(
+        &self,
+        state: &Placement,
+        descriptor: &GroupDescriptor,
+        revision_floor: u64,
+    ) -> Result<u64, Status> {
         let request = SetDescriptorRequest { descriptor: Some(descriptor_proto(descriptor)), revision_floor };
         let answer = self
             .at_replicas(state, &descriptor.replicas, |mut client| {
@@ -75,7 +74,12 @@ impl PlacementService {
     }
 
     /// Calls the leader of `group` (see [`Self::at_replicas`]).
-    pub(in crate::placement) async fn at_group_leader<T, F, Fut>(&self, state: &Placement, group: &warden_placement::GroupInfo, call: F) -> Result<T, Status>
+    pub(in crate::placement) async fn at_group_leader<T, F, Fut>(
+        &self,
+        state: &Placement,
+        group: &warden_placement::GroupInfo,
+        call: F,
+    ) -> Result<T, Status>
     where
         F: Fn(PlacementClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<Response<T>, Status>>,
@@ -84,38 +88,30 @@ impl PlacementService {
     }
 
     /// Makes a call only a group's leader answers, trying the group's `replicas` in turn and
-    /// following NOT_LEADER hints, until the timeout.
+    /// following NOT_LEADER hints, until the timeout, by the rule of `warden_proto::follow`.
+    /// Every call placement makes this way is idempotent (a descriptor or a split step set
+    /// again is the same state; a step whose outcome is unknown is run again by the next
+    /// placement leader anyway), so a lost connection is retried too.
     async fn at_replicas<T, F, Fut>(&self, state: &Placement, replicas: &[u64], call: F) -> Result<T, Status>
     where
         F: Fn(PlacementClient<Channel>) -> Fut,
         Fut: std::future::Future<Output = Result<Response<T>, Status>>,
     {
-        let deadline = tokio::time::Instant::now() + self.timeout;
-        let mut target = replicas.first().copied();
-        let mut turn = 0usize;
+        let mut follow = Follow::new(CallKind::Idempotent, tokio::time::Instant::now() + self.timeout);
         loop {
+            let turn = follow.turn();
+            let target = turn.hint.filter(|id| replicas.contains(id)).or_else(|| replicas.get(turn.attempt % replicas.len().max(1)).copied());
             let addr = target.and_then(|id| state.node(id)).map(|n| n.addr.clone()).unwrap_or_default();
-            let status = match call(PlacementClient::new(self.channel(&addr)?)).await {
+            match call(PlacementClient::new(self.channel(&addr)?)).await {
                 Ok(response) => return Ok(response.into_inner()),
-                Err(status) => status,
-            };
-            let error = crate::service::error_of(&status);
-            let retry = error.as_ref().is_none_or(|e| e.code == Code::NotLeader as i32 || e.code == Code::Unavailable as i32);
-            if !retry || tokio::time::Instant::now() >= deadline {
-                return Err(status);
+                Err(status) => follow.retry_after(status).await?,
             }
-            turn += 1;
-            let hint = error.map(|e| e.leader_id).filter(|id| *id != 0 && replicas.contains(id));
-            target = hint.or_else(|| replicas.get(turn % replicas.len().max(1)).copied());
-            tokio::time::sleep(LEADER_RETRY_PAUSE).await;
         }
     }
 
-    /// A lazily connected channel to the node at `addr` (`host:port`).
+    /// A lazily connected channel to the node at `addr` (`host:port`), from this node's
+    /// bounded cache.
     pub(in crate::placement) fn channel(&self, addr: &str) -> Result<Channel, Status> {
-        let endpoint = Channel::from_shared(format!("http://{addr}"))
-            .map_err(|e| internal(format!("address {addr}: {e}")))?
-            .connect_timeout(Duration::from_secs(1));
-        Ok(warden_proto::tls::lazy_channel(endpoint, self.tls.as_ref(), Expected::AnyNode))
+        self.channels.get(addr).map_err(|e| internal(format!("address {addr}: {e}")))
     }
 }

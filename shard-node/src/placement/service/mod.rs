@@ -24,24 +24,25 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tonic::{Request, Status};
+use warden_access::AclCache;
 use warden_placement::{acl, Command, Outcome, Placement, PlacementConfig, PLACEMENT_GROUP_ID};
+use warden_proto::channel::{ChannelCache, ChannelSettings};
 use warden_proto::placement::placement_server::PlacementServer;
 use warden_proto::placement::RoutingTable;
-use warden_proto::tls::{caller, peer_identity, Caller, Role, Tls};
+use warden_proto::tls::{caller, peer_identity, Caller, Expected, Role, Tls};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::WardenError;
-use warden_access::AclCache;
 
 use super::scheduler::{LeadersHeard, Running};
 use super::state_machine::{decode_result, decode_state, encode_command};
+use crate::service::{engine_status, status};
 use warden_engine::error::EngineError;
 use warden_engine::host::{NodeHandle, ReadConsistency};
-use crate::service::{engine_status, status};
 use warden_engine::transport::PeerDirectory;
 
 pub(crate) use wire::internal;
+pub(super) use wire::{busy, invalid_argument, now_ms, placement_status};
 pub use wire::{descriptor_proto, routing_table};
-pub(super) use wire::{busy, invalid_argument, now_ms, placement_status, retiring_descriptor};
 
 /// How often the placement leader runs a scheduling round.
 pub const SCHEDULE_INTERVAL: Duration = Duration::from_secs(1);
@@ -67,8 +68,8 @@ pub struct PlacementService {
     pub(super) running: Arc<Running>,
     /// Fault injection (tests): where a split stops (`split.rs`).
     pub(super) faults: Arc<warden_engine::transport::NetFaults>,
-    /// This node's TLS, for its calls to other nodes (`None`: plaintext).
-    tls: Option<Arc<Tls>>,
+    /// Channels for this node's calls to other nodes (over its TLS when on), one per address.
+    channels: Arc<ChannelCache>,
     /// The ACL as this node last heard it: who may administer what (security on).
     acl: Arc<AclCache>,
     /// Held while this node moves room between the groups' quota shares (one change at a
@@ -108,7 +109,7 @@ impl PlacementService {
         security: Security,
     ) -> PlacementService {
         PlacementService {
-            tls: security.tls,
+            channels: Arc::new(ChannelCache::new(security.tls, ChannelSettings::new(Expected::AnyNode).with_connect_timeout(Duration::from_secs(1)))),
             acl: security.acl,
             node,
             directory,
