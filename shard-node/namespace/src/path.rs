@@ -3,7 +3,7 @@
 //! bounded length and depth) are placement's, shared with group prefixes; the namespace adds
 //! its reserved subtree.
 
-pub use warden_placement::{parent, PATH_BYTES_MAX, PATH_DEPTH_MAX};
+pub use warden_placement::{join, name, parent, PATH_BYTES_MAX, PATH_DEPTH_MAX};
 
 /// Prefix reserved for the system.
 pub const RESERVED_PREFIX: &str = "/warden";
@@ -27,13 +27,6 @@ pub fn validate(path: &str, allow_reserved: bool) -> Result<(), PathError> {
     }
     Ok(())
 }
-
-/// The last segment of a valid non-root path.
-pub fn name(path: &str) -> &str {
-    path.rsplit('/').next().unwrap_or_default()
-}
-
-pub use warden_placement::join;
 
 #[cfg(test)]
 mod tests {

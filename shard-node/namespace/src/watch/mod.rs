@@ -1,5 +1,5 @@
 //! Watches: the events a group's applied writes produce, a bounded history of them per
-//! replica, and their delivery to the watch streams of clients (issue #5).
+//! replica, and their delivery to the watch streams of clients.
 //!
 //! - [`event`]: what an event is, and which events a watch wants (one matching rule for both
 //!   the live path and catch-up from history).
