@@ -63,10 +63,8 @@ pub struct ClusterArgs {
     /// after them. (The default stays clear of `warden dev`'s 7100-7105.)
     #[arg(long, default_value_t = 7400)]
     base_port: u16,
-    /// Where the processes' data directories and logs go (wiped per configuration). Default:
-    /// ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    data_dir: super::DataDir,
 }
 
 /// Placement replicas: nodes 1-3, as `warden dev` has them.
@@ -242,7 +240,7 @@ pub async fn run(args: ClusterArgs) -> anyhow::Result<()> {
 }
 
 async fn run_all(args: &ClusterArgs) -> anyhow::Result<()> {
-    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     let mut rates: BTreeMap<&'static str, BTreeMap<usize, f64>> = BTreeMap::new();
     for &groups in &args.groups {
         let dir = super::fresh_dir(&root, "cluster")?;

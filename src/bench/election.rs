@@ -16,7 +16,6 @@
 //! cluster's idle work (ticks, heartbeats, keepalives), and divided by the few failovers or
 //! hand-offs it would say nothing about their cost.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -40,14 +39,13 @@ pub struct ElectionArgs {
     /// Lock hand-offs measured.
     #[arg(long, default_value_t = 200)]
     handoffs: usize,
-    /// Where node directories go (wiped). Default: ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    data_dir: super::DataDir,
 }
 
 /// Runs both measurements, one JSON line each.
 pub async fn run(args: ElectionArgs) -> anyhow::Result<()> {
-    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     let routed = super::RoutedCluster::start(super::fresh_dir(&root, "election")?, &[PREFIX.to_string()], false).await?;
     let router_addr = routed.router_addr.to_string();
     let session_config = SessionConfig { path_hint: Some(PREFIX.into()), ..SessionConfig::new(Duration::from_millis(args.ttl_ms)) };

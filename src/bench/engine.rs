@@ -2,7 +2,6 @@
 //! closed-loop writers on every group, one JSON line per configuration. Server CPU per write
 //! counts the cluster's threads ([`super::SERVER_THREADS`]), not the writers'.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -33,16 +32,15 @@ pub struct EngineArgs {
     /// Host-loop threads per node.
     #[arg(long, default_value_t = 1)]
     workers: usize,
-    /// Where node directories go (wiped per configuration). Default: ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    data_dir: super::DataDir,
 }
 
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Runs every configuration and a summary line with the ratios the targets are about.
 pub async fn run(args: EngineArgs) -> anyhow::Result<()> {
-    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     let mut results = Vec::new();
     for &groups in &args.groups {
         anyhow::ensure!(groups > 0, "--groups takes positive counts");

@@ -6,7 +6,6 @@
 //! `store-writer-{id}`; RocksDB's background threads are shared by the nodes and reported
 //! apart) and the raft heartbeats the nodes sent. One JSON line per setting.
 
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -35,9 +34,8 @@ pub struct IdleArgs {
     /// Longest wait for the groups to settle (every replica asleep, with hibernation on).
     #[arg(long, default_value_t = 300)]
     settle_seconds_max: u64,
-    /// Where node directories go (wiped per setting). Default: ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    data_dir: super::DataDir,
 }
 
 /// Which settings `warden bench idle` measures.
@@ -59,7 +57,7 @@ const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// Runs the settings asked for.
 pub async fn run(args: IdleArgs) -> anyhow::Result<()> {
     anyhow::ensure!(args.groups > 0 && args.seconds > 0, "--groups and --seconds must be positive");
-    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     let settings: &[bool] = match args.hibernate {
         Hibernate::On => &[true],
         Hibernate::Off => &[false],

@@ -6,8 +6,6 @@
 //! (nodes, store writers, snapshot builders, RocksDB, the router: [`super::SERVER_THREADS`]),
 //! not the load generator's.
 
-use std::path::PathBuf;
-
 use warden_loadgen::election::CandidateCommand;
 use warden_loadgen::options::{prefix, LoadArgs};
 use warden_loadgen::target::TargetKind;
@@ -22,9 +20,8 @@ pub struct LoadBenchArgs {
     /// `--prefixes`).
     #[arg(long)]
     groups: Option<usize>,
-    /// Where node directories go (wiped). Default: ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    data_dir: super::DataDir,
 }
 
 /// Runs the workload and prints its report (the table, or `--json`).
@@ -39,7 +36,7 @@ pub async fn run(args: LoadBenchArgs) -> anyhow::Result<()> {
         "warden bench load drives its in-process Warden cluster; use warden-loadgen for etcd or ZooKeeper"
     );
     let candidates = CandidateCommand { program: std::env::current_exe()?, args_prefix: vec!["bench".into(), "load".into()] };
-    let root = args.data_dir.unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     let prefixes: Vec<String> = (0..args.groups.unwrap_or(load.prefixes)).map(prefix).collect();
     let cluster = super::RoutedCluster::start(super::fresh_dir(&root, "load")?, &prefixes, false).await?;
     load.endpoints = vec![cluster.router_addr.to_string()];

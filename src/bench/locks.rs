@@ -5,7 +5,6 @@
 //! acquire + release cycle, per contended acquisition (each followed by its release), per
 //! keepalive request (renewing `--sessions-per-keepalive` sessions).
 
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -33,9 +32,8 @@ pub struct LocksArgs {
     /// Measured seconds per run.
     #[arg(long, default_value_t = 5)]
     seconds: u64,
-    /// Where node directories go (wiped). Default: ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    data_dir: super::DataDir,
 }
 
 async fn session(client: &mut WardenClient<Channel>, group: u64) -> anyhow::Result<u64> {
@@ -49,7 +47,7 @@ fn lock_request(path: String, session_id: u64, wait: bool) -> LockRequest {
 
 /// Runs the three measurements, one JSON line each (keepalives: one per group count).
 pub async fn run(args: LocksArgs) -> anyhow::Result<()> {
-    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     let measure = Duration::from_secs(args.seconds);
     let warmup = Duration::from_secs(1);
     {

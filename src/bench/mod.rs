@@ -66,11 +66,36 @@ pub async fn run(command: BenchCommand) -> anyhow::Result<()> {
     }
 }
 
-/// Default directory for benchmark data: on the ordinary disk (not tmpfs), outside the
-/// source tree.
-pub fn default_data_dir() -> std::path::PathBuf {
-    let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
-    home.join(".cache").join("warden-bench")
+/// A closed-loop run: how many clients, each sending its next request when the last is
+/// answered, and for how long it is measured (each run or configuration of a benchmark).
+#[derive(Clone, Copy, Debug, clap::Args)]
+pub struct ClosedLoop {
+    /// Closed-loop clients in total, spread over the run's groups (the writers of a watch run).
+    #[arg(long, default_value_t = 64)]
+    pub clients: usize,
+    /// Measured seconds of each run.
+    #[arg(long, default_value_t = 5)]
+    pub seconds: u64,
+}
+
+/// Where a benchmark's node directories (and its processes' logs) go: wiped before each run
+/// or configuration.
+#[derive(Clone, Debug, clap::Args)]
+pub struct DataDir {
+    /// Where node directories go (wiped before each run). Default: ~/.cache/warden-bench.
+    #[arg(long = "data-dir")]
+    path: Option<std::path::PathBuf>,
+}
+
+impl DataDir {
+    /// The directory given, else `~/.cache/warden-bench`: on the ordinary disk (not tmpfs),
+    /// outside the source tree.
+    pub fn root(&self) -> std::path::PathBuf {
+        self.path.clone().unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").map(std::path::PathBuf::from).unwrap_or_else(std::env::temp_dir);
+            home.join(".cache").join("warden-bench")
+        })
+    }
 }
 
 /// Nodes of every benchmark cluster.

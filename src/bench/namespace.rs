@@ -2,7 +2,6 @@
 //! (fsync on, 5 replicas per group): create / set / get / txn rates and latencies, and the
 //! cluster's CPU per acknowledged operation ([`super::SERVER_THREADS`], not the clients').
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
@@ -18,30 +17,25 @@ pub struct NamespaceArgs {
     /// Group counts to run.
     #[arg(long, value_delimiter = ',', default_value = "1,64")]
     groups: Vec<u64>,
-    /// Closed-loop clients in total (spread over the groups).
-    #[arg(long, default_value_t = 64)]
-    clients: usize,
-    /// Measured seconds per operation.
-    #[arg(long, default_value_t = 5)]
-    seconds: u64,
+    #[command(flatten)]
+    load: super::ClosedLoop,
     /// Bytes per value.
     #[arg(long, default_value_t = 256)]
     value_bytes: usize,
-    /// Where node directories go (wiped per configuration). Default: ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    data_dir: super::DataDir,
 }
 
 const OPS: [&str; 4] = ["create", "set", "get", "txn"];
 
 /// Runs every group count and operation, one JSON line each.
 pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
-    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     for &groups in &args.groups {
         let bench = super::ApiCluster::start(&root, &format!("namespace-g{groups}"), groups).await?;
         let leaders = bench.leaders.clone();
         // Each client owns a key (and a parent for its creates) in its group.
-        let clients = args.clients.max(1);
+        let clients = args.load.clients.max(1);
         let value = vec![b'v'; args.value_bytes];
         for client in 0..clients {
             let group = 1 + (client as u64 % groups);
@@ -53,7 +47,7 @@ pub async fn run(args: NamespaceArgs) -> anyhow::Result<()> {
             leader.create(key).await?;
         }
         for op in OPS {
-            let (warmup, measure) = (Duration::from_secs(1), Duration::from_secs(args.seconds));
+            let (warmup, measure) = (Duration::from_secs(1), Duration::from_secs(args.load.seconds));
             let cpu = super::ServerCpu::window(warmup, measure);
             let report = warden_loadgen::closed_loop(clients, warmup, measure, {
                 let leaders = leaders.clone();

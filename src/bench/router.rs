@@ -9,7 +9,6 @@
 //! CPU is the idle cluster's ticks and heartbeats, so per write it is high). With `--tls`,
 //! every link is mutual TLS (a throwaway CA), to compare with the same run in plaintext.
 
-use std::path::PathBuf;
 use std::time::Duration;
 
 use serde_json::json;
@@ -26,15 +25,10 @@ pub struct RouterArgs {
     /// Shard-group counts to run (groups `/g0`, `/g1`, …; the root group stays idle).
     #[arg(long, value_delimiter = ',', default_value = "1,4,16")]
     groups: Vec<usize>,
-    /// Closed-loop clients in total, spread over the groups.
-    #[arg(long, default_value_t = 64)]
-    clients: usize,
-    /// Measured seconds per run.
-    #[arg(long, default_value_t = 5)]
-    seconds: u64,
-    /// Where node directories go (wiped). Default: ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    load: super::ClosedLoop,
+    #[command(flatten)]
+    data_dir: super::DataDir,
     /// TLS on every link (a throwaway CA): client → router, router → node, node ↔ node, and
     /// the direct run as a router would call the node.
     #[arg(long)]
@@ -43,7 +37,7 @@ pub struct RouterArgs {
 
 /// Runs every group count, then the added-latency pair, one JSON line each.
 pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
-    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     let dir = super::fresh_dir(&root, "router")?;
     let groups_max = args.groups.iter().copied().max().unwrap_or(1).max(1);
     let prefixes: Vec<String> = (0..groups_max).map(|group| format!("/g{group}")).collect();
@@ -53,16 +47,16 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
     let value = vec![b'v'; 256];
     // Client c of a run over n groups writes its own key in group c mod n.
     let key = |client: usize, groups: usize| format!("/g{}/k{client}", client % groups.max(1));
-    let keys: std::collections::BTreeSet<String> = args.groups.iter().flat_map(|g| (0..args.clients).map(move |c| key(c, *g))).collect();
+    let keys: std::collections::BTreeSet<String> = args.groups.iter().flat_map(|g| (0..args.load.clients).map(move |c| key(c, *g))).collect();
     for path in keys {
         through_router.clone().create(CreateRequest { path, data: value.clone(), ..CreateRequest::default() }).await?;
     }
     let warmup = Duration::from_secs(1);
-    let measure = Duration::from_secs(args.seconds);
+    let measure = Duration::from_secs(args.load.seconds);
     for &groups in &args.groups {
         let groups = groups.max(1);
         let cpu = super::ServerCpu::window(warmup, measure);
-        let report = warden_loadgen::closed_loop(args.clients, warmup, measure, {
+        let report = warden_loadgen::closed_loop(args.load.clients, warmup, measure, {
             let (router, value) = (through_router.clone(), value.clone());
             move |client, _| {
                 let path = key(client, groups);
@@ -71,7 +65,7 @@ pub async fn run(args: RouterArgs) -> anyhow::Result<()> {
             }
         })
         .await;
-        let mut line = json!({"bench": "router", "tls": args.tls, "groups": groups, "clients": args.clients, "writes_per_sec": report.ops_per_sec,
+        let mut line = json!({"bench": "router", "tls": args.tls, "groups": groups, "clients": args.load.clients, "writes_per_sec": report.ops_per_sec,
                               "p50_ms": report.p50_ms, "p99_ms": report.p99_ms, "errors": report.errors});
         cpu.finish(report.ops).await?.insert(&mut line);
         println!("{line}");

@@ -8,7 +8,6 @@
 //! `server_cpu_cores` the cores it kept busy.
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,15 +33,10 @@ pub struct WatchArgs {
     /// Idle watches created to measure memory per watch.
     #[arg(long, default_value_t = 100_000)]
     idle_watches: usize,
-    /// Writers of the recursive-watch run.
-    #[arg(long, default_value_t = 64)]
-    clients: usize,
-    /// Measured seconds of the recursive-watch run.
-    #[arg(long, default_value_t = 5)]
-    seconds: u64,
-    /// Where node directories go (wiped). Default: ~/.cache/warden-bench.
-    #[arg(long)]
-    data_dir: Option<PathBuf>,
+    #[command(flatten)]
+    load: super::ClosedLoop,
+    #[command(flatten)]
+    data_dir: super::DataDir,
 }
 
 /// Watch streams at most per run (watchers are spread over them and over every node).
@@ -52,7 +46,7 @@ const CREATE_BURST: usize = 1_000;
 
 /// Runs the three measurements, one JSON line each (delivery: one per watcher count).
 pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
-    let root = args.data_dir.clone().unwrap_or_else(super::default_data_dir);
+    let root = args.data_dir.root();
     let bench = super::ApiCluster::start(&root, "watch", 1).await?;
     let mut leader = bench.leaders[&1].clone();
     let mut nodes = Vec::new();
@@ -66,7 +60,7 @@ pub async fn run(args: WatchArgs) -> anyhow::Result<()> {
         delivery(&mut leader, &nodes, watchers, args.writes).await?;
     }
     idle_memory(&nodes[0], args.idle_watches).await?;
-    recursive(&bench, &nodes, args.clients, Duration::from_secs(args.seconds)).await?;
+    recursive(&bench, &nodes, args.load.clients, Duration::from_secs(args.load.seconds)).await?;
     bench.finish()
 }
 
