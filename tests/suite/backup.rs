@@ -3,19 +3,17 @@
 //! a restore into a fresh cluster, and every node acknowledged at or before each group's
 //! backup revision there with its data and stat — and none acknowledged after it.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::moving::fill;
+use crate::support::routed::{at_placement_leader, client, cluster_with_groups, placement_client, start_router, TIMEOUT};
 use futures::stream::{self, StreamExt};
 use prost::Message as _;
 use serde_json::Value;
-use support::moving::fill;
-use support::routed::{at_placement_leader, client, cluster_with_groups, placement_client, start_router, TIMEOUT};
 use tonic::transport::Channel;
 use warden_proto::placement::*;
 use warden_proto::v1::warden_client::WardenClient;

@@ -4,13 +4,11 @@
 //! contention with growing fencing tokens, and watches that survive router restarts without
 //! losing or repeating an event.
 
-mod support;
-
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
-use support::proxy::Proxy;
-use support::routed::{cluster_with_groups, restart_router, start_router, wait_refused, TIMEOUT};
+use crate::support::proxy::Proxy;
+use crate::support::routed::{cluster_with_groups, restart_router, start_router, wait_refused, TIMEOUT};
 use warden_client::*;
 
 /// Session TTL of these tests: the server's minimum (1.5 × the 1 s election timeout, floored

@@ -16,19 +16,17 @@
 //!
 //! Knobs (environment variables, since `cargo test` takes no flags of its own):
 //! - `WARDEN_CRASH_CYCLES`: kill/restart cycles (default 20), e.g.
-//!   `WARDEN_CRASH_CYCLES=500 cargo test --release --test crash_cycles -- --nocapture sigkill`;
+//!   `WARDEN_CRASH_CYCLES=500 cargo test --release --test suite crash_cycles::sigkill -- --nocapture`;
 //! - `WARDEN_PAUSE_ROUNDS`: SIGSTOP/SIGCONT rounds (default 3);
 //! - `WARDEN_CRASH_SEED`: the seed of the choice of victims and pacing (default: random,
 //!   printed, and named in every failure).
 
-mod support;
-
 use std::time::{Duration, Instant};
 
+use crate::support::processes::{ProcessCluster, NODES, STEP_TIMEOUT};
+use crate::support::workload::{FencedResource, Workload, LOCKS, PREFIXES, SESSION_TTL};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use support::processes::{ProcessCluster, NODES, STEP_TIMEOUT};
-use support::workload::{FencedResource, Workload, LOCKS, PREFIXES, SESSION_TTL};
 use warden_proto::v1::GetRequest;
 use warden_testkit::wait_until;
 

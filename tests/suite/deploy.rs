@@ -2,7 +2,7 @@
 //! and their unit tests (`promtool test rules deploy/alerts_test.yml`: each alert fires on
 //! the series that should fire it, and not before its `for`), and the Grafana dashboard is
 //! valid JSON whose every panel queries Prometheus. That every metric they name is one the
-//! code exports is checked against a live `warden dev` (`tests/cli.rs`, step `metrics`).
+//! code exports is checked against a live `warden dev` (`tests/suite/cli.rs`, step `metrics`).
 
 use std::path::Path;
 use std::process::Command;

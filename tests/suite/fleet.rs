@@ -4,12 +4,10 @@
 //! one becomes a tombstone; a removed group gives its prefix back to the root group and its
 //! replicas are destroyed.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::routed::{at_placement_leader, placement_client};
+use crate::support::routed::{at_placement_leader, placement_client};
 
 use tonic::transport::Channel;
 use warden_placement::PlacementConfig;

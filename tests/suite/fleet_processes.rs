@@ -14,15 +14,13 @@
 //! - `a_seventh_node_gets_its_share_of_replicas_and_leaders`: a node that joins is filled to
 //!   within one replica and one leadership of every other node.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::processes::{admin, ClusterOptions, ProcessCluster, PLACEMENT_NODES, STEP_TIMEOUT};
-use support::workload::{ClientLoad, Workload, PREFIXES};
+use crate::support::processes::{admin, ClusterOptions, ProcessCluster, PLACEMENT_NODES, STEP_TIMEOUT};
+use crate::support::workload::{ClientLoad, Workload, PREFIXES};
 use warden_proto::placement::{GetRoutingTableRequest, GroupEntry, NodeState, ReplicaStatusRequest, ReplicaStatusResponse, RoutingTable};
 use warden_testkit::wait_until;
 

@@ -210,7 +210,7 @@ async fn a_node_restarted_while_its_groups_sleep_causes_no_election() {
 /// full TTL from its creation. The sleeping leader did not tick, so the clock its lease table
 /// counts from stood still: the session was born expired, its expiry proposed at the next
 /// tick and its lock holds freed while the client counted a whole TTL from its request (a
-/// stale holder acted in `tests/crash_cycles.rs` with hibernation on).
+/// stale holder acted in `tests/suite/crash_cycles.rs` with hibernation on).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_session_opened_on_waking_a_long_sleep_gets_a_full_ttl() {
     let config = ClusterConfig { hibernate_after_ticks: HIBERNATE_AFTER_TICKS_ON, ..ClusterConfig::default() };

@@ -4,13 +4,11 @@
 //! (`warden_loadgen::linearizability`). Stale reads are not part of the history: they are
 //! allowed to lag (see `namespace_api::stale_reads_can_lag_linearizable_reads_cannot`).
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::api::{namespace_cluster, ApiClient, CallError};
-use support::history::{check_records, Record};
+use crate::support::api::{namespace_cluster, ApiClient, CallError};
+use crate::support::history::{check_records, Record};
 use warden_loadgen::linearizability::{KvInput, KvOutput};
 use warden_proto::v1::compare::{Op as CmpOp, Target};
 use warden_proto::v1::txn_op::Op;

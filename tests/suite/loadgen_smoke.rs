@@ -3,10 +3,8 @@
 //! `warden-loadgen` binary: each must complete operations and meet no error. The election
 //! workload starts its candidates as `warden bench load` processes and kills the leader's.
 
-mod support;
-
+use crate::support::routed::{cluster_with_groups, start_router};
 use clap::Parser;
-use support::routed::{cluster_with_groups, start_router};
 use warden_loadgen::election::CandidateCommand;
 use warden_loadgen::options::LoadArgs;
 

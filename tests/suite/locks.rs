@@ -2,14 +2,12 @@
 //! crash and leaders are killed (checked with a fenced resource), waiting calls that time out
 //! and remove their waiter, and sequencers after their lock is lost.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::support::api::{namespace_cluster, ApiClient};
 use ::warden_client::FenceGuard;
-use support::api::{namespace_cluster, ApiClient};
 use warden_proto::v1::*;
 use warden_shard_node::cluster::ClusterConfig;
 
@@ -324,8 +322,8 @@ async fn a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn waiters_keep_their_place_across_calls_and_are_granted_fifo() {
     use ::warden_client::{Client, ClientConfig, LockOptions, SessionConfig};
-    let cluster = support::routed::cluster_with_groups(&[]).await;
-    let router = support::routed::start_router(&cluster, 0);
+    let cluster = crate::support::routed::cluster_with_groups(&[]).await;
+    let router = crate::support::routed::start_router(&cluster, 0);
     let client = Client::connect(ClientConfig::new([router.addr.to_string()])).await.expect("connect");
     let config = || SessionConfig { ttl: Duration::from_secs(10), grace_period: Duration::from_secs(10), path_hint: Some("/fifo".into()) };
     let holder = client.session(config()).await.expect("session");

@@ -1,11 +1,9 @@
 //! The public namespace API over gRPC on a 5-replica group: CAS under concurrency, typed
 //! errors as status details, stale reads that lag, health and reflection.
 
-mod support;
-
 use std::time::Duration;
 
-use support::api::{namespace_cluster, ApiClient, CallError};
+use crate::support::api::{namespace_cluster, ApiClient, CallError};
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use warden_engine::host::drain::DrainLimits;

@@ -11,13 +11,11 @@
 //!   two gone every group has fewer than a quorum plus one live voters: exit 3, naming them;
 //!   back to 0 once they are restarted.
 
-mod support;
-
 use std::time::Duration;
 
+use crate::support::processes::{ProcessCluster, BIN, PLACEMENT_NODES, STEP_TIMEOUT};
+use crate::support::workload::{ClientLoad, PREFIXES};
 use serde_json::Value;
-use support::processes::{ProcessCluster, BIN, PLACEMENT_NODES, STEP_TIMEOUT};
-use support::workload::{ClientLoad, PREFIXES};
 use warden_proto::v1::GetRequest;
 use warden_testkit::wait_until;
 

@@ -2,12 +2,10 @@
 //! heartbeats, and creating a shard group for a prefix (replicas placed, created on their
 //! nodes, routed only once the group has a leader), through the `warden.placement` API.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::routed::{at_placement_leader, placement_client};
+use crate::support::routed::{at_placement_leader, placement_client};
 
 use tonic::transport::Channel;
 use warden_placement::PlacementConfig;

@@ -2,12 +2,10 @@
 //! `warden admin`; one node is killed with SIGKILL while a client writes through the router,
 //! and every acknowledged write is read back afterwards.
 
-mod support;
-
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::processes::ProcessCluster;
+use crate::support::processes::ProcessCluster;
 use warden_proto::v1::*;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,14 +2,12 @@
 //! group serving the subtree, shared among those groups so the limit holds for the whole
 //! subtree, refused RESOURCE_EXHAUSTED naming the quota, and a refused write changes nothing.
 
-mod support;
-
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use support::fleet::{Fleet, Security};
-use support::routed::{at_placement_leader, TIMEOUT};
-use support::watch::{persistent, WatchConn};
+use crate::support::fleet::{Fleet, Security};
+use crate::support::routed::{at_placement_leader, TIMEOUT};
+use crate::support::watch::{persistent, WatchConn};
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use warden_proto::placement::{CreateGroupRequest, ListQuotasRequest, QuotaState, RemoveGroupRequest, SetQuotaRequest};

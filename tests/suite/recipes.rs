@@ -7,8 +7,6 @@
 //! ([`Process`]), and shutting that runtime down stops its keepalives and everything else at
 //! once, closing nothing — its session expires on the server after its TTL.
 
-mod support;
-
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -16,8 +14,8 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex as StdMutex};
 use std::time::{Duration, Instant};
 
-use support::fleet::{Fleet, Reach, Security};
-use support::routed::{cluster_with_groups, start_router, TIMEOUT};
+use crate::support::fleet::{Fleet, Reach, Security};
+use crate::support::routed::{cluster_with_groups, start_router, TIMEOUT};
 use tokio::sync::{mpsc, oneshot};
 use warden_client::recipes::*;
 use warden_client::*;

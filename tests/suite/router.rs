@@ -3,12 +3,10 @@
 //! untouched and the first recovers within the election time; a router with a stale table
 //! recovers from WRONG_GROUP; two routers agree; a router restarted mid-stream loses nothing.
 
-mod support;
-
 use std::time::Duration;
 
-use support::fleet::{Fleet, Security};
-use support::routed::{client, cluster_with_groups, create_group, restart_router, start_router, start_stale_router, TIMEOUT};
+use crate::support::fleet::{Fleet, Security};
+use crate::support::routed::{client, cluster_with_groups, create_group, restart_router, start_router, start_stale_router, TIMEOUT};
 use tonic::transport::Channel;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
@@ -148,7 +146,7 @@ async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below_with_sec
 }
 
 async fn recursive_watch_and_delete(security: Security) {
-    use support::watch::{persistent, WatchConn};
+    use crate::support::watch::{persistent, WatchConn};
     let fleet = Fleet::start(&["/t/x", "/t/y"], security).await;
     let mut router = fleet.reach.raw();
     router.create(CreateRequest { path: "/t".into(), ..CreateRequest::default() }).await.expect("create /t");
@@ -216,7 +214,7 @@ async fn recursive_watch_and_delete(security: Security) {
 }
 
 /// The first `count` events of a watch stream as (group, revision, path, type).
-async fn collect_events(watch: &mut support::watch::WatchConn, count: usize) -> Vec<(u64, u64, String, i32)> {
+async fn collect_events(watch: &mut crate::support::watch::WatchConn, count: usize) -> Vec<(u64, u64, String, i32)> {
     let mut seen = Vec::new();
     while seen.len() < count {
         let response = watch.next(TIMEOUT).await.expect("stream").unwrap_or_else(|| panic!("events in time; so far {seen:?}"));

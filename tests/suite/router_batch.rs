@@ -5,14 +5,12 @@
 //! write is answered, or retried only when it was never sent, or reported as of unknown
 //! outcome); a node refuses an oversize or unknown item typed, and answers the others.
 
-mod support;
-
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use support::routed::{client, cluster_with_groups, start_router, TIMEOUT};
+use crate::support::routed::{client, cluster_with_groups, start_router, TIMEOUT};
 
 use prost::Message as _;
 use tonic::transport::Channel;

@@ -2,9 +2,7 @@
 //! groups, deadlines, bounded error quotes, and unknown session ids, each through a router
 //! and (where a node answers on its own) through a node directly.
 
-mod support;
-
-use support::routed::{client, cluster_with_groups, create_group, start_router, start_stale_router, TIMEOUT};
+use crate::support::routed::{client, cluster_with_groups, create_group, start_router, start_stale_router, TIMEOUT};
 
 use std::time::Duration;
 

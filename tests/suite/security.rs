@@ -4,12 +4,10 @@
 //! cannot reach the peer port; a router cannot make the calls only nodes make; a node cannot
 //! speak for another; and the client port serves none of the internal calls.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
-use support::routed::{start_secure_router, TIMEOUT};
+use crate::support::routed::{start_secure_router, TIMEOUT};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 use warden_placement::acl;
@@ -33,7 +31,7 @@ use warden_testkit::wait_until;
 struct Secure {
     cluster: Arc<Cluster>,
     dir: tempfile::TempDir,
-    router: support::routed::Router,
+    router: crate::support::routed::Router,
     root_group: u64,
 }
 
@@ -76,7 +74,7 @@ impl Secure {
     async fn grant(&self, prefix: &str, principal: &str, permissions: u32) {
         let root = self.tls(&Identity::client("root"));
         let request = ChangeAclRequest { prefix: prefix.into(), principal: principal.into(), permissions, revoke: false };
-        support::fleet::at_placement(&self.cluster, &root, |mut placement| {
+        crate::support::fleet::at_placement(&self.cluster, &root, |mut placement| {
             let request = request.clone();
             async move { placement.change_acl(request).await.map(drop) }
         })
@@ -532,7 +530,7 @@ async fn every_public_call_answers_as_the_grants_say() {
     // of its own (her session stays homed in the root group).
     let alice_sequencer = sessions_stay_their_owners(&mut alice, &mut as_("dave"), alice_session, alice_sequencer).await;
     let root_tls = secure.tls(&Identity::client("root"));
-    support::fleet::at_placement(&secure.cluster, &root_tls, |mut placement| async move {
+    crate::support::fleet::at_placement(&secure.cluster, &root_tls, |mut placement| async move {
         placement.split_group(warden_proto::placement::CreateGroupRequest { prefix: "/team-a".into() }).await.map(drop)
     })
     .await;

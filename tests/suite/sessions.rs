@@ -2,13 +2,11 @@
 //! ephemerals; leader failover neither expires live sessions (nor moves their locks) nor
 //! saves dead ones.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use support::api::{namespace_cluster, ApiClient};
+use crate::support::api::{namespace_cluster, ApiClient};
 use warden_proto::v1::*;
 use warden_shard_node::cluster::ClusterConfig;
 

@@ -5,8 +5,6 @@
 //! the first ephemeral B confirms the session with A. Sessions without a hint spread over
 //! the groups.
 
-mod support;
-
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
@@ -16,7 +14,7 @@ use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::Cluster;
 
-use support::routed::{client, cluster_with_groups, group_serving, session_homed_at, start_router, TIMEOUT};
+use crate::support::routed::{client, cluster_with_groups, group_serving, session_homed_at, start_router, TIMEOUT};
 
 /// Shortest TTL granted (3 s): what these sessions ask for.
 const TTL_MS: u64 = 3_000;

@@ -8,8 +8,6 @@
 //! subtree and of its parent (client library `Watcher`s through the router) see every write
 //! once, in order, across the move (MOVED, then resumed at the new group).
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,8 +19,8 @@ use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
 
-use support::moving::{check_moved_ephemerals_follow_their_sessions, counter, counter_writer, ephemerals_of_three_homes, fill, filled, get};
-use support::routed::{at_placement_leader, client, cluster_with_groups, group_serving, start_router, TIMEOUT};
+use crate::support::moving::{check_moved_ephemerals_follow_their_sessions, counter, counter_writer, ephemerals_of_three_homes, fill, filled, get};
+use crate::support::routed::{at_placement_leader, client, cluster_with_groups, group_serving, start_router, TIMEOUT};
 
 const TTL_MS: u64 = 10_000;
 const SUBTREE: &str = "/team/t";
@@ -209,7 +207,7 @@ async fn writes_are_counted_per_top_level_child_for_hot_subtrees() {
     }
     // Every replica counts what it applied: ask the leader's node (it applied all of them).
     let leader = cluster.wait_leader(1, TIMEOUT).await.expect("leader");
-    let mut placement = support::routed::placement_client(&cluster, leader);
+    let mut placement = crate::support::routed::placement_client(&cluster, leader);
     let counts = placement.group_writes(warden_proto::placement::GroupWritesRequest { group_id: 1 }).await.expect("counts").into_inner();
     let writes = counts.writes.expect("writes").writes;
     assert_eq!((writes.get("hot"), writes.get("cold")), (Some(&31), Some(&4)), "a create and the sets of each: {writes:?}");
@@ -233,8 +231,8 @@ async fn a_subtree_that_stays_hot_is_split_automatically() {
     for path in ["/busy", "/calm"] {
         router.create(CreateRequest { path: path.into(), data: b"0".to_vec(), ..CreateRequest::default() }).await.expect("create");
     }
-    let session = support::routed::session_homed_at(&mut router, "/", 60_000).await;
-    let _renewal = support::moving::keep_alive(router.clone(), vec![session]);
+    let session = crate::support::routed::session_homed_at(&mut router, "/", 60_000).await;
+    let _renewal = crate::support::moving::keep_alive(router.clone(), vec![session]);
     // The hot lock: taken and let go, a write each.
     let lock_and_unlock = |mut router: WardenClient<Channel>| async move {
         let lock = LockRequest { path: "/hotlock".into(), session_id: session, ..LockRequest::default() };

@@ -10,8 +10,6 @@
 //! deposed: its successor settles the move, and the deposed leader's later steps must not
 //! change the group.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -26,7 +24,9 @@ use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::service::error_of;
 
-use support::routed::{at_placement_leader, client, cluster_with_groups, create_group, group_serving, placement_client, start_router, TIMEOUT};
+use crate::support::routed::{
+    at_placement_leader, client, cluster_with_groups, create_group, group_serving, placement_client, start_router, TIMEOUT,
+};
 
 /// Nodes in each moved subtree.
 const NODES: usize = 200;

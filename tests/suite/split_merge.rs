@@ -10,8 +10,6 @@
 //! revisions keep growing across groups), the 10,000 nodes keep their data and stat, and a
 //! session's end at its home still deletes its moved ephemeral.
 
-mod support;
-
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,11 +19,11 @@ use warden_loadgen::watch_check::{self, AckedWrite, Delivery, Event, EventKind};
 use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest, RemoveGroupRequest};
 use warden_proto::v1::*;
 
-use support::moving::{
+use crate::support::moving::{
     check_moved_ephemerals_follow_their_sessions, counter, counter_writer, ephemerals_of_three_homes, fill, filled, get, keep_alive,
 };
-use support::routed::{at_placement_leader, client, cluster_with_groups, group_serving, session_homed_at, start_router, TIMEOUT};
-use support::workload::{Workload, PREFIXES};
+use crate::support::routed::{at_placement_leader, client, cluster_with_groups, group_serving, session_homed_at, start_router, TIMEOUT};
+use crate::support::workload::{Workload, PREFIXES};
 
 const SUBTREE: &str = "/a";
 /// The node written with a counter whose every acknowledged value the watchers must see.

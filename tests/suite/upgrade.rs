@@ -3,16 +3,14 @@
 //! upgrade half-way) still apply every entry alike; and an admin's change of the limits
 //! reaches every group through its own log, a group created later included.
 
-mod support;
-
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use crate::support::api::{ApiClient, CallError};
+use crate::support::fleet::{Fleet, Security};
+use crate::support::routed::{at_placement_leader, create_group};
 use ::warden_client::{CreateOptions, DeleteOptions};
 use prost::Message as _;
-use support::api::{ApiClient, CallError};
-use support::fleet::{Fleet, Security};
-use support::routed::{at_placement_leader, create_group};
 use warden_engine::host::ReadConsistency;
 use warden_engine::state_machine::{StateMachine, StateMachineFactory};
 use warden_namespace::{Limits, NamespaceFactory};

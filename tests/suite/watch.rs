@@ -5,15 +5,13 @@
 //! concurrent writers, slow-watcher cancellation, compaction, lock and session nodes as
 //! events, and progress notifications.
 
-mod support;
-
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use support::api::{namespace_cluster, namespace_cluster_with, ApiClient, CallError};
-use support::watch::{events_of, persistent, WatchConn};
+use crate::support::api::{namespace_cluster, namespace_cluster_with, ApiClient, CallError};
+use crate::support::watch::{events_of, persistent, WatchConn};
 use warden_loadgen::watch_check::{self, AckedWrite, Delivery, EventKind};
 use warden_namespace::watch::{WatchHubs, WatchLimits};
 use warden_namespace::NamespaceFactory;

@@ -3,10 +3,8 @@
 //! buffering for it; a watch id reused right after its cancel is the new watch; a watch of
 //! a path its group does not serve is refused WRONG_GROUP.
 
-mod support;
-
-use support::routed::{cluster_with_groups, start_router, TIMEOUT};
-use support::watch::{persistent, WatchConn};
+use crate::support::routed::{cluster_with_groups, start_router, TIMEOUT};
+use crate::support::watch::{persistent, WatchConn};
 
 use std::time::Duration;
 
@@ -21,7 +19,7 @@ use warden_proto::v1::*;
 async fn a_slow_watcher_through_the_router_is_cancelled_not_buffered() {
     let cluster = cluster_with_groups(&[]).await;
     let router_process = start_router(&cluster, 0);
-    let mut router = support::routed::client(router_process.addr);
+    let mut router = crate::support::routed::client(router_process.addr);
     router.create(CreateRequest { path: "/w".into(), ..CreateRequest::default() }).await.expect("create /w");
     let mut slow = WatchConn::open(router_process.addr).await.expect("stream");
     slow.create(persistent("/w", true, 0)).await.expect("created").created.expect("not canceled");
@@ -55,7 +53,7 @@ async fn a_slow_watcher_through_the_router_is_cancelled_not_buffered() {
 async fn a_late_cancel_of_an_old_watch_does_not_end_a_new_watch_with_its_id() {
     let cluster = cluster_with_groups(&["/g"]).await;
     let router_process = start_router(&cluster, 0);
-    let mut router = support::routed::client(router_process.addr);
+    let mut router = crate::support::routed::client(router_process.addr);
     let mut watch = WatchConn::open(router_process.addr).await.expect("stream");
     watch.create(WatchCreate { watch_id: 5, ..persistent("/g", true, 0) }).await.expect("created").created.expect("not canceled");
     watch.send(WatchRequestKind::Cancel(WatchCancel { watch_id: 5 })).await;

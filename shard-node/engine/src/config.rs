@@ -9,7 +9,7 @@ use warden_proto::tls::Tls;
 use crate::storage::StorageLimits;
 
 /// Default of [`NodeConfig::hibernate_after_ticks`]: on. (It was off while the pause test of
-/// `tests/crash_cycles.rs` saw a stale lock holder act with it on: a session opened by the
+/// `tests/suite/crash_cycles.rs` saw a stale lock holder act with it on: a session opened by the
 /// request that woke a group asleep longer than its TTL was born expired; see
 /// `StateMachine::leader_clock`.)
 pub const HIBERNATE_AFTER_TICKS_DEFAULT: u64 = HIBERNATE_AFTER_TICKS_ON;

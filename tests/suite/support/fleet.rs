@@ -68,8 +68,8 @@ impl Reach {
 pub struct Fleet {
     /// The cluster.
     pub cluster: Arc<Cluster>,
-    /// The router.
-    pub router: Router,
+    /// The router, running while the fleet lives (dropped with it).
+    _router: Router,
     /// How the tests' clients reach the router.
     pub reach: Reach,
     /// The CA and certificates (security on).
@@ -95,7 +95,7 @@ impl Fleet {
             }
             let router = start_router(&cluster, 0);
             let reach = Reach { addr: router.addr, tls: None };
-            return Fleet { cluster, router, reach, dir: None };
+            return Fleet { cluster, _router: router, reach, dir: None };
         };
         let issue = |identity: &Identity| {
             let authority = Authority::load(dir.path()).expect("the cluster's CA");
@@ -140,7 +140,7 @@ impl Fleet {
             }
             api.delete(DeleteRequest { path: probe, ..DeleteRequest::default() }).await.expect("probe deleted");
         }
-        Fleet { cluster, router, reach, dir: Some(dir) }
+        Fleet { cluster, _router: router, reach, dir: Some(dir) }
     }
 
     /// With security on, the reach of a client that is `principal` (a certificate of the

@@ -1,5 +1,5 @@
-//! Shared helpers of the integration tests. Each test binary uses a different subset.
-#![allow(dead_code)]
+//! Helpers shared by the integration tests: clusters with the namespace API, fleets of
+//! processes, histories and their checks, routed clusters, watch streams, workloads.
 
 pub mod api;
 pub mod fleet;

@@ -470,7 +470,7 @@ mod tests {
     }
 
     /// A leader takes a command, then a message of a newer term makes it a follower before
-    /// the round's end (a paused leader resuming: found by `tests/crash_cycles.rs`). Proposing
+    /// the round's end (a paused leader resuming: found by `tests/suite/crash_cycles.rs`). Proposing
     /// the batch then must answer "not leader" and append nothing, not forward the entry.
     #[test]
     fn a_batch_taken_by_a_leader_that_lost_leadership_in_the_round_is_refused_not_forwarded() {
