@@ -422,30 +422,18 @@ async fn limits(action: LimitsAction, out: Output) -> anyhow::Result<()> {
     let limits = match action {
         LimitsAction::Show { seeds } => at_any(&seeds, |mut c| async move { c.get_limits(GetLimitsRequest {}).await }).await?,
         LimitsAction::Set { changes, seeds } => {
-            let LimitChanges {
-                value_bytes_max,
-                txn_ops_max,
-                recursive_delete_nodes_max,
-                ttl_ms_max,
-                session_ttl_ms_min,
-                session_ttl_ms_max,
-                ephemerals_per_session_max,
-                sessions_per_expiry_max,
-                lock_waiters_max,
-                lock_delay_ms_max,
-            } = changes;
             let changes = ApplyLimits {
                 version: 0,
-                value_bytes_max,
-                txn_ops_max,
-                recursive_delete_nodes_max,
-                ttl_ms_max,
-                session_ttl_ms_min,
-                session_ttl_ms_max,
-                ephemerals_per_session_max,
-                sessions_per_expiry_max,
-                lock_waiters_max,
-                lock_delay_ms_max,
+                value_bytes_max: changes.value_bytes_max,
+                txn_ops_max: changes.txn_ops_max,
+                recursive_delete_nodes_max: changes.recursive_delete_nodes_max,
+                ttl_ms_max: changes.ttl_ms_max,
+                session_ttl_ms_min: changes.session_ttl_ms_min,
+                session_ttl_ms_max: changes.session_ttl_ms_max,
+                ephemerals_per_session_max: changes.ephemerals_per_session_max,
+                sessions_per_expiry_max: changes.sessions_per_expiry_max,
+                lock_waiters_max: changes.lock_waiters_max,
+                lock_delay_ms_max: changes.lock_delay_ms_max,
             };
             at_any(&seeds, |mut c| async move { c.set_limits(SetLimitsRequest { changes: Some(changes) }).await }).await?
         }
