@@ -65,7 +65,8 @@ pub struct LoadArgs {
     #[arg(long, value_delimiter = ',')]
     pub endpoints: Vec<String>,
     /// Connections the clients share (ZooKeeper: sessions; session workloads open one per
-    /// client there).
+    /// client there). Warden's connections spread over the routers (connection `c` prefers
+    /// router `c % routers`): give at least as many as routers.
     #[arg(long, default_value_t = 1)]
     pub conns: usize,
     /// Concurrent clients (watch: watchers; election: candidate processes, at least 2).

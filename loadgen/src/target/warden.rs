@@ -12,7 +12,9 @@ use warden_client::{
 use super::{ConnectOptions, Connection, OpError, ReadConsistency, Target, WatchEvent, WatchEvents, WATCH_EVENTS_BUFFERED_MAX};
 
 /// Warden's clients: `conns` client-library clients, each with its own connection to every
-/// router; client `i` shares the `i % conns`-th.
+/// router; client `i` shares the `i % conns`-th. Connection `c` lists the routers starting
+/// at the `c % routers`-th, so the connections (and the clients on them) spread evenly over
+/// the routers: a client library sends to its first reachable router until that one fails.
 pub struct WardenTarget {
     clients: Vec<Client>,
     session_ttl: Duration,
@@ -22,8 +24,11 @@ impl WardenTarget {
     /// Connects `options.conns` clients to the routers.
     pub async fn connect(options: &ConnectOptions) -> Result<WardenTarget, OpError> {
         let mut clients = Vec::with_capacity(options.conns.max(1));
-        for _ in 0..options.conns.max(1) {
-            let mut config = ClientConfig::new(options.endpoints.iter().cloned());
+        for conn in 0..options.conns.max(1) {
+            let mut routers = options.endpoints.clone();
+            let first = conn % routers.len().max(1);
+            routers.rotate_left(first);
+            let mut config = ClientConfig::new(routers);
             config.request_timeout = options.request_timeout;
             clients.push(Client::connect(config).await.map_err(op_error)?);
         }
