@@ -4,6 +4,7 @@ mod cgroup;
 mod cluster;
 mod election;
 mod engine;
+mod host_limits;
 mod idle;
 mod load;
 mod locks;
