@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use raft::eraftpb::{ConfChangeSingle, ConfChangeType, ConfChangeV2};
 use warden_engine::kv::{self, KvFactory};
+use warden_engine::transport::Inbox as _;
 use warden_engine::{ConfChangeFence, EngineError, ReadConsistency};
 use warden_proto::kv::KvResult;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};

@@ -7,8 +7,15 @@
 //!   server side is the engine's own wire (`RaftTransport`).
 //! - [`state_machine`]: what a group replicates, the trait state machines plug in through;
 //!   [`kv`] is the engine's own minimal state machine.
+//! - [`leaders`]: who leads each hosted group, as the workers last saw it.
 //! - [`metrics`]: the node's Prometheus registry and the engine's figures in it.
 //! - [`log_limit`]: rate limits for operator log lines.
+//!
+//! Architecture invariant: the modules form layers; listed from the bottom, each imports only
+//! modules listed before it: `error`, `log_limit`, `storage`, `config`, `state_machine`, `kv`,
+//! `store_writer`, `transport`, `leaders`, `metrics`, `host`. The transport reaches the host loop only
+//! through its [`transport::Inbox`] trait and the metrics through
+//! [`transport::TransportEvents`]; the host loop wires them together at start.
 //!
 //! Architecture invariant: the engine knows nothing of what runs on it (the namespace,
 //! watches, the public API, placement): they depend on this crate, never the other way,
@@ -19,6 +26,7 @@ pub mod config;
 pub mod error;
 pub mod host;
 pub mod kv;
+pub mod leaders;
 pub mod log_limit;
 pub mod metrics;
 pub mod state_machine;

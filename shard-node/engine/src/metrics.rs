@@ -13,16 +13,16 @@
 //! with 10,000 groups has the same series as one with ten. The one label per peer
 //! (`warden_raft_messages_dropped_total{peer}`) is bounded by the cluster's nodes.
 
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry};
 use warden_server_kit::metrics::{histogram_opts, registered, LATENCY_BUCKETS};
 
-use crate::host::{HostMetrics, LeaderTable};
+use crate::leaders::LeaderTable;
 use crate::storage::Db;
 use crate::store_writer::StoreMetrics;
-use crate::transport::TransportMetrics;
+use crate::transport::{TransportEvents, TransportMetrics};
 
 /// Figures kept outside the engine (by what runs on it), copied into the registry at each
 /// scrape: registered by the node crate with [`NodeMetrics::on_scrape`].
@@ -36,6 +36,17 @@ impl<T: ScrapeSource> ScrapeSource for Arc<T> {
     fn refresh(&self, node_id: u64, led: &[u64]) {
         T::refresh(self, node_id, led);
     }
+}
+
+/// Counters of a node's host loop, readable while it runs.
+#[derive(Debug, Default)]
+pub(crate) struct HostMetrics {
+    /// Replicas asleep now (see `hibernate`).
+    pub sleeping_replicas: AtomicU64,
+    /// Times a replica of this node fell asleep.
+    pub hibernations: AtomicU64,
+    /// Replicas that stopped applying their group (see `failed`).
+    pub failed_replicas: AtomicU64,
 }
 
 /// What the registry copies at each scrape.
@@ -212,27 +223,13 @@ impl NodeMetrics {
         }
     }
 
-    /// A snapshot this node sent: delivered (its bytes) or not.
-    pub fn snapshot_sent(&self, delivered_bytes: Option<usize>) {
-        self.snapshot("sent", delivered_bytes);
-    }
-
-    /// A snapshot sent to this node: taken (its bytes) or refused.
-    pub fn snapshot_received(&self, taken_bytes: Option<usize>) {
-        self.snapshot("received", taken_bytes);
-    }
-
+    /// Counts a snapshot sent or received (`direction`): delivered (its bytes) or not.
     fn snapshot(&self, direction: &str, bytes: Option<usize>) {
         let outcome = if bytes.is_some() { "delivered" } else { "failed" };
         self.snapshots.with_label_values(&[direction, outcome]).inc();
         if let Some(bytes) = bytes {
             self.snapshot_bytes.with_label_values(&[direction]).inc_by(bytes as u64);
         }
-    }
-
-    /// A raft message to `peer` was dropped (its queue was full).
-    pub fn message_dropped(&self, peer: u64) {
-        self.messages_dropped.with_label_values(&[&peer.to_string()]).inc();
     }
 
     /// Copies the figures kept elsewhere into the registry.
@@ -273,6 +270,21 @@ impl NodeMetrics {
     pub fn render(&self) -> String {
         self.refresh();
         warden_server_kit::metrics::render(&self.registry)
+    }
+}
+
+/// The transport counts snapshots and dropped messages here.
+impl TransportEvents for NodeMetrics {
+    fn snapshot_sent(&self, delivered_bytes: Option<usize>) {
+        self.snapshot("sent", delivered_bytes);
+    }
+
+    fn snapshot_received(&self, taken_bytes: Option<usize>) {
+        self.snapshot("received", taken_bytes);
+    }
+
+    fn message_dropped(&self, peer: u64) {
+        self.messages_dropped.with_label_values(&[&peer.to_string()]).inc();
     }
 }
 

@@ -43,8 +43,8 @@ use raft::StateRole;
 
 use super::msg::WorkerMsg;
 use super::replica::Replica;
-use super::RaftSender;
 use crate::config::NodeConfig;
+use crate::transport::RaftSender;
 
 /// `context` of a hibernate notice (leader → member: term, last index, last term).
 const HIBERNATE_NOTICE: &[u8] = b"warden/hibernate";

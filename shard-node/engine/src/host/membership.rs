@@ -21,7 +21,7 @@
 use raft::eraftpb::{Message, MessageType};
 
 use super::replica::Replica;
-use super::RaftSender;
+use crate::transport::RaftSender;
 
 /// `context` of a removal notice. The notice travels as a raft message of a local type
 /// (`MsgUnreachable`), which raft-rs never sends between nodes and refuses to step, so raft

@@ -18,9 +18,7 @@ mod worker;
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-
-use crate::metrics::NodeMetrics;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -36,96 +34,14 @@ pub use replica::{Replica, ReplicaError};
 
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
+use crate::leaders::{LeaderInfo, LeaderTable};
+use crate::metrics::{HostMetrics, NodeMetrics, Sources};
 use crate::state_machine::{ApplyOutput, StateMachineFactory};
 use crate::storage::{Db, PeerStorage};
 use crate::store_writer::{StoreMetricsSnapshot, StoreWriter};
 use crate::transport::server::RaftTransportService;
-use crate::transport::{NetFaults, PeerDirectory, Transport, TransportLimits, TransportMetrics};
+use crate::transport::{Inbox, NetFaults, PeerDirectory, RaftSender, Transport, TransportLimits, TransportMetrics};
 use warden_proto::transport::raft_transport_server::RaftTransportServer;
-
-/// Where the host loop sends raft messages. `Err` hands back a message that could not be
-/// queued; the host reports the peer unreachable.
-pub trait RaftSender: Send + Sync {
-    /// Queues `message` of `group` for its destination without blocking.
-    #[allow(clippy::result_large_err, reason = "the message is handed back unboxed: a queue-full refusal must cost no allocation on the send path")]
-    fn send(&self, group: u64, message: Message) -> Result<(), Message>;
-}
-
-/// What this node knows of each hosted group's leadership, updated by the workers when a
-/// replica's soft state changes; read by services for response headers and leader hints
-/// without a round trip to the worker. Every hosted group has an entry, from its replica's
-/// creation (or load at start) until the replica is destroyed or stops applying its group
-/// (`failed`).
-#[derive(Debug, Default)]
-pub struct LeaderTable {
-    groups: std::sync::RwLock<HashMap<u64, LeaderInfo>>,
-    /// Times a hosted group's known leader became another node (etcd's "leader changes
-    /// seen"), for `warden_raft_leader_changes_seen_total`.
-    changes_seen: AtomicU64,
-}
-
-/// A group's leadership as one replica sees it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct LeaderInfo {
-    /// Current term.
-    pub term: u64,
-    /// Leader's node id (0: unknown).
-    pub leader_id: u64,
-    /// The replica's state machine needs the leader's clock (`StateMachine::needs_ticks`):
-    /// a group that does not can hibernate, and holds nothing a timer must look after.
-    pub needs_ticks: bool,
-}
-
-impl LeaderTable {
-    /// Records `group`'s leadership.
-    pub fn set(&self, group: u64, info: LeaderInfo) {
-        let before = self.groups.write().unwrap_or_else(std::sync::PoisonError::into_inner).insert(group, info);
-        if info.leader_id != 0 && before.is_none_or(|before| before.leader_id != info.leader_id) {
-            self.changes_seen.fetch_add(1, Ordering::Relaxed);
-        }
-    }
-
-    /// Times a hosted group's known leader became another node.
-    pub fn changes_seen(&self) -> u64 {
-        self.changes_seen.load(Ordering::Relaxed)
-    }
-
-    /// Forgets `group` (its replica left this node).
-    pub fn remove(&self, group: u64) {
-        self.groups.write().unwrap_or_else(std::sync::PoisonError::into_inner).remove(&group);
-    }
-
-    /// `group`'s leadership as last seen.
-    pub fn get(&self, group: u64) -> LeaderInfo {
-        self.groups.read().unwrap_or_else(std::sync::PoisonError::into_inner).get(&group).copied().unwrap_or_default()
-    }
-
-    /// Every hosted group, in id order.
-    pub fn groups(&self) -> Vec<u64> {
-        let mut groups: Vec<u64> = self.groups.read().unwrap_or_else(std::sync::PoisonError::into_inner).keys().copied().collect();
-        groups.sort_unstable();
-        groups
-    }
-
-    /// The groups whose leader is `node`, as last seen, in id order.
-    pub fn led_by(&self, node: u64) -> Vec<u64> {
-        let groups = self.groups.read().unwrap_or_else(std::sync::PoisonError::into_inner);
-        let mut led: Vec<u64> = groups.iter().filter(|(_, info)| info.leader_id == node).map(|(group, _)| *group).collect();
-        led.sort_unstable();
-        led
-    }
-}
-
-/// Counters of a node's host loop, readable while it runs.
-#[derive(Debug, Default)]
-pub(crate) struct HostMetrics {
-    /// Replicas asleep now (see `hibernate`).
-    pub sleeping_replicas: AtomicU64,
-    /// Times a replica of this node fell asleep.
-    pub hibernations: AtomicU64,
-    /// Replicas that stopped applying their group (see `failed`).
-    pub failed_replicas: AtomicU64,
-}
 
 /// A point-in-time copy of a node's raft counters.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, serde::Serialize)]
@@ -195,33 +111,6 @@ impl NodeHandle {
             TrySendError::Full(_) => EngineError::busy(format!("node {}: worker inbox full", self.node_id)),
             TrySendError::Disconnected(_) => EngineError::Stopped,
         })
-    }
-
-    /// Hands a raft message from the network to its group; refused (`Busy`) when the
-    /// worker's inbox is full.
-    pub fn deliver(&self, group: u64, message: Message) -> Result<(), EngineError> {
-        self.try_send(group, WorkerMsg::Raft { group, message: Box::new(message) })
-    }
-
-    /// Tells `group` how sending a snapshot to `to` ended. Unlike other notices this one is
-    /// never dropped, since raft-rs sends that follower nothing more until it hears: on a
-    /// full inbox it waits and tries again, until the worker takes it or is gone.
-    pub async fn report_snapshot(&self, group: u64, to: u64, status: raft::SnapshotStatus) {
-        let mut message = WorkerMsg::SnapshotStatus { group, to, status };
-        loop {
-            match self.worker(group).try_send(message) {
-                Ok(()) | Err(TrySendError::Disconnected(_)) => return,
-                Err(TrySendError::Full(back)) => {
-                    message = back;
-                    tokio::time::sleep(Duration::from_millis(10)).await;
-                }
-            }
-        }
-    }
-
-    /// Tells a group that a message to `to` was lost.
-    pub fn report_unreachable(&self, group: u64, to: u64) {
-        let _ = self.worker(group).try_send(WorkerMsg::Unreachable { group, to });
     }
 
     async fn ask<T>(
@@ -312,17 +201,24 @@ impl NodeHandle {
     }
 }
 
-#[cfg(test)]
-impl NodeHandle {
-    /// A handle whose groups all live behind `inbox`, for tests of what reaches a worker.
-    pub(crate) fn with_inbox(node_id: u64, inbox: Sender<WorkerMsg>) -> NodeHandle {
-        NodeHandle {
-            node_id,
-            leaders: Arc::default(),
-            workers: vec![inbox].into(),
-            deadline_slack: Duration::ZERO,
-            activity: Arc::default(),
-            metrics: Arc::default(),
+/// The transport delivers here: each message to the worker its group maps to.
+impl Inbox for NodeHandle {
+    fn node_id(&self) -> u64 {
+        self.node_id
+    }
+
+    fn deliver(&self, group: u64, message: Message) -> Result<(), EngineError> {
+        self.try_send(group, WorkerMsg::Raft { group, message: Box::new(message) })
+    }
+
+    fn report_unreachable(&self, group: u64, to: u64) {
+        let _ = self.worker(group).try_send(WorkerMsg::Unreachable { group, to });
+    }
+
+    fn try_report_snapshot(&self, group: u64, to: u64, status: raft::SnapshotStatus) -> Result<(), raft::SnapshotStatus> {
+        match self.worker(group).try_send(WorkerMsg::SnapshotStatus { group, to, status }) {
+            Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(status),
         }
     }
 }
@@ -407,11 +303,19 @@ impl Engine {
             metrics: Arc::new(NodeMetrics::new()),
         };
         let limits = TransportLimits::default();
-        let transport = Transport::new(handle.clone(), directory.clone(), faults.clone(), runtime.handle().clone(), limits, config.tls.clone());
+        let transport = Transport::new(
+            Arc::new(handle.clone()),
+            handle.metrics.clone(),
+            directory.clone(),
+            faults.clone(),
+            runtime.handle().clone(),
+            limits,
+            config.tls.clone(),
+        );
         let transport_metrics = transport.metrics();
         let transport: Arc<dyn RaftSender> = Arc::new(transport);
         let host_metrics = Arc::new(HostMetrics::default());
-        handle.metrics.attach(crate::metrics::Sources {
+        handle.metrics.attach(Sources {
             node_id,
             leaders: leaders.clone(),
             transport: transport_metrics.clone(),
@@ -478,7 +382,7 @@ impl Engine {
     /// The engine's own gRPC service (`RaftTransport`: raft messages and snapshots from the
     /// other nodes), for the node to serve on its peer port.
     pub fn transport_service(&self) -> RaftTransportServer<RaftTransportService> {
-        RaftTransportService::server(self.handle.clone(), self.transport_limits)
+        RaftTransportService::server(Arc::new(self.handle.clone()), self.handle.metrics.clone(), self.transport_limits)
     }
 
     /// The node's I/O runtime, for the tasks of what runs on the engine (its servers among

@@ -6,10 +6,10 @@ use raft::eraftpb::{Message, MessageType};
 use raft::{SnapshotStatus, Storage as _};
 
 use super::replica::{Replica, Unpersisted};
-use super::RaftSender;
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::SmReader;
 use crate::storage::WriteOp;
+use crate::transport::RaftSender;
 
 /// The writes of one worker round, for every group it readied.
 #[derive(Default)]

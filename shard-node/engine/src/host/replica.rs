@@ -100,7 +100,7 @@ pub struct Replica {
     /// Compact the log when it holds more applied entries than this.
     pub(crate) log_compact_entries: u64,
     /// Leadership last published to the node's leader table.
-    pub(crate) published_leader: super::LeaderInfo,
+    pub(crate) published_leader: crate::leaders::LeaderInfo,
     /// Whether the state machine was last told it leads.
     pub(crate) told_leading: bool,
     /// Callers waiting for a notification key (see `SmWrites::notify`).
@@ -140,7 +140,7 @@ impl Replica {
             installing_snapshot: false,
             failed: None,
             log_compact_entries: config.log_compact_entries.max(2),
-            published_leader: super::LeaderInfo::default(),
+            published_leader: crate::leaders::LeaderInfo::default(),
             told_leading: false,
             awaiting: HashMap::new(),
             hibernation: super::hibernate::Hibernation::default(),

@@ -18,13 +18,13 @@ use super::failed::FailedReplica;
 use super::msg::WorkerMsg;
 use super::ready::RoundWrites;
 use super::replica::Replica;
-use super::RaftSender;
 use crate::config::NodeConfig;
 use crate::error::{EngineError, StorageError};
 use crate::state_machine::StateMachineFactory;
 use crate::storage::snapshot::SnapshotData;
 use crate::storage::{Db, PeerStorage};
 use crate::store_writer::{Persisted, WriteTask};
+use crate::transport::RaftSender;
 
 /// Inbox messages handled per round at most, so readies and ticks are never starved.
 const INBOX_MSGS_PER_ROUND_MAX: usize = 4096;
@@ -50,7 +50,7 @@ pub(crate) struct Worker {
     pub persisted_rx: Receiver<Persisted>,
     pub stop: Arc<AtomicBool>,
     pub fatal: super::fatal::Fatal,
-    pub leaders: Arc<super::LeaderTable>,
+    pub leaders: Arc<crate::leaders::LeaderTable>,
     pub replicas: HashMap<u64, Replica>,
     /// Replicas that stopped applying their group (see `failed`): no longer in `replicas`.
     pub failed: HashMap<u64, FailedReplica>,
@@ -60,7 +60,7 @@ pub(crate) struct Worker {
     /// Sleeping replicas that something touched (a stepped message, a durable write): their
     /// readies are polled once, at the next round that polls readies.
     pub touched: HashSet<u64>,
-    pub metrics: Arc<super::HostMetrics>,
+    pub metrics: Arc<crate::metrics::HostMetrics>,
     pub tasks_in_flight: usize,
     pub tick: u64,
     pub next_read_ctx: u64,
@@ -316,7 +316,7 @@ impl Worker {
             .map_err(|error| StorageError::Corrupt(format!("group {group} just created: {error}")))?;
         self.replicas.insert(group, replica);
         self.awake.insert(group);
-        self.leaders.set(group, super::LeaderInfo::default());
+        self.leaders.set(group, crate::leaders::LeaderInfo::default());
         Ok(Ok(()))
     }
 
@@ -334,8 +334,11 @@ impl Worker {
                 self.node_metrics.apply_seconds.observe(seconds);
             }
             self.node_metrics.entries_applied.inc_by(std::mem::take(&mut round.entries_applied));
-            let info =
-                super::LeaderInfo { term: replica.raw.raft.term, leader_id: replica.raw.raft.leader_id, needs_ticks: replica.sm.needs_ticks() };
+            let info = crate::leaders::LeaderInfo {
+                term: replica.raw.raft.term,
+                leader_id: replica.raw.raft.leader_id,
+                needs_ticks: replica.sm.needs_ticks(),
+            };
             if info != replica.published_leader {
                 replica.published_leader = info;
                 self.leaders.set(replica.group, info);

@@ -8,6 +8,7 @@
 
 pub mod chunk;
 pub mod faults;
+pub mod inbox;
 pub mod server;
 pub mod snapshot;
 
@@ -27,8 +28,15 @@ use warden_proto::transport::raft_transport_client::RaftTransportClient;
 use warden_proto::transport::{RaftBatch, RaftEnvelope};
 
 pub use faults::{NetFaults, Verdict};
+pub use inbox::{Inbox, TransportEvents};
 
-use crate::host::{NodeHandle, RaftSender};
+/// Where the host loop sends raft messages. `Err` hands back a message that could not be
+/// queued; the host reports the peer unreachable.
+pub trait RaftSender: Send + Sync {
+    /// Queues `message` of `group` for its destination without blocking.
+    #[allow(clippy::result_large_err, reason = "the message is handed back unboxed: a queue-full refusal must cost no allocation on the send path")]
+    fn send(&self, group: u64, message: Message) -> Result<(), Message>;
+}
 
 /// Limits of the transport.
 #[derive(Clone, Copy, Debug)]
@@ -128,7 +136,8 @@ pub struct Transport {
     node_id: u64,
     directory: Arc<PeerDirectory>,
     faults: Arc<NetFaults>,
-    node: NodeHandle,
+    node: Arc<dyn Inbox>,
+    events: Arc<dyn TransportEvents>,
     runtime: tokio::runtime::Handle,
     limits: TransportLimits,
     /// This node's TLS: every connection to a peer presents its certificate and
@@ -142,9 +151,10 @@ pub struct Transport {
 }
 
 impl Transport {
-    /// A transport for `node`, spawning its peer tasks on `runtime`.
+    /// A transport for `node`, counting into `events`, spawning its peer tasks on `runtime`.
     pub fn new(
-        node: NodeHandle,
+        node: Arc<dyn Inbox>,
+        events: Arc<dyn TransportEvents>,
         directory: Arc<PeerDirectory>,
         faults: Arc<NetFaults>,
         runtime: tokio::runtime::Handle,
@@ -156,6 +166,7 @@ impl Transport {
             directory,
             faults,
             node,
+            events,
             runtime,
             limits,
             tls,
@@ -180,6 +191,7 @@ impl Transport {
             directory: self.directory.clone(),
             faults: self.faults.clone(),
             node: self.node.clone(),
+            events: self.events.clone(),
             limits: self.limits,
             tls: self.tls.clone(),
             transfer,
@@ -227,7 +239,7 @@ impl RaftSender for Transport {
                 }
                 Err(refused) => {
                     tracing::warn!(from = self.node_id, to, group, bytes, %refused, "snapshot not sent");
-                    self.node.metrics().snapshot_sent(None);
+                    self.events.snapshot_sent(None);
                     Err(message)
                 }
             };
@@ -235,7 +247,7 @@ impl RaftSender for Transport {
         let to = message.to;
         let queue = self.peer_queue(to);
         queue.try_send(Outgoing { group, message }).map_err(|error| {
-            self.node.metrics().message_dropped(to);
+            self.events.message_dropped(to);
             match error {
                 mpsc::error::TrySendError::Full(outgoing) | mpsc::error::TrySendError::Closed(outgoing) => outgoing.message,
             }
@@ -283,7 +295,7 @@ struct PeerTask {
     to: u64,
     directory: Arc<PeerDirectory>,
     faults: Arc<NetFaults>,
-    node: NodeHandle,
+    node: Arc<dyn Inbox>,
     limits: TransportLimits,
     tls: Option<Arc<Tls>>,
     next_message_id: Arc<AtomicU64>,

@@ -1,6 +1,8 @@
 //! The receiving side of the raft transport: a gRPC service that decodes each envelope and
 //! hands the message to the worker owning its group.
 
+use std::sync::Arc;
+
 use protobuf::Message as _;
 use raft::eraftpb::Message;
 use tonic::{Request, Response, Status, Streaming};
@@ -12,21 +14,23 @@ use warden_proto::transport::{RaftBatch, RaftEnvelope, SnapshotChunk, SnapshotDo
 use super::chunk::{Assembler, ChunkError};
 use super::snapshot::{self, Transfers};
 use super::TransportLimits;
-use crate::host::NodeHandle;
+use super::{Inbox, TransportEvents};
 
 /// The raft transport service of one node.
 pub struct RaftTransportService {
-    node: NodeHandle,
+    node: Arc<dyn Inbox>,
+    events: Arc<dyn TransportEvents>,
     limits: TransportLimits,
     /// Snapshots being received.
-    snapshots: std::sync::Arc<Transfers>,
+    snapshots: Arc<Transfers>,
 }
 
 impl RaftTransportService {
-    /// The service, wrapped for tonic with the transport's message-size limits.
-    pub fn server(node: NodeHandle, limits: TransportLimits) -> RaftTransportServer<RaftTransportService> {
+    /// The service delivering to `node` and counting into `events`, wrapped for tonic with the
+    /// transport's message-size limits.
+    pub fn server(node: Arc<dyn Inbox>, events: Arc<dyn TransportEvents>, limits: TransportLimits) -> RaftTransportServer<RaftTransportService> {
         let snapshots = Transfers::new(limits.snapshots_per_peer_max, limits.snapshot_bytes_in_flight_max);
-        RaftTransportServer::new(RaftTransportService { node, limits, snapshots })
+        RaftTransportServer::new(RaftTransportService { node, events, limits, snapshots })
             .max_decoding_message_size(limits.grpc_message_bytes_max)
             .max_encoding_message_size(limits.grpc_message_bytes_max)
     }
@@ -95,7 +99,7 @@ impl RaftTransport for RaftTransportService {
 
     async fn snapshot(&self, request: Request<Streaming<SnapshotChunk>>) -> Result<Response<SnapshotDone>, Status> {
         let sender = calling_node(&request)?;
-        let received = snapshot::receive(&self.node, &self.snapshots, &self.limits, request.into_inner(), sender).await;
+        let received = snapshot::receive(self.node.as_ref(), self.events.as_ref(), &self.snapshots, &self.limits, request.into_inner(), sender).await;
         if let Err(status) = &received {
             tracing::warn!(node = self.node.node_id(), %status, "snapshot refused");
         }

@@ -13,7 +13,7 @@
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use protobuf::Message as _;
 use raft::eraftpb::{Message, MessageType};
@@ -21,9 +21,8 @@ use raft::SnapshotStatus;
 use tonic::{Status, Streaming};
 use warden_proto::transport::{SnapshotChunk, SnapshotDone, SnapshotHeader};
 
-use super::{connect, NetFaults, PeerDirectory, TransportLimits, Verdict};
+use super::{connect, Inbox, NetFaults, PeerDirectory, TransportEvents, TransportLimits, Verdict};
 use crate::error::EngineError;
-use crate::host::NodeHandle;
 use crate::storage::snapshot::SnapshotData;
 
 /// The snapshot transfers in flight in one direction of one node, bounded per peer and in
@@ -112,7 +111,9 @@ pub struct Outgoing {
     /// Fault injection (a lost chunk breaks the stream).
     pub faults: Arc<NetFaults>,
     /// The sending node, told how the transfer ended.
-    pub node: NodeHandle,
+    pub node: Arc<dyn Inbox>,
+    /// Where the outcome is counted.
+    pub events: Arc<dyn TransportEvents>,
     /// Chunk size, message size and timeouts.
     pub limits: TransportLimits,
     /// The transfer's place among those in flight.
@@ -140,10 +141,10 @@ impl Outgoing {
             }
         };
         let node = self.node.clone();
-        node.metrics().snapshot_sent((status == SnapshotStatus::Finish).then_some(bytes));
+        self.events.snapshot_sent((status == SnapshotStatus::Finish).then_some(bytes));
         // Free the transfer's place first: raft-rs may try again as soon as it hears.
         drop(self);
-        node.report_snapshot(group, to, status).await;
+        report_snapshot(node.as_ref(), group, to, status).await;
     }
 
     async fn send(&self) -> Result<(), String> {
@@ -175,25 +176,39 @@ impl Outgoing {
     }
 }
 
+/// Tells `group` how sending a snapshot to `to` ended. Unlike other notices this one is never
+/// dropped, since raft-rs sends that follower nothing more until it hears: while the group's
+/// worker cannot take it, it waits and tries again.
+async fn report_snapshot(node: &dyn Inbox, group: u64, to: u64, mut status: SnapshotStatus) {
+    while let Err(back) = node.try_report_snapshot(group, to, status) {
+        status = back;
+        tokio::time::sleep(REPORT_RETRY_PAUSE).await;
+    }
+}
+
+/// The pause before telling a busy worker again how a snapshot send ended.
+const REPORT_RETRY_PAUSE: Duration = Duration::from_millis(10);
+
 /// Receives one snapshot call: reserves its bytes, reassembles and checks it, and hands it to
 /// its group's worker. An error status tells the sender to report `Failure`. With TLS on,
 /// `sender` is the node the connection's certificate proved: a snapshot from anyone else is
 /// refused.
 pub async fn receive(
-    node: &NodeHandle,
+    node: &dyn Inbox,
+    events: &dyn TransportEvents,
     transfers: &Arc<Transfers>,
     limits: &TransportLimits,
     stream: Streaming<SnapshotChunk>,
     sender: Option<u64>,
 ) -> Result<SnapshotDone, Status> {
     let taken = take(node, transfers, limits, stream, sender).await;
-    node.metrics().snapshot_received(taken.as_ref().ok().copied());
+    events.snapshot_received(taken.as_ref().ok().copied());
     taken.map(|_| SnapshotDone {})
 }
 
 /// [`receive`]'s work: the snapshot's bytes once its worker took it.
 async fn take(
-    node: &NodeHandle,
+    node: &dyn Inbox,
     transfers: &Arc<Transfers>,
     limits: &TransportLimits,
     mut stream: Streaming<SnapshotChunk>,
@@ -252,14 +267,55 @@ async fn reassemble(first: Vec<u8>, stream: &mut Streaming<SnapshotChunk>, bytes
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
-    use crossbeam_channel::Receiver;
+    use crossbeam_channel::{Receiver, Sender, TrySendError};
 
     use super::*;
-    use crate::host::WorkerMsg;
 
     const GROUP: u64 = 7;
+
+    /// What reached a test node's groups.
+    enum Received {
+        Raft { group: u64, message: Message },
+        SnapshotStatus { group: u64, status: SnapshotStatus },
+    }
+
+    /// A node whose groups all live behind one bounded queue, as a worker's inbox does.
+    struct Queue {
+        node_id: u64,
+        sender: Sender<Received>,
+    }
+
+    impl Inbox for Queue {
+        fn node_id(&self) -> u64 {
+            self.node_id
+        }
+
+        fn deliver(&self, group: u64, message: Message) -> Result<(), EngineError> {
+            self.sender.try_send(Received::Raft { group, message }).map_err(|_| EngineError::busy("inbox full"))
+        }
+
+        fn report_unreachable(&self, _group: u64, _to: u64) {}
+
+        fn try_report_snapshot(&self, group: u64, _to: u64, status: SnapshotStatus) -> Result<(), SnapshotStatus> {
+            match self.sender.try_send(Received::SnapshotStatus { group, status }) {
+                Ok(()) | Err(TrySendError::Disconnected(_)) => Ok(()),
+                Err(TrySendError::Full(_)) => Err(status),
+            }
+        }
+    }
+
+    /// Counts nothing: these tests read what the groups were told.
+    struct Uncounted;
+
+    impl TransportEvents for Uncounted {
+        fn snapshot_sent(&self, _: Option<usize>) {}
+        fn snapshot_received(&self, _: Option<usize>) {}
+        fn message_dropped(&self, _: u64) {}
+    }
+
+    fn node(node_id: u64, sender: Sender<Received>) -> Arc<dyn Inbox> {
+        Arc::new(Queue { node_id, sender })
+    }
 
     fn limits() -> TransportLimits {
         // Small chunks so that a small snapshot still travels in many; one transfer per peer.
@@ -267,11 +323,11 @@ mod tests {
     }
 
     /// Node 2's transport server, its one worker's inbox holding `inbox_msgs`.
-    async fn receiver(directory: &PeerDirectory, inbox_msgs: usize) -> Receiver<WorkerMsg> {
+    async fn receiver(directory: &PeerDirectory, inbox_msgs: usize) -> Receiver<Received> {
         let (sender, inbox) = crossbeam_channel::bounded(inbox_msgs);
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         directory.insert(2, listener.local_addr().expect("address"));
-        let service = super::super::server::RaftTransportService::server(NodeHandle::with_inbox(2, sender), limits());
+        let service = super::super::server::RaftTransportService::server(node(2, sender), Arc::new(Uncounted), limits());
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
         tokio::spawn(tonic::transport::Server::builder().add_service(service).serve_with_incoming(incoming));
         inbox
@@ -291,12 +347,22 @@ mod tests {
     async fn send(directory: &Arc<PeerDirectory>, transfers: &Arc<Transfers>, limits: TransportLimits, message: Message) -> SnapshotStatus {
         let (sender, inbox) = crossbeam_channel::bounded(4);
         let transfer = transfers.start(message.to, message.get_snapshot().data.len()).expect("a free place");
-        let node = NodeHandle::with_inbox(1, sender);
-        let outgoing =
-            Outgoing { from: 1, group: GROUP, message, directory: directory.clone(), tls: None, faults: Arc::default(), node, limits, transfer };
+        let (node, events) = (node(1, sender), Arc::new(Uncounted));
+        let outgoing = Outgoing {
+            from: 1,
+            group: GROUP,
+            message,
+            directory: directory.clone(),
+            tls: None,
+            faults: Arc::default(),
+            node,
+            events,
+            limits,
+            transfer,
+        };
         outgoing.run().await;
         match inbox.try_recv() {
-            Ok(WorkerMsg::SnapshotStatus { group: GROUP, to: _, status }) => status,
+            Ok(Received::SnapshotStatus { group: GROUP, status }) => status,
             _ => panic!("raft was not told how the snapshot ended"),
         }
     }
@@ -329,7 +395,7 @@ mod tests {
         let data = valid_data();
         assert_eq!(send(&directory, &transfers, limits(), snapshot_message(2, data.clone())).await, SnapshotStatus::Finish);
         match inbox.try_recv() {
-            Ok(WorkerMsg::Raft { group: GROUP, message }) => {
+            Ok(Received::Raft { group: GROUP, message }) => {
                 assert_eq!(message.get_snapshot().get_metadata().index, 42);
                 assert!(message.get_snapshot().data[..] == data[..], "the group got the snapshot's data unchanged");
             }
