@@ -52,6 +52,8 @@ pub struct ClusterConfig {
     pub election_tick: usize,
     /// Ticks between heartbeats.
     pub heartbeat_tick: usize,
+    /// Between a node's heartbeats to placement, ms (`NodeConfig::placement_heartbeat_ms`).
+    pub placement_heartbeat_ms: u64,
     /// Idle ticks before a group hibernates (0: never; see `NodeConfig`).
     pub hibernate_after_ticks: u64,
     /// Host-loop threads per node.
@@ -83,6 +85,7 @@ impl Default for ClusterConfig {
             tick_ms: 50,
             election_tick: 10,
             heartbeat_tick: 2,
+            placement_heartbeat_ms: warden_engine::config::PLACEMENT_HEARTBEAT_MS_DEFAULT,
             hibernate_after_ticks: warden_engine::config::HIBERNATE_AFTER_TICKS_DEFAULT,
             workers: 1,
             log_compact_entries: 10_000,
@@ -179,6 +182,7 @@ impl Cluster {
         config.tick_ms = self.config.tick_ms;
         config.election_tick = self.config.election_tick;
         config.heartbeat_tick = self.config.heartbeat_tick;
+        config.placement_heartbeat_ms = self.config.placement_heartbeat_ms;
         config.hibernate_after_ticks = self.config.hibernate_after_ticks;
         config.workers = self.config.workers;
         config.log_compact_entries = self.config.log_compact_entries;

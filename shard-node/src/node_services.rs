@@ -24,7 +24,7 @@ use crate::node::{NodeRoutes, NodeServices, ServiceContext};
 use crate::placement::gauges::PlacementGauges;
 use crate::placement::heartbeat::Heard;
 use crate::placement::limits::{bootstrap_record, spread_periodically};
-use crate::placement::service::{PlacementService, Security, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
+use crate::placement::service::{PlacementService, Security, HEARTBEATS_FLUSH_INTERVAL, SCHEDULE_INTERVAL, SETTLE_CREATIONS_INTERVAL};
 use crate::placement::ShardNodeFactory;
 use crate::service::{RemoteSessionMetrics, WardenService};
 use warden_engine::host::NodeError;
@@ -179,6 +179,7 @@ impl NodeServices for ApiServices {
         .with_bootstrap_limits(bootstrap_record(&self.factory.default_limits(), config.election_timeout().as_millis() as u64 * 3 / 2))
         .with_store(context.db.clone());
         context.runtime.spawn(placement.clone().settle_creations_periodically(SETTLE_CREATIONS_INTERVAL));
+        context.runtime.spawn(placement.clone().flush_heartbeats_periodically(HEARTBEATS_FLUSH_INTERVAL));
         if placement_config.is_some() {
             context.runtime.spawn(placement.clone().schedule_periodically(SCHEDULE_INTERVAL, ScheduleLimits::default()));
             match PlacementGauges::register(context.handle.metrics().registry()) {

@@ -124,6 +124,39 @@ async fn a_silent_node_is_marked_down_and_comes_back_up_when_it_heartbeats() {
     }
 }
 
+/// Heartbeats of registered nodes reach placement's log batched, one command per flush
+/// interval for all of them, not one per heartbeat: with five nodes heartbeating every 50 ms
+/// (100 heartbeats a second), placement's log grows by a few entries a second, and every node
+/// stays up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_of_every_node_cost_placement_one_command_per_interval() {
+    let factory = ShardNodeFactory::default();
+    let config = ClusterConfig { serve_api: true, placement_heartbeat_ms: 50, ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
+    cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
+    let placement = warden_placement::PLACEMENT_GROUP_ID;
+    let leader = cluster.wait_leader(placement, TIMEOUT).await.expect("placement leader");
+    let applied = |cluster: Arc<Cluster>| async move {
+        cluster.statuses(placement).await.into_iter().find(|status| status.node_id == leader).map(|status| status.applied).expect("leader's status")
+    };
+    // Registrations and the root group's creation are over once every node is up.
+    let deadline = Instant::now() + TIMEOUT;
+    while table(&cluster).await.nodes.iter().filter(|node| node.up).count() < 5 {
+        assert!(Instant::now() < deadline, "not every node registered");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let window = Duration::from_secs(2);
+    let (before, started) = (applied(cluster.clone()).await, Instant::now());
+    tokio::time::sleep(window).await;
+    let (after, elapsed) = (applied(cluster.clone()).await, started.elapsed());
+    assert_eq!(cluster.wait_leader(placement, TIMEOUT).await.expect("leader"), leader, "the same leader throughout");
+    let flushes = elapsed.as_millis() / warden_shard_node::placement::service::HEARTBEATS_FLUSH_INTERVAL.as_millis() + 2;
+    let heartbeats = 5 * elapsed.as_millis() / 50;
+    assert!(after - before <= flushes as u64, "{} placement entries in {elapsed:?} for ~{heartbeats} heartbeats", after - before);
+    assert!(after > before, "the heartbeats were recorded");
+    assert!(table(&cluster).await.nodes.iter().all(|node| node.up), "every heartbeating node stays up");
+}
+
 /// `WatchRoutingTable` (what routers watch instead of polling): a placement node sends the
 /// current table, then each newer version as its replica applies it; a node without a
 /// placement replica refuses, so a watcher moves on to another node.

@@ -8,6 +8,9 @@ use warden_proto::tls::Tls;
 
 use crate::storage::StorageLimits;
 
+/// Default of [`NodeConfig::placement_heartbeat_ms`]: a heartbeat a second.
+pub const PLACEMENT_HEARTBEAT_MS_DEFAULT: u64 = 1_000;
+
 /// Default of [`NodeConfig::hibernate_after_ticks`]: on. (It was off while the pause test of
 /// `tests/suite/crash_cycles.rs` saw a stale lock holder act with it on: a session opened by the
 /// request that woke a group asleep longer than its TTL was born expired; see
@@ -123,7 +126,7 @@ impl NodeConfig {
             storage: StorageLimits::default(),
             request_timeout_ms: 5000,
             zone: String::new(),
-            placement_heartbeat_ms: 1_000,
+            placement_heartbeat_ms: PLACEMENT_HEARTBEAT_MS_DEFAULT,
             metrics_listen: None,
             remote_session_check_ms: 1_000,
             fatal: FatalPolicy::Abort,

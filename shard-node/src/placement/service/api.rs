@@ -116,10 +116,21 @@ impl PlacementApi for PlacementService {
         if caller.is_some_and(|caller| caller != node_id) {
             return Err(Status::permission_denied(format!("node {caller:?} sent the heartbeat of node {node_id}")));
         }
-        let command = Command::RegisterNode { id: node_id, addr: request.addr, zone: request.zone, now_ms: now_ms() };
-        self.propose(&command).await?;
+        // Only placement's leader takes heartbeats: elsewhere NOT_LEADER names it.
+        self.ensure_leader()?;
+        // What this replica applied answers a registered node. The one part a node acts on
+        // for good, the groups it should destroy, stays true of any later state (placement
+        // never reuses a group id below its next one); the rest (peers' addresses, the ACL
+        // and limits, newer versions only) is refreshed by the next heartbeat.
+        let mut state = self.state_as(ReadConsistency::Stale).await?;
+        if super::liveness::only_alive(&state, node_id, &request.addr, &request.zone) {
+            self.heartbeats_heard.record(node_id);
+        } else {
+            let command = Command::RegisterNode { id: node_id, addr: request.addr, zone: request.zone, now_ms: now_ms() };
+            self.propose(&command).await?;
+            state = self.state().await?;
+        }
         self.leaders_heard.record(node_id, request.led_groups);
-        let state = self.state().await?;
         // Placement records a group before any replica of it exists and never reuses an id:
         // a hosted group below the next id that placement does not have is gone for good.
         let removed_groups = request

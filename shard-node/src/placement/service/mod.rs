@@ -9,6 +9,7 @@
 //! - [`removal`]: removing a group, giving its prefix back to its parent path's group;
 //! - [`group_calls`]: calls to the groups themselves: namespace queries and commands of a
 //!   hosted group, and calls only a group's leader answers;
+//! - [`liveness`]: the heartbeats of registered nodes, written to placement's log in batches;
 //! - [`wire`]: wire forms (descriptors, the routing table) and the typed refusals.
 //!
 //! Splits, merges, quotas, limits, backups and the scheduler are the sibling modules of
@@ -17,6 +18,7 @@
 mod api;
 mod creation;
 mod group_calls;
+mod liveness;
 mod removal;
 mod wire;
 
@@ -40,6 +42,7 @@ use warden_engine::error::EngineError;
 use warden_engine::host::{NodeHandle, ReadConsistency};
 use warden_engine::transport::PeerDirectory;
 
+pub use liveness::HEARTBEATS_FLUSH_INTERVAL;
 pub(crate) use wire::internal;
 pub(super) use wire::{busy, invalid_argument, now_ms, placement_status};
 pub use wire::{descriptor_proto, routing_table};
@@ -64,6 +67,8 @@ pub struct PlacementService {
     pub(super) lifecycle: Arc<tokio::sync::Mutex<()>>,
     /// The groups each node said it leads (heard while this node led placement).
     pub(super) leaders_heard: Arc<LeadersHeard>,
+    /// Registered nodes heard from since placement's log last recorded their heartbeats.
+    heartbeats_heard: Arc<liveness::HeartbeatsHeard>,
     /// Groups with a scheduler operator running from this node.
     pub(super) running: Arc<Running>,
     /// Fault injection (tests): where a split stops (`split.rs`).
@@ -118,6 +123,7 @@ impl PlacementService {
             config,
             lifecycle: Arc::default(),
             leaders_heard: Arc::default(),
+            heartbeats_heard: Arc::default(),
             running: Arc::default(),
             faults,
             quota_changes: Arc::default(),
@@ -204,9 +210,14 @@ impl PlacementService {
 
     /// The placement state as committed (linearizable).
     pub(super) async fn state(&self) -> Result<Placement, Status> {
+        self.state_as(ReadConsistency::Linearizable).await
+    }
+
+    /// The placement state, read with `consistency`.
+    pub(super) async fn state_as(&self, consistency: ReadConsistency) -> Result<Placement, Status> {
         let bytes = self
             .node
-            .read(PLACEMENT_GROUP_ID, Vec::new(), ReadConsistency::Linearizable, self.timeout)
+            .read(PLACEMENT_GROUP_ID, Vec::new(), consistency, self.timeout)
             .await
             .map_err(|e| engine_status(&self.directory, PLACEMENT_GROUP_ID, e))?;
         // The configuration only steers the leader's decisions, not what the table says.
