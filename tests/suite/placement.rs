@@ -22,7 +22,11 @@ const TIMEOUT: Duration = Duration::from_secs(20);
 async fn placement_cluster(heartbeat_timeout_ms: u64) -> Arc<Cluster> {
     let factory =
         ShardNodeFactory { placement: PlacementConfig { heartbeat_timeout_ms, ..PlacementConfig::default() }, ..ShardNodeFactory::default() };
-    let config = ClusterConfig { serve_api: true, ..ClusterConfig::default() };
+    // At least four heartbeats per timeout, as in production (1 s against 10 s): a node stays
+    // up though a heartbeat or two is late on a loaded machine, or waits for the next write of
+    // the heartbeats placement heard.
+    let placement_heartbeat_ms = (heartbeat_timeout_ms / 4).min(warden_engine::config::PLACEMENT_HEARTBEAT_MS_DEFAULT);
+    let config = ClusterConfig { serve_api: true, placement_heartbeat_ms, ..ClusterConfig::default() };
     let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
     let root = cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
     assert_eq!((root.group_id, root.prefix.as_str(), root.replicas.len()), (1, "/", 5));

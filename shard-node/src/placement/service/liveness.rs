@@ -61,17 +61,21 @@ impl PlacementService {
             if heard.is_empty() || self.ensure_leader().is_err() {
                 continue;
             }
-            if let Err(error) = self.flush_heartbeats(heard).await {
-                tracing::debug!(%error, "could not record the heartbeats heard");
+            if let Err(error) = self.flush_heartbeats(&heard).await {
+                // Heard again at the next interval: a node's heartbeat is not lost to a
+                // write that failed (an election, a slow quorum), which would bring its
+                // mark-down a whole heartbeat interval closer.
+                tracing::debug!(%error, nodes = heard.len(), "could not record the heartbeats heard; trying again");
+                heard.into_iter().for_each(|node| self.heartbeats_heard.record(node));
             }
         }
     }
 
     /// Proposes one `Heartbeat` for the `heard` nodes that are still registered and no
     /// tombstone (apply refuses the whole command otherwise).
-    async fn flush_heartbeats(&self, heard: BTreeSet<u64>) -> Result<(), tonic::Status> {
+    async fn flush_heartbeats(&self, heard: &BTreeSet<u64>) -> Result<(), tonic::Status> {
         let state = self.state().await?;
-        let ids: Vec<u64> = heard.into_iter().filter(|id| state.node(*id).is_some_and(|node| node.state != NodeState::Tombstone)).collect();
+        let ids: Vec<u64> = heard.iter().copied().filter(|id| state.node(*id).is_some_and(|node| node.state != NodeState::Tombstone)).collect();
         if ids.is_empty() {
             return Ok(());
         }
