@@ -10,6 +10,7 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use serde_json::Value;
+use warden_testkit::{free_port, free_port_base};
 
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
 /// Longest a one-shot command may take.
@@ -86,29 +87,13 @@ fn wait_within(child: &mut Child, deadline: Duration) -> Output {
     Output { status, stdout, stderr }
 }
 
-/// Ports `base..base + count` (the dev cluster's nodes), `base + 199 ..= base + 200 + count`
-/// (the router's and the nodes' metrics) and, with `client_ports`, `base + 100 ..` as many
-/// (their client ports under `--secure`) all free now.
+/// A base port whose dev cluster ports are all free now: `base..base + count` (the nodes),
+/// `base + 199 ..= base + 200 + count` (the router's and the nodes' metrics) and, with
+/// `client_ports`, `base + 100 ..` as many (their client ports under `--secure`).
 fn free_port_range(count: u16, client_ports: bool) -> u16 {
-    // Each call starts elsewhere: two clusters started at once (tests in parallel) would
-    // otherwise both find the first range free before either binds it.
-    static CALLS: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    for attempt in 0..200u32 {
-        let seed = std::process::id().wrapping_mul(7919).wrapping_add((attempt + call * 1000).wrapping_mul(104_729));
-        let base = 20_000 + u16::try_from(seed % 40_000).unwrap_or(0);
-        let metrics = base + METRICS_OFFSET - 1..base + METRICS_OFFSET + count;
-        let mut ports = (base..base + count).chain((base + 100..base + 100 + count).filter(|_| client_ports)).chain(metrics);
-        let free = ports.all(|port| std::net::TcpListener::bind(("127.0.0.1", port)).is_ok());
-        if free {
-            return base;
-        }
-    }
-    panic!("no free port range");
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
+    let metrics = METRICS_OFFSET - 1..METRICS_OFFSET + count;
+    let offsets: Vec<u16> = (0..count).chain((100..100 + count).filter(|_| client_ports)).chain(metrics).collect();
+    free_port_base(&offsets)
 }
 
 /// `warden dev` serves node i's metrics at its base port + 200 + i - 1, the router's at + 199.

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 use tonic::transport::Channel;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
+use warden_testkit::free_port;
 
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
 
@@ -23,10 +24,6 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
 /// A storage failure (or a panic) used to stop one worker thread and leave

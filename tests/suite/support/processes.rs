@@ -16,7 +16,7 @@ use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{GetRoutingTableRequest, ReplicaStatusRequest};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{Routing, SyncRequest};
-use warden_testkit::wait_until;
+use warden_testkit::{free_port, wait_until};
 
 /// The `warden` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_warden");
@@ -57,11 +57,6 @@ impl Drop for Process {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
-}
-
-/// A loopback port nobody listens on now.
-pub fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).expect("a free port").port()
 }
 
 /// Starts `warden ARGS`, its stderr appended to `log` (so a restarted process adds to the
