@@ -1,5 +1,5 @@
 //! Router route lookup: the group serving a path, by longest prefix (by segments) over the
-//! router's copy of the routing table (`table::Table::route`), with 10,000 ready groups.
+//! router's copy of the routing table (`warden_proto::routing::Table::route`), with 10,000 ready groups.
 //! Every request the router forwards pays one lookup.
 //!
 //! Prefixes are `/tenants/tNN/svcNN` (100 × 100) under the root group; the paths looked up
@@ -12,8 +12,8 @@ use criterion::{criterion_group, criterion_main, Criterion, Throughput};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use warden_proto::placement::{GroupEntry, RoutingTable};
+use warden_proto::routing::Table;
 use warden_proto::v1::GroupDescriptor;
-use warden_router::table::Table;
 
 const TENANTS: u64 = 100;
 const SERVICES: u64 = 100;

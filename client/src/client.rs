@@ -17,6 +17,7 @@ use warden_proto::v1::warden_client::WardenClient;
 use crate::children::{Children, ChildrenOptions, ChildrenPage};
 use crate::config::{ClientConfig, SessionConfig};
 use crate::convert;
+use crate::direct::{Direct, Target};
 use crate::error::{Error, Result};
 use crate::lock::{LockInfo, Sequencer};
 use crate::node::{Consistency, CreateOptions, Created, DeleteOptions, Node, Stat};
@@ -24,7 +25,9 @@ use crate::retry::{judge, CallKind, Failure};
 use crate::session::{Session, SessionId, SessionInfo, SessionLease};
 use crate::txn::{Txn, TxnResult};
 use crate::watch::{WatchOptions, Watcher};
-use warden_proto::follow::Follow;
+use warden_proto::follow::{Fault, Follow};
+use warden_proto::routing::{txn_paths, Routed};
+use warden_proto::v1::warden_error::Code;
 
 /// Interval of HTTP/2 pings on a connection with open calls (a silently dead router is
 /// noticed within the interval plus [`PING_TIMEOUT`]).
@@ -49,6 +52,8 @@ struct Shared {
     request_timeout: Duration,
     /// `Bearer TOKEN`, sent with every call (`None`: no token).
     authorization: Option<tonic::metadata::AsciiMetadataValue>,
+    /// Calls sent straight to the nodes (`None`: every call through the routers).
+    direct: Option<Direct>,
 }
 
 /// One channel per router and the one calls go to now.
@@ -70,6 +75,13 @@ impl Endpoints {
         let next = (index + 1) % self.channels.len();
         let _ = self.current.compare_exchange(index, next, Ordering::Relaxed, Ordering::Relaxed);
     }
+}
+
+/// Where a sequencer's lock lives: the group serving its path now (a split or merge may
+/// have moved it from the group that issued it); without a path, the router finds the group
+/// the sequencer names.
+fn sequencer_target(sequencer: &Sequencer) -> Option<Target<'_>> {
+    (!sequencer.path.is_empty()).then_some(Target::Path(&sequencer.path))
 }
 
 /// The instant `timeout` from now (saturating: an enormous timeout means no deadline).
@@ -126,7 +138,15 @@ impl Client {
             ),
             None => None,
         };
-        let shared = Shared { endpoints, request_timeout: config.request_timeout, authorization };
+        let direct = if config.nodes.is_empty() {
+            None
+        } else if config.tls.is_some() {
+            let message = "direct calls to nodes need a cluster without TLS (a secure cluster's nodes admit only nodes and routers on the ports the routing table names)";
+            return Err(Error::InvalidArgument { message: message.into() });
+        } else {
+            Some(Direct::new(config.nodes.clone(), config.connect_timeout))
+        };
+        let shared = Shared { endpoints, request_timeout: config.request_timeout, authorization, direct };
         Ok(Client { shared: Arc::new(shared), consistency: Consistency::default() })
     }
 
@@ -153,12 +173,40 @@ impl Client {
         F: FnMut(WardenClient<Channel>, Instant) -> Fut,
         Fut: Future<Output = std::result::Result<T, Failure>>,
     {
+        self.routed(kind, timeout, None, |client, _routing, deadline| attempt(client, deadline)).await
+    }
+
+    /// [`Client::retrying`] for a call that one group serves (`target`): with direct calls
+    /// on ([`ClientConfig::nodes`]), an attempt goes to the node leading that group while
+    /// the table places it (see `crate::direct`), else to the current router. `attempt` gets
+    /// the routing its request must carry to a node (`None` to a router, which sets it).
+    async fn routed<T, F, Fut>(&self, kind: CallKind, timeout: Duration, target: Option<Target<'_>>, mut attempt: F) -> Result<T>
+    where
+        F: FnMut(WardenClient<Channel>, Option<pb::Routing>, Instant) -> Fut,
+        Fut: Future<Output = std::result::Result<T, Failure>>,
+    {
         let deadline = deadline_after(timeout);
         let mut follow = Follow::new(kind, deadline);
+        let mut direct = self.shared.direct.as_ref().zip(target);
         loop {
-            let (endpoint, client) = self.shared.endpoints.pick();
-            let status = match tokio::time::timeout_at(deadline, attempt(client, deadline)).await {
-                Ok(Ok(answer)) => return Ok(answer),
+            let hop = match direct {
+                Some((view, target)) => view.hop(target, follow.turn().attempt).await,
+                None => None,
+            };
+            let (router, client, routing) = match &hop {
+                Some(hop) => (None, hop.client.clone(), Some(hop.routing)),
+                None => {
+                    let (router, client) = self.shared.endpoints.pick();
+                    (Some(router), client, None)
+                }
+            };
+            let status = match tokio::time::timeout_at(deadline, attempt(client, routing, deadline)).await {
+                Ok(Ok(answer)) => {
+                    if let (Some((view, _)), Some(hop)) = (direct, &hop) {
+                        view.answered(hop);
+                    }
+                    return Ok(answer);
+                }
                 Ok(Err(Failure::Final(error))) => return Err(error),
                 Ok(Err(Failure::Status(status))) => status,
                 Err(_) => {
@@ -169,8 +217,20 @@ impl Client {
                 }
             };
             let verdict = judge(&status, kind);
-            if verdict.next_endpoint {
-                self.shared.endpoints.failed(endpoint);
+            if let (Some((view, _)), Some(hop)) = (direct, &hop) {
+                if !view.failed(hop, &status) {
+                    direct = None;
+                }
+                if Fault::of(&status) == (Fault::Answer { code: Some(Code::WrongGroup) }) {
+                    // The node applied nothing: the call goes again, through a router (which
+                    // refreshes its own table).
+                    if follow.retry_anyway(status).await.is_err() {
+                        return Err(verdict.error);
+                    }
+                    continue;
+                }
+            } else if let Some(router) = router.filter(|_| verdict.next_endpoint) {
+                self.shared.endpoints.failed(router);
             }
             if follow.retry_after(status).await.is_err() {
                 return Err(verdict.error);
@@ -178,16 +238,21 @@ impl Client {
         }
     }
 
-    /// One unary call of `method` with `request`, retried by [`Client::retrying`]; each
-    /// attempt carries the time left as its `grpc-timeout`.
-    async fn unary<Req, Resp, F, Fut>(&self, kind: CallKind, timeout: Duration, request: Req, method: F) -> Result<Resp>
+    /// One unary call of `method` with `request` to the group serving `target` (`None`: the
+    /// router decides), retried by [`Client::routed`]; each attempt carries the time left as
+    /// its `grpc-timeout`.
+    async fn unary<Req, Resp, F, Fut>(&self, kind: CallKind, timeout: Duration, target: Option<Target<'_>>, request: Req, method: F) -> Result<Resp>
     where
-        Req: Clone,
+        Req: Clone + Routed,
         F: Fn(WardenClient<Channel>, Request<Req>) -> Fut,
         Fut: Future<Output = std::result::Result<Response<Resp>, Status>>,
     {
-        self.retrying(kind, timeout, |client, deadline| {
-            let mut request = Request::new(request.clone());
+        self.routed(kind, timeout, target, |client, routing, deadline| {
+            let mut request = request.clone();
+            if let Some(routing) = routing {
+                request.set_routing(routing);
+            }
+            let mut request = Request::new(request);
             request.set_timeout(deadline.saturating_duration_since(Instant::now()));
             self.authorize(&mut request);
             let call = method(client, request);
@@ -199,21 +264,25 @@ impl Client {
     /// Creates a node with `data`; returns its actual path and stat.
     pub async fn create(&self, path: &str, data: impl Into<Vec<u8>>, options: &CreateOptions) -> Result<Created> {
         let request = convert::create_request(path, data.into(), options);
-        let response = self.unary(CallKind::Write, self.request_timeout(), request, |mut c, r| async move { c.create(r).await }).await?;
+        let response = self
+            .unary(CallKind::Write, self.request_timeout(), Some(Target::Path(path)), request, |mut c, r| async move { c.create(r).await })
+            .await?;
         convert::created(response)
     }
 
     /// A node's data and stat ([`Error::NoNode`] when it does not exist).
     pub async fn get(&self, path: &str) -> Result<Node> {
         let request = pb::GetRequest { path: path.into(), consistency: convert::consistency(self.consistency), routing: None };
-        let response = self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.get(r).await }).await?;
+        let target = Some(Target::Path(path));
+        let response = self.unary(CallKind::Idempotent, self.request_timeout(), target, request, |mut c, r| async move { c.get(r).await }).await?;
         convert::node(path.to_string(), response.data, response.stat)
     }
 
     /// A node's stat, or `None` when it does not exist.
     pub async fn exists(&self, path: &str) -> Result<Option<Stat>> {
         let request = pb::ExistsRequest { path: path.into(), consistency: convert::consistency(self.consistency), routing: None };
-        let response = self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.exists(r).await }).await?;
+        let target = Some(Target::Path(path));
+        let response = self.unary(CallKind::Idempotent, self.request_timeout(), target, request, |mut c, r| async move { c.exists(r).await }).await?;
         response.stat.map(convert::stat).transpose()
     }
 
@@ -221,7 +290,8 @@ impl Client {
     /// [`Error::BadVersion`] otherwise). Returns the new stat.
     pub async fn set(&self, path: &str, data: impl Into<Vec<u8>>, expected_version: Option<u64>) -> Result<Stat> {
         let request = pb::SetRequest { path: path.into(), data: data.into(), expected_version, routing: None };
-        let response = self.unary(CallKind::Write, self.request_timeout(), request, |mut c, r| async move { c.set(r).await }).await?;
+        let response =
+            self.unary(CallKind::Write, self.request_timeout(), Some(Target::Path(path)), request, |mut c, r| async move { c.set(r).await }).await?;
         convert::required_stat(response.stat)
     }
 
@@ -230,7 +300,9 @@ impl Client {
     pub async fn delete(&self, path: &str, options: &DeleteOptions) -> Result<u64> {
         let request =
             pb::DeleteRequest { path: path.into(), expected_version: options.expected_version, recursive: options.recursive, routing: None };
-        let response = self.unary(CallKind::Write, self.request_timeout(), request, |mut c, r| async move { c.delete(r).await }).await?;
+        // A recursive delete may span groups: the router clears it group by group.
+        let target = (!options.recursive).then_some(Target::Path(path));
+        let response = self.unary(CallKind::Write, self.request_timeout(), target, request, |mut c, r| async move { c.delete(r).await }).await?;
         Ok(response.deleted)
     }
 
@@ -249,14 +321,19 @@ impl Client {
             start_after: start_after.into(),
             routing: None,
         };
-        let response = self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.get_children(r).await }).await?;
+        // Through a router: it adds the children that are other groups' prefixes.
+        let response =
+            self.unary(CallKind::Idempotent, self.request_timeout(), None, request, |mut c, r| async move { c.get_children(r).await }).await?;
         convert::children_page(response, options.with_stats)
     }
 
     /// Runs a transaction (atomic, at one revision, in the one group serving its paths).
     pub async fn txn(&self, txn: &Txn) -> Result<TxnResult> {
         let request = convert::txn_request(txn);
-        let response = self.unary(CallKind::Write, self.request_timeout(), request, |mut c, r| async move { c.txn(r).await }).await?;
+        let paths: Vec<String> = txn_paths(&request).into_iter().map(String::from).collect();
+        let paths: Vec<&str> = paths.iter().map(String::as_str).collect();
+        let target = Some(Target::Paths(&paths));
+        let response = self.unary(CallKind::Write, self.request_timeout(), target, request, |mut c, r| async move { c.txn(r).await }).await?;
         convert::txn_result(response, txn)
     }
 
@@ -265,7 +342,7 @@ impl Client {
     pub async fn sync(&self, group_id: u64) -> Result<u64> {
         let routing = (group_id != 0).then_some(pb::Routing { group_id, ..pb::Routing::default() });
         let request = pb::SyncRequest { routing };
-        let response = self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.sync(r).await }).await?;
+        let response = self.unary(CallKind::Idempotent, self.request_timeout(), None, request, |mut c, r| async move { c.sync(r).await }).await?;
         convert::revision(response.header)
     }
 
@@ -281,28 +358,30 @@ impl Client {
             path_hint: config.path_hint.clone().unwrap_or_default(),
             routing: None,
         };
-        let response = self.unary(CallKind::Write, self.request_timeout(), request, |mut c, r| async move { c.create_session(r).await }).await?;
+        let response =
+            self.unary(CallKind::Write, self.request_timeout(), None, request, |mut c, r| async move { c.create_session(r).await }).await?;
         convert::created_session(response)
     }
 
     /// Renews a session's lease within `timeout`.
     pub async fn keep_alive(&self, id: SessionId, timeout: Duration) -> Result<SessionLease> {
         let request = pb::KeepAliveRequest { session_ids: vec![id.0], routing: None };
-        let response = self.unary(CallKind::Idempotent, timeout, request, |mut c, r| async move { c.keep_alive(r).await }).await?;
+        let response = self.unary(CallKind::Idempotent, timeout, None, request, |mut c, r| async move { c.keep_alive(r).await }).await?;
         convert::lease_of(id, response.leases)
     }
 
     /// Ends a session now; returns how many ephemerals went with it.
     pub async fn close_session(&self, id: SessionId) -> Result<u64> {
         let request = pb::CloseSessionRequest { session_id: id.0, routing: None };
-        let response = self.unary(CallKind::Write, self.request_timeout(), request, |mut c, r| async move { c.close_session(r).await }).await?;
+        let response = self.unary(CallKind::Write, self.request_timeout(), None, request, |mut c, r| async move { c.close_session(r).await }).await?;
         Ok(response.deleted)
     }
 
     /// A session's lease as its group's leader sees it (without renewing it).
     pub async fn session_info(&self, id: SessionId) -> Result<SessionInfo> {
         let request = pb::SessionInfoRequest { session_id: id.0, routing: None };
-        let response = self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.session_info(r).await }).await?;
+        let response =
+            self.unary(CallKind::Idempotent, self.request_timeout(), None, request, |mut c, r| async move { c.session_info(r).await }).await?;
         convert::session_info(response)
     }
 
@@ -311,7 +390,9 @@ impl Client {
     /// Idempotent: the server returns the same waiter for the same session and request id.
     pub(crate) async fn lock(&self, request: pb::LockRequest) -> Result<Option<Sequencer>> {
         let timeout = Duration::from_millis(request.timeout_ms).saturating_add(self.request_timeout());
-        let response = self.unary(CallKind::Idempotent, timeout, request, |mut c, r| async move { c.lock(r).await }).await?;
+        let path = request.path.clone();
+        let response =
+            self.unary(CallKind::Idempotent, timeout, Some(Target::Path(&path)), request, |mut c, r| async move { c.lock(r).await }).await?;
         convert::lock_response(response)
     }
 
@@ -319,22 +400,28 @@ impl Client {
     /// already gone succeeds.
     pub(crate) async fn unlock(&self, sequencer: &Sequencer) -> Result<()> {
         let request = pb::UnlockRequest { sequencer: Some(convert::sequencer_request(sequencer)), routing: None };
-        self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.unlock(r).await }).await?;
+        self.unary(CallKind::Idempotent, self.request_timeout(), sequencer_target(sequencer), request, |mut c, r| async move { c.unlock(r).await })
+            .await?;
         Ok(())
     }
 
     /// Whether a sequencer still holds its lock (confirmed with the lock group's leader).
     pub async fn check_sequencer(&self, sequencer: &Sequencer) -> Result<bool> {
         let request = pb::CheckSequencerRequest { sequencer: Some(convert::sequencer_request(sequencer)), routing: None };
-        let response =
-            self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.check_sequencer(r).await }).await?;
+        let response = self
+            .unary(CallKind::Idempotent, self.request_timeout(), sequencer_target(sequencer), request, |mut c, r| async move {
+                c.check_sequencer(r).await
+            })
+            .await?;
         Ok(response.holds)
     }
 
     /// The holders and waiters of a lock.
     pub async fn lock_info(&self, path: &str) -> Result<LockInfo> {
         let request = pb::LockInfoRequest { path: path.into(), routing: None };
-        let response = self.unary(CallKind::Idempotent, self.request_timeout(), request, |mut c, r| async move { c.lock_info(r).await }).await?;
+        let target = Some(Target::Path(path));
+        let response =
+            self.unary(CallKind::Idempotent, self.request_timeout(), target, request, |mut c, r| async move { c.lock_info(r).await }).await?;
         convert::lock_info(response)
     }
 

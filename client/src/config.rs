@@ -30,6 +30,12 @@ pub struct ClientConfig {
     /// A bearer token naming this client's principal, sent with every call (`authorization:
     /// Bearer TOKEN`): for a client without a certificate of its own ([`Tls::load_ca_only`]).
     pub token: Option<String>,
+    /// Node addresses (`host:port`) to read the routing table from. Set: a call that one
+    /// group serves goes straight to that group's leader, one hop and one process fewer
+    /// than through a router; the routers (`endpoints`) still take everything else and any
+    /// call the table cannot place (see docs/concepts.md, "Direct calls"). Empty (the
+    /// default): every call goes through the routers. Needs a cluster without TLS.
+    pub nodes: Vec<String>,
 }
 
 impl ClientConfig {
@@ -41,6 +47,7 @@ impl ClientConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             tls: None,
             token: None,
+            nodes: Vec::new(),
         }
     }
 }

@@ -36,6 +36,7 @@ mod children;
 mod client;
 mod config;
 mod convert;
+mod direct;
 mod error;
 mod fence;
 mod lock;

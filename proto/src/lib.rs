@@ -40,6 +40,7 @@ pub mod batch {
 
 pub mod channel;
 pub mod follow;
+pub mod routing;
 pub mod tls;
 
 /// Sessions one keepalive request renews at most (a router splits a request by home group,

@@ -21,7 +21,6 @@ pub mod limits;
 pub mod metrics;
 pub mod principal;
 pub mod service;
-pub mod table;
 pub mod upstream;
 pub mod watch;
 

@@ -14,7 +14,6 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::{Request, Response, Status, Streaming};
-use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::warden_server::{Warden, WardenServer};
 use warden_proto::v1::*;
@@ -25,6 +24,7 @@ use crate::batch::Batchable;
 use crate::upstream::{Target, Upstreams};
 use warden_access::{authorize_call, Access};
 use warden_proto::batch::Method;
+use warden_proto::routing::{txn_paths, Routed};
 
 /// Largest request the router accepts (as a shard-node does: 1.5 MiB).
 pub const REQUEST_BYTES_MAX: usize = 3 << 19;
@@ -80,21 +80,6 @@ impl RouterService {
     }
 }
 
-fn op_path(op: &TxnOp) -> Option<&str> {
-    match op.op.as_ref()? {
-        Op::Create(create) => Some(&create.path),
-        Op::Set(set) => Some(&set.path),
-        Op::Delete(delete) => Some(&delete.path),
-        Op::Get(get) => Some(&get.path),
-    }
-}
-
-/// Every path a transaction touches (it goes to the one group serving them all:
-/// [`Target::Paths`]).
-fn txn_paths(request: &TxnRequest) -> Vec<&str> {
-    request.compares.iter().map(|c| c.path.as_str()).chain(request.then.iter().chain(&request.r#else).filter_map(op_path)).collect()
-}
-
 /// The answer says the session does not exist.
 fn is_session_expired(status: &Status) -> bool {
     warden_proto::error_of(status).is_some_and(|e| e.code == Code::SessionExpired as i32)
@@ -143,25 +128,15 @@ macro_rules! forward {
     }};
 }
 
-/// Requests whose routing the router sets.
-trait Routed {
-    fn set_routing(&mut self, routing: Routing);
-}
-
-macro_rules! routed {
+macro_rules! batchable {
     ($($t:ty => $method:ident),*) => {
-        $(impl Routed for $t {
-            fn set_routing(&mut self, routing: Routing) {
-                self.routing = Some(routing);
-            }
-        }
-        impl Batchable for $t {
+        $(impl Batchable for $t {
             const METHOD: Method = Method::$method;
         })*
     };
 }
 
-routed!(
+batchable!(
     CreateRequest => Create,
     GetRequest => Get,
     ExistsRequest => Exists,

@@ -23,7 +23,7 @@ use warden_proto::v1::Routing;
 use warden_placement::home_group;
 
 use crate::batch::{Batcher, Upstream};
-use crate::table::{GroupRoute, Table};
+use warden_proto::routing::{GroupRoute, Table};
 
 /// How long a leader stays cached without being confirmed.
 const LEADER_TTL: Duration = Duration::from_secs(30);

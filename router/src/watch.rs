@@ -39,8 +39,8 @@ use warden_proto::v1::watch_create::Kind;
 use warden_proto::v1::watch_request::Request as WatchRequestKind;
 use warden_proto::v1::*;
 
-use crate::table::GroupRoute;
 use crate::upstream::{warden_client, Upstreams};
+use warden_proto::routing::GroupRoute;
 
 /// The responses of one proxied `Watch` call.
 pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;

@@ -2,14 +2,18 @@
 //! routers: the namespace API with typed errors, failover between routers, sessions through
 //! jeopardy (a paused TCP proxy between client and router) to safety or expiry, lock
 //! contention with growing fencing tokens, and watches that survive router restarts without
-//! losing or repeating an event.
+//! losing or repeating an event; direct calls to group leaders that need no router and
+//! fall back to one.
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 use crate::support::proxy::Proxy;
-use crate::support::routed::{cluster_with_groups, restart_router, start_router, wait_refused, TIMEOUT};
+use crate::support::routed::{
+    at_placement_leader, client as raw_client, cluster_with_groups, group_serving, restart_router, start_router, wait_refused, TIMEOUT,
+};
 use warden_client::*;
+use warden_testkit::wait_until;
 
 /// Session TTL of these tests: the server's minimum (1.5 × the 1 s election timeout, floored
 /// at 3 s).
@@ -140,6 +144,61 @@ async fn crud_cas_transactions_and_listings_through_a_router() {
     // Stale reads and sync.
     assert!(client.with_consistency(Consistency::Stale).exists("/a").await.is_ok());
     assert!(client.sync(0).await.expect("sync") >= ran.revision);
+}
+
+/// Direct calls: given the nodes' addresses, the client sends what one group serves to that
+/// group's leader — it goes on working with every router stopped — and leaves to a router
+/// what only a router does (a transaction across groups, a sync). A subtree split off after
+/// the client read the table (its node answers WRONG_GROUP) and a killed leader cost the
+/// caller nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn direct_calls_reach_group_leaders_and_fall_back_to_a_router() {
+    let cluster = cluster_with_groups(&["/d"]).await;
+    let router = start_router(&cluster, 0);
+    let nodes = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|addr| addr.to_string()).collect();
+    let config = ClientConfig { nodes, request_timeout: Duration::from_secs(5), ..ClientConfig::new([router.addr.to_string()]) };
+    let client = Client::connect(config).await.expect("connect");
+    let parents = CreateOptions::persistent().create_parents();
+    client.create("/d/x", b"0".to_vec(), &parents).await.expect("create");
+    client.create("/d/sub/y", b"0".to_vec(), &parents).await.expect("create");
+    let spanning = Txn::new().then(TxnOp::get("/d/x")).then(TxnOp::get("/elsewhere"));
+    assert!(matches!(client.txn(&spanning).await, Err(Error::InvalidArgument { .. })), "the router refuses a transaction across groups");
+
+    // Every router stops: what one group serves still works, straight at its leader.
+    let router_addr = router.addr;
+    router.stop().await;
+    wait_refused(router_addr).await;
+    for i in 1..=3u8 {
+        let stat = client.set("/d/x", vec![i], None).await.expect("a direct set");
+        assert_eq!(stat.version, u64::from(i));
+        assert_eq!(client.get("/d/x").await.expect("a direct get").data, vec![i]);
+    }
+    let txn = Txn::new().when(Compare::version("/d/x", CompareOp::Equal, 3)).then(TxnOp::set("/d/sub/y", b"t".to_vec(), None));
+    assert!(client.txn(&txn).await.expect("a direct transaction").succeeded);
+    assert!(client.exists("/d/sub/y").await.expect("a direct exists").is_some());
+    assert!(client.sync(0).await.is_err(), "a sync is a router's: none is there");
+
+    // A subtree the client's table still places in /d's group moves to a group of its own:
+    // the old group answers WRONG_GROUP, and the call goes through the router instead.
+    let router = restart_router(&cluster, router_addr).await;
+    let mut raw = raw_client(router.addr);
+    let parent_group = group_serving(&mut raw, "/d/x").await;
+    let split = |mut placement: warden_proto::placement::placement_client::PlacementClient<tonic::transport::Channel>| async move {
+        placement.split_group(warden_proto::placement::CreateGroupRequest { prefix: "/d/sub".into() }).await
+    };
+    at_placement_leader(&cluster, split).await.expect("split /d/sub off");
+    wait_until("/d/sub has a group of its own", TIMEOUT, async || group_serving(&mut raw, "/d/sub/y").await != parent_group).await;
+    let moved = client.set("/d/sub/y", b"moved".to_vec(), None).await.expect("a set of the moved subtree");
+    assert_eq!(moved.version, 2);
+    assert_eq!(client.get("/d/sub/y").await.expect("get").data, b"moved");
+
+    // The group's leader dies: a read finds the broken connection first (a write sent on it
+    // would rightly be OUTCOME_UNKNOWN), then writes go on at the next leader.
+    let leader = cluster.wait_leader(parent_group, TIMEOUT).await.expect("leader");
+    cluster.kill(leader);
+    assert_eq!(client.get("/d/x").await.expect("a get after the leader died").data, vec![3]);
+    let stat = client.set("/d/x", b"after".to_vec(), None).await.expect("a set after the leader died");
+    assert_eq!(stat.version, 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,11 +1,15 @@
-//! The router's copy of the routing table: ready groups by prefix, and node addresses.
-//! Rebuilt whole from `GetRoutingTable`; never edited in place.
+//! Routing as its callers see it: a copy of placement's routing table (ready groups by
+//! prefix, node addresses; rebuilt whole from `GetRoutingTable`, never edited in place), the
+//! paths a transaction touches, and the `routing` field every request carries. The router
+//! and the client library's direct calls route by these.
 
 use std::collections::HashMap;
 
 use warden_paths::RouteTable;
-use warden_proto::placement::RoutingTable;
-use warden_proto::v1::GroupDescriptor;
+
+use crate::placement::RoutingTable;
+use crate::v1::txn_op::Op;
+use crate::v1::*;
 
 /// A routed group.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -96,10 +100,60 @@ impl Table {
     }
 }
 
+/// A request whose `routing` field its sender sets: the group it is for and that group's epoch.
+pub trait Routed {
+    /// Sets the request's routing.
+    fn set_routing(&mut self, routing: Routing);
+}
+
+macro_rules! routed {
+    ($($t:ty),*) => {
+        $(impl Routed for $t {
+            fn set_routing(&mut self, routing: Routing) {
+                self.routing = Some(routing);
+            }
+        })*
+    };
+}
+
+routed!(
+    CreateRequest,
+    GetRequest,
+    ExistsRequest,
+    SetRequest,
+    DeleteRequest,
+    GetChildrenRequest,
+    TxnRequest,
+    SyncRequest,
+    CreateSessionRequest,
+    KeepAliveRequest,
+    CloseSessionRequest,
+    SessionInfoRequest,
+    LockRequest,
+    UnlockRequest,
+    CheckSequencerRequest,
+    LockInfoRequest
+);
+
+/// The path a transaction's operation touches.
+fn op_path(op: &TxnOp) -> Option<&str> {
+    match op.op.as_ref()? {
+        Op::Create(create) => Some(&create.path),
+        Op::Set(set) => Some(&set.path),
+        Op::Delete(delete) => Some(&delete.path),
+        Op::Get(get) => Some(&get.path),
+    }
+}
+
+/// Every path a transaction touches (it goes to the one group serving them all).
+pub fn txn_paths(request: &TxnRequest) -> Vec<&str> {
+    request.compares.iter().map(|c| c.path.as_str()).chain(request.then.iter().chain(&request.r#else).filter_map(op_path)).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use warden_proto::placement::{GroupEntry, NodeEntry};
+    use crate::placement::{GroupEntry, NodeEntry};
 
     fn entry(id: u64, prefix: &str, ready: bool) -> GroupEntry {
         GroupEntry {
