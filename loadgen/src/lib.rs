@@ -96,6 +96,7 @@ pub async fn run_candidate(args: &LoadArgs, name: &str) -> Result<(), LoadError>
 fn connect_options(args: &LoadArgs, conns: usize) -> ConnectOptions {
     ConnectOptions {
         endpoints: args.endpoints(),
+        nodes: args.nodes.clone(),
         conns,
         session_ttl: Duration::from_millis(args.session_ttl_ms),
         request_timeout: Duration::from_millis(args.request_timeout_ms),

@@ -64,6 +64,11 @@ pub struct LoadArgs {
     /// local default (Warden 127.0.0.1:7100, etcd 127.0.0.1:2379, ZooKeeper 127.0.0.1:2181).
     #[arg(long, value_delimiter = ',')]
     pub endpoints: Vec<String>,
+    /// Warden only: node addresses (`host:port`, comma-separated) to read the routing table
+    /// from; calls one group serves then go straight to its leader, the rest through the
+    /// routers (the client library's direct calls). Empty: every call through the routers.
+    #[arg(long, value_delimiter = ',')]
+    pub nodes: Vec<String>,
     /// Connections the clients share (ZooKeeper: sessions; session workloads open one per
     /// client there). Warden's connections spread over the routers (connection `c` prefers
     /// router `c % routers`): give at least as many as routers.

@@ -38,6 +38,7 @@ fn options(variable: &str) -> ConnectOptions {
     let endpoints = std::env::var(variable).unwrap_or_else(|_| panic!("set {variable} to the server's host:port (see the module docs)"));
     ConnectOptions {
         endpoints: endpoints.split(',').map(str::to_owned).collect(),
+        nodes: Vec::new(),
         conns: 2,
         session_ttl: SESSION_TTL,
         request_timeout: Duration::from_secs(10),
@@ -243,7 +244,13 @@ async fn zookeeper_target_against_a_real_server() {
 
 /// Options naming a port nothing listens on (1, reserved), with a short request timeout.
 fn unreachable_options() -> ConnectOptions {
-    ConnectOptions { endpoints: vec!["127.0.0.1:1".to_owned()], conns: 1, session_ttl: SESSION_TTL, request_timeout: Duration::from_secs(2) }
+    ConnectOptions {
+        endpoints: vec!["127.0.0.1:1".to_owned()],
+        nodes: Vec::new(),
+        conns: 1,
+        session_ttl: SESSION_TTL,
+        request_timeout: Duration::from_secs(2),
+    }
 }
 
 /// Needs no server: connecting to nothing fails the connection (a setup failure of the

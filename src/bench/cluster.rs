@@ -65,7 +65,15 @@ pub struct ClusterArgs {
     /// Closed-loop clients.
     #[arg(long, default_value_t = 1000)]
     clients: usize,
-    /// Connections the clients share.
+    /// Closed-loop clients per node instead of `--clients` (a fleet's offered load grows with
+    /// it): N nodes get N × this many clients, and `--conns` connections per 5 nodes.
+    #[arg(long, conflicts_with = "clients")]
+    clients_per_node: Option<usize>,
+    /// Clients call group leaders directly (the client library's direct calls, given every
+    /// node's address), the routers taking only what a router must (sessions, keepalives).
+    #[arg(long)]
+    direct: bool,
+    /// Connections the clients share (at least one per router).
     #[arg(long, default_value_t = 10)]
     conns: usize,
     /// Measured seconds per run.
@@ -399,7 +407,7 @@ async fn run_all(args: &ClusterArgs) -> anyhow::Result<()> {
             let fsyncs_before = cluster.fsyncs_total().await?;
             let own_before = CpuSample::take(&[std::process::id()])?;
             let started = Instant::now();
-            let report = load(args, &cluster, workload, shape.groups).await?;
+            let report = load(args, &cluster, workload, shape).await?;
             let elapsed_s = started.elapsed().as_secs_f64();
             let own = CpuSample::take(&[std::process::id()])?.since(&own_before);
             let host = HostUse {
@@ -426,7 +434,8 @@ async fn run_all(args: &ClusterArgs) -> anyhow::Result<()> {
             println!(
                 "{}",
                 json!({"bench": "cluster", "groups": shape.groups, "workload": workload.name(), "nodes": shape.nodes, "routers": shape.routers,
-                       "cpu_per_process": args.cpu_per_process, "clients": report.clients, "duration_s": report.duration_s,
+                       "cpu_per_process": args.cpu_per_process, "clients": report.clients, "clients_per_node": args.clients_per_node, "direct": args.direct,
+                       "duration_s": report.duration_s,
                        "ops_per_sec": report.ops_per_sec, "p50_ms": report.p50_ms, "p99_ms": report.p99_ms,
                        "errors": report.errors, "errors_by_kind": report.errors_by_kind,
                        "server_cpu_us_per_op": report.server_cpu_us_per_op, "cpu_cores": cores,
@@ -449,14 +458,22 @@ fn round3(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
 }
 
-/// One workload's run through every router of `cluster`, keys over `groups` prefixes, with the
-/// CPU of every node and router process.
-async fn load(args: &ClusterArgs, cluster: &ProcessCluster, workload: Workload, groups: usize) -> anyhow::Result<LoadReport> {
+/// One workload's run through every router of `cluster` (of `shape`), keys over its groups'
+/// prefixes, with the CPU of every node and router process.
+async fn load(args: &ClusterArgs, cluster: &ProcessCluster, workload: Workload, shape: Shape) -> anyhow::Result<LoadReport> {
+    let groups = shape.groups;
     let mut load = LoadCli::try_parse_from(["warden-loadgen", workload.name()])?.load;
     load.endpoints = cluster.router_addrs.clone();
-    load.clients = args.clients;
+    if args.direct {
+        load.nodes = cluster.node_addrs.iter().map(|(_, addr)| addr.clone()).collect();
+    }
+    let nodes = shape.nodes as usize;
+    (load.clients, load.conns) = match args.clients_per_node {
+        Some(per_node) => (per_node * nodes, (args.conns * nodes).div_ceil(5)),
+        None => (args.clients, args.conns),
+    };
     // At least a connection per router, so every router takes a share of the clients.
-    load.conns = args.conns.max(cluster.router_addrs.len());
+    load.conns = load.conns.max(cluster.router_addrs.len());
     load.duration = args.seconds;
     load.warmup = args.warmup_seconds;
     load.prefixes = groups;

@@ -116,6 +116,8 @@ pub const WATCH_EVENTS_BUFFERED_MAX: usize = 4096;
 pub struct ConnectOptions {
     /// `host:port` of the system's servers (Warden: routers).
     pub endpoints: Vec<String>,
+    /// Warden: node addresses for direct calls (empty: through the routers only).
+    pub nodes: Vec<String>,
     /// Connections shared by the clients: client `i` uses connection `i % conns`.
     pub conns: usize,
     /// Lease of the sessions opened by [`Connection::open_session`].

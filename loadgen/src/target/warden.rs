@@ -15,6 +15,7 @@ use super::{ConnectOptions, Connection, OpError, ReadConsistency, Target, WatchE
 /// router; client `i` shares the `i % conns`-th. Connection `c` lists the routers starting
 /// at the `c % routers`-th, so the connections (and the clients on them) spread evenly over
 /// the routers: a client library sends to its first reachable router until that one fails.
+/// With node addresses (`--nodes`), each client also calls group leaders directly.
 pub struct WardenTarget {
     clients: Vec<Client>,
     session_ttl: Duration,
@@ -30,6 +31,7 @@ impl WardenTarget {
             routers.rotate_left(first);
             let mut config = ClientConfig::new(routers);
             config.request_timeout = options.request_timeout;
+            config.nodes = options.nodes.clone();
             clients.push(Client::connect(config).await.map_err(op_error)?);
         }
         Ok(WardenTarget { clients, session_ttl: options.session_ttl })
