@@ -53,7 +53,7 @@ struct Shared {
     /// `Bearer TOKEN`, sent with every call (`None`: no token).
     authorization: Option<tonic::metadata::AsciiMetadataValue>,
     /// Calls sent straight to the nodes (`None`: every call through the routers).
-    direct: Option<Direct>,
+    direct: Option<Arc<Direct>>,
 }
 
 /// One channel per router and the one calls go to now.
@@ -144,7 +144,10 @@ impl Client {
             let message = "direct calls to nodes need a cluster without TLS (a secure cluster's nodes admit only nodes and routers on the ports the routing table names)";
             return Err(Error::InvalidArgument { message: message.into() });
         } else {
-            Some(Direct::new(config.nodes.clone(), config.connect_timeout))
+            let direct = Arc::new(Direct::new(config.nodes.clone(), config.connect_timeout));
+            // Starts reading the routing table now, so the first calls find it.
+            direct.table();
+            Some(direct)
         };
         let shared = Shared { endpoints, request_timeout: config.request_timeout, authorization, direct };
         Ok(Client { shared: Arc::new(shared), consistency: Consistency::default() })
@@ -190,7 +193,7 @@ impl Client {
         let mut direct = self.shared.direct.as_ref().zip(target);
         loop {
             let hop = match direct {
-                Some((view, target)) => view.hop(target, follow.turn().attempt).await,
+                Some((view, target)) => view.hop(target, follow.turn().attempt),
                 None => None,
             };
             let (router, client, routing) = match &hop {

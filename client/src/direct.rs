@@ -12,7 +12,8 @@
 //!   and splits them), keepalive streams and watches;
 //! - a call whose group the table does not know, or whose node it cannot reach: the attempt
 //!   after a failed connection, a WRONG_GROUP (the table is read again, at most once per
-//!   [`TABLE_REFRESH_INTERVAL_MIN`]) or a table that cannot be read goes to a router.
+//!   [`TABLE_REFRESH_INTERVAL_MIN`], in the background: no call waits for it) or a table that
+//!   cannot be read goes to a router.
 //!
 //! The retry rule is the same either way (`warden_proto::follow`): a NOT_LEADER naming the
 //! leader is followed to it; a write whose connection failed after it was sent is never sent
@@ -20,6 +21,7 @@
 //! router.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -79,8 +81,8 @@ struct Held {
 pub(crate) struct Direct {
     seeds: Vec<String>,
     held: RwLock<Held>,
-    /// One read of the table at a time; calls that find one under way go to a router.
-    reading: tokio::sync::Mutex<()>,
+    /// A read of the table is under way (one at a time, in the background).
+    reading: AtomicBool,
     /// The node that last answered for each group (its leader, as far as the client knows);
     /// only groups of the table are kept.
     leaders: Mutex<HashMap<u64, u64>>,
@@ -97,7 +99,7 @@ impl Direct {
         Direct {
             seeds,
             held: RwLock::new(Held { table: Arc::new(Table::default()), asked_at: None, stale: true }),
-            reading: tokio::sync::Mutex::new(()),
+            reading: AtomicBool::new(false),
             leaders: Mutex::new(HashMap::new()),
             channels: ChannelCache::new(None, settings),
         }
@@ -105,8 +107,8 @@ impl Direct {
 
     /// Where attempt `attempt` of a call for `target` goes; `None`: to a router (the table
     /// does not place it, or cannot be read now).
-    pub(crate) async fn hop(&self, target: Target<'_>, attempt: usize) -> Option<Hop> {
-        let table = self.table().await;
+    pub(crate) fn hop(self: &Arc<Self>, target: Target<'_>, attempt: usize) -> Option<Hop> {
+        let table = self.table();
         let group = resolve(&table, target)?;
         let replicas = &group.descriptor.replicas;
         if replicas.is_empty() {
@@ -156,20 +158,30 @@ impl Direct {
         }
     }
 
-    /// The table, read again first when it is stale (or was never read) and the interval
-    /// allows, unless another call is reading it.
-    async fn table(&self) -> Arc<Table> {
+    /// The table held now; when it is stale (or was never read) and the interval allows,
+    /// a read of it starts in the background (one at a time): no call waits for the table,
+    /// and calls it cannot place meanwhile go through the routers.
+    pub(crate) fn table(self: &Arc<Self>) -> Arc<Table> {
         let (table, due) = {
             let held = self.held.read().unwrap_or_else(|e| e.into_inner());
             let due = held.stale && held.asked_at.is_none_or(|at| at.elapsed() >= TABLE_REFRESH_INTERVAL_MIN);
             (held.table.clone(), due)
         };
-        if !due {
-            return table;
+        if due && self.reading.compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire).is_ok() {
+            self.held.write().unwrap_or_else(|e| e.into_inner()).asked_at = Some(Instant::now());
+            let direct = self.clone();
+            let held = table.clone();
+            tokio::spawn(async move {
+                direct.refresh(&held).await;
+                direct.reading.store(false, Ordering::Release);
+            });
         }
-        let Ok(_reading) = self.reading.try_lock() else { return table };
-        self.held.write().unwrap_or_else(|e| e.into_inner()).asked_at = Some(Instant::now());
-        match self.read_table(&table).await {
+        table
+    }
+
+    /// Reads the table and installs it unless the one held is newer.
+    async fn refresh(&self, held: &Table) {
+        match self.read_table(held).await {
             Ok(read) => {
                 let read = Arc::new(Table::from_proto(read));
                 let mut held = self.held.write().unwrap_or_else(|e| e.into_inner());
@@ -179,12 +191,8 @@ impl Direct {
                     held.table = read;
                     held.stale = false;
                 }
-                held.table.clone()
             }
-            Err(error) => {
-                tracing::debug!(%error, "could not read the routing table; calls go through the routers");
-                table
-            }
+            Err(error) => tracing::debug!(%error, "could not read the routing table; calls go through the routers"),
         }
     }
 
@@ -252,10 +260,10 @@ mod tests {
     /// call to a router, and WRONG_GROUP marks the table stale.
     #[tokio::test]
     async fn failures_teach_the_leader_or_hand_over_to_a_router() {
-        let direct = Direct::new(vec!["a:1".into()], Duration::from_secs(1));
+        let direct = Arc::new(Direct::new(vec!["a:1".into()], Duration::from_secs(1)));
         direct.held.write().unwrap().table = Arc::new(table());
         direct.held.write().unwrap().stale = false;
-        let hop = direct.hop(Target::Path("/a/x"), 0).await.expect("the table places /a/x");
+        let hop = direct.hop(Target::Path("/a/x"), 0).expect("the table places /a/x");
         assert_eq!((hop.group, hop.node, hop.routing.group_id), (2, 1, 2));
         let not_leader = warden_proto::status(warden_proto::v1::WardenError {
             leader_id: 2,
