@@ -218,11 +218,8 @@ impl Direct {
 fn resolve<'t>(table: &'t Table, target: Target<'_>) -> Option<&'t GroupRoute> {
     match target {
         Target::Path(path) => table.route(path),
-        Target::Paths([]) => table.route("/"),
-        Target::Paths([first, rest @ ..]) => {
-            let group = table.route(first)?;
-            rest.iter().all(|path| table.route(path).is_some_and(|other| other.id() == group.id())).then_some(group)
-        }
+        // Across groups: the router's refusal, typed.
+        Target::Paths(paths) => table.route_all(paths).ok().flatten(),
     }
 }
 

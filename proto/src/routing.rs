@@ -60,6 +60,25 @@ impl Table {
         self.routes.route(path)
     }
 
+    /// The one ready group serving every path of `paths` (the root's group for none):
+    /// `Ok(None)` when a path has no ready group, `Err` with the group ids (in the order
+    /// first met) when the paths span groups — a transaction's, which one group must serve.
+    pub fn route_all(&self, paths: &[&str]) -> Result<Option<&GroupRoute>, Vec<u64>> {
+        let Some((first, rest)) = paths.split_first() else { return Ok(self.route("/")) };
+        let Some(group) = self.route(first) else { return Ok(None) };
+        let mut ids = vec![group.id()];
+        for path in rest {
+            let Some(other) = self.route(path) else { return Ok(None) };
+            if !ids.contains(&other.id()) {
+                ids.push(other.id());
+            }
+        }
+        if ids.len() > 1 {
+            return Err(ids);
+        }
+        Ok(Some(group))
+    }
+
     /// A group by id.
     pub fn group(&self, id: u64) -> Option<&GroupRoute> {
         self.groups.get(&id)
@@ -187,5 +206,8 @@ mod tests {
         let spread: std::collections::BTreeSet<u64> = (0..6).filter_map(|key| table.spread(key)).map(GroupRoute::id).collect();
         assert_eq!(spread, [1, 2, 4].into(), "keys spread over every ready group and only those");
         assert!(Table::default().spread(7).is_none());
+        assert_eq!(table.route_all(&["/a/x", "/a/y"]).map(|g| g.map(GroupRoute::id)), Ok(Some(2)));
+        assert_eq!(table.route_all(&[]).map(|g| g.map(GroupRoute::id)), Ok(Some(1)), "no paths: the root's group");
+        assert_eq!(table.route_all(&["/a/x", "/b", "/a"]).map(|g| g.map(GroupRoute::id)), Err(vec![2, 1]), "spanning groups");
     }
 }

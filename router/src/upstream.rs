@@ -217,22 +217,13 @@ impl Upstreams {
     fn resolve(&self, table: &Table, target: Target<'_>) -> Result<Option<GroupRoute>, Status> {
         Ok(match target {
             Target::Path(path) => table.route(path).cloned(),
-            Target::Paths([]) => table.route("/").cloned(),
-            Target::Paths(paths) => {
-                let mut groups: Vec<GroupRoute> = Vec::new();
-                for path in paths {
-                    let Some(group) = table.route(path) else { return Ok(None) };
-                    if !groups.iter().any(|g| g.id() == group.id()) {
-                        groups.push(group.clone());
-                    }
-                }
-                if groups.len() > 1 {
-                    let ids: Vec<u64> = groups.iter().map(GroupRoute::id).collect();
+            Target::Paths(paths) => match table.route_all(paths) {
+                Ok(group) => group.cloned(),
+                Err(ids) => {
                     let message = format!("a transaction's paths must be served by one group; these span groups {ids:?}");
                     return Err(warden_proto::status(warden_proto::warden_error(Code::InvalidArgument, "", message)));
                 }
-                groups.pop()
-            }
+            },
             Target::Group(group) => table.group(group).cloned(),
             Target::Session(session) => table.group(home_group(session)).cloned(),
         })
