@@ -17,16 +17,17 @@ use warden_proto::v1::warden_client::WardenClient;
 use crate::children::{Children, ChildrenOptions, ChildrenPage};
 use crate::config::{ClientConfig, SessionConfig};
 use crate::convert;
-use crate::direct::{Direct, Target};
+use crate::direct::Direct;
 use crate::error::{Error, Result};
 use crate::lock::{LockInfo, Sequencer};
 use crate::node::{Consistency, CreateOptions, Created, DeleteOptions, Node, Stat};
+use crate::renewal::{self, Renewals};
 use crate::retry::{judge, CallKind, Failure};
 use crate::session::{Session, SessionId, SessionInfo, SessionLease};
 use crate::txn::{Txn, TxnResult};
 use crate::watch::{WatchOptions, Watcher};
 use warden_proto::follow::{Fault, Follow};
-use warden_proto::routing::{txn_paths, Routed};
+use warden_proto::routing::{txn_paths, Routed, Target};
 use warden_proto::v1::warden_error::Code;
 
 /// Interval of HTTP/2 pings on a connection with open calls (a silently dead router is
@@ -54,6 +55,8 @@ struct Shared {
     authorization: Option<tonic::metadata::AsciiMetadataValue>,
     /// Calls sent straight to the nodes (`None`: every call through the routers).
     direct: Option<Arc<Direct>>,
+    /// Session renewals waiting to go together.
+    renewals: Renewals,
 }
 
 /// One channel per router and the one calls go to now.
@@ -149,7 +152,7 @@ impl Client {
             direct.table();
             Some(direct)
         };
-        let shared = Shared { endpoints, request_timeout: config.request_timeout, authorization, direct };
+        let shared = Shared { endpoints, request_timeout: config.request_timeout, authorization, direct, renewals: Renewals::default() };
         Ok(Client { shared: Arc::new(shared), consistency: Consistency::default() })
     }
 
@@ -366,11 +369,36 @@ impl Client {
         convert::created_session(response)
     }
 
-    /// Renews a session's lease within `timeout`.
+    /// Renews a session's lease within `timeout`. Renewals of one home group that fall due
+    /// while a keepalive of that group is on the way go together in the next call
+    /// (`crate::renewal`); the lease counts from when this was called.
     pub async fn keep_alive(&self, id: SessionId, timeout: Duration) -> Result<SessionLease> {
-        let request = pb::KeepAliveRequest { session_ids: vec![id.0], routing: None };
-        let response = self.unary(CallKind::Idempotent, timeout, None, request, |mut c, r| async move { c.keep_alive(r).await }).await?;
-        convert::lease_of(id, response.leases)
+        let deadline = deadline_after(timeout);
+        let enqueued = self.shared.renewals.enqueue(id.0, deadline)?;
+        if let Some(group) = enqueued.start_sending {
+            tokio::spawn(self.clone().send_renewals(group));
+        }
+        match tokio::time::timeout_at(deadline, enqueued.answer).await {
+            Ok(Ok(answer)) => convert::lease_of(id, answer?),
+            Ok(Err(_)) => Err(Error::Transport { message: "the keepalive sender of this client stopped".into() }),
+            Err(_) => Err(Error::DeadlineExceeded),
+        }
+    }
+
+    /// Sends the renewals waiting for `group`, one keepalive call at a time, until none waits
+    /// (each call to the group's leader when calling nodes directly, else to a router).
+    async fn send_renewals(self, group: u64) {
+        // Should this task end early (a panic, the runtime stopping), its waiters hear so at
+        // once and the next renewal starts a new sender.
+        let mut sender = renewal::Sender::new(&self.shared.renewals, group);
+        while let Some(batch) = sender.next_batch() {
+            let ids = batch.session_ids();
+            let timeout = batch.deadline().map_or(Duration::ZERO, |d| d.saturating_duration_since(Instant::now()));
+            let target = ids.first().map(|id| Target::Session(*id));
+            let request = pb::KeepAliveRequest { session_ids: ids, routing: None };
+            let answer = self.unary(CallKind::Idempotent, timeout, target, request, |mut c, r| async move { c.keep_alive(r).await }).await;
+            batch.answer(answer.map(|response| response.leases));
+        }
     }
 
     /// Ends a session now; returns how many ephemerals went with it.

@@ -8,8 +8,9 @@
 //! The router stays the way for everything else, and for any call this module cannot place:
 //! - what a router does beyond forwarding one call to one group: listings and recursive
 //!   deletes that span groups, transactions whose paths the table places in different groups
-//!   (the router refuses them typed), sessions (created, renewed, closed: the router spreads
-//!   and splits them), keepalive streams and watches;
+//!   (the router refuses them typed), sessions created and closed (the router spreads them
+//!   over the groups), keepalive streams and watches; a keepalive goes direct when its
+//!   sessions share a home group (the client sends one per home group, see `crate::renewal`);
 //! - a call whose group the table does not know, or whose node it cannot reach: the attempt
 //!   after a failed connection, a WRONG_GROUP (the table is read again, at most once per
 //!   [`TABLE_REFRESH_INTERVAL_MIN`], in the background: no call waits for it) or a table that
@@ -32,7 +33,7 @@ use warden_proto::channel::{ChannelCache, ChannelSettings, Keepalive};
 use warden_proto::follow::Fault;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::GetRoutingTableRequest;
-use warden_proto::routing::{GroupRoute, Table};
+use warden_proto::routing::{GroupRoute, Table, Target};
 use warden_proto::tls::Expected;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
@@ -44,16 +45,6 @@ const TABLE_FETCH_MAX: Duration = Duration::from_secs(2);
 /// unreadable meanwhile go through the routers, so a node that cannot answer is not asked
 /// once per call.
 pub const TABLE_REFRESH_INTERVAL_MIN: Duration = Duration::from_secs(1);
-
-/// What a call goes to.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum Target<'a> {
-    /// The group serving this path.
-    Path(&'a str),
-    /// The one group serving all these paths (a transaction's); none if the table places
-    /// them in different groups (a router refuses that, typed).
-    Paths(&'a [&'a str]),
-}
 
 /// Where one attempt goes: a node of the group, with the group's routing.
 #[derive(Clone)]
@@ -214,13 +205,10 @@ impl Direct {
     }
 }
 
-/// The group `target` names in `table`, if one ready group serves it all.
+/// The group `target` names in `table`, if one group serves it all (a transaction across
+/// groups is left to a router, which refuses it typed).
 fn resolve<'t>(table: &'t Table, target: Target<'_>) -> Option<&'t GroupRoute> {
-    match target {
-        Target::Path(path) => table.route(path),
-        // Across groups: the router's refusal, typed.
-        Target::Paths(paths) => table.route_all(paths).ok().flatten(),
-    }
+    table.resolve(target).ok().flatten()
 }
 
 #[cfg(test)]

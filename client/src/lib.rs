@@ -42,6 +42,7 @@ mod fence;
 mod lock;
 mod node;
 pub mod recipes;
+mod renewal;
 mod retry;
 mod session;
 mod txn;

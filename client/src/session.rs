@@ -280,7 +280,11 @@ impl Lease {
 }
 
 /// The keepalive task: renews every third of `ttl` (sooner after failures) until the
-/// session ends; aborted when the session is closed or dropped.
+/// session ends; aborted when the session is closed or dropped. Each keepalive may take
+/// until the local lease lapses (at least a third of `ttl`): a keepalive queued behind a busy
+/// node's work still renews the lease when it gets there, where one given up after a third of
+/// the TTL would be dropped unanswered and sent again at the back of the queue — and under
+/// load the session would expire though its client never stopped renewing it.
 async fn keep_alive(client: Client, id: SessionId, ttl: Duration, mut lease: Lease) {
     let interval = ttl / 3;
     let mut backoff = Backoff::new();
@@ -290,7 +294,8 @@ async fn keep_alive(client: Client, id: SessionId, ttl: Duration, mut lease: Lea
             return;
         }
         let sent_at = Instant::now();
-        let Some(answer) = lease.during(client.keep_alive(id, interval)).await else { return };
+        let timeout = lease.deadline.saturating_duration_since(sent_at).max(interval);
+        let Some(answer) = lease.during(client.keep_alive(id, timeout)).await else { return };
         match answer {
             Ok(renewed) if renewed.alive => {
                 lease.renewed(sent_at, renewed.remaining);

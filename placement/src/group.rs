@@ -13,18 +13,11 @@ pub const ROOT_GROUP_ID: u64 = 1;
 /// Highest shard-group id `CreateGroup` allocates (24 bits).
 pub const SHARD_GROUP_ID_MAX: u64 = (1 << 24) - 1;
 
-/// Bits of a session id that count sessions within its home group; the bits above name the
-/// home group (DESIGN.md rule 7: a session's id names its one authority).
-pub const SESSION_SEQUENCE_BITS: u32 = 40;
+pub use warden_paths::{home_group, SESSION_SEQUENCE_BITS};
 
 /// The id of the `sequence`-th session of `group`.
 pub fn session_id(group: u64, sequence: u64) -> u64 {
     (group << SESSION_SEQUENCE_BITS) | (sequence & ((1 << SESSION_SEQUENCE_BITS) - 1))
-}
-
-/// The group a session id names as its home.
-pub fn home_group(session_id: u64) -> u64 {
-    session_id >> SESSION_SEQUENCE_BITS
 }
 
 /// A group's version, carried in requests so a replica can refuse stale routes.

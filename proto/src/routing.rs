@@ -6,10 +6,25 @@
 use std::collections::HashMap;
 
 use warden_paths::RouteTable;
+/// A session id names its home group, where its calls are routed.
+pub use warden_paths::{home_group, SESSION_SEQUENCE_BITS};
 
 use crate::placement::RoutingTable;
 use crate::v1::txn_op::Op;
 use crate::v1::*;
+
+/// What a request goes to.
+#[derive(Clone, Copy, Debug)]
+pub enum Target<'a> {
+    /// The group serving this path.
+    Path(&'a str),
+    /// The one group serving all these paths (a transaction's). No paths: the root's group.
+    Paths(&'a [&'a str]),
+    /// This group (sequencers, explicit routing).
+    Group(u64),
+    /// The home group of this session (its id names it).
+    Session(u64),
+}
 
 /// A routed group.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -77,6 +92,17 @@ impl Table {
             return Err(ids);
         }
         Ok(Some(group))
+    }
+
+    /// The group `target` names (`Ok(None)`: none in this table); `Err` with the group ids
+    /// when a transaction's paths span groups (see [`Table::route_all`]).
+    pub fn resolve(&self, target: Target<'_>) -> Result<Option<&GroupRoute>, Vec<u64>> {
+        match target {
+            Target::Path(path) => Ok(self.route(path)),
+            Target::Paths(paths) => self.route_all(paths),
+            Target::Group(group) => Ok(self.group(group)),
+            Target::Session(session) => Ok(self.group(home_group(session))),
+        }
     }
 
     /// A group by id.

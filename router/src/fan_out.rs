@@ -12,7 +12,8 @@ use warden_paths::{is_at_or_below, join};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{DeleteRequest, DeleteResponse, GetChildrenRequest, ResponseHeader, Routing};
 
-use crate::upstream::{Target, Upstreams};
+use crate::upstream::Upstreams;
+use warden_proto::routing::Target;
 
 /// A recursive delete of `request.path` where `below` (other groups' prefixes under it) is
 /// not empty.

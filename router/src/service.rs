@@ -21,9 +21,10 @@ use warden_proto::v1::*;
 use warden_placement::home_group;
 
 use crate::batch::Batchable;
-use crate::upstream::{Target, Upstreams};
+use crate::upstream::Upstreams;
 use warden_access::{authorize_call, Access};
 use warden_proto::batch::Method;
+use warden_proto::routing::Target;
 use warden_proto::routing::{txn_paths, Routed};
 
 /// Largest request the router accepts (as a shard-node does: 1.5 MiB).

@@ -23,7 +23,7 @@ use warden_proto::v1::Routing;
 use warden_placement::home_group;
 
 use crate::batch::{Batcher, Upstream};
-use warden_proto::routing::{GroupRoute, Table};
+use warden_proto::routing::{GroupRoute, Table, Target};
 
 /// How long a leader stays cached without being confirmed.
 const LEADER_TTL: Duration = Duration::from_secs(30);
@@ -60,22 +60,6 @@ fn unroutable(target: Target<'_>) -> Status {
         }
     };
     warden_proto::status(warden_proto::warden_error(code, path, message))
-}
-
-/// What a request goes to.
-#[derive(Clone, Copy, Debug)]
-pub enum Target<'a> {
-    /// The group serving this path.
-    Path(&'a str),
-    /// The one group serving all these paths (a transaction's): refused INVALID_ARGUMENT
-    /// when they span groups. Judged on the table of each attempt, so a table found stale
-    /// (WRONG_GROUP) is judged again once refreshed. No paths: the root's group.
-    Paths(&'a [&'a str]),
-    /// This group (sequencers, explicit routing).
-    Group(u64),
-    /// The home group of this session (its id names it): a group that does not exist has
-    /// no sessions, so the session has expired (SESSION_EXPIRED, not UNAVAILABLE).
-    Session(u64),
 }
 
 /// The cluster as one router sees it.
@@ -213,19 +197,12 @@ impl Upstreams {
     }
 
     /// The group `target` names in `table` (`None`: none there); a transaction whose paths
-    /// span groups is refused.
+    /// span groups is refused INVALID_ARGUMENT. Judged on the table of each attempt, so a
+    /// table found stale (WRONG_GROUP) is judged again once refreshed.
     fn resolve(&self, table: &Table, target: Target<'_>) -> Result<Option<GroupRoute>, Status> {
-        Ok(match target {
-            Target::Path(path) => table.route(path).cloned(),
-            Target::Paths(paths) => match table.route_all(paths) {
-                Ok(group) => group.cloned(),
-                Err(ids) => {
-                    let message = format!("a transaction's paths must be served by one group; these span groups {ids:?}");
-                    return Err(warden_proto::status(warden_proto::warden_error(Code::InvalidArgument, "", message)));
-                }
-            },
-            Target::Group(group) => table.group(group).cloned(),
-            Target::Session(session) => table.group(home_group(session)).cloned(),
+        table.resolve(target).map(|group| group.cloned()).map_err(|ids| {
+            let message = format!("a transaction's paths must be served by one group; these span groups {ids:?}");
+            warden_proto::status(warden_proto::warden_error(Code::InvalidArgument, "", message))
         })
     }
 

@@ -163,6 +163,12 @@ async fn direct_calls_reach_group_leaders_and_fall_back_to_a_router() {
     client.create("/d/sub/y", b"0".to_vec(), &parents).await.expect("create");
     let spanning = Txn::new().then(TxnOp::get("/d/x")).then(TxnOp::get("/elsewhere"));
     assert!(matches!(client.txn(&spanning).await, Err(Error::InvalidArgument { .. })), "the router refuses a transaction across groups");
+    // Sessions of two home groups, renewed together per group (one call carries many).
+    let mut sessions = Vec::new();
+    for hint in ["/d", "/"].into_iter().cycle().take(12) {
+        sessions.push(client.session(session_config(hint)).await.expect("session"));
+    }
+    let states: Vec<_> = sessions.iter().map(Session::states).collect();
 
     // Every router stops: what one group serves still works, straight at its leader.
     let router_addr = router.addr;
@@ -177,6 +183,13 @@ async fn direct_calls_reach_group_leaders_and_fall_back_to_a_router() {
     assert!(client.txn(&txn).await.expect("a direct transaction").succeeded);
     assert!(client.exists("/d/sub/y").await.expect("a direct exists").is_some());
     assert!(client.sync(0).await.is_err(), "a sync is a router's: none is there");
+    // Keepalives go straight to each home group's leader: with no router for longer than
+    // the TTL, every session stays connected.
+    tokio::time::sleep(TTL * 2).await;
+    for (session, states) in sessions.iter().zip(&states) {
+        assert_eq!(session.state(), SessionState::Connected, "session {} without routers", session.id());
+        assert!(!states.has_changed().expect("session state channel"), "session {} never left Connected", session.id());
+    }
 
     // A subtree the client's table still places in /d's group moves to a group of its own:
     // the old group answers WRONG_GROUP, and the call goes through the router instead.

@@ -6,11 +6,22 @@
 //! [`parent`], [`join`], [`name`], [`is_at_or_below`] (by segments: `/a/b` is below `/a`, `/ab`
 //! is not), and [`RouteTable`], which finds the entry with the longest prefix at or above a
 //! path by walking the path's parents (`O(depth)` map lookups, whatever the table's size).
+//! The one routing rule that is not about paths lives here too: a session id names its home
+//! group ([`home_group`]).
 //!
 //! Architecture invariant: no dependencies, no I/O; pure functions of strings.
 
 use std::borrow::Borrow;
 use std::collections::BTreeMap;
+
+/// Bits of a session id that count sessions within its home group; the bits above name the
+/// home group (DESIGN.md rule 7: a session's id names its one authority).
+pub const SESSION_SEQUENCE_BITS: u32 = 40;
+
+/// The group a session id names as its home (where its calls are routed).
+pub fn home_group(session_id: u64) -> u64 {
+    session_id >> SESSION_SEQUENCE_BITS
+}
 
 /// Whether `path` is `prefix` or below it, by segments: `/a/b` is below `/a`, `/ab` is not.
 /// Every absolute path is at or below `/`.
