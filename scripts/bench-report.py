@@ -27,8 +27,8 @@ import platform
 import subprocess
 import sys
 
-SYSTEMS = ["etcd", "zookeeper", "warden"]
-SYSTEM_NAMES = {"etcd": "etcd", "zookeeper": "ZooKeeper", "warden": "Warden"}
+SYSTEMS = ["etcd", "zookeeper", "warden", "warden-direct"]
+SYSTEM_NAMES = {"etcd": "etcd", "zookeeper": "ZooKeeper", "warden": "Warden", "warden-direct": "Warden, direct calls"}
 WORKLOADS = [
     ("put", "overwrite an existing key"),
     ("get", "linearizable read of an existing key"),
@@ -43,6 +43,7 @@ WORKLOADS = [
 # The load generator's targets, at this many clients.
 TARGET_CLIENTS = 1000
 TARGET_THROUGHPUT_RATIO = 3.0
+TARGET_VS_ZOOKEEPER_RATIO = 1.5
 # Isolated nodes: Warden with this many groups against etcd and against Warden with 1 group.
 ISOLATED_GROUPS = 16
 ISOLATED_VS_ONE_GROUP_RATIO = 2.5
@@ -152,6 +153,8 @@ def load_runs(results_dir):
                 except json.JSONDecodeError as error:
                     sys.exit(f"bench-report: {path}:{number}: not JSON: {error}")
                 run.setdefault("target", system)
+                # The results file names the system (warden-direct: Warden's target, direct calls).
+                run["system"] = system
                 runs.append(run)
     return runs
 
@@ -178,9 +181,9 @@ def kind(run):
     return "main"
 
 
-def find(runs, target, workload, clients, table="main"):
+def find(runs, system, workload, clients, table="main"):
     for run in runs:
-        if run.get("target") == target and run.get("workload") == workload and run.get("clients") == clients and kind(run) == table:
+        if run.get("system", run.get("target")) == system and run.get("workload") == workload and run.get("clients") == clients and kind(run) == table:
             return run
     return None
 
@@ -444,20 +447,24 @@ def server_count(capped, target):
 
 def targets_section(runs):
     lines = []
+    goals = (("etcd", TARGET_THROUGHPUT_RATIO), ("zookeeper", TARGET_VS_ZOOKEEPER_RATIO))
     for workload, what in (("put", "puts"), ("lock", "lock+unlock cycles")):
-        warden = find(runs, "warden", workload, TARGET_CLIENTS)
-        etcd = find(runs, "etcd", workload, TARGET_CLIENTS)
-        head = f"- `{workload}` at {TARGET_CLIENTS:,} clients, Warden ≥ {TARGET_THROUGHPUT_RATIO:g}× etcd's ops/s: "
-        if not (warden and etcd and completed(warden) and completed(etcd) and etcd.get("ops_per_sec")):
-            lines.append(head + "**not measured** in this run (a run is missing or was refused; see the tables).")
-            continue
-        measured = warden["ops_per_sec"] / etcd["ops_per_sec"]
-        figures = f"Warden {number(warden['ops_per_sec'])} {what}/s, etcd {number(etcd['ops_per_sec'])}: {measured:.2f}×"
-        if measured >= TARGET_THROUGHPUT_RATIO:
-            lines.append(head + f"**met** ({figures}).")
-        else:
-            short = TARGET_THROUGHPUT_RATIO / measured if measured > 0 else float("inf")
-            lines.append(head + f"**not met** ({figures}; Warden would need {short:.2f}× its measured rate).")
+        for system in ("warden", "warden-direct"):
+            for peer, goal in goals:
+                warden = find(runs, system, workload, TARGET_CLIENTS)
+                other = find(runs, peer, workload, TARGET_CLIENTS)
+                name, peer_name = SYSTEM_NAMES[system], SYSTEM_NAMES[peer]
+                head = f"- `{workload}` at {TARGET_CLIENTS:,} clients, {name} ≥ {goal:g}× {peer_name}'s ops/s: "
+                if not (warden and other and completed(warden) and completed(other) and other.get("ops_per_sec")):
+                    lines.append(head + "**not measured** in this run (a run is missing or was refused; see the tables).")
+                    continue
+                measured = warden["ops_per_sec"] / other["ops_per_sec"]
+                figures = f"{name} {number(warden['ops_per_sec'])} {what}/s, {peer_name} {number(other['ops_per_sec'])}: {measured:.2f}×"
+                if measured >= goal:
+                    lines.append(head + f"**met** ({figures}).")
+                else:
+                    short = goal / measured if measured > 0 else float("inf")
+                    lines.append(head + f"**not met** ({figures}; it would need {short:.2f}× its measured rate).")
     warden = next((r for r in runs if kind(r) == "open-loop" and r.get("target") == "warden"), None)
     etcd = next((r for r in runs if kind(r) == "open-loop" and r.get("target") == "etcd"), None)
     head = "- Open loop at 50% of etcd's peak put rate, Warden's p99 ≤ etcd's: "
@@ -498,7 +505,9 @@ clients:
 - Warden: `warden dev` (5 nodes, placement, one router) with 16 shard groups `/bench/p0` …
   `/bench/p15`. The main tables use `--prefixes 16` on every system: keys `/bench/p{{i}}/k{{j}}`
   over 16 prefixes, so on Warden over 16 shard groups (spreading load over many groups is what
-  Warden is built for); etcd and ZooKeeper see the same key names.
+  Warden is built for); etcd and ZooKeeper see the same key names. "Warden, direct calls":
+  the same cluster, the client given the nodes' addresses as well (`--nodes`), so each call
+  one group serves goes straight to that group's leader and the router takes the rest.
 - Every run: {run.get('duration_s')} s measured after {run.get('warmup_s')} s of warmup,
   256-byte values, closed loop (each client sends its next operation when the previous one is
   answered) unless stated, `--conns` = min(clients, 10) connections (ZooKeeper: sessions).
