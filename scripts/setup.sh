@@ -2,7 +2,7 @@
 # Installs the system packages the build needs, and only those that are missing.
 # librocksdb-sys needs libclang (bindgen); proto/ needs protoc (tonic-prost-build); the
 # etcd-client crate's build needs protoc's well-known types (google/protobuf/*.proto); the
-# tests need promtool.
+# tests need promtool, and iproute2's `ip` (the fault harness's test hosts, tests/torture).
 set -euo pipefail
 missing=()
 dpkg -s libclang-dev >/dev/null 2>&1 || missing+=(libclang-dev)
@@ -10,6 +10,7 @@ command -v protoc >/dev/null 2>&1 || missing+=(protobuf-compiler)
 dpkg -s libprotobuf-dev >/dev/null 2>&1 || missing+=(libprotobuf-dev)
 # promtool checks deploy/alerts.yml in the tests (Debian ships it in `prometheus`).
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
