@@ -216,10 +216,13 @@ impl Client {
                 Ok(Err(Failure::Final(error))) => return Err(error),
                 Ok(Err(Failure::Status(status))) => status,
                 Err(_) => {
+                    if let (Some((view, _)), Some(hop)) = (direct, &hop) {
+                        view.unanswered(hop);
+                    }
                     return Err(match kind {
                         CallKind::Idempotent => Error::DeadlineExceeded,
                         CallKind::Write => Error::OutcomeUnknown { message: format!("no answer within {timeout:?}") },
-                    })
+                    });
                 }
             };
             let verdict = judge(&status, kind);

@@ -33,7 +33,7 @@ use warden_proto::channel::{ChannelCache, ChannelSettings, Keepalive};
 use warden_proto::follow::Fault;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::GetRoutingTableRequest;
-use warden_proto::routing::{GroupRoute, Table, Target};
+use warden_proto::routing::{GroupRoute, Suspects, Table, Target};
 use warden_proto::tls::Expected;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::warden_error::Code;
@@ -77,6 +77,8 @@ pub(crate) struct Direct {
     /// The node that last answered for each group (its leader, as far as the client knows);
     /// only groups of the table are kept.
     leaders: Mutex<HashMap<u64, u64>>,
+    /// Nodes that lately left a call unanswered until its deadline.
+    suspects: Suspects,
     channels: ChannelCache,
 }
 
@@ -92,6 +94,7 @@ impl Direct {
             held: RwLock::new(Held { table: Arc::new(Table::default()), asked_at: None, stale: true }),
             reading: AtomicBool::new(false),
             leaders: Mutex::new(HashMap::new()),
+            suspects: Suspects::default(),
             channels: ChannelCache::new(None, settings),
         }
     }
@@ -106,7 +109,7 @@ impl Direct {
             return None;
         }
         let known = self.leaders.lock().unwrap_or_else(|e| e.into_inner()).get(&group.id()).copied();
-        let node = known.filter(|node| replicas.contains(node)).unwrap_or(replicas[attempt % replicas.len()]);
+        let node = self.suspects.pick(replicas, known, attempt)?;
         let channel = self.channels.get(table.addr(node)?).ok()?;
         let client = WardenClient::new(channel).max_decoding_message_size(warden_proto::RESPONSE_BYTES_MAX);
         let routing = Routing { group_id: group.id(), conf_ver: group.descriptor.conf_ver, version: group.descriptor.version };
@@ -116,6 +119,17 @@ impl Direct {
     /// `hop`'s node answered: it leads the group.
     pub(crate) fn answered(&self, hop: &Hop) {
         self.leaders.lock().unwrap_or_else(|e| e.into_inner()).insert(hop.group, hop.node);
+        self.suspects.clear(hop.node);
+    }
+
+    /// `hop`'s node left the call unanswered until its deadline (silence, not a refusal):
+    /// the next calls try the group's other replicas first.
+    pub(crate) fn unanswered(&self, hop: &Hop) {
+        self.suspects.suspect(hop.node);
+        let mut leaders = self.leaders.lock().unwrap_or_else(|e| e.into_inner());
+        if leaders.get(&hop.group) == Some(&hop.node) {
+            leaders.remove(&hop.group);
+        }
     }
 
     /// Learns from a failed attempt at `hop`; answers whether the next attempt may go direct

@@ -4,6 +4,8 @@
 //! and the client library's direct calls route by these.
 
 use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
 
 use warden_paths::RouteTable;
 /// A session id names its home group, where its calls are routed.
@@ -24,6 +26,57 @@ pub enum Target<'a> {
     Group(u64),
     /// The home group of this session (its id names it).
     Session(u64),
+}
+
+/// How long a node that left a call unanswered until its deadline stays suspect: a few
+/// election timeouts, time for its groups to elect leaders elsewhere if it is cut off.
+pub const SUSPECT_FOR: Duration = Duration::from_secs(5);
+/// Suspect nodes remembered at most (more are not recorded: calls then try them in turn).
+const SUSPECTS_MAX: usize = 4096;
+
+/// Nodes that lately left a call unanswered until its deadline: silently gone (a partition,
+/// a paused or dead machine), not refusing. Without this, every call's first attempt would
+/// go to a cut-off leader again and wait out its whole deadline, and a group would stay
+/// unwritable through its callers long after the others elected a new leader.
+#[derive(Debug, Default)]
+pub struct Suspects {
+    until: Mutex<HashMap<u64, Instant>>,
+}
+
+impl Suspects {
+    /// `node` left a call unanswered: suspect it for [`SUSPECT_FOR`].
+    pub fn suspect(&self, node: u64) {
+        let now = Instant::now();
+        let mut until = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        if until.len() >= SUSPECTS_MAX {
+            until.retain(|_, end| *end > now);
+        }
+        if until.len() < SUSPECTS_MAX {
+            until.insert(node, now + SUSPECT_FOR);
+        }
+    }
+
+    /// `node` answered: it is reachable.
+    pub fn clear(&self, node: u64) {
+        self.until.lock().unwrap_or_else(|e| e.into_inner()).remove(&node);
+    }
+
+    fn is_suspect(&self, node: u64, now: Instant) -> bool {
+        self.until.lock().unwrap_or_else(|e| e.into_inner()).get(&node).is_some_and(|end| *end > now)
+    }
+
+    /// The replica attempt `attempt` of a call to a group goes to: `leader` (the one last
+    /// seen leading) unless it is suspect, else the replicas in turn from `attempt`, passing
+    /// over suspects while any replica is not one. `None` for a group without replicas.
+    pub fn pick(&self, replicas: &[u64], leader: Option<u64>, attempt: usize) -> Option<u64> {
+        let now = Instant::now();
+        if let Some(leader) = leader.filter(|l| replicas.contains(l) && !self.is_suspect(*l, now)) {
+            return Some(leader);
+        }
+        let count = replicas.len();
+        let in_turn = (0..count).map(|offset| replicas[(attempt + offset) % count]);
+        in_turn.clone().find(|node| !self.is_suspect(*node, now)).or_else(|| in_turn.into_iter().next())
+    }
 }
 
 /// A routed group.
@@ -199,6 +252,25 @@ pub fn txn_paths(request: &TxnRequest) -> Vec<&str> {
 mod tests {
     use super::*;
     use crate::placement::{GroupEntry, NodeEntry};
+
+    /// A suspect leader is passed over for the replicas in turn, suspects last; an answer
+    /// clears the suspicion.
+    #[test]
+    fn a_silent_node_is_passed_over_until_it_answers() {
+        let suspects = Suspects::default();
+        let replicas = [1, 2, 3];
+        assert_eq!(suspects.pick(&replicas, Some(2), 0), Some(2), "the known leader first");
+        assert_eq!(suspects.pick(&replicas, Some(9), 1), Some(2), "a leader that is no replica is ignored");
+        suspects.suspect(2);
+        assert_eq!(suspects.pick(&replicas, Some(2), 0), Some(1), "a suspect leader is passed over");
+        assert_eq!(suspects.pick(&replicas, None, 1), Some(3), "and so is a suspect in turn");
+        suspects.suspect(1);
+        suspects.suspect(3);
+        assert_eq!(suspects.pick(&replicas, Some(2), 1), Some(2), "all suspect: the replicas in turn");
+        suspects.clear(2);
+        assert_eq!(suspects.pick(&replicas, None, 0), Some(2), "an answer clears a node");
+        assert_eq!(suspects.pick(&[], Some(2), 0), None, "no replicas, no node");
+    }
 
     fn entry(id: u64, prefix: &str, ready: bool) -> GroupEntry {
         GroupEntry {

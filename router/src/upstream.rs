@@ -23,7 +23,7 @@ use warden_proto::v1::Routing;
 use warden_placement::home_group;
 
 use crate::batch::{Batcher, Upstream};
-use warden_proto::routing::{GroupRoute, Table, Target};
+use warden_proto::routing::{GroupRoute, Suspects, Table, Target};
 
 /// How long a leader stays cached without being confirmed.
 const LEADER_TTL: Duration = Duration::from_secs(30);
@@ -74,6 +74,8 @@ pub struct Upstreams {
     /// Batch streams per node for forwarded unary calls (0: every call unary).
     batch_streams: usize,
     leaders: moka::sync::Cache<u64, u64>,
+    /// Nodes that lately left a call unanswered until its deadline.
+    suspects: Suspects,
     /// The ACL, as the routing table last brought it.
     acl: AclCache,
     /// The router's metrics.
@@ -101,6 +103,7 @@ impl Upstreams {
             channels: ChannelCache::new(tls, ChannelSettings::to_nodes()),
             batch_streams,
             leaders: moka::sync::Cache::builder().max_capacity(LEADERS_CACHED_MAX).time_to_live(LEADER_TTL).build(),
+            suspects: Suspects::default(),
             metrics: crate::metrics::RouterMetrics::new(),
         }
     }
@@ -241,7 +244,10 @@ impl Upstreams {
             if replicas.is_empty() {
                 return Err(Status::unavailable(format!("group {} has no replicas", group.id())));
             }
-            let node = self.leaders.get(&group.id()).filter(|n| replicas.contains(n)).unwrap_or(replicas[attempt % replicas.len()]);
+            let leader = self.leaders.get(&group.id());
+            let Some(node) = self.suspects.pick(replicas, leader, attempt) else {
+                return Err(Status::unavailable(format!("group {} has no replicas", group.id())));
+            };
             if attempt > 0 {
                 self.metrics.retries.inc();
             }
@@ -251,10 +257,17 @@ impl Upstreams {
             let status = match tokio::time::timeout_at(deadline, call(client, routing)).await {
                 Ok(Ok(response)) => {
                     self.leaders.insert(group.id(), node);
+                    self.suspects.clear(node);
                     return Ok(response.into_inner());
                 }
                 Ok(Err(status)) => status,
                 Err(_) => {
+                    // Silence, not a refusal: the next calls try the group's other replicas
+                    // first (a leader cut off from the router looks exactly like this).
+                    self.suspects.suspect(node);
+                    if leader == Some(node) {
+                        self.leaders.invalidate(&group.id());
+                    }
                     let (code, outcome) = if idempotent { (Code::Unavailable, "") } else { (Code::OutcomeUnknown, "; the outcome is unknown") };
                     let message = format!("no answer from group {} before the deadline{outcome}", group.id());
                     return Err(warden_proto::status(warden_proto::warden_error(code, "", message)));

@@ -36,7 +36,7 @@ const MOVES_WAIT: Duration = Duration::from_secs(120);
 const REPLICAS: usize = 5;
 
 fn options() -> ClusterOptions {
-    ClusterOptions { nodes: NODES, node_args: vec!["--down-after-ms".into(), DOWN_AFTER_MS.to_string()] }
+    ClusterOptions { nodes: NODES, node_args: vec!["--down-after-ms".into(), DOWN_AFTER_MS.to_string()], hosts: None }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -6,6 +6,7 @@
 mod support;
 
 mod backup;
+mod between_machines;
 mod cli;
 mod client;
 mod client_dependencies;

@@ -2,7 +2,8 @@
 //! (placement on nodes 1-3, the root group and a group per prefix) behind a `warden router`,
 //! with the faults only real processes have: SIGKILL (no destructor, no flush), a restart on
 //! the same data directory with the same flags, and SIGSTOP/SIGCONT (a paused process, as a
-//! GC pause or a VM stall would leave it).
+//! GC pause or a VM stall would leave it). With test hosts (`ClusterOptions::hosts`), each
+//! node runs on a host of its own (`warden_torture`), and the network between them can be cut.
 //!
 //! Every wait here is on a condition with a deadline; nothing sleeps to synchronise.
 
@@ -17,6 +18,7 @@ use warden_proto::placement::{GetRoutingTableRequest, ReplicaStatusRequest};
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{Routing, SyncRequest};
 use warden_testkit::{free_port, wait_until};
+use warden_torture::{Host, TestNet};
 
 /// The `warden` binary under test.
 pub const BIN: &str = env!("CARGO_BIN_EXE_warden");
@@ -62,8 +64,15 @@ impl Drop for Process {
 /// Starts `warden ARGS`, its stderr appended to `log` (so a restarted process adds to the
 /// same file).
 pub fn spawn(args: &[&str], log: &Path) -> Process {
+    spawn_on(None, args, log)
+}
+
+/// [`spawn`] on test host `host` (`None`: on this machine). `ip netns exec` enters the
+/// host's namespace and then becomes `warden`, so signals reach `warden` itself.
+fn spawn_on(host: Option<&Host>, args: &[&str], log: &Path) -> Process {
     let log = OpenOptions::new().create(true).append(true).open(log).expect("log file");
-    Process(Command::new(BIN).args(args).stdout(Stdio::null()).stderr(log).spawn().expect("spawn warden"))
+    let mut command = host.map_or_else(|| Command::new(BIN), |host| host.command(BIN));
+    Process(command.args(args).stdout(Stdio::null()).stderr(log).spawn().expect("spawn warden"))
 }
 
 /// Runs `warden admin ARGS` to completion; panics with its stderr if it failed.
@@ -81,6 +90,8 @@ pub fn channel(addr: &str, timeout: Duration) -> Channel {
 /// How one node process is started (the same every time, so a restart finds its data).
 struct NodeSpec {
     id: u64,
+    /// The test host it runs on (`None`: this machine, on loopback).
+    host: Option<Host>,
     listen: String,
     data_dir: PathBuf,
     log: PathBuf,
@@ -89,16 +100,15 @@ struct NodeSpec {
 }
 
 impl NodeSpec {
-    fn new(dir: &Path, id: u64) -> NodeSpec {
-        NodeSpec {
-            id,
-            listen: format!("127.0.0.1:{}", free_port()),
-            data_dir: dir.join(format!("node-{id}")),
-            log: dir.join(format!("node-{id}.log")),
-            peers: String::new(),
-        }
+    /// Node `id`, on `host` if given (the host's address, a fixed port: the host is its own).
+    fn new(dir: &Path, id: u64, host: Option<Host>) -> NodeSpec {
+        let listen = host.as_ref().map_or_else(|| format!("127.0.0.1:{}", free_port()), |host| format!("{}:{HOST_PORT}", host.addr));
+        NodeSpec { id, host, listen, data_dir: dir.join(format!("node-{id}")), log: dir.join(format!("node-{id}.log")), peers: String::new() }
     }
 }
+
+/// The port of a node on a test host (the host's address is its own).
+const HOST_PORT: u16 = 7000;
 
 /// How a [`ProcessCluster`] is made.
 pub struct ClusterOptions {
@@ -106,11 +116,14 @@ pub struct ClusterOptions {
     pub nodes: u64,
     /// Flags every `warden node` gets besides its identity (e.g. `--down-after-ms`).
     pub node_args: Vec<String>,
+    /// Test hosts: node `i` runs on host `i - 1` (at least as many hosts as nodes). The
+    /// router and the test's clients stay on this machine.
+    pub hosts: Option<std::sync::Arc<TestNet>>,
 }
 
 impl Default for ClusterOptions {
     fn default() -> ClusterOptions {
-        ClusterOptions { nodes: NODES, node_args: Vec::new() }
+        ClusterOptions { nodes: NODES, node_args: Vec::new(), hosts: None }
     }
 }
 
@@ -125,6 +138,8 @@ pub struct ProcessCluster {
     router_addr: String,
     /// Last, so it goes after every process (see `Drop`).
     dir: Option<tempfile::TempDir>,
+    /// The test hosts the nodes run on, kept until the processes are gone.
+    _hosts: Option<std::sync::Arc<TestNet>>,
 }
 
 impl ProcessCluster {
@@ -137,7 +152,8 @@ impl ProcessCluster {
     /// [`ProcessCluster::start`] with `options`.
     pub async fn start_with(options: ClusterOptions, prefixes: &[&str]) -> ProcessCluster {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut specs: Vec<NodeSpec> = (1..=options.nodes).map(|id| NodeSpec::new(dir.path(), id)).collect();
+        let host = |id: u64| options.hosts.as_ref().map(|net| net.host(id as usize - 1).expect("a test host per node").clone());
+        let mut specs: Vec<NodeSpec> = (1..=options.nodes).map(|id| NodeSpec::new(dir.path(), id, host(id))).collect();
         let peers = specs.iter().map(|s| format!("{}={}", s.id, s.listen)).collect::<Vec<_>>().join(",");
         for spec in &mut specs {
             spec.peers = peers.clone();
@@ -151,7 +167,8 @@ impl ProcessCluster {
         }
         let router_addr = format!("127.0.0.1:{}", free_port());
         let router = spawn(&["router", "--listen", &router_addr, "--seeds", &seeds], &dir.path().join("router.log"));
-        let cluster = ProcessCluster { seeds, node_args: options.node_args, specs, nodes, _router: router, router_addr, dir: Some(dir) };
+        let cluster =
+            ProcessCluster { seeds, node_args: options.node_args, specs, nodes, _router: router, router_addr, dir: Some(dir), _hosts: options.hosts };
         let router = cluster.router();
         wait_until("the router answers", STEP_TIMEOUT, || {
             let mut router = router.clone();
@@ -177,7 +194,8 @@ impl ProcessCluster {
     pub fn add_node(&mut self) -> u64 {
         let dir = self.dir.as_ref().expect("the cluster's directory").path().to_path_buf();
         let id = self.specs.iter().map(|s| s.id).max().unwrap_or(0) + 1;
-        let mut spec = NodeSpec::new(&dir, id);
+        assert!(self.specs.iter().all(|s| s.host.is_none()), "nodes added to a cluster on test hosts need hosts of their own");
+        let mut spec = NodeSpec::new(&dir, id, None);
         let peers = self.specs.iter().chain(std::iter::once(&spec)).map(|s| format!("{}={}", s.id, s.listen)).collect::<Vec<_>>().join(",");
         spec.peers = peers;
         self.nodes.push(Some(spawn_node(&spec, &self.node_args)));
@@ -390,5 +408,5 @@ fn spawn_node(spec: &NodeSpec, node_args: &[String]) -> Process {
     let data = spec.data_dir.to_str().expect("utf8 data dir");
     let mut args = vec!["node", "--id", &id, "--listen", &spec.listen, "--data-dir", data, "--peers", &spec.peers];
     args.extend(node_args.iter().map(String::as_str));
-    spawn(&args, &spec.log)
+    spawn_on(spec.host.as_ref(), &args, &spec.log)
 }

@@ -1,0 +1,92 @@
+//! Faults between machines: five real `warden node` processes, each on a test host of its own
+//! (a network namespace with its own address, `warden_torture`), the router and the client on
+//! this machine, and the network between them cut by the kernel — packets dropped silently,
+//! as a failed switch or a firewall would.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use crate::support::processes::{ClusterOptions, ProcessCluster, STEP_TIMEOUT};
+use crate::support::routed::group_serving;
+use warden_client::{Client, ClientConfig, CreateOptions};
+use warden_testkit::wait_until;
+use warden_torture::{End, TestNet};
+
+/// A write's deadline while a fault is on: short, so the loop below tries again soon.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// The test host node `id` runs on.
+fn host_of(node: u64) -> usize {
+    node as usize - 1
+}
+
+/// Writes `value` to `path` until one write is acknowledged (each attempt bounded by
+/// [`WRITE_TIMEOUT`]); returns the version it made and how many attempts it took. An attempt
+/// whose outcome is unknown may have been applied too: the caller only relies on the
+/// acknowledged one.
+async fn write_until_acknowledged(client: &Client, path: &str, value: &str) -> (u64, u32) {
+    let mut attempts = 0;
+    let version = wait_until(&format!("an acknowledged write of {value} to {path}"), STEP_TIMEOUT, async || {
+        attempts += 1;
+        match tokio::time::timeout(WRITE_TIMEOUT, client.set(path, value.as_bytes().to_vec(), None)).await {
+            Ok(Ok(stat)) => Some(stat.version),
+            _ => None,
+        }
+    })
+    .await;
+    (version, attempts)
+}
+
+/// A group's leader cut off from every other machine (its peers, the router, the clients):
+/// the majority elects another and writes go on through the same router; once the network
+/// heals, the old leader follows and every acknowledged write is there. Then a partition
+/// into halves: the side with a majority keeps writing, the minority catches up after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_cut_off_from_every_machine_is_replaced_and_no_acknowledged_write_is_lost() {
+    let net = Arc::new(TestNet::create(5).expect("five test hosts (needs root and iproute2)"));
+    let options = ClusterOptions { hosts: Some(net.clone()), ..ClusterOptions::default() };
+    let mut cluster = ProcessCluster::start_with(options, &["/t"]).await;
+    let config = ClientConfig { request_timeout: WRITE_TIMEOUT, ..ClientConfig::new([cluster.router_addr().to_string()]) };
+    let client = Client::connect(config).await.expect("a client of the router");
+    client.create("/t/x", b"0".to_vec(), &CreateOptions::persistent()).await.expect("create /t/x");
+    let group = group_serving(&mut cluster.router(), "/t/x").await;
+    let leader = wait_until("a leader of /t", STEP_TIMEOUT, async || cluster.group_leader(group, None).await).await;
+    assert_eq!(write_until_acknowledged(&client, "/t/x", "before").await.0, 1);
+
+    // The leader's host drops everything from anyone, and sends nothing anyone gets.
+    net.isolate(host_of(leader)).expect("isolate the leader's host");
+    let cut_at = Instant::now();
+    let (version, attempts) = write_until_acknowledged(&client, "/t/x", "during").await;
+    let failover = cut_at.elapsed();
+    eprintln!("group {group}: first acknowledged write {failover:?} (attempt {attempts}) after its leader (node {leader}) was isolated");
+    assert!(version >= 2, "a new version after the isolation, not {version}");
+    // The first attempt may wait out its deadline at the cut-off leader; after that the
+    // router passes over the silent node, and the majority has elected another leader by
+    // the third (two write deadlines are three election timeouts).
+    assert!(attempts <= 3, "a write was acknowledged only at attempt {attempts}, {failover:?} after the isolation");
+    let replaced = wait_until("the majority's leader", STEP_TIMEOUT, async || cluster.group_leader(group, Some(leader)).await).await;
+    assert_ne!(replaced, leader, "the isolated node no longer leads for the others");
+
+    // Healed: the old leader follows the new one and has every acknowledged write.
+    net.heal_all().expect("heal");
+    cluster.wait_caught_up(leader, &[group]).await;
+    let read = client.get("/t/x").await.expect("read after healing");
+    assert_eq!((read.data.as_slice(), read.stat.version >= version), (b"during".as_slice(), true));
+
+    // Halves: the current leader and one follower against the other three, who hold a
+    // majority and elect a leader among themselves; the router sits with the majority.
+    let leader = wait_until("a leader of /t", STEP_TIMEOUT, async || cluster.group_leader(group, None).await).await;
+    let minority: Vec<u64> = cluster.node_ids().into_iter().filter(|id| *id == leader || *id == leader % 5 + 1).collect();
+    let majority: Vec<u64> = cluster.node_ids().into_iter().filter(|id| !minority.contains(id)).collect();
+    let ends = |ids: &[u64]| ids.iter().map(|id| End::Host(host_of(*id))).collect::<Vec<_>>();
+    net.partition(&ends(&minority), &[ends(&majority), vec![End::Machine]].concat()).expect("partition");
+    let (version, _) = write_until_acknowledged(&client, "/t/x", "halves").await;
+    let majority_leader = wait_until("the majority's leader", STEP_TIMEOUT, async || cluster.group_leader(group, Some(leader)).await).await;
+    assert!(majority.contains(&majority_leader), "the leader is on the majority side, not node {majority_leader}");
+    net.heal_all().expect("heal");
+    for id in minority {
+        cluster.wait_caught_up(id, &[group]).await;
+    }
+    let read = client.get("/t/x").await.expect("read after healing");
+    assert_eq!((read.data.as_slice(), read.stat.version >= version), (b"halves".as_slice(), true));
+}
