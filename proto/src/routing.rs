@@ -4,7 +4,7 @@
 //! and the client library's direct calls route by these.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
+use std::sync::RwLock;
 use std::time::{Duration, Instant};
 
 use warden_paths::RouteTable;
@@ -40,14 +40,16 @@ const SUSPECTS_MAX: usize = 4096;
 /// unwritable through its callers long after the others elected a new leader.
 #[derive(Debug, Default)]
 pub struct Suspects {
-    until: Mutex<HashMap<u64, Instant>>,
+    /// Read on every call (one read lock per pick, per answer); written only when a node
+    /// falls silent or answers again.
+    until: RwLock<HashMap<u64, Instant>>,
 }
 
 impl Suspects {
     /// `node` left a call unanswered: suspect it for [`SUSPECT_FOR`].
     pub fn suspect(&self, node: u64) {
         let now = Instant::now();
-        let mut until = self.until.lock().unwrap_or_else(|e| e.into_inner());
+        let mut until = self.until.write().unwrap_or_else(|e| e.into_inner());
         if until.len() >= SUSPECTS_MAX {
             until.retain(|_, end| *end > now);
         }
@@ -56,13 +58,12 @@ impl Suspects {
         }
     }
 
-    /// `node` answered: it is reachable.
+    /// `node` answered: it is reachable. (The common case, no suspect at all, takes only a
+    /// read lock.)
     pub fn clear(&self, node: u64) {
-        self.until.lock().unwrap_or_else(|e| e.into_inner()).remove(&node);
-    }
-
-    fn is_suspect(&self, node: u64, now: Instant) -> bool {
-        self.until.lock().unwrap_or_else(|e| e.into_inner()).get(&node).is_some_and(|end| *end > now)
+        if self.until.read().unwrap_or_else(|e| e.into_inner()).contains_key(&node) {
+            self.until.write().unwrap_or_else(|e| e.into_inner()).remove(&node);
+        }
     }
 
     /// The replica attempt `attempt` of a call to a group goes to: `leader` (the one last
@@ -70,12 +71,14 @@ impl Suspects {
     /// over suspects while any replica is not one. `None` for a group without replicas.
     pub fn pick(&self, replicas: &[u64], leader: Option<u64>, attempt: usize) -> Option<u64> {
         let now = Instant::now();
-        if let Some(leader) = leader.filter(|l| replicas.contains(l) && !self.is_suspect(*l, now)) {
+        let until = self.until.read().unwrap_or_else(|e| e.into_inner());
+        let suspect = |node: &u64| until.get(node).is_some_and(|end| *end > now);
+        if let Some(leader) = leader.filter(|l| replicas.contains(l) && !suspect(l)) {
             return Some(leader);
         }
         let count = replicas.len();
-        let in_turn = (0..count).map(|offset| replicas[(attempt + offset) % count]);
-        in_turn.clone().find(|node| !self.is_suspect(*node, now)).or_else(|| in_turn.into_iter().next())
+        let mut in_turn = (0..count).map(|offset| replicas[(attempt + offset) % count]);
+        in_turn.clone().find(|node| !suspect(node)).or_else(|| in_turn.next())
     }
 }
 
