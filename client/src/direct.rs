@@ -29,7 +29,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use tonic::transport::Channel;
 use tonic::Status;
-use warden_proto::channel::{ChannelCache, ChannelSettings, Keepalive};
+use warden_proto::channel::{ChannelCache, ChannelSettings, NODE_PINGS};
 use warden_proto::follow::Fault;
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::GetRoutingTableRequest;
@@ -86,9 +86,7 @@ impl Direct {
     /// A view that reads the table from `seeds` (node addresses), opening connections within
     /// `connect_timeout`.
     pub(crate) fn new(seeds: Vec<String>, connect_timeout: Duration) -> Direct {
-        let settings = ChannelSettings::new(Expected::AnyNode)
-            .with_connect_timeout(connect_timeout)
-            .with_keepalive(Keepalive { interval: Duration::from_secs(10), timeout: Duration::from_secs(5) });
+        let settings = ChannelSettings::new(Expected::AnyNode).with_connect_timeout(connect_timeout).with_keepalive(NODE_PINGS);
         Direct {
             seeds,
             held: RwLock::new(Held { table: Arc::new(Table::default()), asked_at: None, stale: true }),

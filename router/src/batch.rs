@@ -190,16 +190,34 @@ impl Drop for CancelOnDrop<'_> {
     }
 }
 
+/// Metadata on the statuses this module makes when a batch stream could not open or broke:
+/// the link to the node failed, not the node's answer (see [`is_link_failure`]).
+const LINK_FAILED: &str = "warden-link-failed";
+
+/// Whether `status` says the link to the node failed (its batch stream could not open or
+/// broke) rather than being the node's answer: the router then passes over that node for a
+/// while, as it does for a connection that failed.
+pub fn is_link_failure(status: &Status) -> bool {
+    status.metadata().contains_key(LINK_FAILED)
+}
+
+/// `error` as a status marked as a link failure.
+fn link_failure(error: warden_proto::v1::WardenError) -> Status {
+    let mut status = warden_proto::status(error);
+    status.metadata_mut().insert(LINK_FAILED, tonic::metadata::MetadataValue::from_static("1"));
+    status
+}
+
 /// The typed refusal of a call that never left the router: not applied, safe to send again.
 fn not_sent(addr: &str, cause: &Status) -> Status {
     let message = format!("the batch stream to {addr} failed before the request was sent: {}", cause.message());
-    warden_proto::status(warden_proto::warden_error(Code::Unavailable, "", message))
+    link_failure(warden_proto::warden_error(Code::Unavailable, "", message))
 }
 
 /// The typed answer of a call sent on a stream that broke before its answer came.
 fn outcome_unknown(addr: &str, cause: &Status) -> Status {
     let message = format!("the batch stream to {addr} failed after the request was sent; the outcome is unknown: {}", cause.message());
-    warden_proto::status(warden_proto::warden_error(Code::OutcomeUnknown, "", message))
+    link_failure(warden_proto::warden_error(Code::OutcomeUnknown, "", message))
 }
 
 /// The answer an item's result carries.
@@ -423,10 +441,12 @@ mod tests {
         for call in calls {
             let status = call.await.expect("task").expect_err("no answer came");
             assert_eq!(code_of(&status), Code::OutcomeUnknown, "{status:?}");
+            assert!(is_link_failure(&status), "a broken stream is the link's failure: {status:?}");
         }
         // Nothing listens now: the next call is never sent, so it may go again.
         let status = create(upstream).await.expect_err("nobody listens");
         assert_eq!(code_of(&status), Code::Unavailable, "{status:?}");
+        assert!(is_link_failure(&status), "a stream that cannot open is the link's failure: {status:?}");
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -437,6 +457,7 @@ mod tests {
         let upstream = upstream(&addr);
         let status = create(upstream.clone()).await.expect_err("no such service");
         assert_eq!(status.code(), tonic::Code::Unimplemented);
+        assert!(!is_link_failure(&status), "the node's own answer is no link failure: {status:?}");
         assert!(upstream.batcher.as_ref().is_some_and(|b| b.unsupported.load(Ordering::Relaxed)), "the node is marked as unbatched");
         node.shutdown_background();
     }

@@ -74,7 +74,7 @@ pub struct Upstreams {
     /// Batch streams per node for forwarded unary calls (0: every call unary).
     batch_streams: usize,
     leaders: moka::sync::Cache<u64, u64>,
-    /// Nodes that lately left a call unanswered until its deadline.
+    /// Nodes that lately left a call unanswered until its deadline, or lost its connection.
     suspects: Suspects,
     /// The ACL, as the routing table last brought it.
     acl: AclCache,
@@ -273,7 +273,14 @@ impl Upstreams {
                     return Err(warden_proto::status(warden_proto::warden_error(code, "", message)));
                 }
             };
-            match Fault::of(&status) {
+            let fault = Fault::of(&status);
+            if matches!(fault, Fault::Lost { .. }) || crate::batch::is_link_failure(&status) {
+                // Unreachable or gone silent (its connection's pings went unanswered): the
+                // next attempts try the group's other replicas first.
+                self.suspects.suspect(node);
+                self.leaders.invalidate(&group.id());
+            }
+            match fault {
                 Fault::NotLeader { leader: Some(leader) } if leader != node => self.leaders.insert(group.id(), leader),
                 Fault::NotLeader { .. } | Fault::Unavailable | Fault::Lost { .. } | Fault::Answer { code: None } => {
                     self.leaders.invalidate(&group.id())
