@@ -280,13 +280,17 @@ async fn learner_promotion_voter_removal_joint_change_and_leader_transfer_under_
     assert!(state.voters.contains(&4) && state.learners.is_empty(), "promoted: {state:?}");
 
     // Leader transfer to the new voter. Raft abandons a transfer whose target does not
-    // catch up within an election timeout (writes keep coming), so ask again until it lands.
+    // catch up within an election timeout (writes keep coming), and the leader refuses one
+    // while the target lags far behind, so ask again until it lands.
     let deadline = Instant::now() + Duration::from_secs(30);
     while cluster.leader(1).await != Some(4) {
         assert!(Instant::now() < deadline, "timed out waiting for node 4 to lead");
         let leader = cluster.wait_leader(1, WRITE_TIMEOUT).await.expect("leader");
         if leader != 4 {
-            cluster.handle(leader).expect("leader").transfer_leader(1, 4).await.expect("transfer");
+            match cluster.handle(leader).expect("leader").transfer_leader(1, 4).await {
+                Ok(()) | Err(EngineError::Unavailable { .. }) => {}
+                Err(other) => panic!("transfer to node 4: {other:?}"),
+            }
         }
         let settled = Instant::now() + Duration::from_secs(3);
         while Instant::now() < settled && cluster.leader(1).await != Some(4) {
@@ -326,6 +330,47 @@ async fn learner_promotion_voter_removal_joint_change_and_leader_transfer_under_
             assert_eq!(get_on_node(&cluster, node, 1, key, *index).await.as_deref(), Some(key.as_str()), "node {node} lost {key}");
         }
     }
+}
+
+/// A balancer asking a leader to hand over to a replica that is cut off used to get its way:
+/// raft took no writes while the transfer lasted (an election timeout), and a balancer asking
+/// every second kept the group unwritable as long as the replica was away. The leader now
+/// refuses a target it has not heard from lately, keeps leading and taking writes; once the
+/// target is back, it is handed leadership as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_hands_leadership_only_to_a_replica_it_hears_from() {
+    let cluster = cluster(ClusterConfig::default());
+    create_groups(&cluster, [1], &ALL).await;
+    put(&cluster, 1, "x", "1", WRITE_TIMEOUT).await.expect("write");
+    let leader = cluster.leader(1).await.expect("leader");
+    let target = ALL.into_iter().find(|n| *n != leader).expect("a follower");
+    let handle = cluster.handle(leader).expect("leader");
+    cluster.faults().isolate(target, &ALL);
+
+    let refused = wait_until("the leader refuses to hand over to the cut-off replica", Duration::from_secs(20), async || {
+        match handle.transfer_leader(1, target).await {
+            Err(EngineError::Unavailable { reason, .. }) => Some(reason),
+            Ok(()) => None,
+            Err(other) => panic!("transfer to the cut-off replica: {other:?}"),
+        }
+    })
+    .await;
+    assert!(refused.contains("not heard from"), "{refused}");
+    put(&cluster, 1, "x", "2", WRITE_TIMEOUT).await.expect("a write right after the refusal");
+    assert_eq!(cluster.leader(1).await, Some(leader), "the leader kept leading");
+
+    cluster.faults().heal();
+    wait_until("the replica, heard again, is handed leadership", Duration::from_secs(30), async || {
+        if cluster.leader(1).await == Some(target) {
+            return true;
+        }
+        if let Some(current) = cluster.leader(1).await {
+            let _ = cluster.handle(current).expect("leader").transfer_leader(1, target).await;
+        }
+        false
+    })
+    .await;
+    assert_eq!(get(&cluster, 1, "x").await.as_deref(), Some("2"));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -14,6 +14,7 @@ pub mod msg;
 mod query;
 mod ready;
 mod replica;
+pub mod transfer;
 mod worker;
 
 use std::collections::HashMap;
@@ -168,7 +169,8 @@ impl NodeHandle {
         self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::DestroyGroup { group, reply }).await
     }
 
-    /// Asks this node's replica (the leader) to hand leadership to `to`.
+    /// Asks this node's replica (the leader) to hand leadership to `to`; refused (unavailable,
+    /// nothing changed) when `to` is silent or lags far behind (see [`transfer`]).
     pub async fn transfer_leader(&self, group: u64, to: u64) -> Result<(), EngineError> {
         self.ask(group, Duration::from_secs(5), |reply| WorkerMsg::TransferLeader { group, to, reply }).await
     }

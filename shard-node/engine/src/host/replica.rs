@@ -107,6 +107,8 @@ pub struct Replica {
     pub(crate) awaiting: HashMap<Vec<u8>, Vec<(Instant, Reply<()>)>>,
     /// Ticking, asking to sleep, or asleep (see `hibernate`).
     pub(crate) hibernation: super::hibernate::Hibernation,
+    /// When each peer was last heard from (see `transfer`).
+    pub(crate) heard: super::transfer::Heard,
 }
 
 /// Callers one replica lets wait for notifications at once.
@@ -144,6 +146,7 @@ impl Replica {
             told_leading: false,
             awaiting: HashMap::new(),
             hibernation: super::hibernate::Hibernation::default(),
+            heard: super::transfer::Heard::default(),
         })
     }
 

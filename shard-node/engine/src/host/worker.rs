@@ -223,7 +223,7 @@ impl Worker {
                 None => drop(reply.send(Err(EngineError::GroupNotFound(group)))),
             },
             WorkerMsg::TransferLeader { group, to, reply } => {
-                let result = self.replica(group).map(|replica| replica.raw.transfer_leader(to));
+                let result = self.replica(group).and_then(|replica| replica.transfer_leader(&config, to, Instant::now()));
                 let _ = reply.send(result);
             }
             WorkerMsg::Campaign { group, reply } => {
@@ -281,6 +281,7 @@ impl Worker {
             tracing::warn!(group, to = message.to, "message addressed to another node");
             return;
         }
+        replica.heard.note(message.from, Instant::now());
         let Some(message) = replica.screen_hibernation(&self.config, message, self.sender.as_ref()) else { return };
         let Some(message) = replica.screen(message, self.sender.as_ref()) else { return };
         // Snapshot data is decoded only once the message is in the log; check it now, while a
