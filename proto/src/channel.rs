@@ -29,12 +29,12 @@ pub struct Keepalive {
 }
 
 /// Pings on a connection to a node while calls are open on it: a node gone silent (cut off,
-/// paused) fails the calls waiting on it within 2 s, less than two election timeouts (1–2 s
-/// each), so the caller tries the group's other replicas about when they have elected a new
-/// leader, instead of waiting out each call's deadline (5 s at a router) at the silent one.
-/// A node answers a ping from its connection task, not behind its request queues, so a
-/// loaded node still answers in time.
-pub const NODE_PINGS: Keepalive = Keepalive { interval: Duration::from_secs(1), timeout: Duration::from_secs(1) };
+/// paused) fails the calls waiting on it within 3 s, about when the group's other replicas
+/// have elected a new leader (an election timeout is 1–2 s), so the caller tries them then
+/// instead of waiting out each call's deadline (5 s at a router) at the silent one. A node
+/// answers a ping from its connection's task, not behind its request queues; the 2 s it may
+/// take leaves room for a loaded machine's scheduling delays.
+pub const NODE_PINGS: Keepalive = Keepalive { interval: Duration::from_secs(1), timeout: Duration::from_secs(2) };
 
 /// How a channel connects. [`ChannelSettings::new`] is tonic's defaults (no timeouts, no
 /// keepalive); the `with_` methods name what differs.
@@ -61,7 +61,7 @@ impl ChannelSettings {
     }
 
     /// From one node to another (a router's or a node's upstream calls): connected within a
-    /// second; a node gone silent ends the calls waiting on it within [`NODE_PINGS`]' two
+    /// second; a node gone silent ends the calls waiting on it within [`NODE_PINGS`]' three
     /// seconds.
     pub const fn to_nodes() -> ChannelSettings {
         ChannelSettings::new(Expected::AnyNode).with_connect_timeout(Duration::from_secs(1)).with_keepalive(NODE_PINGS)

@@ -16,9 +16,10 @@ use warden_torture::{End, TestNet};
 /// stuck at a silent node until a deadline shows in the failover time.
 const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// The nodes' longest election timeout (raft draws each from [1 s, 2 s): 10 to 20 ticks of
-/// 100 ms).
-const ELECTION_TIMEOUT_MAX: Duration = Duration::from_secs(2);
+/// How soon after a group's leader is cut off a write through the router must succeed: the
+/// router notices the silence by its pings (`NODE_PINGS`: within 3 s, while the majority
+/// elects within an election timeout of 1–2 s), then one retry.
+const FAILOVER_MAX: Duration = Duration::from_millis(4_500);
 
 /// The test host node `id` runs on.
 fn host_of(node: u64) -> usize {
@@ -65,11 +66,11 @@ async fn a_leader_cut_off_from_every_machine_is_replaced_and_no_acknowledged_wri
     let failover = cut_at.elapsed();
     eprintln!("group {group}: first acknowledged write {failover:?} (attempt {attempts}) after its leader (node {leader}) was isolated");
     assert!(version >= 2, "a new version after the isolation, not {version}");
-    // The router's pings to the silent leader go unanswered, so within 2 s it fails the
-    // write it had sent there (instead of waiting out a deadline) and passes over that node;
-    // by then the majority has elected a leader (an election timeout, 2 s at most), which
-    // the next attempt finds. Two election timeouts leave room for a slow election.
-    assert!(failover <= 2 * ELECTION_TIMEOUT_MAX, "the first write was acknowledged {failover:?} (attempt {attempts}) after the leader's isolation");
+    // The router's pings to the silent leader go unanswered, so within 3 s it fails the
+    // write it had sent there (it used to wait out its 5 s deadline) and passes over that
+    // node; by then the majority has elected a leader (an election timeout, at most 2 s),
+    // which the next attempt finds. 1.5 s more for the retry on a loaded machine.
+    assert!(failover <= FAILOVER_MAX, "the first write was acknowledged {failover:?} (attempt {attempts}) after the leader's isolation");
     let replaced = wait_until("the majority's leader", STEP_TIMEOUT, async || cluster.group_leader(group, Some(leader)).await).await;
     assert_ne!(replaced, leader, "the isolated node no longer leads for the others");
 
