@@ -6,7 +6,7 @@
 CARGO_TARGET_DIR ?= $(HOME)/.cache/warden-target
 export CARGO_TARGET_DIR
 
-.PHONY: setup dev test lint bench build compare
+.PHONY: setup dev test lint bench build compare torture
 
 setup:
 	@bash scripts/setup.sh
@@ -43,3 +43,12 @@ bench: build
 # of `make test`: it installs servers and takes a while. ARGS=--quick tries it in short runs.
 compare: setup
 	bash scripts/bench-vs $(ARGS)
+
+# The long torture run (tests/suite/torture): HISTORIES seeded histories (default 100) of
+# five node processes on test hosts under partitions, pauses and kills, each checked; files
+# and summary in OUT (default $(CARGO_TARGET_DIR)/torture/<seed>). E.g.
+# `make torture SEED=42 HISTORIES=3 SECONDS=20 FAULTS=kill,halves`. Needs root (namespaces).
+torture: setup
+	WARDEN_TORTURE_SEED=$(SEED) WARDEN_TORTURE_HISTORIES=$(HISTORIES) WARDEN_TORTURE_SECONDS=$(SECONDS) \
+	  WARDEN_TORTURE_FAULTS=$(FAULTS) WARDEN_TORTURE_OUT=$(OUT) \
+	  cargo test --release --test suite torture::long_run -- --ignored --nocapture

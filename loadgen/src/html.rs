@@ -16,7 +16,7 @@ const MARGIN: f64 = 56.0;
 const NINES_MAX: f64 = 5.0;
 
 /// Escapes text for HTML content and attribute values.
-fn escape(text: &str) -> String {
+pub fn escape(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
     for c in text.chars() {
         match c {
@@ -41,18 +41,28 @@ fn nice_ceiling(value: f64) -> f64 {
 }
 
 /// A line chart: `points` are `(x, y)` in data units, x in `[0, x_max]`, y from 0; ticks
-/// label the axes.
-struct Chart<'a> {
-    title: &'a str,
-    x_label: &'a str,
-    y_label: &'a str,
-    x_max: f64,
-    x_ticks: Vec<(f64, String)>,
-    points: Vec<(f64, f64)>,
+/// label the axes. `bands` shade spans of x (e.g. the time a fault lasted) with a label;
+/// `marks` draw a red line at an x (e.g. an anomaly) with a label.
+pub struct Chart<'a> {
+    pub title: &'a str,
+    pub x_label: &'a str,
+    pub y_label: &'a str,
+    pub x_max: f64,
+    pub x_ticks: Vec<(f64, String)>,
+    pub points: Vec<(f64, f64)>,
+    pub bands: Vec<(f64, f64, String)>,
+    pub marks: Vec<(f64, String)>,
+}
+
+/// `count` ticks at most, at nice steps from 0 to `x_max`.
+pub fn nice_ticks(x_max: f64, count: f64) -> Vec<(f64, String)> {
+    let step = nice_ceiling(x_max / count).max(1.0);
+    (0..).map(|tick| f64::from(tick) * step).take_while(|&at| at <= x_max).map(|at| (at, trim_number(at))).collect()
 }
 
 impl Chart<'_> {
-    fn svg(&self) -> String {
+    /// The chart as an inline SVG figure.
+    pub fn svg(&self) -> String {
         let y_max = nice_ceiling(self.points.iter().map(|&(_, y)| y).fold(0.0, f64::max));
         let x_max = if self.x_max > 0.0 { self.x_max } else { 1.0 };
         let x = |value: f64| MARGIN + value / x_max * PLOT_WIDTH;
@@ -66,6 +76,24 @@ impl Chart<'_> {
         );
         let (left, bottom, right, top) = (x(0.0), y(0.0), x(x_max), y(y_max));
         let _ = write!(svg, r##"<rect x="{left}" y="{top}" width="{}" height="{}" fill="#fafafa" stroke="#999"/>"##, right - left, bottom - top);
+        for (from, to, label) in &self.bands {
+            let (from, to) = (x(from.clamp(0.0, x_max)), x(to.clamp(0.0, x_max)));
+            let _ = write!(
+                svg,
+                r##"<rect x="{from}" y="{top}" width="{}" height="{}" fill="#f6c343" fill-opacity="0.3"><title>{}</title></rect>"##,
+                (to - from).max(1.0),
+                bottom - top,
+                escape(label)
+            );
+        }
+        for (at, label) in &self.marks {
+            let at = x(at.clamp(0.0, x_max));
+            let _ = write!(
+                svg,
+                r##"<line x1="{at}" x2="{at}" y1="{top}" y2="{bottom}" stroke="#d1242f" stroke-width="2"><title>{}</title></line>"##,
+                escape(label)
+            );
+        }
         for step in 0..=4 {
             let value = y_max * f64::from(step) / 4.0;
             let _ = write!(
@@ -122,14 +150,15 @@ fn latency_chart(report: &LoadReport) -> Chart<'static> {
         x_max: NINES_MAX,
         x_ticks: x_ticks.into_iter().map(|(at, label)| (at, label.to_string())).collect(),
         points: report.percentiles.iter().map(|&[q, ms]| (nines(q), ms)).collect(),
+        bands: Vec::new(),
+        marks: Vec::new(),
     }
 }
 
 /// The throughput-by-second chart.
 fn throughput_chart(report: &LoadReport) -> Chart<'static> {
     let seconds = report.timeline.len().max(1) as f64;
-    let step = nice_ceiling(seconds / 10.0).max(1.0);
-    let x_ticks = (0..).map(|tick| f64::from(tick) * step).take_while(|&at| at <= seconds).map(|at| (at, trim_number(at))).collect();
+    let x_ticks = nice_ticks(seconds, 10.0);
     // Each second's count drawn across that second.
     let points =
         report.timeline.iter().enumerate().flat_map(|(second, &ops)| [(second as f64, ops as f64), (second as f64 + 1.0, ops as f64)]).collect();
@@ -140,11 +169,13 @@ fn throughput_chart(report: &LoadReport) -> Chart<'static> {
         x_max: seconds,
         x_ticks,
         points,
+        bands: Vec::new(),
+        marks: Vec::new(),
     }
 }
 
 /// A two-column table of `rows`.
-fn table(rows: &[(&'static str, String)]) -> String {
+pub fn table(rows: &[(&'static str, String)]) -> String {
     let mut html = String::from("<table>");
     for (name, value) in rows {
         let _ = write!(html, "<tr><th>{}</th><td>{}</td></tr>", escape(name.trim()), escape(value));
@@ -153,18 +184,22 @@ fn table(rows: &[(&'static str, String)]) -> String {
     html
 }
 
-/// The whole page.
-pub fn render(report: &LoadReport) -> String {
-    let title = format!("warden-loadgen: {} on {}", report.workload, report.target);
-    let mut html = String::new();
-    let _ = write!(
-        html,
+/// A page's head (inline style, nothing fetched) and its `<h1>`; the caller closes it with
+/// `</body></html>`.
+pub fn page_start(title: &str) -> String {
+    format!(
         "<!DOCTYPE html><html lang=\"en\"><head><meta charset=\"utf-8\"><title>{title}</title><style>\
          body{{font-family:sans-serif;margin:24px;color:#222}} table{{border-collapse:collapse;margin:8px 0 24px}}\
          th,td{{border:1px solid #ccc;padding:4px 10px;text-align:left}} th{{background:#f0f0f0}}\
          figure{{margin:0 0 24px}} figcaption{{font-weight:bold;margin-bottom:4px}}</style></head><body><h1>{title}</h1>",
-        title = escape(&title)
-    );
+        title = escape(title)
+    )
+}
+
+/// The whole page.
+pub fn render(report: &LoadReport) -> String {
+    let title = format!("warden-loadgen: {} on {}", report.workload, report.target);
+    let mut html = page_start(&title);
     let _ = write!(html, "<h2>Parameters</h2>{}<h2>Results</h2>{}", table(&report.parameters()), table(&report.results()));
     html.push_str(&latency_chart(report).svg());
     html.push_str(&throughput_chart(report).svg());

@@ -36,6 +36,7 @@ mod sessions_across_groups;
 mod split;
 mod split_faults;
 mod split_merge;
+mod torture;
 mod upgrade;
 mod watch;
 mod watch_items;

@@ -384,6 +384,20 @@ impl ProcessCluster {
         None
     }
 
+    /// Copies every process's log (`node-<id>.log`, `router.log`) into `to`: what a
+    /// post-mortem of a history that found an anomaly starts from.
+    pub fn copy_logs(&self, to: &Path) {
+        let Some(dir) = self.dir.as_ref() else { return };
+        let logs = std::fs::read_dir(dir.path()).expect("the cluster's directory");
+        for entry in logs.flatten() {
+            let path = entry.path();
+            if path.extension().is_some_and(|ext| ext == "log") {
+                let copied = std::fs::copy(&path, to.join(entry.file_name()));
+                copied.unwrap_or_else(|e| panic!("copy {} to {}: {e}", path.display(), to.display()));
+            }
+        }
+    }
+
     /// A client of node `id`'s placement API; calls give up after `timeout`.
     pub fn placement(&self, id: u64, timeout: Duration) -> PlacementClient<Channel> {
         PlacementClient::new(channel(&self.spec(id).listen, timeout))

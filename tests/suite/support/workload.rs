@@ -1,7 +1,8 @@
-//! The workload of the process tests: clients writing registers, creating keys and taking
-//! fenced locks through a router, recording what they were told, and the checks run on it
-//! afterwards (every acknowledged create read back, every fenced hold exclusive, the register
-//! history linearizable). Used by `crash_cycles.rs` and `fleet_processes.rs`.
+//! The workload of the process tests: clients writing registers, creating keys (plain and
+//! sequential) and taking fenced locks through a router, recording what they were told, and
+//! the checks run on it afterwards (every acknowledged create read back, sequential names
+//! unique and increasing, every fenced hold exclusive, the register history linearizable).
+//! Used by `crash_cycles.rs`, `fleet_processes.rs`, `split_merge.rs` and the torture runs.
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -40,6 +41,57 @@ pub async fn connect(router_addr: &str) -> Client {
     Client::connect(config).await.expect("connect to the router")
 }
 
+/// Where sequential nodes are created (one parent, so their counters are one sequence).
+pub const SEQUENCE_PARENT: &str = "/c/seq";
+
+/// One call a client made and how it ended: what availability and the timeline count.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Attempt {
+    /// `set`, `get`, `cas`, `create`, `sequential` or `lock`.
+    pub kind: &'static str,
+    pub path: String,
+    /// Nanoseconds since the workload started (the history's clock).
+    pub invoked_ns: u64,
+    pub completed_ns: u64,
+    /// The call was answered with success (a lock wait that ran out counts: it was answered).
+    pub ok: bool,
+}
+
+/// An acknowledged sequential create: when it was invoked and answered, and its counter.
+#[derive(Clone, Copy, Debug, serde::Serialize)]
+pub struct Sequenced {
+    pub invoked_ns: u64,
+    pub completed_ns: u64,
+    pub counter: u64,
+}
+
+/// A property the history breaks, by kind (`lost-create`, `fencing`, `sequential`,
+/// `not-linearizable`, `checker-gave-up`).
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Anomaly {
+    pub kind: &'static str,
+    pub detail: String,
+    /// When it happened (ms from the workload's start), where one moment shows it.
+    pub at_ms: Option<u64>,
+}
+
+/// What a finished workload did and what its checks found.
+pub struct Checked {
+    pub anomalies: Vec<Anomaly>,
+    /// Acknowledged creates (all read back unless an anomaly says otherwise).
+    pub creates: usize,
+    /// Acknowledged sequential creates.
+    pub sequenced: usize,
+    /// Lock holds that wrote to the fenced resource.
+    pub holds: usize,
+    /// Completed register operations in the checked history.
+    pub register_ops: usize,
+    /// The register history (invocation order), every call's outcome, the fenced writes.
+    pub records: Vec<Record>,
+    pub attempts: Vec<Attempt>,
+    pub fenced_writes: Vec<FencedWrite>,
+}
+
 /// The clients and what they recorded.
 pub struct Workload {
     client: Client,
@@ -47,7 +99,9 @@ pub struct Workload {
     stop: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
     records: Arc<Mutex<Vec<Record>>>,
+    attempts: Arc<Mutex<Vec<Attempt>>>,
     acknowledged: Arc<Mutex<Vec<String>>>,
+    sequenced: Arc<Mutex<Vec<Sequenced>>>,
     resource: Arc<FencedResource>,
     events: Mutex<Vec<String>>,
 }
@@ -80,20 +134,25 @@ impl Workload {
             stop: Arc::new(AtomicBool::new(false)),
             tasks: Vec::new(),
             records,
+            attempts: Arc::new(Mutex::new(Vec::new())),
             acknowledged: Arc::new(Mutex::new(Vec::new())),
+            sequenced: Arc::new(Mutex::new(Vec::new())),
             resource: Arc::new(FencedResource::default()),
             events: Mutex::new(Vec::new()),
         };
+        let outcomes = |workload: &Workload| Outcomes { start, stop: workload.stop.clone(), attempts: workload.attempts.clone() };
         for id in 0..REGISTER_CLIENTS {
-            let (client, stop, records) = (client.clone(), workload.stop.clone(), workload.records.clone());
-            workload.tasks.push(tokio::spawn(register_client(id, client, start, stop, records)));
+            let (client, records) = (client.clone(), workload.records.clone());
+            workload.tasks.push(tokio::spawn(register_client(id, client, outcomes(&workload), records)));
         }
-        let (stop, acknowledged) = (workload.stop.clone(), workload.acknowledged.clone());
-        workload.tasks.push(tokio::spawn(creator(client.clone(), stop, acknowledged)));
+        let acknowledged = workload.acknowledged.clone();
+        workload.tasks.push(tokio::spawn(creator(client.clone(), outcomes(&workload), acknowledged)));
+        let sequenced = workload.sequenced.clone();
+        workload.tasks.push(tokio::spawn(sequencer(client.clone(), outcomes(&workload), sequenced)));
         for (path, home) in locks {
             for _ in 0..LOCKERS_PER_LOCK {
-                let (stop, resource) = (workload.stop.clone(), workload.resource.clone());
-                workload.tasks.push(tokio::spawn(locker(client.clone(), path, home, stop, resource)));
+                let resource = workload.resource.clone();
+                workload.tasks.push(tokio::spawn(locker(client.clone(), path, home, outcomes(&workload), resource)));
             }
         }
         workload
@@ -120,52 +179,128 @@ impl Workload {
         }
     }
 
-    /// Stops the clients and checks every property; panics with everything that failed.
-    pub async fn finish_and_check(mut self, run: &str) {
+    /// Stops the clients and checks every property; panics with everything that failed, or
+    /// if too little was done for the checks to mean anything.
+    pub async fn finish_and_check(self, run: &str) {
+        let events = self.events.lock().expect("events").join("\n");
+        let checked = self.finish(run).await;
+        let (creates, holds, completed) = (checked.creates, checked.holds, checked.register_ops);
+        assert!(creates >= 20, "{run}: too few creates were acknowledged ({creates})");
+        assert!(holds >= 5, "{run}: too few lock holds ({holds}) for the check to mean anything");
+        assert!(completed > 100, "{run}: too few register operations completed ({completed})");
+        let failures: Vec<String> = checked.anomalies.iter().map(|a| format!("{}: {}", a.kind, a.detail)).collect();
+        assert!(failures.is_empty(), "{run}: {holds} holds, {completed} register operations\n{}\nfaults:\n{events}", failures.join("\n"));
+        eprintln!(
+            "{run}: {creates} creates read back, {} sequential names in order, {holds} exclusive holds, {completed} register operations linearizable",
+            checked.sequenced
+        );
+    }
+
+    /// Stops the clients, waits until every group takes writes, and checks every property:
+    /// acknowledged creates read back, sequential counters unique and increasing in real
+    /// time, fenced holds exclusive, the register history (closed by a read of each register
+    /// now) linearizable. Answers what was done and every anomaly found.
+    pub async fn finish(mut self, run: &str) -> Checked {
         self.stop.store(true, Ordering::SeqCst);
         for task in std::mem::take(&mut self.tasks) {
             task.await.expect("a client task");
         }
         self.wait_writable().await;
-        let mut failures = Vec::new();
+        let mut anomalies = Vec::new();
 
-        // Acknowledged creates are all there.
         let acknowledged = self.acknowledged.lock().expect("acknowledged").clone();
-        assert!(acknowledged.len() >= 20, "{run}: too few creates were acknowledged ({})", acknowledged.len());
-        let mut lost = Vec::new();
         for path in &acknowledged {
-            match self.client.get(path).await {
-                Ok(node) if node.data == path.as_bytes() => {}
-                Ok(node) => lost.push(format!("{path} holds {:?}", String::from_utf8_lossy(&node.data))),
-                Err(error) => lost.push(format!("{path}: {error}")),
-            }
-        }
-        if !lost.is_empty() {
-            failures.push(format!("{} of {} acknowledged creates are lost: {lost:?}", lost.len(), acknowledged.len()));
+            let lost = match self.client.get(path).await {
+                Ok(node) if node.data == path.as_bytes() => continue,
+                Ok(node) => format!("{path} holds {:?}", String::from_utf8_lossy(&node.data)),
+                Err(error) => format!("{path}: {error}"),
+            };
+            anomalies.push(Anomaly { kind: "lost-create", detail: format!("an acknowledged create is lost: {lost}"), at_ms: None });
         }
 
-        // Fenced holds were exclusive.
+        let sequenced = self.sequenced.lock().expect("sequenced").clone();
+        anomalies.extend(sequence_anomalies(&sequenced).into_iter().map(|(at_ns, detail)| Anomaly {
+            kind: "sequential",
+            detail,
+            at_ms: Some(at_ns / 1_000_000),
+        }));
+
         let holds = self.resource.holds();
-        assert!(holds >= 5, "{run}: too few lock holds ({holds}) for the check to mean anything");
-        failures.extend(self.resource.violations());
+        anomalies.extend(self.resource.violations().into_iter().map(|detail| Anomaly { kind: "fencing", detail, at_ms: None }));
 
-        // The registers' history, closed by a read of each register now.
         for path in REGISTERS {
             let invoked = self.now();
             let node = self.client.get(path).await.unwrap_or_else(|error| panic!("{run}: final read of {path}: {error}"));
             let input = KvInput::Get { key: path.as_bytes().to_vec() };
             self.records.lock().expect("records").push((usize::MAX, invoked, Some(self.now()), input, Some(KvOutput::Value(Some(node.data)))));
         }
-        let records = self.records.lock().expect("records").clone();
-        let completed = records.iter().filter(|r| r.2.is_some()).count();
-        assert!(completed > 100, "{run}: too few register operations completed ({completed})");
-        if let Err(failure) = check_records(records) {
-            failures.push(failure);
+        let mut records = self.records.lock().expect("records").clone();
+        records.sort_by_key(|record| record.1);
+        let register_ops = records.iter().filter(|r| r.2.is_some()).count();
+        if let Err(failure) = check_records(records.clone()) {
+            let kind = if failure.contains("ran out of") { "checker-gave-up" } else { "not-linearizable" };
+            anomalies.push(Anomaly { kind, detail: failure, at_ms: None });
         }
+        let attempts = self.attempts.lock().expect("attempts").clone();
+        let fenced_writes = self.resource.writes();
+        Checked { anomalies, creates: acknowledged.len(), sequenced: sequenced.len(), holds, register_ops, records, attempts, fenced_writes }
+    }
+}
 
-        let events = self.events.lock().expect("events").join("\n");
-        assert!(failures.is_empty(), "{run}: {holds} holds, {completed} register operations\n{}\nfaults:\n{events}", failures.join("\n"));
-        eprintln!("{run}: {} creates read back, {holds} exclusive holds, {completed} register operations linearizable", acknowledged.len());
+/// What is wrong with acknowledged sequential creates, each with the time it shows (ns): a
+/// counter handed out twice, or a create that began after another was acknowledged yet got a
+/// counter not above it.
+pub fn sequence_anomalies(sequenced: &[Sequenced]) -> Vec<(u64, String)> {
+    let mut anomalies = Vec::new();
+    let mut by_counter = sequenced.to_vec();
+    by_counter.sort_by_key(|s| s.counter);
+    for pair in by_counter.windows(2) {
+        if pair[0].counter == pair[1].counter {
+            anomalies.push((pair[1].completed_ns, format!("counter {} handed out twice: {:?} and {:?}", pair[0].counter, pair[0], pair[1])));
+        }
+    }
+    // Real-time order: scanning by invocation, every create must get a counter above the
+    // largest one acknowledged before it was invoked.
+    let mut by_completion = sequenced.to_vec();
+    by_completion.sort_by_key(|s| s.completed_ns);
+    let mut by_invocation = sequenced.to_vec();
+    by_invocation.sort_by_key(|s| s.invoked_ns);
+    let (mut next, mut highest): (usize, Option<Sequenced>) = (0, None);
+    for create in by_invocation {
+        while next < by_completion.len() && by_completion[next].completed_ns < create.invoked_ns {
+            if highest.is_none_or(|h| by_completion[next].counter > h.counter) {
+                highest = Some(by_completion[next]);
+            }
+            next += 1;
+        }
+        if let Some(earlier) = highest.filter(|h| h.counter >= create.counter) {
+            anomalies.push((create.completed_ns, format!("{create:?} got a counter not above {earlier:?}, acknowledged before it began")));
+        }
+    }
+    anomalies
+}
+
+/// What every client task shares: the history's clock, the stop flag and the log of calls.
+struct Outcomes {
+    start: Instant,
+    stop: Arc<AtomicBool>,
+    attempts: Arc<Mutex<Vec<Attempt>>>,
+}
+
+impl Outcomes {
+    /// Nanoseconds since the workload started.
+    fn now(&self) -> u64 {
+        self.start.elapsed().as_nanos() as u64
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    /// Logs a call of `kind` on `path` invoked at `invoked_ns` that ends now.
+    fn note(&self, kind: &'static str, path: &str, invoked_ns: u64, ok: bool) {
+        let attempt = Attempt { kind, path: path.to_string(), invoked_ns, completed_ns: self.now(), ok };
+        self.attempts.lock().expect("attempts").push(attempt);
     }
 }
 
@@ -177,11 +312,11 @@ pub fn probes() -> [&'static str; 4] {
 /// Sets, reads and compare-and-swaps the registers; records each operation whose outcome
 /// could matter (a read that failed did nothing; a write that failed any way but a typed
 /// refusal may have taken effect: unknown).
-async fn register_client(id: usize, client: Client, start: Instant, stop: Arc<AtomicBool>, records: Arc<Mutex<Vec<Record>>>) {
-    let now = || start.elapsed().as_nanos() as u64;
+async fn register_client(id: usize, client: Client, outcomes: Outcomes, records: Arc<Mutex<Vec<Record>>>) {
+    let now = || outcomes.now();
     let mut last_seen: BTreeMap<&str, Vec<u8>> = REGISTERS.iter().map(|path| (*path, b"init".to_vec())).collect();
     let mut n = 0usize;
-    while !stop.load(Ordering::Relaxed) {
+    while !outcomes.stopped() {
         n += 1;
         let path = REGISTERS[(id + n) % REGISTERS.len()];
         let key = path.as_bytes().to_vec();
@@ -210,6 +345,12 @@ async fn register_client(id: usize, client: Client, start: Instant, stop: Arc<At
                 (KvInput::Cas { key, expected: Some(expected), new }, result.map(|r| KvOutput::Swapped(r.succeeded)))
             }
         };
+        let kind = match input {
+            KvInput::Put { .. } => "set",
+            KvInput::Get { .. } => "get",
+            _ => "cas",
+        };
+        outcomes.note(kind, path, invoked, outcome.is_ok());
         let record = match outcome {
             Ok(output) => (id, invoked, Some(now()), input, Some(output)),
             Err(_) if matches!(input, KvInput::Get { .. }) => continue,
@@ -231,24 +372,43 @@ fn is_refusal(error: &Error) -> bool {
 }
 
 /// Creates keys in every group, each holding its own path; records the acknowledged ones.
-async fn creator(client: Client, stop: Arc<AtomicBool>, acknowledged: Arc<Mutex<Vec<String>>>) {
+async fn creator(client: Client, outcomes: Outcomes, acknowledged: Arc<Mutex<Vec<String>>>) {
     let mut n = 0usize;
-    while !stop.load(Ordering::Relaxed) {
+    while !outcomes.stopped() {
         n += 1;
         let path = format!("{}/created/k{n}", probes()[n % probes().len()].trim_end_matches("/probe"));
-        if client.create(&path, path.clone().into_bytes(), &CreateOptions::persistent().create_parents()).await.is_ok() {
+        let invoked = outcomes.now();
+        let created = client.create(&path, path.clone().into_bytes(), &CreateOptions::persistent().create_parents()).await.is_ok();
+        outcomes.note("create", &path, invoked, created);
+        if created {
             acknowledged.lock().expect("acknowledged").push(path);
+        }
+    }
+}
+
+/// Creates sequential nodes under [`SEQUENCE_PARENT`]; records the acknowledged ones with
+/// the counter the service appended.
+async fn sequencer(client: Client, outcomes: Outcomes, sequenced: Arc<Mutex<Vec<Sequenced>>>) {
+    let prefix = format!("{SEQUENCE_PARENT}/n-");
+    while !outcomes.stopped() {
+        let invoked_ns = outcomes.now();
+        let created = client.create(&prefix, Vec::new(), &CreateOptions::persistent().sequential().create_parents()).await;
+        outcomes.note("sequential", SEQUENCE_PARENT, invoked_ns, created.is_ok());
+        if let Ok(created) = created {
+            let counter = created.path.strip_prefix(&prefix).and_then(|digits| digits.parse().ok());
+            let counter = counter.unwrap_or_else(|| panic!("a sequential create answered {}, not {prefix}<counter>", created.path));
+            sequenced.lock().expect("sequenced").push(Sequenced { invoked_ns, completed_ns: outcomes.now(), counter });
         }
     }
 }
 
 /// Takes the lock on `path` again and again with its own session (homed in the group of
 /// `home`), writing to the fenced resource a few times per hold while its guard is valid.
-async fn locker(client: Client, path: &'static str, home: &'static str, stop: Arc<AtomicBool>, resource: Arc<FencedResource>) {
+async fn locker(client: Client, path: &'static str, home: &'static str, outcomes: Outcomes, resource: Arc<FencedResource>) {
     let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(home.into()) };
     let options = LockOptions { wait: Duration::from_secs(2), ..LockOptions::default() };
     let mut session: Option<Session> = None;
-    while !stop.load(Ordering::Relaxed) {
+    while !outcomes.stopped() {
         let current = match session.take() {
             Some(current) if !current.state().has_ended() => current,
             _ => match client.session(config.clone()).await {
@@ -259,7 +419,10 @@ async fn locker(client: Client, path: &'static str, home: &'static str, stop: Ar
                 }
             },
         };
-        match current.lock_with(path, &options).await {
+        let invoked = outcomes.now();
+        let locked = current.lock_with(path, &options).await;
+        outcomes.note("lock", path, invoked, locked.is_ok());
+        match locked {
             Ok(Some(guard)) => {
                 hold(path, &guard, &resource).await;
                 // An unlock that failed may leave the lock held: give the session up (its
@@ -307,15 +470,16 @@ pub struct ResourceState {
 }
 
 /// One write to the resource by a holder whose guard was valid at that moment.
-#[derive(Clone, Debug)]
-struct FencedWrite {
-    path: String,
-    hold: u64,
-    token: u64,
-    sequence: u64,
-    at: Instant,
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FencedWrite {
+    pub path: String,
+    pub hold: u64,
+    pub token: u64,
+    pub sequence: u64,
+    #[serde(skip)]
+    pub at: Instant,
     /// The fence refused it: a lower token had been outrun by a higher one first.
-    refused_by: Option<u64>,
+    pub refused_by: Option<u64>,
 }
 
 impl FencedResource {
@@ -338,6 +502,11 @@ impl FencedResource {
         let refused_by = state.fences.entry(path.to_string()).or_default().admit(token).err().map(|stale| stale.highest);
         state.writes.push(FencedWrite { path: path.to_string(), hold, token, sequence, at: Instant::now(), refused_by });
         true
+    }
+
+    /// Every write so far, in the order they were made.
+    pub fn writes(&self) -> Vec<FencedWrite> {
+        self.state.lock().expect("resource").writes.clone()
     }
 
     /// Holds that wrote at least once.

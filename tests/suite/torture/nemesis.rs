@@ -1,0 +1,285 @@
+//! The nemesis: a seeded schedule of faults and the hand that applies them to a
+//! [`ProcessCluster`] on test hosts. A schedule alternates quiet spells and faults; each
+//! fault's victims are chosen when it starts (a group's leader is whoever leads then), by the
+//! schedule's own random stream, and written down with it. Adding a fault kind is one variant
+//! of [`FaultKind`], one arm in [`Nemesis::start`] and, if it needs more than healing the
+//! network, one [`Undo`].
+
+use std::time::Duration;
+
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use warden_torture::{End, TestNet};
+
+use crate::support::processes::{ProcessCluster, PLACEMENT_NODES};
+use crate::support::workload::SESSION_TTL;
+
+/// Every kind of fault the nemesis makes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FaultKind {
+    /// One node cut off from every other node, the router and the clients.
+    IsolateNode,
+    /// The leader of one shard group (as it stands when the fault starts) isolated.
+    IsolateGroupLeader,
+    /// The placement group's leader isolated.
+    IsolatePlacementLeader,
+    /// Two nodes against three; the router and clients reach both sides.
+    Halves,
+    /// Two pairs that cannot reach each other, and one node both pairs reach.
+    Bridge,
+    /// One node hears nothing from one other (it still reaches it): an asymmetric link.
+    OneWay,
+    /// The router's (and clients') packets to one node are dropped; the nodes among
+    /// themselves are whole.
+    RouterCut,
+    /// One node stopped (SIGSTOP) for longer than a session's TTL, then continued.
+    Pause,
+    /// One node killed (SIGKILL) and started again on its data directory when the fault ends.
+    Kill,
+}
+
+impl FaultKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [FaultKind; 9] = [
+        FaultKind::IsolateNode,
+        FaultKind::IsolateGroupLeader,
+        FaultKind::IsolatePlacementLeader,
+        FaultKind::Halves,
+        FaultKind::Bridge,
+        FaultKind::OneWay,
+        FaultKind::RouterCut,
+        FaultKind::Pause,
+        FaultKind::Kill,
+    ];
+
+    /// The kind's name in schedules, verdicts and `FAULTS=` lists.
+    pub fn name(self) -> &'static str {
+        match self {
+            FaultKind::IsolateNode => "isolate-node",
+            FaultKind::IsolateGroupLeader => "isolate-group-leader",
+            FaultKind::IsolatePlacementLeader => "isolate-placement-leader",
+            FaultKind::Halves => "halves",
+            FaultKind::Bridge => "bridge",
+            FaultKind::OneWay => "one-way",
+            FaultKind::RouterCut => "router-cut",
+            FaultKind::Pause => "pause",
+            FaultKind::Kill => "kill",
+        }
+    }
+
+    /// The kinds named in `list` (comma-separated; `all` for every kind).
+    pub fn parse_list(list: &str) -> Result<Vec<FaultKind>, String> {
+        if list.trim() == "all" {
+            return Ok(FaultKind::ALL.to_vec());
+        }
+        let kinds: Vec<FaultKind> = list
+            .split(',')
+            .map(str::trim)
+            .filter(|name| !name.is_empty())
+            .map(|name| FaultKind::ALL.into_iter().find(|kind| kind.name() == name).ok_or_else(|| format!("no fault kind {name:?}")))
+            .collect::<Result<_, _>>()?;
+        if kinds.is_empty() {
+            return Err("no fault kind named".into());
+        }
+        Ok(kinds)
+    }
+
+    /// The shortest the fault lasts: a pause outlives a session's TTL (the case where a
+    /// paused holder resurfaces after its session could have expired).
+    fn length_min(self) -> Duration {
+        match self {
+            FaultKind::Pause => SESSION_TTL + Duration::from_secs(2),
+            _ => Duration::from_secs(5),
+        }
+    }
+}
+
+/// Quiet time between two faults, and how long a fault lasts beyond its kind's minimum.
+const QUIET_MS: std::ops::Range<u64> = 2_000..4_000;
+const EXTRA_LENGTH_MS: std::ops::Range<u64> = 0..5_000;
+
+/// One planned fault: when it starts (from the history's start) and how long it lasts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct Planned {
+    pub kind: FaultKind,
+    pub start_ms: u64,
+    pub length_ms: u64,
+}
+
+/// The faults of one history: from `seed`, kinds drawn from `kinds`, starting within
+/// `duration`. The same seed and arguments give the same plan.
+pub fn plan(seed: u64, kinds: &[FaultKind], duration: Duration) -> Vec<Planned> {
+    assert!(!kinds.is_empty(), "a plan needs at least one fault kind");
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut planned = Vec::new();
+    let mut at_ms = rng.random_range(QUIET_MS);
+    let end_ms = duration.as_millis() as u64;
+    while at_ms < end_ms {
+        let kind = kinds[rng.random_range(0..kinds.len())];
+        let length_ms = kind.length_min().as_millis() as u64 + rng.random_range(EXTRA_LENGTH_MS);
+        planned.push(Planned { kind, start_ms: at_ms, length_ms });
+        at_ms += length_ms + rng.random_range(QUIET_MS);
+    }
+    planned
+}
+
+/// What has to happen for a fault to end, besides healing every link.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Undo {
+    /// Links only.
+    Heal,
+    /// SIGCONT to the node.
+    Resume(u64),
+    /// Start the node again on its data.
+    Restart(u64),
+}
+
+/// A fault as it was applied: its victims, and when it really started and ended.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct Applied {
+    pub kind: FaultKind,
+    /// What was done, in words ("isolated node 3 (leader of group 4)").
+    pub what: String,
+    /// Nodes the fault cut off, stopped or killed.
+    pub victims: Vec<u64>,
+    /// The group whose leader was the target (isolate-group-leader), if any.
+    pub group: Option<u64>,
+    /// Milliseconds from the history's start.
+    pub start_ms: u64,
+    pub end_ms: u64,
+    pub undo: Undo,
+}
+
+/// Applies faults to a cluster of [`NODES`](crate::support::processes::NODES) nodes, node
+/// `id` on host `id - 1` of `net`.
+pub struct Nemesis {
+    net: std::sync::Arc<TestNet>,
+    rng: StdRng,
+    /// Shard groups whose leaders may be targeted.
+    groups: Vec<u64>,
+}
+
+impl Nemesis {
+    /// A nemesis choosing its victims from `seed`'s stream (not the plan's: a plan stays the
+    /// same whatever the victims were).
+    pub fn new(net: std::sync::Arc<TestNet>, seed: u64, groups: Vec<u64>) -> Nemesis {
+        Nemesis { net, rng: StdRng::seed_from_u64(seed ^ 0x6e65_6d65_7369_7321), groups }
+    }
+
+    /// Starts a fault of `kind`; answers what was done (the caller sets its `start_ms` once
+    /// this returns, [`Nemesis::end`] its `end_ms`).
+    pub async fn start(&mut self, cluster: &mut ProcessCluster, kind: FaultKind) -> Applied {
+        let mut ids = cluster.node_ids();
+        ids.shuffle(&mut self.rng);
+        let host = |id: u64| End::Host(id as usize - 1);
+        let ends = |ids: &[u64]| ids.iter().map(|id| host(*id)).collect::<Vec<_>>();
+        let mut applied = Applied { kind, what: String::new(), victims: Vec::new(), group: None, start_ms: 0, end_ms: 0, undo: Undo::Heal };
+        match kind {
+            FaultKind::IsolateNode => {
+                self.net.isolate(ids[0] as usize - 1).expect("isolate a node");
+                applied.what = format!("isolated node {}", ids[0]);
+                applied.victims = vec![ids[0]];
+            }
+            FaultKind::IsolateGroupLeader => {
+                let group = self.groups[self.rng.random_range(0..self.groups.len())];
+                let leader = cluster.group_leader(group, None).await;
+                let victim = leader.unwrap_or(ids[0]);
+                self.net.isolate(victim as usize - 1).expect("isolate a group's leader");
+                applied.what = match leader {
+                    Some(leader) => format!("isolated node {leader}, leader of group {group}"),
+                    None => format!("isolated node {victim} (group {group} had no known leader)"),
+                };
+                applied.victims = vec![victim];
+                applied.group = Some(group);
+            }
+            FaultKind::IsolatePlacementLeader => {
+                let leader = cluster.placement_leader(None).await;
+                let victim = leader.unwrap_or(PLACEMENT_NODES[self.rng.random_range(0..PLACEMENT_NODES.len())]);
+                self.net.isolate(victim as usize - 1).expect("isolate the placement leader");
+                applied.what = match leader {
+                    Some(leader) => format!("isolated node {leader}, the placement leader"),
+                    None => format!("isolated placement node {victim} (no known placement leader)"),
+                };
+                applied.victims = vec![victim];
+            }
+            FaultKind::Halves => {
+                let (minority, majority) = ids.split_at(2);
+                self.net.partition(&ends(minority), &ends(majority)).expect("partition into halves");
+                applied.what = format!("partitioned {minority:?} from {majority:?}");
+                applied.victims = minority.to_vec();
+            }
+            FaultKind::Bridge => {
+                let (bridge, rest) = ids.split_first().expect("nodes");
+                let (left, right) = rest.split_at(rest.len() / 2);
+                self.net.partition(&ends(left), &ends(right)).expect("partition around a bridge");
+                applied.what = format!("partitioned {left:?} from {right:?}; node {bridge} reaches both");
+                applied.victims = left.to_vec();
+            }
+            FaultKind::OneWay => {
+                self.net.cut(host(ids[0]), host(ids[1])).expect("cut one way");
+                applied.what = format!("node {} hears nothing from node {}", ids[1], ids[0]);
+                applied.victims = vec![ids[1]];
+            }
+            FaultKind::RouterCut => {
+                self.net.cut(End::Machine, host(ids[0])).expect("cut the router's link");
+                applied.what = format!("the router's and clients' packets to node {} are dropped", ids[0]);
+                applied.victims = vec![ids[0]];
+            }
+            FaultKind::Pause => {
+                cluster.pause(ids[0]);
+                applied.what = format!("paused node {} (SIGSTOP)", ids[0]);
+                applied.victims = vec![ids[0]];
+                applied.undo = Undo::Resume(ids[0]);
+            }
+            FaultKind::Kill => {
+                cluster.kill(ids[0]);
+                applied.what = format!("killed node {} (SIGKILL)", ids[0]);
+                applied.victims = vec![ids[0]];
+                applied.undo = Undo::Restart(ids[0]);
+            }
+        }
+        applied
+    }
+
+    /// Ends `applied` at `end_ms`: heals every link and resumes or restarts its victim.
+    pub fn end(&mut self, cluster: &mut ProcessCluster, applied: &mut Applied, end_ms: u64) {
+        self.net.heal_all().expect("heal every link");
+        match applied.undo {
+            Undo::Heal => {}
+            Undo::Resume(id) => cluster.resume(id),
+            Undo::Restart(id) => cluster.restart(id),
+        }
+        applied.end_ms = end_ms;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_seed_gives_one_plan_within_the_duration_and_of_the_kinds_asked() {
+        let kinds = [FaultKind::Pause, FaultKind::Halves];
+        let plan_a = plan(7, &kinds, Duration::from_secs(60));
+        assert_eq!(plan_a, plan(7, &kinds, Duration::from_secs(60)), "the same seed plans the same faults");
+        assert_ne!(plan_a, plan(8, &kinds, Duration::from_secs(60)), "another seed plans others");
+        assert!(plan_a.len() >= 4, "a minute holds several faults: {plan_a:?}");
+        for pair in plan_a.windows(2) {
+            assert!(pair[0].start_ms + pair[0].length_ms < pair[1].start_ms, "faults do not overlap: {pair:?}");
+        }
+        assert!(plan_a.iter().all(|p| p.start_ms < 60_000 && kinds.contains(&p.kind)));
+        let pause_ms = SESSION_TTL.as_millis() as u64;
+        assert!(plan_a.iter().filter(|p| p.kind == FaultKind::Pause).all(|p| p.length_ms > pause_ms), "pauses outlive a session");
+    }
+
+    #[test]
+    fn fault_lists_parse_by_name_and_refuse_unknown_names() {
+        assert_eq!(FaultKind::parse_list("all"), Ok(FaultKind::ALL.to_vec()));
+        assert_eq!(FaultKind::parse_list("kill, pause"), Ok(vec![FaultKind::Kill, FaultKind::Pause]));
+        assert!(FaultKind::parse_list("kill,flood").is_err_and(|e| e.contains("flood")));
+        assert!(FaultKind::parse_list(" ,").is_err());
+    }
+}
