@@ -107,8 +107,8 @@ pub struct Workload {
 }
 
 impl Workload {
-    /// Creates the registers and starts the register clients, a creator and the lockers of
-    /// [`LOCKS`] (each locker's session homed in the group of its lock).
+    /// Creates the registers and starts the register clients, a creator, a sequencer and the
+    /// lockers of [`LOCKS`] (each locker's session homed in the group of its lock).
     pub async fn start(router_addr: &str) -> Workload {
         Self::start_with_locks(router_addr, &LOCKS.map(|path| (path, path))).await
     }
