@@ -28,16 +28,17 @@ pub enum Target<'a> {
     Session(u64),
 }
 
-/// How long a node that left a call unanswered until its deadline stays suspect: a few
-/// election timeouts, time for its groups to elect leaders elsewhere if it is cut off.
+/// How long a node stays suspect after it fell silent: a few election timeouts, time for
+/// its groups to elect leaders elsewhere if it is cut off.
 pub const SUSPECT_FOR: Duration = Duration::from_secs(5);
 /// Suspect nodes remembered at most (more are not recorded: calls then try them in turn).
 const SUSPECTS_MAX: usize = 4096;
 
-/// Nodes that lately left a call unanswered until its deadline: silently gone (a partition,
-/// a paused or dead machine), not refusing. Without this, every call's first attempt would
-/// go to a cut-off leader again and wait out its whole deadline, and a group would stay
-/// unwritable through its callers long after the others elected a new leader.
+/// Nodes that lately fell silent: left a call unanswered until its deadline, lost their
+/// connection, or broke a stream (their pings went unanswered) — a partition, a paused or
+/// dead machine, not a refusal. Without this, every call's first attempt would go to a
+/// cut-off leader again and wait out its whole deadline, and a group would stay unwritable
+/// through its callers long after the others elected a new leader.
 #[derive(Debug, Default)]
 pub struct Suspects {
     /// Read on every call (one read lock per pick, per answer); written only when a node
@@ -46,7 +47,7 @@ pub struct Suspects {
 }
 
 impl Suspects {
-    /// `node` left a call unanswered: suspect it for [`SUSPECT_FOR`].
+    /// `node` fell silent: suspect it for [`SUSPECT_FOR`].
     pub fn suspect(&self, node: u64) {
         let now = Instant::now();
         let mut until = self.until.write().unwrap_or_else(|e| e.into_inner());
@@ -68,15 +69,20 @@ impl Suspects {
 
     /// The replica attempt `attempt` of a call to a group goes to: `leader` (the one last
     /// seen leading) unless it is suspect, else the replicas in turn from `attempt`, passing
-    /// over suspects while any replica is not one. `None` for a group without replicas.
+    /// over suspects while any replica is not one. A suspect leader still gets one attempt
+    /// in every `replicas.len() + 1`, once the others had theirs: when every follower
+    /// names it, it is likely reachable again (a healed cut) and, if it is, nothing else
+    /// can serve the call. `None` for a group without replicas.
     pub fn pick(&self, replicas: &[u64], leader: Option<u64>, attempt: usize) -> Option<u64> {
         let now = Instant::now();
         let until = self.until.read().unwrap_or_else(|e| e.into_inner());
         let suspect = |node: &u64| until.get(node).is_some_and(|end| *end > now);
-        if let Some(leader) = leader.filter(|l| replicas.contains(l) && !suspect(l)) {
-            return Some(leader);
-        }
         let count = replicas.len();
+        if let Some(leader) = leader.filter(|l| replicas.contains(l)) {
+            if !suspect(&leader) || attempt % (count + 1) == count {
+                return Some(leader);
+            }
+        }
         let mut in_turn = (0..count).map(|offset| replicas[(attempt + offset) % count]);
         in_turn.clone().find(|node| !suspect(node)).or_else(|| in_turn.next())
     }
@@ -267,6 +273,10 @@ mod tests {
         suspects.suspect(2);
         assert_eq!(suspects.pick(&replicas, Some(2), 0), Some(1), "a suspect leader is passed over");
         assert_eq!(suspects.pick(&replicas, None, 1), Some(3), "and so is a suspect in turn");
+        let picks: Vec<_> = (0..8).map(|attempt| suspects.pick(&replicas, Some(2), attempt)).collect();
+        let to_leader = picks.iter().filter(|pick| **pick == Some(2)).count();
+        assert_eq!(picks[3], Some(2), "a suspect leader the followers name is tried once each of them was: {picks:?}");
+        assert_eq!(to_leader, 2, "once in every round of the replicas, no more: {picks:?}");
         suspects.suspect(1);
         suspects.suspect(3);
         assert_eq!(suspects.pick(&replicas, Some(2), 1), Some(2), "all suspect: the replicas in turn");

@@ -174,6 +174,16 @@ impl Replica {
             self.sm.on_leadership(leading, LeaderClock::now());
             if !leading {
                 self.fail_leader_calls();
+                // Stepped down with no leader in sight (check-quorum found itself cut off
+                // from a majority): nothing will answer its pending calls until a partition
+                // heals, so answer them now and let their callers try the replicas that
+                // can elect a leader. With a new leader known, its entries commit or are
+                // overwritten soon, and the apply answers each for certain.
+                if self.leader_hint().is_none() {
+                    let reason = format!("group {}: the leader stepped down out of reach of a majority", self.group);
+                    self.fail_proposals(&reason);
+                    self.fail_unconfirmed_reads(&EngineError::busy(reason));
+                }
             }
         }
     }
@@ -260,26 +270,40 @@ impl Replica {
 
     /// Fails every waiting request (the replica is going away).
     pub(crate) fn fail_all(&mut self, error: &EngineError) {
-        // A pending proposal's entry may already be on a quorum and commit without this
-        // replica: "unknown" is the only true answer, whatever stopped us.
-        self.proposed_commands = 0;
-        for (index, proposal) in std::mem::take(&mut self.proposals) {
-            let reason = format!("group {}: {error} while entry {index} was pending", self.group);
-            for waiter in proposal.waiters {
-                let _ = waiter.reply.send(Err(EngineError::Unavailable { reason: reason.clone(), outcome_unknown: true }));
-            }
-        }
+        self.fail_proposals(&error.to_string());
         // Commands not proposed yet were certainly not applied.
         for (_, reply) in std::mem::take(&mut self.batch).into_waiters() {
             let _ = reply.send(Err(error.clone()));
         }
-        let confirmed = std::mem::take(&mut self.confirmed_reads).into_iter().flat_map(|(_, reads)| reads);
-        let inflight = self.inflight_read.take().into_iter().flat_map(|inflight| inflight.reads);
-        for read in std::mem::take(&mut self.queued_reads).into_iter().chain(confirmed).chain(inflight) {
+        self.fail_unconfirmed_reads(error);
+        for read in std::mem::take(&mut self.confirmed_reads).into_iter().flat_map(|(_, reads)| reads) {
             let _ = read.reply.send(Err(error.clone()));
         }
         for (_, reply) in std::mem::take(&mut self.awaiting).into_values().flatten() {
             let _ = reply.send(Err(error.clone()));
+        }
+    }
+
+    /// Answers every pending proposal OUTCOME_UNKNOWN: its entry may already be on a quorum
+    /// and commit without this replica, so "unknown" is the only true answer, whatever
+    /// ended the wait (`why`).
+    fn fail_proposals(&mut self, why: &str) {
+        self.proposed_commands = 0;
+        for (index, proposal) in std::mem::take(&mut self.proposals) {
+            let reason = format!("group {}: {why} while entry {index} was pending", self.group);
+            for waiter in proposal.waiters {
+                let _ = waiter.reply.send(Err(EngineError::Unavailable { reason: reason.clone(), outcome_unknown: true }));
+            }
+        }
+    }
+
+    /// Answers `error` to every read no read index confirmed yet (queued, or in a ReadIndex
+    /// round): a read changes nothing, so its caller may retry it anywhere. Confirmed reads
+    /// stay: their index is committed and this replica applies up to it.
+    fn fail_unconfirmed_reads(&mut self, error: &EngineError) {
+        let inflight = self.inflight_read.take().into_iter().flat_map(|inflight| inflight.reads);
+        for read in std::mem::take(&mut self.queued_reads).into_iter().chain(inflight) {
+            let _ = read.reply.send(Err(error.clone()));
         }
     }
 
