@@ -18,6 +18,7 @@ use std::net::Ipv4Addr;
 use std::os::fd::AsRawFd as _;
 use std::path::{Path, PathBuf};
 use std::process::Command;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::links::LOCAL_TABLE_PRIORITY;
 
@@ -218,7 +219,11 @@ pub fn sweep_stale() -> Result<usize, NetError> {
 fn claim(owner: u32) -> Result<u8, NetError> {
     let io = |what: String| move |source| NetError::Io { what, source };
     fs::create_dir_all(CLAIMS_DIR).map_err(io(format!("creating {CLAIMS_DIR}")))?;
-    let draft = Path::new(CLAIMS_DIR).join(format!("draft-{owner}-{}", std::process::id()));
+    // Unique per call: networks made at once by one process (tests on threads) must not
+    // write, link and remove one draft between them.
+    static DRAFTS: AtomicU64 = AtomicU64::new(0);
+    let draft_number = DRAFTS.fetch_add(1, Ordering::Relaxed);
+    let draft = Path::new(CLAIMS_DIR).join(format!("draft-{owner}-{}-{draft_number}", std::process::id()));
     let mut file = OpenOptions::new().write(true).create(true).truncate(true).open(&draft).map_err(io("writing a claim".into()))?;
     file.write_all(owner.to_string().as_bytes()).map_err(io("writing a claim".into()))?;
     drop(file);
