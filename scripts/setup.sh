@@ -2,7 +2,9 @@
 # Installs the system packages the build needs, and only those that are missing.
 # librocksdb-sys needs libclang (bindgen); proto/ needs protoc (tonic-prost-build); the
 # etcd-client crate's build needs protoc's well-known types (google/protobuf/*.proto); the
-# tests need promtool, and iproute2's `ip` (the fault harness's test hosts, tests/torture).
+# tests need promtool, iproute2's `ip` (the fault harness's test hosts, tests/torture), and
+# nftables' `nft` and iptables' `iptables` (its impaired links: loss rules, and the NFQUEUE
+# rule that hands packets to its delay handler).
 set -euo pipefail
 missing=()
 dpkg -s libclang-dev >/dev/null 2>&1 || missing+=(libclang-dev)
@@ -11,6 +13,8 @@ dpkg -s libprotobuf-dev >/dev/null 2>&1 || missing+=(libprotobuf-dev)
 # promtool checks deploy/alerts.yml in the tests (Debian ships it in `prometheus`).
 command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+command -v nft >/dev/null 2>&1 || missing+=(nftables)
+command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
