@@ -20,6 +20,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crate::impair::Impairments;
 use crate::links::LOCAL_TABLE_PRIORITY;
 
 /// Prefix of every name this harness gives a bridge, namespace or link.
@@ -59,7 +60,7 @@ pub enum NetError {
     /// No host with this index.
     #[error("no host {0} in this network")]
     NoHost(usize),
-    /// A claim file or namespace handle could not be used.
+    /// A claim file or namespace handle could not be used, or a link's delay handler failed.
     #[error("{what}: {source}")]
     Io {
         /// What was being done.
@@ -67,6 +68,20 @@ pub enum NetError {
         /// Why it failed.
         source: std::io::Error,
     },
+    /// An impairment would lose more than every packet.
+    #[error("a loss of {0} % is more than 100 %")]
+    LossAbove100(u8),
+    /// An impairment would hold packets longer than [`DELAY_MAX_MS`](crate::impair::DELAY_MAX_MS).
+    #[error("a delay of {delay_ms} ms with a jitter of {jitter_ms} ms exceeds {} ms", crate::impair::DELAY_MAX_MS)]
+    DelayTooLong {
+        /// The delay asked for.
+        delay_ms: u64,
+        /// The jitter asked for.
+        jitter_ms: u64,
+    },
+    /// A link from a host to itself (its packets never cross the network).
+    #[error("host {0} has no link to itself")]
+    SelfLink(usize),
 }
 
 /// One test host: a network namespace with one address on its network.
@@ -111,6 +126,8 @@ impl Host {
 pub struct TestNet {
     index: u8,
     hosts: Vec<Host>,
+    /// The links' impairments (see `impair`), with their delay handlers.
+    pub(crate) impairments: Impairments,
 }
 
 impl TestNet {
@@ -122,7 +139,7 @@ impl TestNet {
         sweep_stale()?;
         let index = claim(std::process::id())?;
         // From here on, dropping `net` undoes whatever was made, also on an error below.
-        let mut net = TestNet { index, hosts: Vec::with_capacity(hosts) };
+        let mut net = TestNet { index, hosts: Vec::with_capacity(hosts), impairments: Impairments::default() };
         let bridge = net.bridge();
         ip(&["link", "add", &bridge, "type", "bridge"])?;
         ip(&["addr", "add", &format!("{}/24", net.machine_addr()), "dev", &bridge])?;
@@ -181,6 +198,9 @@ impl TestNet {
 
 impl Drop for TestNet {
     fn drop(&mut self) {
+        // Handler threads first: they hold sockets in the namespaces (best effort: each stops
+        // when its handle is dropped anyway).
+        let _ = self.unimpair_all();
         remove_net(self.index);
     }
 }

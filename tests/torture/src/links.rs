@@ -4,9 +4,11 @@
 //! silently, on new and established connections alike, as a failed switch port or firewall
 //! would — the sender gets no error and TCP retransmits until its timeouts. (A blackhole
 //! *route* at the sender would not do: the kernel fails a program's own send to one at once,
-//! which no real partition does; and this machine's kernel has neither netfilter nor tc's
-//! drop action.) Cuts are one-way, so an asymmetric link is one cut and a partition is a cut
-//! each way between its sides.
+//! which no real partition does. Netfilter would do too — this machine's kernel has nf_tables
+//! and xtables, though neither tc's netem nor its drop action — but a routing rule needs
+//! nothing beyond iproute2, and netfilter is left to the impairments of [`impair`](crate::impair).)
+//! Cuts are one-way, so an asymmetric link is one cut and a partition is a cut each way between
+//! its sides.
 //!
 //! The machine's own namespace (where the test process and its clients run) is an end too
 //! ([`End::Machine`]), and it is never changed: a cut from a host to the machine is a
@@ -25,7 +27,7 @@ pub(crate) const LOCAL_TABLE_PRIORITY: &str = "100";
 const RULES_PER_LINK_MAX: usize = 16;
 
 /// One end of a link.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum End {
     /// Host `i` of the network.
     Host(usize),
@@ -96,8 +98,10 @@ impl TestNet {
         self.partition(&[End::Host(host)], &others)
     }
 
-    /// Heals every cut of this network.
+    /// Heals every cut of this network, and removes every impairment
+    /// ([`TestNet::unimpair_all`]: no rule and no delay handler is left).
     pub fn heal_all(&self) -> Result<(), NetError> {
+        self.unimpair_all()?;
         for from in (0..self.hosts().len()).map(End::Host).chain([End::Machine]) {
             for to in (0..self.hosts().len()).map(End::Host).chain([End::Machine]) {
                 if from != to {
@@ -108,7 +112,7 @@ impl TestNet {
         Ok(())
     }
 
-    fn addr_of(&self, end: End) -> Result<std::net::Ipv4Addr, NetError> {
+    pub(crate) fn addr_of(&self, end: End) -> Result<std::net::Ipv4Addr, NetError> {
         match end {
             End::Host(index) => Ok(self.host(index)?.addr),
             End::Machine => Ok(self.machine_addr()),
