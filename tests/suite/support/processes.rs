@@ -368,20 +368,13 @@ impl ProcessCluster {
     /// The placement group's leader as the running placement nodes other than `except` see
     /// it (`None`: none of them knows one now), from each one's raft view of its replica.
     pub async fn placement_leader(&self, except: Option<u64>) -> Option<u64> {
-        for id in PLACEMENT_NODES {
-            if !self.is_up(id) || Some(id) == except {
-                continue;
-            }
-            let mut placement = self.placement(id, Duration::from_secs(1));
-            let request = ReplicaStatusRequest { group_id: warden_placement::PLACEMENT_GROUP_ID };
-            if let Ok(status) = placement.replica_status(request).await {
-                let leader = status.into_inner().leader_id;
-                if PLACEMENT_NODES.contains(&leader) && Some(leader) != except {
-                    return Some(leader);
-                }
-            }
-        }
-        None
+        placement_leader_among(&self.placement_clients(Duration::from_secs(1)), except).await
+    }
+
+    /// Clients of the running placement nodes' placement API, by node id; calls give up
+    /// after `timeout`.
+    pub fn placement_clients(&self, timeout: Duration) -> Vec<(u64, PlacementClient<Channel>)> {
+        PLACEMENT_NODES.into_iter().filter(|id| self.is_up(*id)).map(|id| (id, self.placement(id, timeout))).collect()
     }
 
     /// Copies every process's log (`node-<id>.log`, `router.log`) into `to`: what a
@@ -415,6 +408,23 @@ impl Drop for ProcessCluster {
             }
         }
     }
+}
+
+/// The placement group's leader as the placement nodes behind `clients` other than
+/// `except` see it (`None`: none of them knows one now), from each one's raft view of its
+/// replica; each asked for at most a second.
+pub async fn placement_leader_among(clients: &[(u64, PlacementClient<Channel>)], except: Option<u64>) -> Option<u64> {
+    for (_, placement) in clients.iter().filter(|(id, _)| Some(*id) != except) {
+        let request = ReplicaStatusRequest { group_id: warden_placement::PLACEMENT_GROUP_ID };
+        let asked = tokio::time::timeout(Duration::from_secs(1), placement.clone().replica_status(request)).await;
+        if let Ok(Ok(status)) = asked {
+            let leader = status.into_inner().leader_id;
+            if PLACEMENT_NODES.contains(&leader) && Some(leader) != except {
+                return Some(leader);
+            }
+        }
+    }
+    None
 }
 
 fn spawn_node(spec: &NodeSpec, node_args: &[String]) -> Process {

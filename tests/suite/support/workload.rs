@@ -92,10 +92,21 @@ pub struct Checked {
     pub fenced_writes: Vec<FencedWrite>,
 }
 
+/// The clock of a history: every call's and fault's time is read from it.
+#[derive(Clone, Copy, Debug)]
+pub struct HistoryClock(Instant);
+
+impl HistoryClock {
+    /// Nanoseconds since the workload started.
+    pub fn now(&self) -> u64 {
+        self.0.elapsed().as_nanos() as u64
+    }
+}
+
 /// The clients and what they recorded.
 pub struct Workload {
     client: Client,
-    start: Instant,
+    clock: HistoryClock,
     stop: Arc<AtomicBool>,
     tasks: Vec<JoinHandle<()>>,
     records: Arc<Mutex<Vec<Record>>>,
@@ -117,20 +128,20 @@ impl Workload {
     /// lockers' sessions)`.
     pub async fn start_with_locks(router_addr: &str, locks: &[(&'static str, &'static str)]) -> Workload {
         let client = connect(router_addr).await;
-        let start = Instant::now();
+        let clock = HistoryClock(Instant::now());
         let records = Arc::new(Mutex::new(Vec::new()));
         for path in probes() {
             client.create(path, b"probe".to_vec(), &CreateOptions::persistent().create_parents()).await.expect("create a probe key");
         }
         for path in REGISTERS {
-            let invoked = start.elapsed().as_nanos() as u64;
+            let invoked = clock.now();
             client.create(path, b"init".to_vec(), &CreateOptions::persistent().create_parents()).await.expect("create a register");
             let input = KvInput::Put { key: path.as_bytes().to_vec(), value: b"init".to_vec() };
-            records.lock().expect("records").push((usize::MAX, invoked, Some(start.elapsed().as_nanos() as u64), input, Some(KvOutput::Written)));
+            records.lock().expect("records").push((usize::MAX, invoked, Some(clock.now()), input, Some(KvOutput::Written)));
         }
         let mut workload = Workload {
             client: client.clone(),
-            start,
+            clock,
             stop: Arc::new(AtomicBool::new(false)),
             tasks: Vec::new(),
             records,
@@ -140,7 +151,7 @@ impl Workload {
             resource: Arc::new(FencedResource::default()),
             events: Mutex::new(Vec::new()),
         };
-        let outcomes = |workload: &Workload| Outcomes { start, stop: workload.stop.clone(), attempts: workload.attempts.clone() };
+        let outcomes = |workload: &Workload| Outcomes { clock, stop: workload.stop.clone(), attempts: workload.attempts.clone() };
         for id in 0..REGISTER_CLIENTS {
             let (client, records) = (client.clone(), workload.records.clone());
             workload.tasks.push(tokio::spawn(register_client(id, client, outcomes(&workload), records)));
@@ -160,7 +171,7 @@ impl Workload {
 
     /// Nanoseconds since the workload started (the clock of the history).
     pub fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
+        self.clock.now()
     }
 
     /// Notes a fault for the failure report.
@@ -229,10 +240,10 @@ impl Workload {
         anomalies.extend(self.resource.violations().into_iter().map(|detail| Anomaly { kind: "fencing", detail, at_ms: None }));
 
         for path in REGISTERS {
-            let invoked = self.now();
+            let invoked = self.clock.now();
             let node = self.client.get(path).await.unwrap_or_else(|error| panic!("{run}: final read of {path}: {error}"));
             let input = KvInput::Get { key: path.as_bytes().to_vec() };
-            self.records.lock().expect("records").push((usize::MAX, invoked, Some(self.now()), input, Some(KvOutput::Value(Some(node.data)))));
+            self.records.lock().expect("records").push((usize::MAX, invoked, Some(self.clock.now()), input, Some(KvOutput::Value(Some(node.data)))));
         }
         let mut records = self.records.lock().expect("records").clone();
         records.sort_by_key(|record| record.1);
@@ -282,24 +293,19 @@ pub fn sequence_anomalies(sequenced: &[Sequenced]) -> Vec<(u64, String)> {
 
 /// What every client task shares: the history's clock, the stop flag and the log of calls.
 struct Outcomes {
-    start: Instant,
+    clock: HistoryClock,
     stop: Arc<AtomicBool>,
     attempts: Arc<Mutex<Vec<Attempt>>>,
 }
 
 impl Outcomes {
-    /// Nanoseconds since the workload started.
-    fn now(&self) -> u64 {
-        self.start.elapsed().as_nanos() as u64
-    }
-
     fn stopped(&self) -> bool {
         self.stop.load(Ordering::Relaxed)
     }
 
     /// Logs a call of `kind` on `path` invoked at `invoked_ns` that ends now.
     fn note(&self, kind: &'static str, path: &str, invoked_ns: u64, ok: bool) {
-        let attempt = Attempt { kind, path: path.to_string(), invoked_ns, completed_ns: self.now(), ok };
+        let attempt = Attempt { kind, path: path.to_string(), invoked_ns, completed_ns: self.clock.now(), ok };
         self.attempts.lock().expect("attempts").push(attempt);
     }
 }
@@ -313,7 +319,7 @@ pub fn probes() -> [&'static str; 4] {
 /// could matter (a read that failed did nothing; a write that failed any way but a typed
 /// refusal may have taken effect: unknown).
 async fn register_client(id: usize, client: Client, outcomes: Outcomes, records: Arc<Mutex<Vec<Record>>>) {
-    let now = || outcomes.now();
+    let now = || outcomes.clock.now();
     let mut last_seen: BTreeMap<&str, Vec<u8>> = REGISTERS.iter().map(|path| (*path, b"init".to_vec())).collect();
     let mut n = 0usize;
     while !outcomes.stopped() {
@@ -377,7 +383,7 @@ async fn creator(client: Client, outcomes: Outcomes, acknowledged: Arc<Mutex<Vec
     while !outcomes.stopped() {
         n += 1;
         let path = format!("{}/created/k{n}", probes()[n % probes().len()].trim_end_matches("/probe"));
-        let invoked = outcomes.now();
+        let invoked = outcomes.clock.now();
         let created = client.create(&path, path.clone().into_bytes(), &CreateOptions::persistent().create_parents()).await.is_ok();
         outcomes.note("create", &path, invoked, created);
         if created {
@@ -391,13 +397,13 @@ async fn creator(client: Client, outcomes: Outcomes, acknowledged: Arc<Mutex<Vec
 async fn sequencer(client: Client, outcomes: Outcomes, sequenced: Arc<Mutex<Vec<Sequenced>>>) {
     let prefix = format!("{SEQUENCE_PARENT}/n-");
     while !outcomes.stopped() {
-        let invoked_ns = outcomes.now();
+        let invoked_ns = outcomes.clock.now();
         let created = client.create(&prefix, Vec::new(), &CreateOptions::persistent().sequential().create_parents()).await;
         outcomes.note("sequential", SEQUENCE_PARENT, invoked_ns, created.is_ok());
         if let Ok(created) = created {
             let counter = created.path.strip_prefix(&prefix).and_then(|digits| digits.parse().ok());
             let counter = counter.unwrap_or_else(|| panic!("a sequential create answered {}, not {prefix}<counter>", created.path));
-            sequenced.lock().expect("sequenced").push(Sequenced { invoked_ns, completed_ns: outcomes.now(), counter });
+            sequenced.lock().expect("sequenced").push(Sequenced { invoked_ns, completed_ns: outcomes.clock.now(), counter });
         }
     }
 }
@@ -419,7 +425,7 @@ async fn locker(client: Client, path: &'static str, home: &'static str, outcomes
                 }
             },
         };
-        let invoked = outcomes.now();
+        let invoked = outcomes.clock.now();
         let locked = current.lock_with(path, &options).await;
         outcomes.note("lock", path, invoked, locked.is_ok());
         match locked {

@@ -107,9 +107,10 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
         fault.start_ms = now_ms(&workload);
         workload.log(format!("{} ms: {}", fault.start_ms, fault.what));
         tokio::time::sleep(Duration::from_millis((step.start_ms + step.length_ms).saturating_sub(now_ms(&workload)))).await;
-        nemesis.end(&mut cluster, &mut fault, now_ms(&workload));
+        nemesis.end(&mut cluster, &mut fault, now_ms(&workload)).await;
         applied.push(fault);
     }
+    nemesis.finish(&mut applied).await;
     tokio::time::sleep(SETTLE_AFTER).await;
     // Every node back and caught up on every group before the final reads.
     for id in cluster.node_ids() {

@@ -2,22 +2,25 @@
 //! [`ProcessCluster`] on test hosts. A schedule alternates quiet spells and faults; each
 //! fault's victims are chosen when it starts (a group's leader is whoever leads then), by the
 //! schedule's own random stream, and written down with it. Adding a fault kind is one variant
-//! of [`FaultKind`], one arm in [`Nemesis::start`] and, if it needs more than healing the
-//! network, one [`Undo`].
+//! of [`FaultKind`] (with its name), one arm in [`Nemesis::start`] and, if it needs more
+//! than healing the network (which also removes link impairments), one [`Undo`].
 
 use std::time::Duration;
 
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use warden_torture::{End, TestNet};
+use warden_proto::placement::{CreateGroupRequest, RemoveGroupRequest};
+use warden_torture::{End, Impairment, TestNet};
 
-use crate::support::processes::{ProcessCluster, PLACEMENT_NODES};
+use tonic::transport::Channel;
+use warden_proto::placement::placement_client::PlacementClient;
+
+use crate::support::processes::{placement_leader_among, ProcessCluster, PLACEMENT_NODES};
 use crate::support::workload::SESSION_TTL;
 
 /// Every kind of fault the nemesis makes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize)]
-#[serde(rename_all = "kebab-case")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum FaultKind {
     /// One node cut off from every other node, the router and the clients.
     IsolateNode,
@@ -38,11 +41,21 @@ pub enum FaultKind {
     Pause,
     /// One node killed (SIGKILL) and started again on its data directory when the fault ends.
     Kill,
+    /// Every packet to one node, and from it to the other nodes, held 20–120 ms more, with
+    /// as much jitter again (so packets pass each other): a slow, uneven link.
+    SlowNode,
+    /// 10–30% of the packets to one node, and from it to the other nodes, lost: TCP
+    /// retransmits, calls slow down unevenly.
+    LossyNode,
+    /// One node isolated and, while it is, a subtree split off into a group of its own; when
+    /// the fault ends, the network heals and the subtree is merged back: both moves made in
+    /// the middle of faults, the registers under it in use throughout.
+    SplitMerge,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 9] = [
+    pub const ALL: [FaultKind; 12] = [
         FaultKind::IsolateNode,
         FaultKind::IsolateGroupLeader,
         FaultKind::IsolatePlacementLeader,
@@ -52,9 +65,12 @@ impl FaultKind {
         FaultKind::RouterCut,
         FaultKind::Pause,
         FaultKind::Kill,
+        FaultKind::SlowNode,
+        FaultKind::LossyNode,
+        FaultKind::SplitMerge,
     ];
 
-    /// The kind's name in schedules, verdicts and `FAULTS=` lists.
+    /// The kind's name in schedules, verdicts and `FAULTS=` lists (its serialized form).
     pub fn name(self) -> &'static str {
         match self {
             FaultKind::IsolateNode => "isolate-node",
@@ -66,6 +82,9 @@ impl FaultKind {
             FaultKind::RouterCut => "router-cut",
             FaultKind::Pause => "pause",
             FaultKind::Kill => "kill",
+            FaultKind::SlowNode => "slow-node",
+            FaultKind::LossyNode => "lossy-node",
+            FaultKind::SplitMerge => "split-merge",
         }
     }
 
@@ -95,6 +114,21 @@ impl FaultKind {
         }
     }
 }
+
+impl serde::Serialize for FaultKind {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.name())
+    }
+}
+
+/// The subtree [`FaultKind::SplitMerge`] moves: two of the workload's registers live under
+/// it (in the root group), so their history spans both moves.
+pub const MOVED_SUBTREE: &str = "/a";
+/// Longest the nemesis waits for a split or a merge (retrying while placement has no
+/// leader it reaches); one that did not finish is written down, not waited for.
+const MOVE_TIMEOUT: Duration = Duration::from_secs(20);
+/// A placement call's own deadline within [`MOVE_TIMEOUT`].
+const PLACEMENT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Quiet time between two faults, and how long a fault lasts beyond its kind's minimum.
 const QUIET_MS: std::ops::Range<u64> = 2_000..4_000;
@@ -135,6 +169,8 @@ pub enum Undo {
     Resume(u64),
     /// Start the node again on its data.
     Restart(u64),
+    /// Merge [`MOVED_SUBTREE`] back into its parent's group (after healing).
+    Merge,
 }
 
 /// A fault as it was applied: its victims, and when it really started and ended.
@@ -160,13 +196,20 @@ pub struct Nemesis {
     rng: StdRng,
     /// Shard groups whose leaders may be targeted.
     groups: Vec<u64>,
+    /// The split a [`FaultKind::SplitMerge`] started, answering what came of it.
+    splitting: Option<tokio::task::JoinHandle<String>>,
+    /// Moves still going on after their fault ended (a merge waits for its split): the
+    /// fault's index among those started, and the task answering what came of it.
+    moves: Vec<(usize, tokio::task::JoinHandle<String>)>,
+    /// Faults started so far.
+    started: usize,
 }
 
 impl Nemesis {
     /// A nemesis choosing its victims from `seed`'s stream (not the plan's: a plan stays the
     /// same whatever the victims were).
     pub fn new(net: std::sync::Arc<TestNet>, seed: u64, groups: Vec<u64>) -> Nemesis {
-        Nemesis { net, rng: StdRng::seed_from_u64(seed ^ 0x6e65_6d65_7369_7321), groups }
+        Nemesis { net, rng: StdRng::seed_from_u64(seed ^ 0x6e65_6d65_7369_7321), groups, splitting: None, moves: Vec::new(), started: 0 }
     }
 
     /// Starts a fault of `kind`; answers what was done (the caller sets its `start_ms` once
@@ -176,6 +219,7 @@ impl Nemesis {
         ids.shuffle(&mut self.rng);
         let host = |id: u64| End::Host(id as usize - 1);
         let ends = |ids: &[u64]| ids.iter().map(|id| host(*id)).collect::<Vec<_>>();
+        self.started += 1;
         let mut applied = Applied { kind, what: String::new(), victims: Vec::new(), group: None, start_ms: 0, end_ms: 0, undo: Undo::Heal };
         match kind {
             FaultKind::IsolateNode => {
@@ -240,20 +284,122 @@ impl Nemesis {
                 applied.victims = vec![ids[0]];
                 applied.undo = Undo::Restart(ids[0]);
             }
+            FaultKind::SlowNode => {
+                let delay_ms = self.rng.random_range(20..=120);
+                let impairment = Impairment { delay_ms, jitter_ms: delay_ms, loss_percent: 0 };
+                self.impair_node(ids[0], impairment);
+                applied.what = format!("node {}'s links slowed by {delay_ms} ms + up to {delay_ms} ms of jitter", ids[0]);
+                applied.victims = vec![ids[0]];
+            }
+            FaultKind::LossyNode => {
+                let loss_percent = self.rng.random_range(10..=30);
+                self.impair_node(ids[0], Impairment { delay_ms: 0, jitter_ms: 0, loss_percent });
+                applied.what = format!("node {}'s links lose {loss_percent}% of their packets", ids[0]);
+                applied.victims = vec![ids[0]];
+            }
+            FaultKind::SplitMerge => {
+                self.net.isolate(ids[0] as usize - 1).expect("isolate a node");
+                let clients = cluster.placement_clients(PLACEMENT_CALL_TIMEOUT);
+                // In the background: the fault is on from now, and the split happens in it.
+                self.splitting = Some(tokio::spawn(placement_call(clients, "split", |mut placement| async move {
+                    placement.split_group(CreateGroupRequest { prefix: MOVED_SUBTREE.into() }).await.map(|r| {
+                        let group = r.into_inner().group.and_then(|g| g.descriptor).map_or(0, |d| d.group_id);
+                        format!("into group {group}")
+                    })
+                })));
+                applied.what = format!("isolated node {}, then split {MOVED_SUBTREE} off", ids[0]);
+                applied.victims = vec![ids[0]];
+                applied.undo = Undo::Merge;
+            }
         }
         applied
     }
 
-    /// Ends `applied` at `end_ms`: heals every link and resumes or restarts its victim.
-    pub fn end(&mut self, cluster: &mut ProcessCluster, applied: &mut Applied, end_ms: u64) {
+    /// Impairs every link into node `id` (from the other nodes and from the machine: the
+    /// router and the clients) and from it to the other nodes. (Its answers to the machine
+    /// pass unimpaired: the machine is no test host, and impairments are made where packets
+    /// arrive.)
+    fn impair_node(&self, id: u64, impairment: Impairment) {
+        let host = id as usize - 1;
+        for other in (0..self.net.hosts().len()).filter(|other| *other != host) {
+            self.net.impair(End::Host(other), host, impairment).expect("impair a link into the node");
+            self.net.impair(End::Host(host), other, impairment).expect("impair a link from the node");
+        }
+        self.net.impair(End::Machine, host, impairment).expect("impair the machine's link to the node");
+    }
+
+    /// Ends `applied` at `end_ms`: heals every link (and impairment) and resumes or
+    /// restarts its victim, or merges the moved subtree back (written down in its `what`).
+    pub async fn end(&mut self, cluster: &mut ProcessCluster, applied: &mut Applied, end_ms: u64) {
         self.net.heal_all().expect("heal every link");
+        applied.end_ms = end_ms;
         match applied.undo {
             Undo::Heal => {}
             Undo::Resume(id) => cluster.resume(id),
             Undo::Restart(id) => cluster.restart(id),
+            Undo::Merge => {
+                // In the background too: the plan goes on while the split finishes and the
+                // merge is made; [`Nemesis::finish`] waits for both.
+                let splitting = self.splitting.take();
+                let clients = cluster.placement_clients(PLACEMENT_CALL_TIMEOUT);
+                let moves = tokio::spawn(async move {
+                    let split = match splitting {
+                        Some(task) => task.await.unwrap_or_else(|e| format!("the split's task failed: {e}")),
+                        None => "never started".to_string(),
+                    };
+                    let merge = placement_call(clients, "merge", |mut placement| async move {
+                        placement.merge_group(RemoveGroupRequest { prefix: MOVED_SUBTREE.into() }).await.map(|r| {
+                            let merged = r.into_inner();
+                            format!("group {} into group {}", merged.group_id, merged.parent_group_id)
+                        })
+                    })
+                    .await;
+                    format!(": {split}; healed, then merged it back: {merge}")
+                });
+                self.moves.push((self.started - 1, moves));
+            }
         }
-        applied.end_ms = end_ms;
     }
+
+    /// Waits for the moves still going on and writes what came of each into its fault
+    /// (`applied`: every fault started, in order).
+    pub async fn finish(&mut self, applied: &mut [Applied]) {
+        for (index, task) in self.moves.drain(..) {
+            let outcome = task.await.unwrap_or_else(|e| format!(": the moves' task failed: {e}"));
+            if let Some(fault) = applied.get_mut(index) {
+                fault.what.push_str(&outcome);
+            }
+        }
+    }
+}
+
+/// Makes a placement call (`call` on a client of the placement leader, as the placement
+/// nodes behind `clients` see it) until it succeeds or [`MOVE_TIMEOUT`] passes; answers
+/// what came of it, in words, for the fault's record: a move refused or unfinished under a
+/// fault is a finding to read, not a harness failure (the checks judge what the clients saw).
+async fn placement_call<F, Fut>(clients: Vec<(u64, PlacementClient<Channel>)>, what: &'static str, call: F) -> String
+where
+    F: Fn(PlacementClient<Channel>) -> Fut,
+    Fut: std::future::Future<Output = Result<String, tonic::Status>>,
+{
+    let started = std::time::Instant::now();
+    let mut last = String::from("no placement leader found");
+    while started.elapsed() < MOVE_TIMEOUT {
+        let leader = placement_leader_among(&clients, None).await;
+        if let Some((_, placement)) = clients.iter().find(|(id, _)| Some(*id) == leader) {
+            match call(placement.clone()).await {
+                Ok(done) => return format!("{done} in {} ms", started.elapsed().as_millis()),
+                // A retry of a split whose first try's answer was lost finds it made.
+                Err(status) if status.code() == tonic::Code::AlreadyExists => {
+                    return format!("{} ({what} made by an earlier try) in {} ms", status.message(), started.elapsed().as_millis())
+                }
+                Err(status) => last = format!("{:?}: {}", status.code(), status.message()),
+            }
+        }
+        // A pause between tries, not a wait for something: the loop ends at the timeout.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    format!("{what} not done in {MOVE_TIMEOUT:?} (last: {last})")
 }
 
 #[cfg(test)]
