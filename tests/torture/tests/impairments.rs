@@ -1,10 +1,13 @@
 //! Impaired links delay, reorder and lose what crosses them, one way, on new connections and
 //! open ones; healing removes every rule and handler; impairments out of bounds are refused.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::net::{SocketAddr, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
+use common::{serve_echo, PORT};
 use warden_torture::impair::DELAY_MAX_MS;
 use warden_torture::{End, Impairment, NetError, TestNet};
 
@@ -16,27 +19,6 @@ const LOST_TIMEOUT: Duration = Duration::from_secs(1);
 /// below the delay tested.
 const FAST_ROUND_TRIP: Duration = Duration::from_millis(150);
 const DELAY_MS: u64 = 200;
-const PORT: u16 = 7000;
-
-/// Starts an echo server on `net`'s host `host` (a thread in its namespace).
-fn serve_echo(net: &TestNet, host: usize) -> SocketAddr {
-    let addr = SocketAddr::new(net.host(host).expect("host").addr.into(), PORT);
-    let listener = net.host(host).expect("host").run(move || TcpListener::bind(addr)).expect("enter the host").expect("bind");
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut stream = stream;
-                let mut buffer = [0u8; 64];
-                while let Ok(n) = stream.read(&mut buffer) {
-                    if n == 0 || stream.write_all(&buffer[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
 
 /// A connection from host `from` to `addr` (its socket is host `from`'s, whichever thread
 /// uses it).

@@ -1,37 +1,19 @@
 //! Test hosts reach each other over their bridge, and partitions cut exactly the links they
 //! name, both for new connections and for connections already open.
 
+mod common;
+
 use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
+use common::serve_echo;
 use warden_torture::{End, TestNet};
 
 /// Long enough for a connection on a working link of one machine, even a loaded one.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a cut link is given to answer: a blackhole never answers.
 const CUT_TIMEOUT: Duration = Duration::from_millis(400);
-const PORT: u16 = 7000;
-
-/// Starts an echo server on `net`'s host `host` (a thread in its namespace).
-fn serve_echo(net: &TestNet, host: usize) -> SocketAddr {
-    let addr = SocketAddr::new(net.host(host).expect("host").addr.into(), PORT);
-    let listener = net.host(host).expect("host").run(move || TcpListener::bind(addr)).expect("enter the host").expect("bind");
-    std::thread::spawn(move || {
-        for stream in listener.incoming().flatten() {
-            std::thread::spawn(move || {
-                let mut stream = stream;
-                let mut buffer = [0u8; 64];
-                while let Ok(n) = stream.read(&mut buffer) {
-                    if n == 0 || stream.write_all(&buffer[..n]).is_err() {
-                        break;
-                    }
-                }
-            });
-        }
-    });
-    addr
-}
 
 /// Whether a connection from `from` to `addr` opens and echoes within `timeout`.
 fn reaches(net: &TestNet, from: End, addr: SocketAddr, timeout: Duration) -> bool {
