@@ -107,6 +107,8 @@ pub async fn run(args: NodeArgs, tls: &crate::tls_args::TlsArgs) -> anyhow::Resu
         directory.insert(*id, *addr);
     }
     std::fs::create_dir_all(&args.data_dir)?;
+    // Tests only: a torture run steps or drifts this node's wall clock.
+    warden_engine::wall_clock::follow_test_offset();
     let mut config = NodeConfig::new(args.id, args.data_dir.clone());
     config.zone = args.zone.clone();
     config.hibernate_after_ticks = args.hibernate_after_ticks;

@@ -10,9 +10,10 @@
 //! - [`leaders`]: who leads each hosted group, as the workers last saw it.
 //! - [`metrics`]: the node's Prometheus registry and the engine's figures in it.
 //! - [`log_limit`]: rate limits for operator log lines.
+//! - [`wall_clock`]: the node's wall clock (the system's, plus an offset only tests set).
 //!
 //! Architecture invariant: the modules form layers; listed from the bottom, each imports only
-//! modules listed before it: `error`, `log_limit`, `storage`, `config`, `state_machine`, `kv`,
+//! modules listed before it: `error`, `log_limit`, `wall_clock`, `storage`, `config`, `state_machine`, `kv`,
 //! `store_writer`, `transport`, `leaders`, `metrics`, `host`. The transport reaches the host loop only
 //! through its [`transport::Inbox`] trait and the metrics through
 //! [`transport::TransportEvents`]; the host loop wires them together at start.
@@ -33,6 +34,7 @@ pub mod state_machine;
 pub mod storage;
 pub mod store_writer;
 pub mod transport;
+pub mod wall_clock;
 
 pub use config::{FatalPolicy, NodeConfig};
 pub use error::{EngineError, StorageError};

@@ -37,8 +37,7 @@ impl LeaderClock {
     pub fn now() -> LeaderClock {
         static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
         let start = START.get_or_init(std::time::Instant::now);
-        let wall_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        LeaderClock { wall_ms, monotonic_ms: start.elapsed().as_millis() as u64 }
+        LeaderClock { wall_ms: crate::wall_clock::now_ms(), monotonic_ms: start.elapsed().as_millis() as u64 }
     }
 }
 

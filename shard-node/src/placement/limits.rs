@@ -21,7 +21,7 @@ use warden_proto::namespace::command::Op as CommandOp;
 use warden_proto::namespace::Command as NamespaceCommand;
 use warden_proto::v1::ApplyLimits;
 
-use super::service::{internal, now_ms, PlacementService};
+use super::service::{internal, PlacementService};
 use warden_engine::host::NodeHandle;
 use warden_namespace::limits::{merged, LimitsBoard};
 use warden_namespace::Limits;
@@ -72,7 +72,8 @@ pub async fn spread_periodically(node: NodeHandle, board: LimitsBoard, heard: Ar
             .filter(|group| board.get(node.node_id(), *group).is_some_and(|(version, _)| version < record.version))
             .take(PROPOSALS_PER_ROUND_MAX);
         for group in behind.collect::<Vec<_>>() {
-            let command = NamespaceCommand { now_ms: now_ms(), principal: String::new(), op: Some(CommandOp::SetLimits(record)) };
+            let command =
+                NamespaceCommand { now_ms: warden_engine::wall_clock::now_ms(), principal: String::new(), op: Some(CommandOp::SetLimits(record)) };
             if let Err(error) = node.propose(group, command.encode_to_vec(), timeout).await {
                 tracing::debug!(group, version = record.version, %error, "could not bring the group's limits up to placement's");
             }

@@ -113,13 +113,17 @@ impl StateMachine for PlacementStateMachine {
         }
     }
 
-    fn leader_proposals(&mut self, clock: LeaderClock) -> Vec<Vec<u8>> {
-        let down = self.placement.nodes_to_mark_down(clock.wall_ms);
-        if down.is_empty() || clock.wall_ms < self.mark_down_proposed_ms.saturating_add(MARK_DOWN_RETRY_MS) {
+    /// Marks down the nodes silent for the heartbeat timeout, judged by the stepless clock
+    /// heartbeats are stamped by (`service::now_ms`), not the wall clock in `_clock`: a step
+    /// of the wall clock would make every node look silent at once.
+    fn leader_proposals(&mut self, _clock: LeaderClock) -> Vec<Vec<u8>> {
+        let now_ms = super::service::now_ms();
+        let down = self.placement.nodes_to_mark_down(now_ms);
+        if down.is_empty() || now_ms < self.mark_down_proposed_ms.saturating_add(MARK_DOWN_RETRY_MS) {
             return Vec::new();
         }
-        self.mark_down_proposed_ms = clock.wall_ms;
-        vec![encode_command(&Command::MarkDown { ids: down, now_ms: clock.wall_ms })]
+        self.mark_down_proposed_ms = now_ms;
+        vec![encode_command(&Command::MarkDown { ids: down, now_ms })]
     }
 
     fn on_leadership(&mut self, leading: bool, _clock: LeaderClock) {
@@ -162,19 +166,27 @@ mod tests {
         assert!(sm.validate(b"{not json").is_err());
     }
 
+    /// Silence is judged by the stepless clock heartbeats are stamped by: a wall clock
+    /// stepped an hour ahead (an NTP step) marks down only the node that really is silent.
     #[test]
-    fn the_leader_proposes_silent_nodes_down_once_per_retry_interval() {
+    fn the_leader_proposes_silent_nodes_down_by_the_stepless_clock_once_per_retry_interval() {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(dir.path()).expect("db");
-        let mut sm = PlacementStateMachine::new(PlacementConfig { heartbeat_timeout_ms: 100, ..PlacementConfig::default() });
+        let config = PlacementConfig { heartbeat_timeout_ms: 10_000, ..PlacementConfig::default() };
+        let mut sm = PlacementStateMachine::new(config.clone());
         sm.reload(&SmReader::new(db.clone(), warden_placement::PLACEMENT_GROUP_ID), 0).expect("load");
-        let nodes = vec![(1, "127.0.0.1:7001".to_string(), String::new())];
-        let settings = Some(AppliedSettings::of(&PlacementConfig { heartbeat_timeout_ms: 100, ..PlacementConfig::default() }));
-        assert!(apply(&mut sm, &db, 1, &Command::Bootstrap { nodes, now_ms: 1_000, limits: Vec::new(), settings }).is_ok());
-        assert!(sm.leader_proposals(LeaderClock { wall_ms: 1_050, monotonic_ms: 0 }).is_empty(), "not silent yet");
-        let proposed = sm.leader_proposals(LeaderClock { wall_ms: 1_200, monotonic_ms: 0 });
-        assert_eq!(proposed.len(), 1);
-        assert_eq!(decode_command(&proposed[0]).expect("command"), Command::MarkDown { ids: vec![1], now_ms: 1_200 });
-        assert!(sm.leader_proposals(LeaderClock { wall_ms: 1_300, monotonic_ms: 0 }).is_empty(), "not again while it commits");
+        let nodes = vec![(1, "127.0.0.1:7001".to_string(), String::new()), (2, "127.0.0.1:7002".to_string(), String::new())];
+        let settings = Some(AppliedSettings::of(&config));
+        let now_ms = super::super::service::now_ms();
+        let bootstrap = Command::Bootstrap { nodes, now_ms: now_ms - 20_000, limits: Vec::new(), settings };
+        assert!(apply(&mut sm, &db, 1, &bootstrap).is_ok());
+        assert!(apply(&mut sm, &db, 2, &Command::Heartbeat { ids: vec![2], now_ms }).is_ok());
+        let stepped = LeaderClock { wall_ms: now_ms + 3_600_000, monotonic_ms: 0 };
+        let proposed = sm.leader_proposals(stepped);
+        assert_eq!(proposed.len(), 1, "{proposed:?}");
+        let Ok(Command::MarkDown { ids, now_ms: stamped }) = decode_command(&proposed[0]) else { panic!("a mark-down: {proposed:?}") };
+        assert_eq!(ids, vec![1], "only the silent node, however far the wall clock stepped");
+        assert!(stamped >= now_ms && stamped < now_ms + 60_000, "stamped by the stepless clock: {stamped} vs {now_ms}");
+        assert!(sm.leader_proposals(stepped).is_empty(), "not again while it commits");
     }
 }

@@ -10,7 +10,7 @@ mod watch;
 pub use remote_sessions::RemoteSessionMetrics;
 
 use std::sync::Arc;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::Duration;
 
 use prost::Message as _;
 use tonic::{Request, Response, Status};
@@ -165,7 +165,7 @@ impl WardenService {
         principal: &str,
         timeout: Duration,
     ) -> Result<(CommandOutcome, ResponseHeader, u64), Status> {
-        let now_ms = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
+        let now_ms = warden_engine::wall_clock::now_ms();
         let command = Command { now_ms, principal: principal.to_string(), op: Some(op) }.encode_to_vec();
         let deadline = tokio::time::Instant::now() + timeout;
         let mut attempts = 0;

@@ -15,7 +15,7 @@ use warden_proto::namespace::{Command as NamespaceCommand, CommandResult};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::SetDescriptorRequest;
 
-use super::wire::{descriptor_proto, internal, now_ms};
+use super::wire::{descriptor_proto, internal};
 use super::PlacementService;
 use crate::service::{engine_status, status};
 use warden_engine::host::ReadConsistency;
@@ -37,7 +37,7 @@ impl PlacementService {
     /// to `group`, which this node must lead; answers its outcome once applied (a refusal as
     /// its status).
     pub(super) async fn propose_namespace(&self, group: u64, op: CommandOp) -> Result<CommandOutcome, Status> {
-        let command = NamespaceCommand { now_ms: now_ms(), principal: String::new(), op: Some(op) };
+        let command = NamespaceCommand { now_ms: warden_engine::wall_clock::now_ms(), principal: String::new(), op: Some(op) };
         let output = self.node.propose(group, command.encode_to_vec(), self.timeout).await.map_err(|e| engine_status(&self.directory, group, e))?;
         match CommandResult::decode(output.as_slice()).map_err(internal)?.result {
             Some(CommandOutcome::Error(error)) => Err(status(error)),

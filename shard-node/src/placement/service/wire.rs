@@ -1,8 +1,6 @@
 //! Wire forms of placement's state (descriptors, nodes, the routing table) and the typed
 //! refusals of the placement service.
 
-use std::time::{SystemTime, UNIX_EPOCH};
-
 use tonic::Status;
 use warden_access::acl_to_proto;
 use warden_placement::quota::QuotaError;
@@ -14,10 +12,12 @@ use warden_proto::v1::WardenError;
 
 use crate::service::status;
 
-/// Milliseconds since the Unix epoch by this node's clock: the time placement's leader
-/// stamps on the commands it proposes.
+/// Milliseconds since the Unix epoch by this node's stepless clock
+/// (`warden_engine::wall_clock::stepless_ms`): the time placement's leader stamps on the
+/// commands it proposes and judges which nodes are silent by. Not the wall clock: a step of
+/// it between a heartbeat's stamp and the judgement would mark every node down at once.
 pub(crate) fn now_ms() -> u64 {
-    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+    warden_engine::wall_clock::stepless_ms()
 }
 
 /// An unexpected failure, as a status of code UNKNOWN.
