@@ -238,7 +238,7 @@ impl NamespaceStateMachine {
                 self.hub.set_watch_limits(self.quotas.watch_limits());
             }
             self.apply_ttl_changes(ttl_changes);
-            self.apply_lock_changes(lock_changes);
+            self.apply_lock_changes(lock_changes, command.now_ms);
             self.notify_lock_waiters(&reader, writes, &touched, &gone_waiters)?;
             self.apply_session_changes(session_changes);
         }

@@ -246,7 +246,14 @@ impl Harness {
     /// Proposes-and-applies what the leader would at time `now_ms` (TTL and session
     /// expiries); the harness's wall and monotonic clocks are the same number.
     pub fn leader_scan(&mut self, now_ms: u64) -> Result<usize, EngineError> {
-        let commands = self.sm.leader_proposals(clock(now_ms));
+        self.leader_scan_with(clock(now_ms))
+    }
+
+    /// [`Self::leader_scan`] with the leader's wall and monotonic clocks apart (a wall clock
+    /// stepped or drifting).
+    pub fn leader_scan_with(&mut self, clock: LeaderClock) -> Result<usize, EngineError> {
+        self.sm.leader_clock(clock);
+        let commands = self.sm.leader_proposals(clock);
         for command in &commands {
             self.apply_bytes(command)?;
         }

@@ -126,6 +126,7 @@ impl StateMachineFactory for NamespaceFactory {
             remote_sessions: std::collections::BTreeSet::new(),
             leases: LeaseTable::default(),
             blocked_locks: BTreeMap::new(),
+            delay_deadlines: locks::DelayDeadlines::default(),
             lock_holders: BTreeMap::new(),
             descriptor: None,
             split: SplitState::default(),
@@ -182,8 +183,14 @@ pub struct NamespaceStateMachine {
     remote_sessions: std::collections::BTreeSet<u64>,
     /// Lease deadlines: leader-only, not replicated.
     leases: LeaseTable,
-    /// Locks in their lock-delay, and until when (replicated state, rebuilt from disk).
-    blocked_locks: BTreeMap<String, u64>,
+    /// Locks in their lock-delay (replicated state, rebuilt from disk).
+    blocked_locks: BTreeMap<String, locks::BlockedLock>,
+    /// Leader-only: when each lock-delay ends by this leader's monotonic clock, fixed the
+    /// first tick it leads with the lock blocked, from the delay's whole remainder then.
+    /// Judged by the wall clock, a step of it (or a new leader whose clock runs ahead) would
+    /// grant a lock its holder's crash blocked too soon; this way a leader change only
+    /// lengthens a delay, as it does a session's lease.
+    delay_deadlines: locks::DelayDeadlines,
     /// How many waiters hold each held lock (from the replicated state, rebuilt from disk;
     /// recounted for each lock a command touches), for the metrics.
     lock_holders: BTreeMap<String, u64>,
@@ -402,8 +409,13 @@ impl StateMachine for NamespaceStateMachine {
         self.sessions = own.into_iter().map(|record| (record.session_id, record.ttl_ms)).collect();
         self.remote_sessions = remote.into_iter().map(|record| record.session_id).collect();
         let metas = store::read_lock_metas(reader)?;
-        self.blocked_locks =
-            metas.iter().filter(|(_, meta)| meta.blocked_until_ms != 0).map(|(path, meta)| (path.clone(), meta.blocked_until_ms)).collect();
+        // What a delay had left is not on disk: judged once, now, by the wall clock.
+        let now_ms = warden_engine::wall_clock::now_ms();
+        self.blocked_locks = metas
+            .iter()
+            .filter(|(_, meta)| meta.blocked_until_ms != 0)
+            .map(|(path, meta)| (path.clone(), locks::BlockedLock::at(meta.blocked_until_ms, now_ms, self.limits.lock_delay_ms_max)))
+            .collect();
         self.lock_holders.clear();
         let view = TxnView::new(reader, None);
         for path in metas.keys() {
@@ -497,6 +509,7 @@ impl StateMachine for NamespaceStateMachine {
 
     fn on_leadership(&mut self, leading: bool, clock: LeaderClock) {
         self.leases.set_leading(leading, &self.sessions, clock.monotonic_ms);
+        self.delay_deadlines.clear();
         self.purge_pacing.applied();
         self.count_pacing.applied();
     }
@@ -569,11 +582,17 @@ impl StateMachine for NamespaceStateMachine {
         // Nothing in a moving subtree changes until it has moved (the group serving it then
         // ends these).
         let frozen = |path: &str| split::is_held(&self.split, path);
-        for (path, _) in
-            self.blocked_locks.iter().filter(|(path, until)| **until <= now_ms && !frozen(path)).take(self.limits.ttl_expiries_per_scan_max)
+        for (path, until_ms) in self
+            .delay_deadlines
+            .due(&self.blocked_locks, clock.monotonic_ms)
+            .filter(|(path, _)| !frozen(path))
+            .take(self.limits.ttl_expiries_per_scan_max)
         {
-            let op = CommandOp::LockDelayEnded(warden_proto::namespace::LockDelayEnded { path: path.clone() });
-            due.push(Command { now_ms, principal: String::new(), op: Some(op) }.encode_to_vec());
+            let op = CommandOp::LockDelayEnded(warden_proto::namespace::LockDelayEnded { path });
+            // Stamped no earlier than the delay's end as the entry that started it put it:
+            // applying it checks that stamp, so a delay started again meanwhile (a later end)
+            // is not ended by it.
+            due.push(Command { now_ms: now_ms.max(until_ms), principal: String::new(), op: Some(op) }.encode_to_vec());
         }
         let expired = self.leases.take_expired(clock.monotonic_ms, self.limits.sessions_per_expiry_max);
         if !expired.is_empty() {

@@ -17,7 +17,7 @@ use warden_proto::namespace::{LockMeta, LockWaiterRecord};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{LockMode, LockWaiter};
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::AcquireLock;
@@ -332,15 +332,69 @@ impl NamespaceStateMachine {
         Ok(waiters)
     }
 
-    /// Keeps the index of locks in their lock-delay in step with a command's changes.
-    pub(super) fn apply_lock_changes(&mut self, changes: Vec<(String, u64)>) {
+    /// Keeps the index of locks in their lock-delay in step with a command's changes (made
+    /// at `now_ms`, the time stamped into the command).
+    pub(super) fn apply_lock_changes(&mut self, changes: Vec<(String, u64)>, now_ms: u64) {
         for (path, blocked_until_ms) in changes {
             if blocked_until_ms == 0 {
                 self.blocked_locks.remove(&path);
             } else {
-                self.blocked_locks.insert(path, blocked_until_ms);
+                let lock = BlockedLock::at(blocked_until_ms, now_ms, self.limits.lock_delay_ms_max);
+                if self.leases.leading() {
+                    // From the leader's clock when it applied the start: the whole remainder.
+                    self.delay_deadlines.start(&path, lock, self.leases.now_ms());
+                }
+                self.blocked_locks.insert(path, lock);
             }
         }
+    }
+}
+
+/// A lock in its lock-delay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct BlockedLock {
+    /// The delay's end as the entry that started it stamped it (wall clock; replicated).
+    pub until_ms: u64,
+    /// How long the delay had left when this replica learnt of it (at most the largest
+    /// lock-delay allowed): what a leader waits, by its monotonic clock, from its first
+    /// tick with the lock blocked.
+    pub remaining_ms: u64,
+}
+
+impl BlockedLock {
+    /// A delay ending at `until_ms`, learnt of at `now_ms`; `max_ms` bounds what is left.
+    pub fn at(until_ms: u64, now_ms: u64, max_ms: u64) -> BlockedLock {
+        BlockedLock { until_ms, remaining_ms: until_ms.saturating_sub(now_ms).min(max_ms) }
+    }
+}
+
+/// Leader-only: when each lock-delay ends by the leader's monotonic clock (see
+/// `Namespace::delay_deadlines`): per lock, the delay it is for (its `until_ms`) and the
+/// deadline in monotonic milliseconds.
+#[derive(Debug, Default)]
+pub(crate) struct DelayDeadlines(BTreeMap<String, (u64, u64)>);
+
+impl DelayDeadlines {
+    /// Forgets every deadline (leadership changed: the next leader's first tick sets them
+    /// again, each from its delay's whole remainder).
+    pub fn clear(&mut self) {
+        self.0.clear();
+    }
+
+    /// The delay `lock` of `path` started, seen at monotonic `now_ms` (on the leader).
+    pub fn start(&mut self, path: &str, lock: BlockedLock, now_ms: u64) {
+        self.0.insert(path.to_string(), (lock.until_ms, now_ms.saturating_add(lock.remaining_ms)));
+    }
+
+    /// The locks of `blocked` whose delay has ended at monotonic `now_ms`, with the delay's
+    /// stamped end; deadlines are set for delays seen for the first time and dropped for
+    /// delays that ended or started again.
+    pub fn due(&mut self, blocked: &BTreeMap<String, BlockedLock>, now_ms: u64) -> impl Iterator<Item = (String, u64)> + '_ {
+        self.0.retain(|path, (until_ms, _)| blocked.get(path).is_some_and(|lock| lock.until_ms == *until_ms));
+        for (path, lock) in blocked {
+            self.0.entry(path.clone()).or_insert((lock.until_ms, now_ms.saturating_add(lock.remaining_ms)));
+        }
+        self.0.iter().filter(move |(_, (_, deadline))| *deadline <= now_ms).map(|(path, (until_ms, _))| (path.clone(), *until_ms))
     }
 }
 

@@ -113,6 +113,11 @@ impl LeaseTable {
         self.leading
     }
 
+    /// The latest monotonic time seen (on the leader, reported before every apply).
+    pub fn now_ms(&self) -> u64 {
+        self.now_ms
+    }
+
     /// The leader's clock now (before an apply): what [`Self::add`] counts from.
     pub fn observe(&mut self, now_ms: u64) {
         self.now_ms = self.now_ms.max(now_ms);

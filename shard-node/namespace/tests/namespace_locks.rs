@@ -5,6 +5,7 @@
 mod support;
 
 use support::{code, leading_harness};
+use warden_engine::state_machine::LeaderClock;
 use warden_proto::namespace::AcquireLock;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::*;
@@ -164,6 +165,30 @@ fn lock_delay_lasts_until_its_end_is_applied_whatever_the_replica_clock() {
     ns.now_ms = info.blocked_until_ms;
     assert!(ns.leader_scan(info.blocked_until_ms).expect("scan") >= 1);
     assert!(ns.check_sequencer(&sequencer(&waiting)).expect("check"), "granted once the end applied, whatever the asking clock");
+}
+
+/// A lock-delay is judged by the leader's monotonic clock: its wall clock stepped an hour
+/// ahead (an NTP step) does not end the delay early (a crashed holder's lock would go to the
+/// next waiter while the crashed process may still act); the delay ends once the monotonic
+/// clock has run all of it.
+#[test]
+fn a_wall_clock_step_on_the_leader_does_not_end_a_lock_delay_early() {
+    let mut ns = leading_harness();
+    let holder = ns.create_session(3_000).expect("session").session_id;
+    let next = ns.create_session(600_000).expect("session").session_id;
+    ns.lock(AcquireLock { lock_delay_ms: 5_000, ..acquire("/job", holder, LockMode::Exclusive) }).expect("lock");
+    let waiting = ns.lock(acquire("/job", next, LockMode::Exclusive)).expect("lock");
+    ns.now_ms = 3_000;
+    assert_eq!(ns.leader_scan(3_000).expect("scan"), 1, "the holder's session expires");
+    let hour_ms = 3_600_000;
+    let stepped = |monotonic_ms: u64| LeaderClock { wall_ms: hour_ms + monotonic_ms, monotonic_ms };
+    ns.now_ms = hour_ms + 4_000;
+    assert_eq!(ns.leader_scan_with(stepped(4_000)).expect("scan"), 0, "the wall clock is past the delay's end, the monotonic one is not");
+    assert_eq!(ns.leader_scan_with(stepped(7_999)).expect("scan"), 0, "nor a millisecond before it");
+    assert!(!ns.check_sequencer(&sequencer(&waiting)).expect("check"), "nobody holds the lock during its delay");
+    ns.now_ms = hour_ms + 8_000;
+    assert!(ns.leader_scan_with(stepped(8_000)).expect("scan") >= 1, "the delay ends after 5 s by the monotonic clock");
+    assert!(ns.check_sequencer(&sequencer(&waiting)).expect("check"), "the next waiter holds it");
 }
 
 #[test]
