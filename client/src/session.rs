@@ -100,6 +100,8 @@ pub struct Session {
     id: SessionId,
     ttl: Duration,
     state: Arc<watch::Sender<SessionState>>,
+    /// The local lease's end, as the keepalive task last moved it.
+    lease_until: Arc<watch::Sender<Instant>>,
     keepalive: JoinHandle<()>,
     last_request_id: AtomicU64,
 }
@@ -114,9 +116,10 @@ impl Session {
         }
         let deadline = sent_at.checked_add(ttl).ok_or_else(|| Error::Protocol { message: format!("session {id} was granted {ttl:?}") })?;
         let state = Arc::new(watch::Sender::new(SessionState::Connected));
-        let lease = Lease { deadline, grace_period: config.grace_period, state: state.clone() };
+        let lease_until = Arc::new(watch::Sender::new(deadline));
+        let lease = Lease { deadline, grace_period: config.grace_period, state: state.clone(), until: lease_until.clone() };
         let keepalive = tokio::spawn(keep_alive(client.clone(), id, ttl, lease));
-        Ok(Session { client: client.clone(), id, ttl, state, keepalive, last_request_id: AtomicU64::new(0) })
+        Ok(Session { client: client.clone(), id, ttl, state, lease_until, keepalive, last_request_id: AtomicU64::new(0) })
     }
 
     /// The session's id (what ephemeral nodes are created with).
@@ -132,6 +135,13 @@ impl Session {
     /// The session's state now.
     pub fn state(&self) -> SessionState {
         *self.state.borrow()
+    }
+
+    /// When the local lease lapses, as of the last acknowledged keepalive: until then the
+    /// server certainly keeps the session, its ephemeral nodes and its locks (it started
+    /// counting later, and a new leader gives every session a full TTL). Only moves forward.
+    pub fn lease_until(&self) -> Instant {
+        *self.lease_until.borrow()
     }
 
     /// A receiver of the session's state changes.
@@ -171,6 +181,17 @@ impl Session {
             Some(_) => self.client.close_session(self.id).await.map(|_| ()),
             None => Err(Error::SessionExpired),
         }
+    }
+
+    /// Stops the keepalives and lets the session go without closing it, as a process that
+    /// died would: the server expires it once its lease lapses, deleting its ephemerals, and
+    /// the locks it held enter their lock-delay (a close frees them at once). Its lock
+    /// guards stop unlocking on drop. For tests of what a client's crash does (Curator's
+    /// `KillSession` serves the same purpose).
+    pub fn abandon(self) {
+        self.keepalive.abort();
+        // Ended here, so neither this drop nor a guard's sends anything to the server.
+        let _ = end(&self.state, SessionState::Closed);
     }
 
     /// The client the session lives on.
@@ -221,6 +242,8 @@ struct Lease {
     deadline: Instant,
     grace_period: Duration,
     state: Arc<watch::Sender<SessionState>>,
+    /// `deadline`, for [`Session::lease_until`].
+    until: Arc<watch::Sender<Instant>>,
 }
 
 impl Lease {
@@ -253,6 +276,7 @@ impl Lease {
     fn renewed(&mut self, sent_at: Instant, remaining: Duration) {
         if let Some(deadline) = sent_at.checked_add(remaining) {
             self.deadline = self.deadline.max(deadline);
+            self.until.send_replace(self.deadline);
         }
         let now = Instant::now();
         if self.deadline > now {

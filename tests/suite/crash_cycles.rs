@@ -157,7 +157,7 @@ async fn lock_groups(cluster: &ProcessCluster) -> Vec<u64> {
 #[test]
 fn the_fenced_resource_reports_stale_writes_overlaps_and_repeated_tokens() {
     let resource = FencedResource::default();
-    let (first, second) = (resource.next_hold(), resource.next_hold());
+    let (first, second) = (resource.next_hold("/l"), resource.next_hold("/l"));
     assert!(resource.write("/l", first, 5, || true));
     assert!(resource.write("/l", first, 5, || true));
     assert!(resource.write("/l", second, 7, || true));
@@ -171,11 +171,34 @@ fn the_fenced_resource_reports_stale_writes_overlaps_and_repeated_tokens() {
     assert!(violations[0].contains("stale write") && violations[1].contains("overlap"), "{violations:?}");
 
     let resource = FencedResource::default();
-    let (first, second) = (resource.next_hold(), resource.next_hold());
+    let (first, second) = (resource.next_hold("/l"), resource.next_hold("/l"));
     assert!(resource.write("/l", first, 9, || true));
     assert!(resource.write("/l", second, 9, || true));
     let violations = resource.violations();
     assert_eq!(violations.len(), 1, "{violations:?}");
     assert!(violations[0].contains("token 9 held after token 9"), "{violations:?}");
     assert_eq!(resource.holds(), 2);
+}
+
+/// The lock-delay check is not vacuous: a grant of a lock before its abandoned holder's
+/// lease plus the lock-delay could have ended is reported; one after it, or of another
+/// lock, is not.
+#[test]
+fn the_lock_delay_check_reports_a_grant_inside_the_delay() {
+    use crate::support::workload::LOCK_DELAY;
+    let now = std::time::Instant::now();
+    let resource = FencedResource::default();
+    let crashed = resource.next_hold("/l");
+    resource.abandoned("/l", crashed, now - LOCK_DELAY - std::time::Duration::from_secs(1));
+    resource.next_hold("/l");
+    assert_eq!(resource.lock_delay_violations(), Vec::<String>::new(), "granted after the lease and the delay");
+    let crashed = resource.next_hold("/l");
+    resource.abandoned("/l", crashed, now + std::time::Duration::from_secs(2));
+    resource.next_hold("/other");
+    assert_eq!(resource.lock_delay_violations(), Vec::<String>::new(), "another lock's grant");
+    let early = resource.next_hold("/l");
+    let violations = resource.lock_delay_violations();
+    assert_eq!(violations.len(), 1, "{violations:?}");
+    assert!(violations[0].contains(&format!("hold {early} was granted")), "{violations:?}");
+    assert_eq!(resource.abandonments(), 2);
 }

@@ -70,8 +70,14 @@ pub fn spawn(args: &[&str], log: &Path) -> Process {
 /// [`spawn`] on test host `host` (`None`: on this machine). `ip netns exec` enters the
 /// host's namespace and then becomes `warden`, so signals reach `warden` itself.
 fn spawn_on(host: Option<&Host>, args: &[&str], log: &Path) -> Process {
+    spawn_with(host, args, &[], log)
+}
+
+/// [`spawn_on`] with environment variables `env` set for the process.
+fn spawn_with(host: Option<&Host>, args: &[&str], env: &[(&str, &Path)], log: &Path) -> Process {
     let log = OpenOptions::new().create(true).append(true).open(log).expect("log file");
     let mut command = host.map_or_else(|| Command::new(BIN), |host| host.command(BIN));
+    command.envs(env.iter().copied());
     Process(command.args(args).stdout(Stdio::null()).stderr(log).spawn().expect("spawn warden"))
 }
 
@@ -95,6 +101,8 @@ struct NodeSpec {
     listen: String,
     data_dir: PathBuf,
     log: PathBuf,
+    /// The file of its test wall clock offset (`warden_engine::wall_clock`; none: no offset).
+    clock: PathBuf,
     /// `--peers`: the nodes known when it was first started, itself included.
     peers: String,
 }
@@ -103,7 +111,8 @@ impl NodeSpec {
     /// Node `id`, on `host` if given (the host's address, a fixed port: the host is its own).
     fn new(dir: &Path, id: u64, host: Option<Host>) -> NodeSpec {
         let listen = host.as_ref().map_or_else(|| format!("127.0.0.1:{}", free_port()), |host| format!("{}:{HOST_PORT}", host.addr));
-        NodeSpec { id, host, listen, data_dir: dir.join(format!("node-{id}")), log: dir.join(format!("node-{id}.log")), peers: String::new() }
+        let (data_dir, log, clock) = (dir.join(format!("node-{id}")), dir.join(format!("node-{id}.log")), dir.join(format!("node-{id}.clock")));
+        NodeSpec { id, host, listen, data_dir, log, clock, peers: String::new() }
     }
 }
 
@@ -377,6 +386,17 @@ impl ProcessCluster {
         PLACEMENT_NODES.into_iter().filter(|id| self.is_up(*id)).map(|id| (id, self.placement(id, timeout))).collect()
     }
 
+    /// Steps node `id`'s wall clock to `offset_ms` from the system's, drifting by
+    /// `drift_ppm` millionths from now on (`warden_engine::wall_clock`); the node reads it
+    /// within a tenth of a second. `(0, 0)` puts the clock back.
+    pub fn set_clock(&self, id: u64, offset_ms: i64, drift_ppm: i64) {
+        let clock = &self.spec(id).clock;
+        // Written whole, then renamed over: the node never reads half a file.
+        let written = clock.with_extension("clock-new");
+        std::fs::write(&written, format!("{offset_ms} {drift_ppm}\n")).unwrap_or_else(|e| panic!("write {}: {e}", written.display()));
+        std::fs::rename(&written, clock).unwrap_or_else(|e| panic!("rename to {}: {e}", clock.display()));
+    }
+
     /// Copies every process's log (`node-<id>.log`, `router.log`) into `to`: what a
     /// post-mortem of a history that found an anomaly starts from.
     pub fn copy_logs(&self, to: &Path) {
@@ -432,5 +452,6 @@ fn spawn_node(spec: &NodeSpec, node_args: &[String]) -> Process {
     let data = spec.data_dir.to_str().expect("utf8 data dir");
     let mut args = vec!["node", "--id", &id, "--listen", &spec.listen, "--data-dir", data, "--peers", &spec.peers];
     args.extend(node_args.iter().map(String::as_str));
-    spawn_on(spec.host.as_ref(), &args, &spec.log)
+    let clock = [(warden_engine::wall_clock::TEST_OFFSET_FILE_ENV, spec.clock.as_path())];
+    spawn_with(spec.host.as_ref(), &args, &clock, &spec.log)
 }

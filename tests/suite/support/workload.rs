@@ -5,7 +5,7 @@
 //! Used by `crash_cycles.rs`, `fleet_processes.rs`, `split_merge.rs` and the torture runs.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -29,6 +29,11 @@ pub const LOCKERS_PER_LOCK: usize = 2;
 pub const REGISTER_CLIENTS: usize = 4;
 /// Writes a holder makes to the fenced resource during one hold.
 pub const WRITES_PER_HOLD: usize = 3;
+/// The lock-delay every locker asks for: once a holder's session expires, its lock is
+/// granted to nobody for this long.
+pub const LOCK_DELAY: Duration = Duration::from_secs(1);
+/// How long a crashing locker waits between two crashes.
+const CRASH_EVERY: Duration = Duration::from_secs(5);
 /// Session TTL (the server's minimum) and grace period of the lockers' sessions.
 pub const SESSION_TTL: Duration = Duration::from_secs(3);
 pub const SESSION_GRACE: Duration = Duration::from_secs(20);
@@ -43,11 +48,17 @@ pub async fn connect(router_addr: &str) -> Client {
 
 /// Where sequential nodes are created (one parent, so their counters are one sequence).
 pub const SEQUENCE_PARENT: &str = "/c/seq";
+/// Where the ephemeral owners create their nodes (their sessions homed in the same group).
+pub const EPHEMERAL_PARENT: &str = "/b/eph";
+/// Ephemeral owners: each holds a session and one ephemeral node and reads it back.
+pub const EPHEMERAL_OWNERS: usize = 2;
+/// How long, after the workload stops, every ephemeral node may take to go.
+const EPHEMERALS_GONE_WITHIN: Duration = Duration::from_secs(30);
 
 /// One call a client made and how it ended: what availability and the timeline count.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Attempt {
-    /// `set`, `get`, `cas`, `create`, `sequential` or `lock`.
+    /// `set`, `get`, `cas`, `create`, `sequential`, `lock`, `ephemeral` or `ephemeral-read`.
     pub kind: &'static str,
     pub path: String,
     /// Nanoseconds since the workload started (the history's clock).
@@ -66,7 +77,8 @@ pub struct Sequenced {
 }
 
 /// A property the history breaks, by kind (`lost-create`, `fencing`, `sequential`,
-/// `not-linearizable`, `checker-gave-up`).
+/// `lock-delay`, `ephemeral-gone-early`, `ephemeral-kept`, `not-linearizable`,
+/// `checker-gave-up`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Anomaly {
     pub kind: &'static str,
@@ -84,6 +96,10 @@ pub struct Checked {
     pub sequenced: usize,
     /// Lock holds that wrote to the fenced resource.
     pub holds: usize,
+    /// Reads that found an ephemeral node while its session's lease held.
+    pub ephemeral_reads: usize,
+    /// Holds given up by abandoning their session (each one's lock-delay checked).
+    pub abandoned_holds: usize,
     /// Completed register operations in the checked history.
     pub register_ops: usize,
     /// The register history (invocation order), every call's outcome, the fenced writes.
@@ -113,13 +129,26 @@ pub struct Workload {
     attempts: Arc<Mutex<Vec<Attempt>>>,
     acknowledged: Arc<Mutex<Vec<String>>>,
     sequenced: Arc<Mutex<Vec<Sequenced>>>,
+    ephemerals: Arc<Ephemerals>,
     resource: Arc<FencedResource>,
     events: Mutex<Vec<String>>,
 }
 
+/// What the ephemeral owners saw.
+#[derive(Default)]
+struct Ephemerals {
+    /// Every ephemeral node created (acknowledged).
+    created: Mutex<Vec<String>>,
+    /// Reads that found the node.
+    found: AtomicUsize,
+    /// Reads that found it gone before its session's local lease lapsed: (ms, what).
+    gone_early: Mutex<Vec<(u64, String)>>,
+}
+
 impl Workload {
-    /// Creates the registers and starts the register clients, a creator, a sequencer and the
-    /// lockers of [`LOCKS`] (each locker's session homed in the group of its lock).
+    /// Creates the registers and starts the register clients, a creator, a sequencer, the
+    /// ephemeral owners and the lockers of [`LOCKS`] (each locker's session homed in the
+    /// group of its lock).
     pub async fn start(router_addr: &str) -> Workload {
         Self::start_with_locks(router_addr, &LOCKS.map(|path| (path, path))).await
     }
@@ -148,6 +177,7 @@ impl Workload {
             attempts: Arc::new(Mutex::new(Vec::new())),
             acknowledged: Arc::new(Mutex::new(Vec::new())),
             sequenced: Arc::new(Mutex::new(Vec::new())),
+            ephemerals: Arc::new(Ephemerals::default()),
             resource: Arc::new(FencedResource::default()),
             events: Mutex::new(Vec::new()),
         };
@@ -160,11 +190,17 @@ impl Workload {
         workload.tasks.push(tokio::spawn(creator(client.clone(), outcomes(&workload), acknowledged)));
         let sequenced = workload.sequenced.clone();
         workload.tasks.push(tokio::spawn(sequencer(client.clone(), outcomes(&workload), sequenced)));
+        for owner in 0..EPHEMERAL_OWNERS {
+            let ephemerals = workload.ephemerals.clone();
+            workload.tasks.push(tokio::spawn(ephemeral_owner(owner, client.clone(), outcomes(&workload), ephemerals)));
+        }
         for (path, home) in locks {
             for _ in 0..LOCKERS_PER_LOCK {
                 let resource = workload.resource.clone();
                 workload.tasks.push(tokio::spawn(locker(client.clone(), path, home, outcomes(&workload), resource)));
             }
+            let resource = workload.resource.clone();
+            workload.tasks.push(tokio::spawn(crashing_locker(client.clone(), path, home, outcomes(&workload), resource)));
         }
         workload
     }
@@ -236,8 +272,26 @@ impl Workload {
             at_ms: Some(at_ns / 1_000_000),
         }));
 
+        let gone_early = self.ephemerals.gone_early.lock().expect("ephemerals").clone();
+        anomalies.extend(gone_early.into_iter().map(|(at_ms, detail)| Anomaly { kind: "ephemeral-gone-early", detail, at_ms: Some(at_ms) }));
+        // Every session ended with its owner: each ephemeral node goes (at once when its
+        // session was closed, after the TTL when the close did not reach the server).
+        let created = self.ephemerals.created.lock().expect("ephemerals").clone();
+        let gone_by = Instant::now() + EPHEMERALS_GONE_WITHIN;
+        for path in created {
+            while self.client.exists(&path).await.map_or(true, |stat| stat.is_some()) {
+                if Instant::now() >= gone_by {
+                    let detail = format!("{path} is still there {EPHEMERALS_GONE_WITHIN:?} after every session ended");
+                    anomalies.push(Anomaly { kind: "ephemeral-kept", detail, at_ms: None });
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+
         let holds = self.resource.holds();
         anomalies.extend(self.resource.violations().into_iter().map(|detail| Anomaly { kind: "fencing", detail, at_ms: None }));
+        anomalies.extend(self.resource.lock_delay_violations().into_iter().map(|detail| Anomaly { kind: "lock-delay", detail, at_ms: None }));
 
         for path in REGISTERS {
             let invoked = self.clock.now();
@@ -254,7 +308,19 @@ impl Workload {
         }
         let attempts = self.attempts.lock().expect("attempts").clone();
         let fenced_writes = self.resource.writes();
-        Checked { anomalies, creates: acknowledged.len(), sequenced: sequenced.len(), holds, register_ops, records, attempts, fenced_writes }
+        let ephemeral_reads = self.ephemerals.found.load(Ordering::Relaxed);
+        Checked {
+            anomalies,
+            creates: acknowledged.len(),
+            sequenced: sequenced.len(),
+            holds,
+            ephemeral_reads,
+            abandoned_holds: self.resource.abandonments(),
+            register_ops,
+            records,
+            attempts,
+            fenced_writes,
+        }
     }
 }
 
@@ -408,11 +474,61 @@ async fn sequencer(client: Client, outcomes: Outcomes, sequenced: Arc<Mutex<Vec<
     }
 }
 
+/// Holds a session and an ephemeral node of it, reading the node back again and again: a read
+/// that finds it gone while the session's local lease holds is an anomaly (the server keeps a
+/// session at least that long). When the node is gone (the session ended), starts over with a
+/// new session.
+async fn ephemeral_owner(owner: usize, client: Client, outcomes: Outcomes, ephemerals: Arc<Ephemerals>) {
+    let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(EPHEMERAL_PARENT.into()) };
+    let mut n = 0usize;
+    while !outcomes.stopped() {
+        let Ok(session) = client.session(config.clone()).await else {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+            continue;
+        };
+        n += 1;
+        let path = format!("{EPHEMERAL_PARENT}/o{owner}-{n}");
+        let invoked = outcomes.clock.now();
+        let created = client.create(&path, Vec::new(), &CreateOptions::ephemeral(session.id()).create_parents()).await;
+        outcomes.note("ephemeral", &path, invoked, created.is_ok());
+        if created.is_err() {
+            // The session is dropped (closed); its node, if the create took effect, with it.
+            continue;
+        }
+        ephemerals.created.lock().expect("ephemerals").push(path.clone());
+        while !outcomes.stopped() && !session.state().has_ended() {
+            let invoked = outcomes.clock.now();
+            let read = client.exists(&path).await;
+            let completed = tokio::time::Instant::now();
+            outcomes.note("ephemeral-read", &path, invoked, read.is_ok());
+            match read {
+                Ok(Some(_)) => {
+                    ephemerals.found.fetch_add(1, Ordering::Relaxed);
+                    // Paced: a read every 20 ms shows a node gone early well within a TTL.
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+                Ok(None) => {
+                    // Read after the read: every keepalive acknowledged by then proves the
+                    // session lived until its lease's end.
+                    let lease_until = session.lease_until();
+                    if completed < lease_until {
+                        let early = lease_until - completed;
+                        let detail = format!("{path} of session {} was gone {early:?} before the session's local lease lapsed", session.id());
+                        ephemerals.gone_early.lock().expect("ephemerals").push((outcomes.clock.now() / 1_000_000, detail));
+                    }
+                    break;
+                }
+                Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
+            }
+        }
+    }
+}
+
 /// Takes the lock on `path` again and again with its own session (homed in the group of
 /// `home`), writing to the fenced resource a few times per hold while its guard is valid.
 async fn locker(client: Client, path: &'static str, home: &'static str, outcomes: Outcomes, resource: Arc<FencedResource>) {
     let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(home.into()) };
-    let options = LockOptions { wait: Duration::from_secs(2), ..LockOptions::default() };
+    let options = LockOptions { wait: Duration::from_secs(2), lock_delay: LOCK_DELAY, ..LockOptions::default() };
     let mut session: Option<Session> = None;
     while !outcomes.stopped() {
         let current = match session.take() {
@@ -430,7 +546,8 @@ async fn locker(client: Client, path: &'static str, home: &'static str, outcomes
         outcomes.note("lock", path, invoked, locked.is_ok());
         match locked {
             Ok(Some(guard)) => {
-                hold(path, &guard, &resource).await;
+                let hold_id = resource.next_hold(path);
+                hold(path, hold_id, &guard, &resource).await;
                 // An unlock that failed may leave the lock held: give the session up (its
                 // drop closes it, or the server expires it), so the lock is freed either way.
                 if guard.unlock().await.is_ok() {
@@ -447,9 +564,33 @@ async fn locker(client: Client, path: &'static str, home: &'static str, outcomes
     }
 }
 
+/// Every [`CRASH_EVERY`], takes the lock on `path` with a session of its own, writes once
+/// and abandons the session while holding, as a holder that crashed would: the session
+/// expires after its TTL and the lock enters its lock-delay, which the lockers then wait out.
+async fn crashing_locker(client: Client, path: &'static str, home: &'static str, outcomes: Outcomes, resource: Arc<FencedResource>) {
+    let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(home.into()) };
+    let options = LockOptions { wait: Duration::from_secs(2), lock_delay: LOCK_DELAY, ..LockOptions::default() };
+    while !outcomes.stopped() {
+        // A pause between crashes, not a wait for something.
+        tokio::time::sleep(CRASH_EVERY).await;
+        let Ok(session) = client.session(config.clone()).await else { continue };
+        let invoked = outcomes.clock.now();
+        let locked = session.lock_with(path, &options).await;
+        outcomes.note("lock", path, invoked, locked.is_ok());
+        match locked {
+            Ok(Some(guard)) => {
+                let hold_id = resource.next_hold(path);
+                resource.write(path, hold_id, guard.fencing_token(), || guard.is_valid());
+                resource.abandoned(path, hold_id, session.lease_until().into_std());
+                session.abandon();
+            }
+            _ => drop(session.close().await),
+        }
+    }
+}
+
 /// One hold: writes to the resource while the guard is valid.
-async fn hold(path: &str, guard: &LockGuard, resource: &FencedResource) {
-    let hold = resource.next_hold();
+async fn hold(path: &str, hold: u64, guard: &LockGuard, resource: &FencedResource) {
     for _ in 0..WRITES_PER_HOLD {
         if !resource.write(path, hold, guard.fencing_token(), || guard.is_valid()) {
             return;
@@ -473,6 +614,11 @@ pub struct ResourceState {
     sequence: u64,
     fences: BTreeMap<String, FenceGuard>,
     writes: Vec<FencedWrite>,
+    /// Every grant: its lock, its hold and when the holder learnt of it.
+    grants: Vec<(String, u64, Instant)>,
+    /// Holds whose session was abandoned while holding: their lock, the hold, and the end
+    /// of the session's local lease when it was abandoned.
+    abandoned: Vec<(String, u64, Instant)>,
 }
 
 /// One write to the resource by a holder whose guard was valid at that moment.
@@ -489,10 +635,47 @@ pub struct FencedWrite {
 }
 
 impl FencedResource {
-    pub fn next_hold(&self) -> u64 {
+    /// A hold of the lock on `path`, granted now: its id (holds are numbered in grant
+    /// order).
+    pub fn next_hold(&self, path: &str) -> u64 {
         let mut state = self.state.lock().expect("resource");
         state.holds += 1;
-        state.holds
+        let hold = state.holds;
+        state.grants.push((path.to_string(), hold, Instant::now()));
+        hold
+    }
+
+    /// `hold` of the lock on `path` was given up by abandoning its session, whose local
+    /// lease ended at `lease_until`: the server keeps the session at least that long, then
+    /// the lock-delay follows.
+    pub fn abandoned(&self, path: &str, hold: u64, lease_until: Instant) {
+        self.state.lock().expect("resource").abandoned.push((path.to_string(), hold, lease_until));
+    }
+
+    /// Grants that came too soon after an abandoned hold: the next grant of its lock must
+    /// come no sooner than its session's local lease end plus [`LOCK_DELAY`] (the server
+    /// expires the session after that lease end, and only then starts the delay).
+    pub fn lock_delay_violations(&self) -> Vec<String> {
+        let state = self.state.lock().expect("resource");
+        let mut violations = Vec::new();
+        for (path, hold, lease_until) in &state.abandoned {
+            let next = state.grants.iter().filter(|(p, h, _)| p == path && h > hold).min_by_key(|(_, h, _)| *h);
+            if let Some((_, next_hold, granted_at)) = next {
+                let earliest = *lease_until + LOCK_DELAY;
+                if *granted_at < earliest {
+                    let early = earliest - *granted_at;
+                    violations.push(format!(
+                        "{path}: hold {next_hold} was granted {early:?} before the lock-delay after abandoned hold {hold} could have ended"
+                    ));
+                }
+            }
+        }
+        violations
+    }
+
+    /// Holds given up by abandoning their session.
+    pub fn abandonments(&self) -> usize {
+        self.state.lock().expect("resource").abandoned.len()
     }
 
     /// A write by `hold` with `token`, made only if `valid()` says the holder still holds,

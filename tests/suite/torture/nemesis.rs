@@ -51,11 +51,16 @@ pub enum FaultKind {
     /// the fault ends, the network heals and the subtree is merged back: both moves made in
     /// the middle of faults, the registers under it in use throughout.
     SplitMerge,
+    /// One node's wall clock stepped 30–120 s forward or back (an NTP step), and put right
+    /// when the fault ends; the node is the placement leader, a group's leader or any node.
+    ClockJump,
+    /// One node's wall clock running 5–20% fast or slow, put right when the fault ends.
+    ClockDrift,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 12] = [
+    pub const ALL: [FaultKind; 14] = [
         FaultKind::IsolateNode,
         FaultKind::IsolateGroupLeader,
         FaultKind::IsolatePlacementLeader,
@@ -68,6 +73,8 @@ impl FaultKind {
         FaultKind::SlowNode,
         FaultKind::LossyNode,
         FaultKind::SplitMerge,
+        FaultKind::ClockJump,
+        FaultKind::ClockDrift,
     ];
 
     /// The kind's name in schedules, verdicts and `FAULTS=` lists (its serialized form).
@@ -85,6 +92,8 @@ impl FaultKind {
             FaultKind::SlowNode => "slow-node",
             FaultKind::LossyNode => "lossy-node",
             FaultKind::SplitMerge => "split-merge",
+            FaultKind::ClockJump => "clock-jump",
+            FaultKind::ClockDrift => "clock-drift",
         }
     }
 
@@ -171,6 +180,8 @@ pub enum Undo {
     Restart(u64),
     /// Merge [`MOVED_SUBTREE`] back into its parent's group (after healing).
     Merge,
+    /// Put the node's wall clock right.
+    Clock(u64),
 }
 
 /// A fault as it was applied: its victims, and when it really started and ended.
@@ -311,8 +322,44 @@ impl Nemesis {
                 applied.victims = vec![ids[0]];
                 applied.undo = Undo::Merge;
             }
+            FaultKind::ClockJump | FaultKind::ClockDrift => {
+                let (victim, role) = self.clock_victim(cluster, ids[0]).await;
+                let sign = if self.rng.random_bool(0.5) { 1 } else { -1 };
+                if kind == FaultKind::ClockJump {
+                    let offset_ms = sign * self.rng.random_range(30_000..=120_000);
+                    cluster.set_clock(victim, offset_ms, 0);
+                    applied.what = format!("stepped the wall clock of node {victim}{role} by {offset_ms} ms");
+                } else {
+                    let drift_ppm = sign * self.rng.random_range(50_000..=200_000);
+                    cluster.set_clock(victim, 0, drift_ppm);
+                    applied.what =
+                        format!("node {victim}{role}'s wall clock runs {}% {}", drift_ppm.abs() / 10_000, if sign > 0 { "fast" } else { "slow" });
+                }
+                applied.victims = vec![victim];
+                applied.undo = Undo::Clock(victim);
+            }
         }
         applied
+    }
+
+    /// Whose clock a clock fault moves: the placement leader (it judges which nodes are
+    /// down by its wall clock), a shard group's leader (lock-delays and commands' times), or
+    /// `any`, a third of the time each; and its role, in words.
+    async fn clock_victim(&mut self, cluster: &ProcessCluster, any: u64) -> (u64, String) {
+        match self.rng.random_range(0..3) {
+            0 => match cluster.placement_leader(None).await {
+                Some(leader) => (leader, " (the placement leader)".into()),
+                None => (any, String::new()),
+            },
+            1 => {
+                let group = self.groups[self.rng.random_range(0..self.groups.len())];
+                match cluster.group_leader(group, None).await {
+                    Some(leader) => (leader, format!(" (leader of group {group})")),
+                    None => (any, String::new()),
+                }
+            }
+            _ => (any, String::new()),
+        }
     }
 
     /// Impairs every link into node `id` (from the other nodes and from the machine: the
@@ -337,6 +384,7 @@ impl Nemesis {
             Undo::Heal => {}
             Undo::Resume(id) => cluster.resume(id),
             Undo::Restart(id) => cluster.restart(id),
+            Undo::Clock(id) => cluster.set_clock(id, 0, 0),
             Undo::Merge => {
                 // In the background too: the plan goes on while the split finishes and the
                 // merge is made; [`Nemesis::finish`] waits for both.
