@@ -147,8 +147,9 @@ fn a_stale_release_cannot_delete_a_retried_waiter() {
     assert!(ns.lock_info("/l").expect("info").holders.is_empty());
 }
 
-#[test]
-fn lock_delay_lasts_until_its_end_is_applied_whatever_the_replica_clock() {
+/// A harness whose holder of `/job` (lock-delay 5 s, TTL 3 s) expired at 3 s, with the next
+/// waiter's answer: the lock is in its delay until 8 s.
+fn holder_expired_in_a_lock_delay() -> (Harness, LockResponse) {
     let mut ns = leading_harness();
     let holder = ns.create_session(3_000).expect("session").session_id;
     let next = ns.create_session(600_000).expect("session").session_id;
@@ -156,6 +157,12 @@ fn lock_delay_lasts_until_its_end_is_applied_whatever_the_replica_clock() {
     let waiting = ns.lock(acquire("/job", next, LockMode::Exclusive)).expect("lock");
     ns.now_ms = 3_000;
     assert_eq!(ns.leader_scan(3_000).expect("scan"), 1, "the holder's session expires");
+    (ns, waiting)
+}
+
+#[test]
+fn lock_delay_lasts_until_its_end_is_applied_whatever_the_replica_clock() {
+    let (mut ns, waiting) = holder_expired_in_a_lock_delay();
     // No replica grants the lock before the leader has ended the lock-delay, however late its
     // own clock says it is (DESIGN.md rule 6: only the leader judges time): a query takes no
     // clock, and `blocked_until_ms` is not judged against one.
@@ -173,13 +180,7 @@ fn lock_delay_lasts_until_its_end_is_applied_whatever_the_replica_clock() {
 /// clock has run all of it.
 #[test]
 fn a_wall_clock_step_on_the_leader_does_not_end_a_lock_delay_early() {
-    let mut ns = leading_harness();
-    let holder = ns.create_session(3_000).expect("session").session_id;
-    let next = ns.create_session(600_000).expect("session").session_id;
-    ns.lock(AcquireLock { lock_delay_ms: 5_000, ..acquire("/job", holder, LockMode::Exclusive) }).expect("lock");
-    let waiting = ns.lock(acquire("/job", next, LockMode::Exclusive)).expect("lock");
-    ns.now_ms = 3_000;
-    assert_eq!(ns.leader_scan(3_000).expect("scan"), 1, "the holder's session expires");
+    let (mut ns, waiting) = holder_expired_in_a_lock_delay();
     let hour_ms = 3_600_000;
     let stepped = |monotonic_ms: u64| LeaderClock { wall_ms: hour_ms + monotonic_ms, monotonic_ms };
     ns.now_ms = hour_ms + 4_000;

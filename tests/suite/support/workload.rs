@@ -527,8 +527,7 @@ async fn ephemeral_owner(owner: usize, client: Client, outcomes: Outcomes, ephem
 /// Takes the lock on `path` again and again with its own session (homed in the group of
 /// `home`), writing to the fenced resource a few times per hold while its guard is valid.
 async fn locker(client: Client, path: &'static str, home: &'static str, outcomes: Outcomes, resource: Arc<FencedResource>) {
-    let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(home.into()) };
-    let options = LockOptions { wait: Duration::from_secs(2), lock_delay: LOCK_DELAY, ..LockOptions::default() };
+    let (config, options) = locker_settings(home);
     let mut session: Option<Session> = None;
     while !outcomes.stopped() {
         let current = match session.take() {
@@ -564,12 +563,18 @@ async fn locker(client: Client, path: &'static str, home: &'static str, outcomes
     }
 }
 
+/// A locker's session (homed in the group of `home`) and lock options (waits of 2 s, the
+/// [`LOCK_DELAY`]).
+fn locker_settings(home: &str) -> (SessionConfig, LockOptions) {
+    let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(home.into()) };
+    (config, LockOptions { wait: Duration::from_secs(2), lock_delay: LOCK_DELAY, ..LockOptions::default() })
+}
+
 /// Every [`CRASH_EVERY`], takes the lock on `path` with a session of its own, writes once
 /// and abandons the session while holding, as a holder that crashed would: the session
 /// expires after its TTL and the lock enters its lock-delay, which the lockers then wait out.
 async fn crashing_locker(client: Client, path: &'static str, home: &'static str, outcomes: Outcomes, resource: Arc<FencedResource>) {
-    let config = SessionConfig { ttl: SESSION_TTL, grace_period: SESSION_GRACE, path_hint: Some(home.into()) };
-    let options = LockOptions { wait: Duration::from_secs(2), lock_delay: LOCK_DELAY, ..LockOptions::default() };
+    let (config, options) = locker_settings(home);
     while !outcomes.stopped() {
         // A pause between crashes, not a wait for something.
         tokio::time::sleep(CRASH_EVERY).await;
