@@ -24,7 +24,7 @@ const FAILOVER_MAX: Duration = Duration::from_millis(4_500);
 /// How soon after a group's leader is left in a minority the router still reaches, a write
 /// through the router must succeed: the old leader steps down after an election timeout and
 /// answers what it held; the majority has elected another by then or soon after.
-const MINORITY_FAILOVER_MAX: Duration = Duration::from_millis(3_500);
+const MINORITY_FAILOVER_MAX: Duration = Duration::from_millis(4_200);
 
 /// How soon after a cut between the router and a leader heals a write must succeed: at
 /// once, well within the router's 5 s suspicion of the silent node.
@@ -121,8 +121,8 @@ async fn a_leader_cut_off_from_every_machine_is_replaced_and_no_acknowledged_wri
     let failover = cut_at.elapsed();
     eprintln!("group {group}: first acknowledged write {failover:?} (attempt {attempts}) after its leader (node {leader}) was left in a minority");
     // Check-quorum steps the old leader down after an election timeout (1 s) without a
-    // majority, and the majority elects another within two: 1.5 s more for the retries on a
-    // loaded machine. (Waiting out the router's deadline took 4.7 s.)
+    // majority, and the majority elects another within two: 1.5 s typically, up to 3.6 s
+    // seen under CI's load. (Waiting out the router's 5 s deadline took 4.7 s.)
     assert!(failover <= MINORITY_FAILOVER_MAX, "the first write was acknowledged {failover:?} after the leader was left in a minority");
     net.heal_all().expect("heal");
     for id in minority {
