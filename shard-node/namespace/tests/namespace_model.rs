@@ -181,6 +181,9 @@ impl Model {
                         Ok(NodeKind::Ttl) => c.ttl_ms == 0 || c.ttl_ms > self.limits.ttl_ms_max,
                         Ok(_) => c.ttl_ms != 0,
                     };
+                    // An ephemeral node (one with an owning session) is always persistent; a valid
+                    // ephemeral create never reaches the model (`unmodelled`).
+                    let bad = bad || (c.session_id != 0 && c.kind != NodeKind::Persistent as i32);
                     if bad {
                         return Err(fail(Code::InvalidArgument, &c.path));
                     }
@@ -886,6 +889,35 @@ impl Run {
         Run { h, m: Model::new(limits), now, universe }
     }
 
+    /// Applies `bytes` as a raw command: bytes that do not decode must be refused; bytes that
+    /// decode to a modelled command must give the model's outcome.
+    fn apply_raw(&mut self, bytes: &[u8]) -> Result<(), TestCaseError> {
+        let decoded = Command::decode(bytes);
+        if decoded.as_ref().is_ok_and(|command| command.op.as_ref().is_some_and(unmodelled)) {
+            // The model has no sessions, locks, placement steps or paged work; random bytes that
+            // decode to one are skipped.
+            return Ok(());
+        }
+        let output = self.h.apply_bytes(bytes);
+        match decoded {
+            Err(_) => prop_assert!(output.is_err(), "undecodable {:?} applied: {:?}", bytes, output),
+            Ok(command) => {
+                // Bytes that happen to decode are a command like any other.
+                let output = output.map_err(|e| TestCaseError::fail(format!("decodable {command:?} failed: {e}")))?;
+                let result = CommandResult::decode(output.as_slice()).expect("command result");
+                let got = match result.result {
+                    Some(CommandOutcome::Txn(response)) => Ok(response),
+                    Some(CommandOutcome::Error(error)) => Err(error),
+                    Some(other) => return Err(TestCaseError::fail(format!("session result {other:?} from a non-session command"))),
+                    None => return Err(TestCaseError::fail("empty command result")),
+                };
+                let want = self.m.command(&command);
+                same(&format!("raw {command:?}"), got, want)?;
+            }
+        }
+        Ok(())
+    }
+
     fn create_request(&self, spec: &CreateSpec) -> CreateRequest {
         CreateRequest {
             path: spec.path.resolve(&self.m),
@@ -1026,29 +1058,7 @@ impl Run {
             Step::Reopen => self.h.reopen().expect("reopen"),
             Step::Raw(spec) => {
                 let bytes = self.raw_bytes(spec);
-                let decoded = Command::decode(bytes.as_slice());
-                if decoded.as_ref().is_ok_and(|command| command.op.as_ref().is_some_and(unmodelled)) {
-                    // The model has no sessions, locks, placement steps or paged work; random bytes that
-                    // decode to one are skipped.
-                    return Ok(());
-                }
-                let output = self.h.apply_bytes(&bytes);
-                match decoded {
-                    Err(_) => prop_assert!(output.is_err(), "undecodable {:?} applied: {:?}", bytes, output),
-                    Ok(command) => {
-                        // Bytes that happen to decode are a command like any other.
-                        let output = output.map_err(|e| TestCaseError::fail(format!("decodable {command:?} failed: {e}")))?;
-                        let result = CommandResult::decode(output.as_slice()).expect("command result");
-                        let got = match result.result {
-                            Some(CommandOutcome::Txn(response)) => Ok(response),
-                            Some(CommandOutcome::Error(error)) => Err(error),
-                            Some(other) => return Err(TestCaseError::fail(format!("session result {other:?} from a non-session command"))),
-                            None => return Err(TestCaseError::fail("empty command result")),
-                        };
-                        let want = self.m.command(&command);
-                        same(&format!("raw {command:?}"), got, want)?;
-                    }
-                }
+                self.apply_raw(&bytes)?;
             }
             Step::LeaderScan(ahead) => {
                 let at = now + ahead;
@@ -1118,7 +1128,18 @@ fn run(limits: Limits, steps: &[Step]) -> Result<(), TestCaseError> {
 /// Commands the model leaves to their own tests: all but transactions and TTL expiries
 /// (sessions, locks, placement steps, paged purges and quota counts).
 fn unmodelled(op: &CommandOp) -> bool {
-    !matches!(op, CommandOp::Txn(_) | CommandOp::ExpireTtl(_))
+    match op {
+        // The model has no sessions: a transaction that could create an ephemeral node is skipped
+        // (one that asks for an ephemeral container or TTL node is refused before any session is
+        // looked at, and the model refuses it too).
+        CommandOp::Txn(txn) => txn
+            .then
+            .iter()
+            .chain(&txn.r#else)
+            .any(|op| matches!(&op.op, Some(Op::Create(c)) if c.session_id != 0 && c.kind == NodeKind::Persistent as i32)),
+        CommandOp::ExpireTtl(_) => false,
+        _ => true,
+    }
 }
 
 /// Small bounds, so paging, recursive-delete, transaction-size and value limits are hit.
@@ -1186,4 +1207,23 @@ fn ttl_parent_expiry_after_its_ttl_child_is_scanned() {
     if let Err(error) = run(Limits::default(), &steps) {
         panic!("{error}");
     }
+}
+
+/// Found by the model in CI: bytes that decode as a transaction creating an ephemeral
+/// container (a flipped byte can turn `create_parents` into `session_id`). Apply refuses an
+/// ephemeral container or TTL node INVALID_ARGUMENT before it looks for the session; the
+/// model once accepted it.
+#[test]
+fn an_ephemeral_container_in_raw_bytes_is_refused_as_apply_refuses_it() {
+    let create = CreateRequest { path: "/a".into(), kind: NodeKind::Container as i32, session_id: 1, ..CreateRequest::default() };
+    let txn = TxnRequest { then: vec![TxnOp { op: Some(Op::Create(create)) }], ..TxnRequest::default() };
+    let mut run = Run::new(Limits::default());
+    let command = Command { now_ms: run.now, principal: String::new(), op: Some(CommandOp::Txn(txn)) };
+    let op = command.op.as_ref().expect("op");
+    assert!(!unmodelled(op), "an ephemeral container is refused before sessions matter, so the model judges it");
+    assert!(run.m.command(&command).is_err(), "the model refuses an ephemeral container");
+    if let Err(error) = run.apply_raw(&command.encode_to_vec()) {
+        panic!("{error}");
+    }
+    assert!(run.h.exists("/a").expect("exists").is_none(), "nothing was created");
 }
