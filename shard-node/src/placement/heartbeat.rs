@@ -23,6 +23,7 @@ use warden_access::{acl_from_proto, AclCache};
 
 use super::limits::ClusterLimits;
 use crate::service::error_of;
+use warden_engine::error::EngineError;
 use warden_engine::host::NodeHandle;
 use warden_engine::transport::PeerDirectory;
 
@@ -104,6 +105,15 @@ pub async fn run(
                 for group in response.removed_groups.into_iter().filter(|group| *group != PLACEMENT_GROUP_ID) {
                     if let Err(error) = node.destroy_group(group).await {
                         tracing::debug!(group, %error, "could not destroy the replica of a removed group");
+                    }
+                }
+                // A replica a group creation went on without (this node was out of reach):
+                // created as `CreateReplica` would have, idempotently.
+                for missing in response.missing_replicas.into_iter().filter(|m| m.group_id != PLACEMENT_GROUP_ID) {
+                    match node.create_group(missing.group_id, missing.voters).await {
+                        Ok(()) => tracing::info!(group = missing.group_id, "created a replica placement has this node hold and it lacked"),
+                        Err(EngineError::GroupExists(_)) => {}
+                        Err(error) => tracing::debug!(group = missing.group_id, %error, "could not create a missing replica"),
                     }
                 }
                 for peer in response.nodes {

@@ -19,6 +19,11 @@ use warden_proto::v1::WardenError;
 
 use super::wire::{internal, invalid_argument, node_entry, now_ms, routing_table};
 use super::{PlacementService, ROUTING_TABLES_QUEUED_MAX};
+use crate::placement::heartbeat::GROUPS_PER_HEARTBEAT_MAX;
+
+/// Missing replicas one heartbeat answer tells a node to create, at most (the rest follow in
+/// the next answers).
+const MISSING_REPLICAS_PER_HEARTBEAT_MAX: usize = 16;
 use crate::service::{engine_status, status};
 use warden_engine::error::EngineError;
 use warden_engine::host::ReadConsistency;
@@ -135,9 +140,21 @@ impl PlacementApi for PlacementService {
         // a hosted group below the next id that placement does not have is gone for good.
         let removed_groups = request
             .hosted_groups
-            .into_iter()
+            .iter()
+            .copied()
             .filter(|group| *group != PLACEMENT_GROUP_ID && *group < state.next_group_id() && state.group(*group).is_none())
             .collect();
+        // Replicas a creation went on without: judged again on a linearizable read before
+        // the node is told, since a stale state may not show a move that already took the
+        // replica away. A truncated `hosted_groups` cannot show what is missing.
+        let mut missing_replicas = Vec::new();
+        if request.hosted_groups.len() < GROUPS_PER_HEARTBEAT_MAX {
+            let hosted = &request.hosted_groups;
+            if !super::creation::missing_replicas(&state, node_id, hosted, MISSING_REPLICAS_PER_HEARTBEAT_MAX).is_empty() {
+                state = self.state().await?;
+                missing_replicas = super::creation::missing_replicas(&state, node_id, hosted, MISSING_REPLICAS_PER_HEARTBEAT_MAX);
+            }
+        }
         // The ACL goes only to a node that has an older one.
         let acl = (state.acl().version() > request.acl_version).then(|| acl_to_proto(state.acl()));
         // So do the apply limits.
@@ -148,6 +165,7 @@ impl PlacementApi for PlacementService {
             removed_groups,
             acl,
             limits,
+            missing_replicas,
         }))
     }
 

@@ -1,7 +1,9 @@
 //! Creating a group, a sequence run by the placement leader:
 //!
 //! 1. `CreateGroup` is committed: placement allocates the id and picks the replicas.
-//! 2. Each picked node creates its replica (`CreateReplica`); the first one campaigns.
+//! 2. Each picked node creates its replica (`CreateReplica`, all at once); the first one
+//!    campaigns. A majority is enough: a node that could not be reached creates its replica
+//!    when its heartbeat hears it lacks one ([`missing_replicas`]).
 //! 3. The group answers a linearizable `Sync`: it has a leader.
 //! 4. The new group gets its descriptor (creating its prefix node), then each group giving
 //!    paths away gets its new one (`SetDescriptor`, refused if it holds nodes there) — both
@@ -19,11 +21,12 @@
 //!
 //! Bootstrapping a cluster creates its root group by steps 2–4 of the same sequence.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
 use prost::Message as _;
 use tonic::{Response, Status};
-use warden_placement::{AppliedSettings, Command, Outcome, Placement};
+use warden_placement::{AppliedSettings, Command, Epoch, Outcome, Placement, PLACEMENT_GROUP_ID};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{CreateGroupResponse, CreateReplicaRequest, GroupEntry};
 use warden_proto::v1::warden_client::WardenClient;
@@ -36,25 +39,59 @@ use super::PlacementService;
 const GROUP_LEADER_WAIT: Duration = Duration::from_secs(10);
 /// Pause between checks for that leader.
 const GROUP_LEADER_POLL: Duration = Duration::from_millis(50);
+/// How long one node may take to create its replica of a new group (and a created replica
+/// to answer whether the group has a leader) before the creation goes on without it.
+const CREATE_REPLICA_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl PlacementService {
-    /// Steps 2 and 3: the replicas exist and the group has a leader.
+    /// Steps 2 and 3: the replicas exist and the group has a leader. Every replica is
+    /// created at once, each call bounded by [`CREATE_REPLICA_TIMEOUT`], and a majority of
+    /// them is enough: a node that cannot be reached now (cut off, paused, down but not yet
+    /// marked so) neither holds the creation up nor fails it. It creates its replica when its
+    /// next heartbeat hears that it lacks one ([`missing_replicas`]).
     pub(in crate::placement) async fn start_group(&self, group: &warden_placement::GroupInfo, state: &Placement) -> Result<(), Status> {
-        for (position, replica) in group.replicas.iter().enumerate() {
+        let creations = group.replicas.iter().enumerate().map(|(position, replica)| async move {
             let addr = state.node(*replica).map(|n| n.addr.clone()).ok_or_else(|| internal(format!("node {replica} has no address")))?;
             let request = CreateReplicaRequest { group_id: group.id, voters: group.replicas.clone(), campaign: position == 0 };
             let mut client = PlacementClient::new(self.channel(&addr)?);
-            client.create_replica(request).await?;
+            match tokio::time::timeout(CREATE_REPLICA_TIMEOUT, client.create_replica(request)).await {
+                Ok(answer) => answer.map(|_| *replica),
+                Err(_) => Err(Status::deadline_exceeded(format!("node {replica} did not create its replica of group {} in time", group.id))),
+            }
+        });
+        let mut created = Vec::new();
+        let mut failures = Vec::new();
+        for outcome in futures::future::join_all(creations).await {
+            match outcome {
+                Ok(replica) => created.push(replica),
+                Err(status) => failures.push(status),
+            }
         }
-        let first = state.node(group.replicas[0]).map(|n| n.addr.clone()).unwrap_or_default();
-        let mut client = WardenClient::new(self.channel(&first)?);
+        let majority = group.replicas.len() / 2 + 1;
+        if created.len() < majority {
+            let first = failures.into_iter().next().unwrap_or_else(|| internal(format!("group {} has no replicas", group.id)));
+            return Err(first);
+        }
+        for status in &failures {
+            tracing::warn!(group = group.id, %status, "a replica of a new group was not created; its node creates it when it next heartbeats");
+        }
+        // A created replica answers once the group has a leader (a follower asks the leader
+        // for a read index); each try goes to the next created replica.
         let deadline = tokio::time::Instant::now() + GROUP_LEADER_WAIT;
+        let mut attempt = 0;
         loop {
+            let replica = created[attempt % created.len()];
+            attempt += 1;
+            let addr = state.node(replica).map(|n| n.addr.clone()).unwrap_or_default();
+            let mut client = WardenClient::new(self.channel(&addr)?);
             let sync = SyncRequest { routing: Some(Routing { group_id: group.id, ..Routing::default() }) };
-            match client.sync(sync).await {
-                Ok(_) => return Ok(()),
-                Err(error) if tokio::time::Instant::now() >= deadline => return Err(error),
-                Err(_) => tokio::time::sleep(GROUP_LEADER_POLL).await,
+            match tokio::time::timeout(CREATE_REPLICA_TIMEOUT, client.sync(sync)).await {
+                Ok(Ok(_)) => return Ok(()),
+                Ok(Err(error)) if tokio::time::Instant::now() >= deadline => return Err(error),
+                Err(_) if tokio::time::Instant::now() >= deadline => {
+                    return Err(Status::deadline_exceeded(format!("group {} has no leader after {GROUP_LEADER_WAIT:?}", group.id)));
+                }
+                Ok(Err(_)) | Err(_) => tokio::time::sleep(GROUP_LEADER_POLL).await,
             }
         }
     }
@@ -209,5 +246,79 @@ impl PlacementService {
             retired: false,
         });
         Ok(Response::new(CreateGroupResponse { group: entry, routing_version: state.routing_version() }))
+    }
+}
+
+/// Replicas `node` should have and lacks (it hosts `hosted`, a complete list): one request,
+/// never campaigning, per group whose founding replicas name the node — its replica set never
+/// changed (`conf_ver` initial, no learner), so the founding voters are the voters — and which
+/// is neither merging nor retired. These are the replicas a creation went on without (the node
+/// was cut off, paused, or its call timed out). A group whose replica set changed is left
+/// alone: its node lost a replica only by a move, which placement runs and finishes itself.
+/// At most `count_max` requests.
+pub(in crate::placement) fn missing_replicas(state: &Placement, node: u64, hosted: &[u64], count_max: usize) -> Vec<CreateReplicaRequest> {
+    let hosted: HashSet<u64> = hosted.iter().copied().collect();
+    state
+        .groups()
+        .values()
+        .filter(|group| {
+            group.id != PLACEMENT_GROUP_ID
+                && group.epoch.conf_ver == Epoch::INITIAL.conf_ver
+                && group.learners.is_empty()
+                && group.merging.is_none()
+                && !group.retired
+                && group.replicas.contains(&node)
+                && !hosted.contains(&group.id)
+        })
+        .take(count_max)
+        .map(|group| CreateReplicaRequest { group_id: group.id, voters: group.replicas.clone(), campaign: false })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use warden_placement::PlacementConfig;
+
+    /// Three nodes, the root group on all three (replicas per group: 3), and a group for `/t`.
+    fn three_nodes() -> (Placement, u64) {
+        let mut state = Placement::new(PlacementConfig { replicas_per_group: 3, ..PlacementConfig::default() });
+        let settings = Some(AppliedSettings::of(state.config()));
+        let nodes = (1..=3).map(|id| (id, format!("127.0.0.1:{id}"), String::new())).collect();
+        state.apply(&Command::Bootstrap { nodes, now_ms: 1, limits: Vec::new(), settings }).expect("bootstrap");
+        let group = match state.apply(&Command::CreateGroup { prefix: "/t".into(), now_ms: 2 }).expect("create /t") {
+            Outcome::GroupCreated(group) => group.id,
+            other => panic!("unexpected outcome {other:?}"),
+        };
+        (state, group)
+    }
+
+    fn groups_of(requests: &[CreateReplicaRequest]) -> Vec<u64> {
+        requests.iter().map(|request| request.group_id).collect()
+    }
+
+    #[test]
+    fn a_node_lacking_a_founding_replica_is_told_to_create_it_with_the_founding_voters() {
+        let (state, group) = three_nodes();
+        let root = state.groups().keys().copied().find(|id| *id != group && *id != PLACEMENT_GROUP_ID).expect("the root group");
+        let missing = missing_replicas(&state, 3, &[root], 16);
+        assert_eq!(groups_of(&missing), vec![group], "node 3 hosts the root group and lacks /t's replica");
+        assert_eq!(missing[0].voters, state.group(group).expect("group").replicas, "the founding voters");
+        assert!(!missing[0].campaign, "a late replica never campaigns");
+        assert!(missing_replicas(&state, 3, &[root, group], 16).is_empty(), "a node hosting both lacks nothing");
+        assert_eq!(missing_replicas(&state, 3, &[], 1).len(), 1, "at most count_max requests");
+        assert!(missing_replicas(&state, 4, &[], 16).is_empty(), "a node no group is placed on lacks nothing");
+    }
+
+    #[test]
+    fn a_group_whose_replica_set_changed_is_left_to_its_move() {
+        let (mut state, group) = three_nodes();
+        state.apply(&Command::RegisterNode { id: 4, addr: "127.0.0.1:4".into(), zone: String::new(), now_ms: 3 }).expect("register node 4");
+        state.apply(&Command::GroupReady { group_id: group }).expect("ready");
+        state.apply(&Command::AddLearner { group_id: group, node: 4 }).expect("add a learner");
+        assert!(missing_replicas(&state, 3, &[], 16).iter().all(|r| r.group_id != group), "a move is under way: left to it");
+        state.apply(&Command::PromoteLearner { group_id: group, node: 4, replacing: Some(3) }).expect("promote");
+        assert!(!state.group(group).expect("group").replicas.contains(&3));
+        assert!(missing_replicas(&state, 4, &[], 16).iter().all(|r| r.group_id != group), "a replica added by a move is made by the move");
     }
 }
