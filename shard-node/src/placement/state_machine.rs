@@ -24,6 +24,12 @@ pub struct PlacementStateMachine {
     /// Leader-only: when nodes were last proposed down (wall ms), so the proposal is not
     /// repeated every tick while it commits.
     mark_down_proposed_ms: u64,
+    /// Leader-only: when this replica became leader, by its stepless clock (`None` while it
+    /// follows). Until it has led for a heartbeat timeout it marks nobody down: the stamps
+    /// it inherits were made by the previous leader's clock, which may read far from its own
+    /// (a node's stepless clock starts from its wall clock, stepped or not); every live node
+    /// heartbeats it within that time and is stamped again by its own clock.
+    leading_since_ms: Option<u64>,
     /// Where the applied routing version goes once it is in the store (`publish`).
     routing_version: Option<tokio::sync::watch::Sender<u64>>,
 }
@@ -31,7 +37,13 @@ pub struct PlacementStateMachine {
 impl PlacementStateMachine {
     /// An empty placement state with `config`.
     pub fn new(config: PlacementConfig) -> PlacementStateMachine {
-        PlacementStateMachine { placement: Placement::new(config.clone()), config, mark_down_proposed_ms: 0, routing_version: None }
+        PlacementStateMachine {
+            placement: Placement::new(config.clone()),
+            config,
+            mark_down_proposed_ms: 0,
+            leading_since_ms: None,
+            routing_version: None,
+        }
     }
 
     /// The same, telling `sender` the routing version after each write (and load).
@@ -118,6 +130,10 @@ impl StateMachine for PlacementStateMachine {
     /// of the wall clock would make every node look silent at once.
     fn leader_proposals(&mut self, _clock: LeaderClock) -> Vec<Vec<u8>> {
         let now_ms = super::service::now_ms();
+        let leading_since_ms = *self.leading_since_ms.get_or_insert(now_ms);
+        if now_ms < leading_since_ms.saturating_add(self.placement.settings().heartbeat_timeout_ms) {
+            return Vec::new();
+        }
         let down = self.placement.nodes_to_mark_down(now_ms);
         if down.is_empty() || now_ms < self.mark_down_proposed_ms.saturating_add(MARK_DOWN_RETRY_MS) {
             return Vec::new();
@@ -127,6 +143,7 @@ impl StateMachine for PlacementStateMachine {
     }
 
     fn on_leadership(&mut self, leading: bool, _clock: LeaderClock) {
+        self.leading_since_ms = leading.then(super::service::now_ms);
         if !leading {
             self.mark_down_proposed_ms = 0;
         }
@@ -181,6 +198,8 @@ mod tests {
         let bootstrap = Command::Bootstrap { nodes, now_ms: now_ms - 20_000, limits: Vec::new(), settings };
         assert!(apply(&mut sm, &db, 1, &bootstrap).is_ok());
         assert!(apply(&mut sm, &db, 2, &Command::Heartbeat { ids: vec![2], now_ms }).is_ok());
+        // Leading for longer than the heartbeat timeout.
+        sm.leading_since_ms = Some(now_ms - 10_000);
         let stepped = LeaderClock { wall_ms: now_ms + 3_600_000, monotonic_ms: 0 };
         let proposed = sm.leader_proposals(stepped);
         assert_eq!(proposed.len(), 1, "{proposed:?}");
@@ -188,5 +207,34 @@ mod tests {
         assert_eq!(ids, vec![1], "only the silent node, however far the wall clock stepped");
         assert!(stamped >= now_ms && stamped < now_ms + 60_000, "stamped by the stepless clock: {stamped} vs {now_ms}");
         assert!(sm.leader_proposals(stepped).is_empty(), "not again while it commits");
+    }
+
+    /// A new leader inherits heartbeat stamps made by its predecessor's clock, which may read
+    /// far behind its own (each node's stepless clock starts from its wall clock, stepped or
+    /// not): to the new leader every node looks a minute silent. It marks nobody down until it
+    /// has led for a heartbeat timeout, and then only a node that did not heartbeat it.
+    #[test]
+    fn a_new_leader_marks_down_only_nodes_silent_for_a_timeout_of_its_own_leadership() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let db = Db::open(dir.path()).expect("db");
+        let config = PlacementConfig { heartbeat_timeout_ms: 10_000, ..PlacementConfig::default() };
+        let mut sm = PlacementStateMachine::new(config.clone());
+        sm.reload(&SmReader::new(db.clone(), warden_placement::PLACEMENT_GROUP_ID), 0).expect("load");
+        let nodes = vec![(1, "127.0.0.1:7001".to_string(), String::new()), (2, "127.0.0.1:7002".to_string(), String::new())];
+        let settings = Some(AppliedSettings::of(&config));
+        let now_ms = super::super::service::now_ms();
+        let behind = Command::Bootstrap { nodes, now_ms: now_ms - 60_000, limits: Vec::new(), settings };
+        assert!(apply(&mut sm, &db, 1, &behind).is_ok());
+        let clock = LeaderClock { wall_ms: now_ms, monotonic_ms: 0 };
+        sm.on_leadership(true, clock);
+        assert!(sm.leader_proposals(clock).is_empty(), "no node is judged silent by stamps of another clock");
+        // A heartbeat timeout later, node 2 has heartbeated the new leader; node 1 has not.
+        assert!(apply(&mut sm, &db, 2, &Command::Heartbeat { ids: vec![2], now_ms }).is_ok());
+        sm.leading_since_ms = Some(now_ms - 10_000);
+        let proposed = sm.leader_proposals(clock);
+        let Some(Ok(Command::MarkDown { ids, .. })) = proposed.first().map(|p| decode_command(p)) else { panic!("a mark-down: {proposed:?}") };
+        assert_eq!(ids, vec![1], "only the node that stayed silent");
+        sm.on_leadership(false, clock);
+        assert_eq!(sm.leading_since_ms, None, "a follower has no leadership to time");
     }
 }
