@@ -290,20 +290,9 @@ impl ProcessCluster {
 
     /// The shard groups (ids) of the routing table, read from any placement node.
     pub async fn shard_groups(&self) -> Vec<u64> {
-        let addrs: Vec<String> = PLACEMENT_NODES.iter().map(|id| self.spec(*id).listen.clone()).collect();
-        wait_until("the routing table", STEP_TIMEOUT, || {
-            let addrs = addrs.clone();
-            async move {
-                for addr in addrs {
-                    let mut placement = PlacementClient::new(channel(&addr, Duration::from_secs(2)));
-                    if let Ok(table) = placement.get_routing_table(GetRoutingTableRequest {}).await {
-                        let groups =
-                            table.into_inner().groups.iter().filter(|g| g.ready).filter_map(|g| g.descriptor.as_ref()).map(|d| d.group_id).collect();
-                        return Some(groups);
-                    }
-                }
-                None
-            }
+        wait_until("the routing table", STEP_TIMEOUT, || async {
+            let table = self.routing_table().await?;
+            Some(table.groups.iter().filter(|g| g.ready).filter_map(|g| g.descriptor.as_ref()).map(|d| d.group_id).collect())
         })
         .await
     }
@@ -336,6 +325,50 @@ impl ProcessCluster {
                 tokio::time::sleep(POLL).await;
             }
         }
+    }
+
+    /// Waits until every node serves linearizable reads of each group placement places on
+    /// it (its voters in the routing table, read again at each try: replicas may still be
+    /// moving), and every placement node reads the routing table; see [`Self::wait_caught_up`].
+    pub async fn wait_all_caught_up(&mut self) {
+        let deadline = Instant::now() + STEP_TIMEOUT;
+        loop {
+            let mut lagging = Vec::new();
+            match self.routing_table().await {
+                Some(table) => {
+                    for id in self.node_ids() {
+                        self.assert_running(id);
+                        let placed = table.groups.iter().filter_map(|g| g.descriptor.as_ref()).filter(|d| d.replicas.contains(&id));
+                        for group in placed.map(|d| d.group_id) {
+                            let routing = Some(Routing { group_id: group, ..Routing::default() });
+                            if self.node(id, Duration::from_secs(2)).sync(SyncRequest { routing }).await.is_err() {
+                                lagging.push((id, group));
+                            }
+                        }
+                    }
+                }
+                None => lagging.push((0, 0)),
+            }
+            if lagging.is_empty() {
+                break;
+            }
+            assert!(Instant::now() < deadline, "(node, group) pairs not caught up within {STEP_TIMEOUT:?}: {lagging:?} (0: no routing table)");
+            tokio::time::sleep(POLL).await;
+        }
+        for id in PLACEMENT_NODES {
+            self.wait_caught_up(id, &[]).await;
+        }
+    }
+
+    /// The routing table as the first placement node that answers has it.
+    async fn routing_table(&self) -> Option<warden_proto::placement::RoutingTable> {
+        for id in PLACEMENT_NODES.into_iter().filter(|id| self.is_up(*id)) {
+            let mut placement = PlacementClient::new(channel(&self.spec(id).listen, Duration::from_secs(2)));
+            if let Ok(table) = placement.get_routing_table(GetRoutingTableRequest {}).await {
+                return Some(table.into_inner());
+            }
+        }
+        None
     }
 
     /// Panics (with the log's tail) if node `id` exited on its own, unless it could not bind

@@ -1,4 +1,4 @@
-//! One history: a fresh cluster of five node processes on test hosts and a router, the
+//! One history: a fresh cluster of six node processes on test hosts and a router, the
 //! workload's clients running through the router, the nemesis playing a seeded plan of
 //! faults, then every fault undone, the checks run, and the history, the faults and the
 //! verdict written to the history's folder.
@@ -15,7 +15,7 @@ use super::nemesis::{plan, Applied, FaultKind, Nemesis, Planned};
 use super::timeline;
 use crate::support::processes::{ClusterOptions, ProcessCluster};
 use crate::support::routed::group_serving;
-use crate::support::workload::{probes, Anomaly, Attempt, Checked, Workload, PREFIXES};
+use crate::support::workload::{probes, Anomaly, Attempt, Checked, Workload, CALL_TIMEOUT, PREFIXES};
 
 /// Quiet time after the last fault before the clients stop: the service settles and the
 /// history ends with fault-free operations.
@@ -52,6 +52,14 @@ pub struct Verdict {
     pub ephemeral_reads: usize,
     pub abandoned_holds: usize,
     pub register_ops: usize,
+    /// Register changes the watchers delivered, their resumes from a revision, and watches
+    /// that found their events compacted away (see `Checked`).
+    pub watch_events: usize,
+    pub watch_resumes: usize,
+    pub watch_compactions: usize,
+    /// Creates the quota refused, and listings of its subtree checked.
+    pub quota_refusals: usize,
+    pub quota_listings: usize,
     pub faults: Vec<Applied>,
     pub availability: Availability,
     /// Milliseconds the history took, from the workload's start to its last call.
@@ -82,14 +90,14 @@ pub struct Availability {
 /// The length of the windows availability is counted in.
 pub const WINDOW: Duration = Duration::from_millis(500);
 
-/// Runs one history on `net` (five hosts or more) and writes its files; answers its verdict.
+/// Runs one history on `net` (a host per node) and writes its files; answers its verdict.
 pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
     std::fs::create_dir_all(&spec.dir).expect("the history's folder");
     let planned = plan(spec.seed, &spec.kinds, spec.duration);
-    let options = ClusterOptions { hosts: Some(net.clone()), ..ClusterOptions::default() };
+    let options = ClusterOptions { nodes: super::NODES, hosts: Some(net.clone()), ..ClusterOptions::default() };
     let mut cluster = ProcessCluster::start_with(options, &PREFIXES).await;
     let mut router = cluster.router();
-    let workload = Workload::start(cluster.router_addr()).await;
+    let workload = Workload::start_with_quota(cluster.router_addr(), &cluster.placement_clients(CALL_TIMEOUT)).await;
     let mut group_of_prefix = BTreeMap::new();
     for probe in probes() {
         let prefix = probe.trim_end_matches("/probe").to_string();
@@ -114,14 +122,12 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
     }
     nemesis.finish(&mut applied).await;
     tokio::time::sleep(SETTLE_AFTER).await;
-    // Every node back and caught up on every group before the final reads.
-    for id in cluster.node_ids() {
-        cluster.wait_caught_up(id, &groups).await;
-    }
+    // Every node back and caught up on the groups placed on it before the final reads.
+    cluster.wait_all_caught_up().await;
     let name = format!("history of seed {}", spec.seed);
     let checked = workload.finish(&name).await;
     let group_of = |path: &str| group_of_prefix.iter().rev().find(|(prefix, _)| path.starts_with(prefix.as_str())).map(|(_, group)| *group);
-    let availability = availability(&checked.attempts, &applied, group_of);
+    let availability = availability(&checked.attempts, &applied, checked.stopped_ns / 1_000_000, group_of);
     let length_ms = checked.attempts.iter().map(|a| a.completed_ns / 1_000_000).max().unwrap_or(0);
     let verdict = Verdict {
         seed: spec.seed,
@@ -135,6 +141,11 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
         ephemeral_reads: checked.ephemeral_reads,
         abandoned_holds: checked.abandoned_holds,
         register_ops: checked.register_ops,
+        watch_events: checked.watch_events,
+        watch_resumes: checked.watch_resumes,
+        watch_compactions: checked.watch_compactions,
+        quota_refusals: checked.quota_refusals,
+        quota_listings: checked.quota_listings,
         faults: applied,
         availability,
         length_ms,
@@ -144,12 +155,12 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
     verdict
 }
 
-/// Availability (see [`Availability`]) of `attempts` around `faults`; `group_of` maps a path
-/// to its group.
-fn availability(attempts: &[Attempt], faults: &[Applied], group_of: impl Fn(&str) -> Option<u64>) -> Availability {
+/// Availability (see [`Availability`]) of `attempts` around `faults`, until the clients were
+/// stopped at `end_ms` (calls still running then are left alone, not counted); `group_of`
+/// maps a path to its group.
+fn availability(attempts: &[Attempt], faults: &[Applied], end_ms: u64, group_of: impl Fn(&str) -> Option<u64>) -> Availability {
     let allowance_ms = ELECTION_ALLOWANCE.as_millis() as u64;
     let window_ms = WINDOW.as_millis() as u64;
-    let end_ms = attempts.iter().map(|a| a.completed_ns / 1_000_000).max().unwrap_or(0);
     // Spans [from, to) in ms: faults after the allowance, and quiet spells after their first second.
     let faulted: Vec<(u64, u64)> = faults.iter().map(|f| (f.start_ms + allowance_ms, f.end_ms)).filter(|(from, to)| from < to).collect();
     let mut quiet = Vec::new();
@@ -214,7 +225,7 @@ fn availability(attempts: &[Attempt], faults: &[Applied], group_of: impl Fn(&str
 }
 
 /// `history.jsonl` (every call, every register operation with its input and output, every
-/// fenced write, every fault), `schedule.json` (the plan and what was applied),
+/// fenced write, every watch event and compaction gap, every fault), `schedule.json` (the plan and what was applied),
 /// `verdict.json` and `timeline.html`.
 fn write_files(dir: &Path, planned: &[Planned], checked: &Checked, verdict: &Verdict) {
     let mut lines = Vec::new();
@@ -227,6 +238,16 @@ fn write_files(dir: &Path, planned: &[Planned], checked: &Checked, verdict: &Ver
     }
     for write in &checked.fenced_writes {
         lines.push(serde_json::json!({ "type": "fenced-write", "write": write }));
+    }
+    for log in &checked.watch_logs {
+        for event in &log.delivered {
+            let value = String::from_utf8_lossy(&event.value);
+            let (group, revision, received_ns) = (event.group, event.revision, event.received_ns);
+            lines.push(serde_json::json!({ "type": "watch-event", "watcher": log.name, "group": group, "revision": revision, "value": value, "received_ns": received_ns }));
+        }
+        for gap in &log.gaps {
+            lines.push(serde_json::json!({ "type": "watch-gap", "watcher": log.name, "after_events": gap.after, "reopened_ns": gap.reopened_ns, "error": gap.error }));
+        }
     }
     for fault in &verdict.faults {
         lines.push(serde_json::json!({ "type": "fault", "fault": fault }));

@@ -1,4 +1,4 @@
-//! Torture runs, in the manner of Jepsen: seeded histories of five real `warden node`
+//! Torture runs, in the manner of Jepsen: seeded histories of six real `warden node`
 //! processes on test hosts of their own (network namespaces on a bridge) behind a router,
 //! the workload's clients (registers, creates, sequential nodes, ephemeral nodes, fenced
 //! locks whose holders sometimes crash) running through the router while the nemesis
@@ -6,8 +6,10 @@
 //! kills nodes, moves a subtree and steps or drifts a node's wall clock; then every history
 //! is checked (linearizable registers, every acknowledged create kept, sequential counters
 //! unique and increasing, ephemerals kept while their session's lease holds and gone after,
-//! fenced holds exclusive, no lock granted within the lock-delay after its holder crashed)
-//! and its availability measured.
+//! fenced holds exclusive, no lock granted within the lock-delay after its holder crashed,
+//! every acknowledged register write delivered once and in order to watchers that follow it
+//! across moves or resume from a revision, a subtree's quota never exceeded and a create it
+//! refused absent) and its availability measured.
 //!
 //! - `nemesis`: fault kinds, seeded plans, applying and undoing a fault;
 //! - `history`: one history from cluster start to verdict, and its files;
@@ -37,8 +39,9 @@ use history::{HistorySpec, Verdict};
 use nemesis::FaultKind;
 use warden_torture::TestNet;
 
-/// Test hosts: one per node.
-const HOSTS: usize = 5;
+/// Nodes of a history, each on a test host of its own: one more than a group's five
+/// replicas, so replicas can move (`move-replicas`, repair of a node marked down).
+const NODES: u64 = 6;
 
 fn knob(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|value| !value.trim().is_empty())
@@ -86,7 +89,7 @@ impl RunSpec {
             self.kinds.iter().map(|k| k.name()).collect::<Vec<_>>(),
             self.out.display()
         );
-        let net = Arc::new(TestNet::create(HOSTS).expect("five test hosts (needs root and iproute2)"));
+        let net = Arc::new(TestNet::create(NODES as usize).expect("six test hosts (needs root and iproute2)"));
         let mut verdicts = Vec::new();
         for seed in self.first_seed..self.first_seed + self.histories {
             let spec = HistorySpec {
@@ -130,6 +133,8 @@ async fn seeded_histories_under_partitions_pauses_and_kills_show_no_anomaly() {
         assert!(verdict.sequenced >= 10, "seed {}: {} sequential creates are too few to check", verdict.seed, verdict.sequenced);
         assert!(verdict.abandoned_holds >= 1, "seed {}: no holder crashed, so no lock-delay was checked", verdict.seed);
         assert!(verdict.ephemeral_reads >= 10, "seed {}: {} reads of ephemeral nodes are too few to check", verdict.seed, verdict.ephemeral_reads);
+        assert!(verdict.watch_events >= 10, "seed {}: {} watch events are too few to check", verdict.seed, verdict.watch_events);
+        assert!(verdict.quota_refusals >= 1, "seed {}: the quota never refused a create, so its limit was not checked", verdict.seed);
     }
 }
 

@@ -10,7 +10,7 @@ use std::time::Duration;
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::{Rng, SeedableRng};
-use warden_proto::placement::{CreateGroupRequest, RemoveGroupRequest};
+use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest, GroupEntry, NodeState, RemoveGroupRequest, SetNodeStateRequest};
 use warden_torture::{End, Impairment, TestNet};
 
 use tonic::transport::Channel;
@@ -28,9 +28,10 @@ pub enum FaultKind {
     IsolateGroupLeader,
     /// The placement group's leader isolated.
     IsolatePlacementLeader,
-    /// Two nodes against three; the router and clients reach both sides.
+    /// Two nodes against the others; the router and clients reach both sides.
     Halves,
-    /// Two pairs that cannot reach each other, and one node both pairs reach.
+    /// Two sides (two nodes and the rest) that cannot reach each other, and one node both
+    /// sides reach.
     Bridge,
     /// One node hears nothing from one other (it still reaches it): an asymmetric link.
     OneWay,
@@ -56,11 +57,17 @@ pub enum FaultKind {
     ClockJump,
     /// One node's wall clock running 5–20% fast or slow, put right when the fault ends.
     ClockDrift,
+    /// One node isolated and, while it is, another drained: placement moves each replica the
+    /// drained node holds to a node without one of that group (the cluster has a node more
+    /// than a group has replicas), each move a learner added, caught up and promoted in the
+    /// middle of the fault. When the fault ends the network heals; once the drained node is
+    /// empty (or the moves' time is up) it serves again, and balancing may fill it.
+    MoveReplicas,
 }
 
 impl FaultKind {
     /// Every kind, in a fixed order.
-    pub const ALL: [FaultKind; 14] = [
+    pub const ALL: [FaultKind; 15] = [
         FaultKind::IsolateNode,
         FaultKind::IsolateGroupLeader,
         FaultKind::IsolatePlacementLeader,
@@ -75,6 +82,7 @@ impl FaultKind {
         FaultKind::SplitMerge,
         FaultKind::ClockJump,
         FaultKind::ClockDrift,
+        FaultKind::MoveReplicas,
     ];
 
     /// The kind's name in schedules, verdicts and `FAULTS=` lists (its serialized form).
@@ -94,6 +102,7 @@ impl FaultKind {
             FaultKind::SplitMerge => "split-merge",
             FaultKind::ClockJump => "clock-jump",
             FaultKind::ClockDrift => "clock-drift",
+            FaultKind::MoveReplicas => "move-replicas",
         }
     }
 
@@ -182,6 +191,8 @@ pub enum Undo {
     Merge,
     /// Put the node's wall clock right.
     Clock(u64),
+    /// Let the node serve again once its replicas have moved (after healing).
+    Undrain(u64),
 }
 
 /// A fault as it was applied: its victims, and when it really started and ended.
@@ -200,14 +211,15 @@ pub struct Applied {
     pub undo: Undo,
 }
 
-/// Applies faults to a cluster of [`NODES`](crate::support::processes::NODES) nodes, node
-/// `id` on host `id - 1` of `net`.
+/// Applies faults to a cluster of [`super::NODES`] nodes (one more than a group's replicas,
+/// so a replica has somewhere to move), node `id` on host `id - 1` of `net`.
 pub struct Nemesis {
     net: std::sync::Arc<TestNet>,
     rng: StdRng,
     /// Shard groups whose leaders may be targeted.
     groups: Vec<u64>,
-    /// The split a [`FaultKind::SplitMerge`] started, answering what came of it.
+    /// The split a [`FaultKind::SplitMerge`] or the drain a [`FaultKind::MoveReplicas`]
+    /// started, answering what came of it.
     splitting: Option<tokio::task::JoinHandle<String>>,
     /// Moves still going on after their fault ended (a merge waits for its split): the
     /// fault's index among those started, and the task answering what came of it.
@@ -322,6 +334,16 @@ impl Nemesis {
                 applied.victims = vec![ids[0]];
                 applied.undo = Undo::Merge;
             }
+            FaultKind::MoveReplicas => {
+                let (isolated, drained) = (ids[0], ids[1]);
+                self.net.isolate(isolated as usize - 1).expect("isolate a node");
+                let clients = cluster.placement_clients(PLACEMENT_CALL_TIMEOUT);
+                // In the background, as a split: the moves happen in the fault.
+                self.splitting = Some(tokio::spawn(set_node_state(clients, drained, NodeState::Draining)));
+                applied.what = format!("isolated node {isolated}, then drained node {drained}");
+                applied.victims = vec![isolated, drained];
+                applied.undo = Undo::Undrain(drained);
+            }
             FaultKind::ClockJump | FaultKind::ClockDrift => {
                 let (victim, role) = self.clock_victim(cluster, ids[0]).await;
                 let sign = if self.rng.random_bool(0.5) { 1 } else { -1 };
@@ -376,7 +398,8 @@ impl Nemesis {
     }
 
     /// Ends `applied` at `end_ms`: heals every link (and impairment) and resumes or
-    /// restarts its victim, or merges the moved subtree back (written down in its `what`).
+    /// restarts its victim, or merges the moved subtree back, or undrains the drained node
+    /// once it is empty (the last two written down in its `what`).
     pub async fn end(&mut self, cluster: &mut ProcessCluster, applied: &mut Applied, end_ms: u64) {
         self.net.heal_all().expect("heal every link");
         applied.end_ms = end_ms;
@@ -406,6 +429,20 @@ impl Nemesis {
                 });
                 self.moves.push((self.started - 1, moves));
             }
+            Undo::Undrain(drained) => {
+                let draining = self.splitting.take();
+                let clients = cluster.placement_clients(PLACEMENT_CALL_TIMEOUT);
+                let moves = tokio::spawn(async move {
+                    let drain = match draining {
+                        Some(task) => task.await.unwrap_or_else(|e| format!("the drain's task failed: {e}")),
+                        None => "never started".to_string(),
+                    };
+                    let emptied = wait_empty(&clients, drained).await;
+                    let undrain = set_node_state(clients, drained, NodeState::Serving).await;
+                    format!(": {drain}; healed, {emptied}; undrained: {undrain}")
+                });
+                self.moves.push((self.started - 1, moves));
+            }
         }
     }
 
@@ -419,6 +456,36 @@ impl Nemesis {
             }
         }
     }
+}
+
+/// Sets node `id`'s state at the placement leader ([`placement_call`]).
+async fn set_node_state(clients: Vec<(u64, PlacementClient<Channel>)>, id: u64, state: NodeState) -> String {
+    placement_call(clients, "node state", move |mut placement| async move {
+        placement.set_node_state(SetNodeStateRequest { node_id: id, state: state as i32 }).await.map(|_| format!("node {id} {}", state.as_str_name()))
+    })
+    .await
+}
+
+/// Waits (up to [`MOVE_TIMEOUT`]) until placement's routing table places no replica on node
+/// `id`; answers how that went, in words.
+async fn wait_empty(clients: &[(u64, PlacementClient<Channel>)], id: u64) -> String {
+    let started = std::time::Instant::now();
+    while started.elapsed() < MOVE_TIMEOUT {
+        if let Some(leader) = placement_leader_among(clients, None).await {
+            if let Some((_, placement)) = clients.iter().find(|(node, _)| *node == leader) {
+                if let Ok(table) = placement.clone().get_routing_table(GetRoutingTableRequest {}).await {
+                    let holds =
+                        |group: &GroupEntry| group.learners.contains(&id) || group.descriptor.as_ref().is_some_and(|d| d.replicas.contains(&id));
+                    if !table.into_inner().groups.iter().any(holds) {
+                        return format!("node {id} emptied in {} ms", started.elapsed().as_millis());
+                    }
+                }
+            }
+        }
+        // A pause between looks, not a wait for something: the loop ends at the timeout.
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    format!("node {id} still held replicas after {MOVE_TIMEOUT:?}")
 }
 
 /// Makes a placement call (`call` on a client of the placement leader, as the placement

@@ -1,8 +1,19 @@
 //! The workload of the process tests: clients writing registers, creating keys (plain and
-//! sequential) and taking fenced locks through a router, recording what they were told, and
-//! the checks run on it afterwards (every acknowledged create read back, sequential names
-//! unique and increasing, every fenced hold exclusive, the register history linearizable).
+//! sequential), holding ephemeral nodes and taking fenced locks through a router, watchers
+//! of two registers and (when set up with placement) clients filling a quota, recording
+//! what they were told, and the checks run on it afterwards (every acknowledged create read
+//! back, sequential names unique and increasing, every fenced hold exclusive, the register
+//! history linearizable, every acknowledged register write delivered to each watcher once
+//! and in order, the quota never exceeded and a refused create absent).
 //! Used by `crash_cycles.rs`, `fleet_processes.rs`, `split_merge.rs` and the torture runs.
+//!
+//! - `watches`: the watchers and the watch check;
+//! - `quotas`: the quota clients and the quota check.
+
+mod quotas;
+mod watches;
+
+pub use watches::WatchLog;
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -10,19 +21,27 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use tokio::task::JoinHandle;
+use tonic::transport::Channel;
 use warden_client::{
     Client, ClientConfig, Compare, CompareOp, CreateOptions, Error, FenceGuard, LockGuard, LockOptions, Session, SessionConfig, Txn, TxnOp,
 };
 use warden_loadgen::linearizability::{KvInput, KvOutput};
+use warden_proto::placement::placement_client::PlacementClient;
 
 use super::history::{check_records, Record};
 use super::processes::STEP_TIMEOUT;
+use quotas::Quotas;
 use warden_testkit::wait_until;
+use watches::Watches;
 
 /// Shard groups besides the root group.
 pub const PREFIXES: [&str; 3] = ["/b", "/c", "/d"];
 /// Registers of the linearizability history, spread over the groups.
 pub const REGISTERS: [&str; 6] = ["/a/r0", "/a/r1", "/b/r0", "/b/r1", "/c/r0", "/d/r0"];
+/// Every register's value when it is created.
+const INITIAL_VALUE: &[u8] = b"init";
+/// The client id of the workload's own register operations (the creations, the final reads).
+const SET_UP_CLIENT: usize = usize::MAX;
 /// Fenced lock paths (in two groups) and how many sessions contend for each.
 pub const LOCKS: [&str; 2] = ["/b/locks/x", "/c/locks/y"];
 pub const LOCKERS_PER_LOCK: usize = 2;
@@ -58,7 +77,8 @@ const EPHEMERALS_GONE_WITHIN: Duration = Duration::from_secs(30);
 /// One call a client made and how it ended: what availability and the timeline count.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Attempt {
-    /// `set`, `get`, `cas`, `create`, `sequential`, `lock`, `ephemeral` or `ephemeral-read`.
+    /// `set`, `get`, `cas`, `create`, `sequential`, `lock`, `ephemeral`, `ephemeral-read`,
+    /// `quota-create`, `quota-delete` or `quota-list`.
     pub kind: &'static str,
     pub path: String,
     /// Nanoseconds since the workload started (the history's clock).
@@ -78,7 +98,8 @@ pub struct Sequenced {
 
 /// A property the history breaks, by kind (`lost-create`, `fencing`, `sequential`,
 /// `lock-delay`, `ephemeral-gone-early`, `ephemeral-kept`, `not-linearizable`,
-/// `checker-gave-up`).
+/// `checker-gave-up`, `watch-missed`, `watch-repeated`, `watch-out-of-order`,
+/// `watch-phantom`, `watch-stalled`, `quota-exceeded`, `quota-refused-write-kept`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Anomaly {
     pub kind: &'static str,
@@ -102,6 +123,22 @@ pub struct Checked {
     pub abandoned_holds: usize,
     /// Completed register operations in the checked history.
     pub register_ops: usize,
+    /// When the clients were told to stop (ns of the history's clock): calls still running
+    /// then end after it, alone.
+    pub stopped_ns: u64,
+    /// Register changes the watchers delivered (all checked), the watchers they dropped to
+    /// watch again from the revision after their last event, and the watches that found
+    /// their events compacted away (on a replica whose history started over) and watched
+    /// again from then.
+    pub watch_events: usize,
+    pub watch_resumes: usize,
+    pub watch_compactions: usize,
+    /// Creates the quota refused, and listings of its subtree checked (zero without the
+    /// quota check: [`Workload::start_with_quota`]).
+    pub quota_refusals: usize,
+    pub quota_listings: usize,
+    /// What each watcher delivered.
+    pub watch_logs: Vec<WatchLog>,
     /// The register history (invocation order), every call's outcome, the fenced writes.
     pub records: Vec<Record>,
     pub attempts: Vec<Attempt>,
@@ -131,6 +168,8 @@ pub struct Workload {
     sequenced: Arc<Mutex<Vec<Sequenced>>>,
     ephemerals: Arc<Ephemerals>,
     resource: Arc<FencedResource>,
+    watches: Watches,
+    quotas: Option<Quotas>,
     events: Mutex<Vec<String>>,
 }
 
@@ -146,9 +185,10 @@ struct Ephemerals {
 }
 
 impl Workload {
-    /// Creates the registers and starts the register clients, a creator, a sequencer, the
-    /// ephemeral owners and the lockers of [`LOCKS`] (each locker's session homed in the
-    /// group of its lock).
+    /// Creates the registers and starts the register clients and their watchers, a
+    /// creator, a sequencer, the ephemeral owners and the lockers of [`LOCKS`] (each
+    /// locker's session homed in the group of its lock). No quota clients: their quota is
+    /// set through placement ([`Self::start_with_quota`]).
     pub async fn start(router_addr: &str) -> Workload {
         Self::start_with_locks(router_addr, &LOCKS.map(|path| (path, path))).await
     }
@@ -156,51 +196,77 @@ impl Workload {
     /// [`Self::start`] with the lockers of `locks`: `(lock path, path whose group homes the
     /// lockers' sessions)`.
     pub async fn start_with_locks(router_addr: &str, locks: &[(&'static str, &'static str)]) -> Workload {
+        Self::start_with(router_addr, locks, None).await
+    }
+
+    /// [`Self::start`] and the quota clients: the quota on [`quotas::QUOTA_PREFIX`] is set
+    /// through the placement leader among `placement` (clients of the placement nodes by id).
+    pub async fn start_with_quota(router_addr: &str, placement: &[(u64, PlacementClient<Channel>)]) -> Workload {
+        Self::start_with(router_addr, &LOCKS.map(|path| (path, path)), Some(placement)).await
+    }
+
+    async fn start_with(
+        router_addr: &str,
+        locks: &[(&'static str, &'static str)],
+        placement: Option<&[(u64, PlacementClient<Channel>)]>,
+    ) -> Workload {
         let client = connect(router_addr).await;
         let clock = HistoryClock(Instant::now());
         let records = Arc::new(Mutex::new(Vec::new()));
         for path in probes() {
             client.create(path, b"probe".to_vec(), &CreateOptions::persistent().create_parents()).await.expect("create a probe key");
         }
+        let mut watched_from = BTreeMap::new();
         for path in REGISTERS {
             let invoked = clock.now();
-            client.create(path, b"init".to_vec(), &CreateOptions::persistent().create_parents()).await.expect("create a register");
-            let input = KvInput::Put { key: path.as_bytes().to_vec(), value: b"init".to_vec() };
-            records.lock().expect("records").push((usize::MAX, invoked, Some(clock.now()), input, Some(KvOutput::Written)));
+            let created = client.create(path, INITIAL_VALUE, &CreateOptions::persistent().create_parents()).await.expect("create a register");
+            watched_from.insert(path, created.stat.create_revision + 1);
+            let input = KvInput::Put { key: path.as_bytes().to_vec(), value: INITIAL_VALUE.to_vec() };
+            records.lock().expect("records").push((SET_UP_CLIENT, invoked, Some(clock.now()), input, Some(KvOutput::Written)));
         }
+        let stop = Arc::new(AtomicBool::new(false));
+        let attempts = Arc::new(Mutex::new(Vec::new()));
+        let outcomes = || Outcomes { clock, stop: stop.clone(), attempts: attempts.clone() };
+        let mut tasks = Vec::new();
+        let quotas = match placement {
+            Some(placement) => Some(Quotas::start(&client, placement, outcomes, &mut tasks).await),
+            None => None,
+        };
         let mut workload = Workload {
             client: client.clone(),
             clock,
-            stop: Arc::new(AtomicBool::new(false)),
-            tasks: Vec::new(),
+            stop: stop.clone(),
+            tasks,
             records,
-            attempts: Arc::new(Mutex::new(Vec::new())),
+            attempts: attempts.clone(),
             acknowledged: Arc::new(Mutex::new(Vec::new())),
             sequenced: Arc::new(Mutex::new(Vec::new())),
             ephemerals: Arc::new(Ephemerals::default()),
             resource: Arc::new(FencedResource::default()),
+            // Before the register clients write; from the registers' creation anyway.
+            watches: Watches::start(&client, clock, &watched_from),
+            quotas,
             events: Mutex::new(Vec::new()),
         };
-        let outcomes = |workload: &Workload| Outcomes { clock, stop: workload.stop.clone(), attempts: workload.attempts.clone() };
         for id in 0..REGISTER_CLIENTS {
             let (client, records) = (client.clone(), workload.records.clone());
-            workload.tasks.push(tokio::spawn(register_client(id, client, outcomes(&workload), records)));
+            workload.tasks.push(tokio::spawn(register_client(id, client, outcomes(), records)));
         }
         let acknowledged = workload.acknowledged.clone();
-        workload.tasks.push(tokio::spawn(creator(client.clone(), outcomes(&workload), acknowledged)));
+        workload.tasks.push(tokio::spawn(creator(client.clone(), outcomes(), acknowledged)));
         let sequenced = workload.sequenced.clone();
-        workload.tasks.push(tokio::spawn(sequencer(client.clone(), outcomes(&workload), sequenced)));
+        workload.tasks.push(tokio::spawn(sequencer(client.clone(), outcomes(), sequenced)));
         for owner in 0..EPHEMERAL_OWNERS {
             let ephemerals = workload.ephemerals.clone();
-            workload.tasks.push(tokio::spawn(ephemeral_owner(owner, client.clone(), outcomes(&workload), ephemerals)));
+            workload.tasks.push(tokio::spawn(ephemeral_owner(owner, client.clone(), outcomes(), ephemerals)));
         }
         for (path, home) in locks {
             for _ in 0..LOCKERS_PER_LOCK {
                 let resource = workload.resource.clone();
-                workload.tasks.push(tokio::spawn(locker(client.clone(), path, home, outcomes(&workload), resource)));
+                workload.tasks.push(tokio::spawn(locker(client.clone(), path, home, outcomes(), resource)));
             }
             let resource = workload.resource.clone();
-            workload.tasks.push(tokio::spawn(crashing_locker(client.clone(), path, home, outcomes(&workload), resource)));
+            workload.tasks.push(tokio::spawn(crashing_locker(client.clone(), path, home, outcomes(), resource)));
         }
         workload
     }
@@ -238,16 +304,19 @@ impl Workload {
         let failures: Vec<String> = checked.anomalies.iter().map(|a| format!("{}: {}", a.kind, a.detail)).collect();
         assert!(failures.is_empty(), "{run}: {holds} holds, {completed} register operations\n{}\nfaults:\n{events}", failures.join("\n"));
         eprintln!(
-            "{run}: {creates} creates read back, {} sequential names in order, {holds} exclusive holds, {completed} register operations linearizable",
-            checked.sequenced
+            "{run}: {creates} creates read back, {} sequential names in order, {holds} exclusive holds, {completed} register operations linearizable, {} watch events delivered once and in order",
+            checked.sequenced, checked.watch_events
         );
     }
 
     /// Stops the clients, waits until every group takes writes, and checks every property:
     /// acknowledged creates read back, sequential counters unique and increasing in real
     /// time, fenced holds exclusive, the register history (closed by a read of each register
-    /// now) linearizable. Answers what was done and every anomaly found.
+    /// now) linearizable, each watcher delivering every acknowledged write of its register
+    /// once and in order (waiting for it to deliver the final value), the quota (if set
+    /// up) never exceeded. Answers what was done and every anomaly found.
     pub async fn finish(mut self, run: &str) -> Checked {
+        let stopped_ns = self.clock.now();
         self.stop.store(true, Ordering::SeqCst);
         for task in std::mem::take(&mut self.tasks) {
             task.await.expect("a client task");
@@ -293,11 +362,19 @@ impl Workload {
         anomalies.extend(self.resource.violations().into_iter().map(|detail| Anomaly { kind: "fencing", detail, at_ms: None }));
         anomalies.extend(self.resource.lock_delay_violations().into_iter().map(|detail| Anomaly { kind: "lock-delay", detail, at_ms: None }));
 
+        let mut finals = BTreeMap::new();
         for path in REGISTERS {
             let invoked = self.clock.now();
             let node = self.client.get(path).await.unwrap_or_else(|error| panic!("{run}: final read of {path}: {error}"));
+            finals.insert(path, node.data.clone());
             let input = KvInput::Get { key: path.as_bytes().to_vec() };
-            self.records.lock().expect("records").push((usize::MAX, invoked, Some(self.clock.now()), input, Some(KvOutput::Value(Some(node.data)))));
+            self.records.lock().expect("records").push((
+                SET_UP_CLIENT,
+                invoked,
+                Some(self.clock.now()),
+                input,
+                Some(KvOutput::Value(Some(node.data))),
+            ));
         }
         let mut records = self.records.lock().expect("records").clone();
         records.sort_by_key(|record| record.1);
@@ -306,6 +383,13 @@ impl Workload {
             let kind = if failure.contains("ran out of") { "checker-gave-up" } else { "not-linearizable" };
             anomalies.push(Anomaly { kind, detail: failure, at_ms: None });
         }
+        let watched = self.watches.finish(&finals, &records).await;
+        anomalies.extend(watched.anomalies);
+        let quotas = match self.quotas.take() {
+            Some(quotas) => quotas.finish(&self.client).await,
+            None => quotas::QuotasChecked::default(),
+        };
+        anomalies.extend(quotas.anomalies);
         let attempts = self.attempts.lock().expect("attempts").clone();
         let fenced_writes = self.resource.writes();
         let ephemeral_reads = self.ephemerals.found.load(Ordering::Relaxed);
@@ -317,6 +401,13 @@ impl Workload {
             ephemeral_reads,
             abandoned_holds: self.resource.abandonments(),
             register_ops,
+            stopped_ns,
+            watch_events: watched.events,
+            watch_resumes: watched.resumes,
+            watch_compactions: watched.compactions,
+            quota_refusals: quotas.refusals,
+            quota_listings: quotas.listings,
+            watch_logs: watched.logs,
             records,
             attempts,
             fenced_writes,
@@ -578,6 +669,11 @@ async fn crashing_locker(client: Client, path: &'static str, home: &'static str,
     while !outcomes.stopped() {
         // A pause between crashes, not a wait for something.
         tokio::time::sleep(CRASH_EVERY).await;
+        if outcomes.stopped() {
+            // The others stopped meanwhile: a lock taken now would be a call after the
+            // workload, alone in its windows (availability would count them down).
+            break;
+        }
         let Ok(session) = client.session(config.clone()).await else { continue };
         let invoked = outcomes.clock.now();
         let locked = session.lock_with(path, &options).await;

@@ -1,0 +1,409 @@
+//! The watch check: watchers of two registers run for the whole workload through the
+//! client library, and every acknowledged change of a register must be delivered to each of
+//! them once, in order, with nothing delivered that nobody wrote.
+//!
+//! Per watched register a *following* watcher keeps one `Watcher` (which resumes itself
+//! across broken streams and, per group, across MOVED), and on [`RESUMED`] a *resuming*
+//! watcher also drops its `Watcher` every 1–3 s and opens a new one from the revision after
+//! its last event, as a user does after a restart.
+//!
+//! A watch can legitimately lose its place: a replica's event history starts over when it
+//! restarts or installs a snapshot (`shard-node/namespace/src/watch/hub.rs`, `reset`), and a
+//! watch resumed there from before that point ends COMPACTED (the kill fault restarts
+//! nodes). The watcher then does what `Error::Compacted` tells a user to do: it watches again
+//! from now. The writes that may fall in that gap (see [`RegisterWrites::excused`]) are not
+//! required; every other acknowledged write still is, and the gap is counted.
+
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+use warden_client::{Client, Error, WatchOptions};
+use warden_loadgen::linearizability::{KvInput, KvOutput};
+
+use super::{Anomaly, HistoryClock, SET_UP_CLIENT};
+use crate::support::history::Record;
+
+/// The registers watched: `/a/r0` lives in the subtree the split-merge fault moves (its
+/// watchers cross MOVED), `/d/r0` in a group that never moves.
+pub const WATCHED: [&str; 2] = ["/a/r0", "/d/r0"];
+/// The register that also has a resuming watcher. A start revision is a revision of the
+/// group serving the path when the watch is opened, and revisions are per group: after
+/// `/a/r0` moved, the revision after its last event (a revision of the old group) means
+/// nothing in the new one, so only a register that never moves can be resumed this way.
+pub const RESUMED: &str = "/d/r0";
+/// How long the resuming watcher keeps one `Watcher`: a random time in this range.
+const RESUME_AFTER_MS: std::ops::Range<u64> = 1_000..3_000;
+/// How long, after the clients stop, a watcher may take to deliver a register's final value.
+const CATCH_UP_WITHIN: Duration = Duration::from_secs(30);
+/// Pause before calling a watcher again after an error (it reconnects by itself).
+const RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// One event a watcher delivered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Delivered {
+    /// The group that served it, and its revision there.
+    pub group: u64,
+    pub revision: u64,
+    /// The register's value after it.
+    pub value: Vec<u8>,
+    /// When the watcher got it (ns of the history's clock).
+    pub received_ns: u64,
+}
+
+/// A watch that lost its place (COMPACTED) and was opened again from now.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Gap {
+    /// Events delivered before it.
+    pub after: usize,
+    /// When the new watch was opened (ns): it reports every write invoked after this.
+    pub reopened_ns: u64,
+    /// The error that ended the old watch.
+    pub error: String,
+}
+
+/// What one watcher did.
+#[derive(Clone, Debug, Default)]
+pub struct WatchLog {
+    /// `following /a/r0`, `resuming /d/r0`.
+    pub name: String,
+    /// Its events, in delivery order.
+    pub delivered: Vec<Delivered>,
+    pub gaps: Vec<Gap>,
+    /// Watchers it dropped to open a new one from the revision after its last event.
+    pub resumes: usize,
+    /// The last error a call of the watcher answered, for a stall's report.
+    pub last_error: Option<String>,
+    /// Why it did not keep up: it ended, or missed the final value's deadline.
+    pub stalled: Option<String>,
+}
+
+/// What the watch check found and counted.
+#[derive(Debug, Default)]
+pub struct WatchesChecked {
+    pub anomalies: Vec<Anomaly>,
+    /// Events delivered, over every watcher.
+    pub events: usize,
+    /// Explicit resumes from a revision.
+    pub resumes: usize,
+    /// Watches that found their events compacted away and started again from now.
+    pub compactions: usize,
+    /// What each watcher did (for the history's files).
+    pub logs: Vec<WatchLog>,
+}
+
+/// The running watchers.
+pub struct Watches {
+    clock: HistoryClock,
+    watchers: Vec<Running>,
+}
+
+/// One running watcher: its register, its task and what it logs.
+struct Running {
+    register: &'static str,
+    task: JoinHandle<()>,
+    log: Arc<Mutex<WatchLog>>,
+}
+
+impl Watches {
+    /// Starts the watchers of each register of [`WATCHED`] from `from_revisions` (the
+    /// register's: the revision after its creation, so every later write is covered).
+    pub fn start(client: &Client, clock: HistoryClock, from_revisions: &BTreeMap<&'static str, u64>) -> Watches {
+        let mut watchers = Vec::new();
+        for register in WATCHED {
+            let from_revision = from_revisions[register];
+            let resuming = [false, true].into_iter().filter(|resuming| !resuming || register == RESUMED);
+            for resuming in resuming {
+                let name = format!("{} {register}", if resuming { "resuming" } else { "following" });
+                let log = Arc::new(Mutex::new(WatchLog { name, ..WatchLog::default() }));
+                let task = tokio::spawn(watch_register(client.clone(), register, from_revision, resuming, clock, log.clone()));
+                watchers.push(Running { register, task, log });
+            }
+        }
+        Watches { clock, watchers }
+    }
+
+    /// Waits (at most [`CATCH_UP_WITHIN`]) until every watcher delivered its register's
+    /// final value (`finals`, read after the clients stopped; the writes are `records`),
+    /// stops them and checks what each delivered.
+    pub async fn finish(self, finals: &BTreeMap<&str, Vec<u8>>, records: &[Record]) -> WatchesChecked {
+        let deadline = tokio::time::Instant::now() + CATCH_UP_WITHIN;
+        let caught_up = |register: &str, log: &WatchLog| {
+            let last = &finals[register];
+            // The initial value comes before the watch starts: nothing to wait for.
+            log.stalled.is_some() || last == super::INITIAL_VALUE || log.delivered.iter().any(|d| &d.value == last)
+        };
+        // Polled: the watchers deliver on their own, and the deadline bounds the wait.
+        while tokio::time::Instant::now() < deadline && !self.watchers.iter().all(|w| caught_up(w.register, &w.log.lock().expect("watch log"))) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        let mut checked = WatchesChecked::default();
+        for Running { register, task, log } in self.watchers {
+            // The watcher has no end of its own: it watches until stopped.
+            task.abort();
+            let mut log = log.lock().expect("watch log").clone();
+            if !caught_up(register, &log) {
+                let last =
+                    log.delivered.last().map_or("none".into(), |d| format!("{:?} at revision {} of group {}", value(&d.value), d.revision, d.group));
+                let error = log.last_error.as_deref().unwrap_or("none");
+                log.stalled = Some(format!(
+                    "the final value {:?} was not delivered within {CATCH_UP_WITHIN:?} (last event: {last}; last error: {error})",
+                    value(&finals[register])
+                ));
+            }
+            checked.anomalies.extend(watch_anomalies(&log, &RegisterWrites::of(register, records), self.clock.now()));
+            checked.events += log.delivered.len();
+            checked.resumes += log.resumes;
+            checked.compactions += log.gaps.len();
+            checked.logs.push(log);
+        }
+        checked
+    }
+}
+
+/// Watches `register` from `from_revision` until aborted, logging every event; with
+/// `resuming`, opens a new watch from the revision after its last event every
+/// [`RESUME_AFTER_MS`]. A watch whose events were compacted away is opened again from now.
+async fn watch_register(client: Client, register: &'static str, from_revision: u64, resuming: bool, clock: HistoryClock, log: Arc<Mutex<WatchLog>>) {
+    let mut start_revision = from_revision;
+    let mut compacted: Option<Error> = None;
+    loop {
+        let mut watcher = match client.watch(WatchOptions { start_revision, ..WatchOptions::new(register) }).await {
+            Ok(watcher) => watcher,
+            Err(error) => {
+                if matches!(error, Error::Compacted { .. }) {
+                    start_revision = 0;
+                    compacted = Some(error.clone());
+                }
+                log.lock().expect("watch log").last_error = Some(error.to_string());
+                tokio::time::sleep(RETRY_AFTER).await;
+                continue;
+            }
+        };
+        if let Some(error) = compacted.take() {
+            let mut log = log.lock().expect("watch log");
+            let after = log.delivered.len();
+            log.gaps.push(Gap { after, reopened_ns: clock.now(), error: error.to_string() });
+        }
+        if start_revision == 0 {
+            // Where the server started it (one group: `RESUMED` never moves), so a resume
+            // before its first event misses nothing either.
+            start_revision = watcher.resume_revisions().values().copied().max().unwrap_or(0);
+        }
+        let resume_at = resuming.then(|| tokio::time::Instant::now() + Duration::from_millis(rand::random_range(RESUME_AFTER_MS)));
+        loop {
+            let next = match resume_at {
+                // `next` is cancel-safe: a timeout loses nothing, and the watcher is dropped.
+                Some(at) => match tokio::time::timeout_at(at, watcher.next()).await {
+                    Ok(next) => next,
+                    Err(_) => break,
+                },
+                None => watcher.next().await,
+            };
+            match next {
+                Ok(Some(event)) => {
+                    start_revision = event.revision + 1;
+                    let delivered = Delivered { group: event.group_id, revision: event.revision, value: event.node.data, received_ns: clock.now() };
+                    log.lock().expect("watch log").delivered.push(delivered);
+                }
+                Ok(None) => {
+                    let mut log = log.lock().expect("watch log");
+                    let error = log.last_error.clone().unwrap_or_else(|| "none".into());
+                    log.stalled = Some(format!("the watch ended (last error: {error})"));
+                    return;
+                }
+                Err(error @ Error::Compacted { .. }) => {
+                    log.lock().expect("watch log").last_error = Some(error.to_string());
+                    (start_revision, compacted) = (0, Some(error));
+                    break;
+                }
+                Err(error) => {
+                    // Transient (the watcher tries again on the next call) or final (the
+                    // next call answers `None`).
+                    log.lock().expect("watch log").last_error = Some(error.to_string());
+                    tokio::time::sleep(RETRY_AFTER).await;
+                }
+            }
+        }
+        if compacted.is_none() {
+            log.lock().expect("watch log").resumes += 1;
+        }
+    }
+}
+
+/// One write of a register whose outcome was acknowledged.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AcknowledgedWrite {
+    pub value: Vec<u8>,
+    pub invoked_ns: u64,
+    pub completed_ns: u64,
+}
+
+/// The writes of one register a watch of it is judged by. Values are unique per write, so
+/// events are matched to writes by value. (`warden_loadgen::watch_check` matches by
+/// revision, which the register clients do not learn for every write, and knows one group.)
+#[derive(Clone, Debug, Default)]
+pub struct RegisterWrites {
+    /// Sets answered written and compare-and-swaps answered swapped, after the register's
+    /// creation.
+    pub acknowledged: Vec<AcknowledgedWrite>,
+    /// Every value that may be the register's (those, the writes of unknown outcome and the
+    /// initial value), with when its write was invoked (ns).
+    pub possible: BTreeMap<Vec<u8>, u64>,
+}
+
+impl RegisterWrites {
+    /// The writes of `register` in the register history `records`.
+    pub fn of(register: &str, records: &[Record]) -> RegisterWrites {
+        let mut writes = RegisterWrites::default();
+        for (client, invoked_ns, completed_ns, input, output) in records {
+            let (key, value, acknowledged) = match (input, output) {
+                (KvInput::Put { key, value }, Some(KvOutput::Written)) => (key, value, true),
+                (KvInput::Cas { key, new, .. }, Some(KvOutput::Swapped(true))) => (key, new, true),
+                (KvInput::Put { key, value }, None) | (KvInput::Cas { key, new: value, .. }, None) => (key, value, false),
+                _ => continue,
+            };
+            if key.as_slice() != register.as_bytes() {
+                continue;
+            }
+            writes.possible.insert(value.clone(), *invoked_ns);
+            if let (true, Some(completed_ns)) = (acknowledged && *client != SET_UP_CLIENT, completed_ns) {
+                writes.acknowledged.push(AcknowledgedWrite { value: value.clone(), invoked_ns: *invoked_ns, completed_ns: *completed_ns });
+            }
+        }
+        writes
+    }
+
+    /// Whether `write` may have been lost in `gap` of a watcher whose events are
+    /// `delivered`: its revision may lie between the last event before the gap and the new
+    /// watch's start. It was invoked before the new watch was opened (a write
+    /// invoked after has a later revision), and answered after the write of that last event
+    /// was invoked (one answered before has an earlier revision).
+    fn excused(&self, write: &AcknowledgedWrite, gap: &Gap, delivered: &[Delivered]) -> bool {
+        let last_before = gap.after.checked_sub(1).map(|last| &delivered[last].value);
+        let after_ns = last_before.and_then(|value| self.possible.get(value)).copied().unwrap_or(0);
+        write.invoked_ns < gap.reopened_ns && write.completed_ns > after_ns
+    }
+}
+
+/// What is wrong with what one watcher delivered, given its register's `writes` (`now_ns`
+/// stamps a stall): an event whose revision is not above an earlier one of its group
+/// (`watch-out-of-order`), a value delivered twice (`watch-repeated`), a value nobody wrote
+/// (`watch-phantom`), an acknowledged write not delivered and not excused by a compaction
+/// gap (`watch-missed`), a watcher that ended or fell behind (`watch-stalled`: its missed
+/// writes are not listed besides).
+pub fn watch_anomalies(log: &WatchLog, writes: &RegisterWrites, now_ns: u64) -> Vec<Anomaly> {
+    let name = &log.name;
+    let mut anomalies = Vec::new();
+    let mut anomaly = |kind, detail: String, at_ns: u64| anomalies.push(Anomaly { kind, detail, at_ms: Some(at_ns / 1_000_000) });
+    let mut highest: BTreeMap<u64, &Delivered> = BTreeMap::new();
+    let mut seen: BTreeMap<&[u8], &Delivered> = BTreeMap::new();
+    for event in &log.delivered {
+        if let Some(first) = seen.insert(&event.value, event) {
+            anomaly("watch-repeated", format!("{name}: {:?} delivered twice: {first:?}, then {event:?}", value(&event.value)), event.received_ns);
+            continue;
+        }
+        if !writes.possible.contains_key(&event.value) {
+            anomaly("watch-phantom", format!("{name}: {event:?} carries a value nobody wrote"), event.received_ns);
+        }
+        match highest.get(&event.group) {
+            Some(earlier) if earlier.revision >= event.revision => {
+                anomaly("watch-out-of-order", format!("{name}: {event:?} after {earlier:?} of the same group"), event.received_ns);
+            }
+            _ => {
+                highest.insert(event.group, event);
+            }
+        }
+    }
+    if let Some(stalled) = &log.stalled {
+        anomaly("watch-stalled", format!("{name}: {stalled}"), now_ns);
+        return anomalies;
+    }
+    for write in &writes.acknowledged {
+        if seen.contains_key(write.value.as_slice()) || log.gaps.iter().any(|gap| writes.excused(write, gap, &log.delivered)) {
+            continue;
+        }
+        anomaly(
+            "watch-missed",
+            format!("{name}: the acknowledged write of {:?} was not delivered ({write:?})", value(&write.value)),
+            write.completed_ns,
+        );
+    }
+    anomalies
+}
+
+fn value(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn put(value: &str, invoked_ns: u64, completed_ns: Option<u64>) -> Record {
+        let input = KvInput::Put { key: b"/d/r0".to_vec(), value: value.into() };
+        (0, invoked_ns, completed_ns, input, completed_ns.map(|_| KvOutput::Written))
+    }
+
+    fn event(group: u64, revision: u64, value: &str) -> Delivered {
+        Delivered { group, revision, value: value.into(), received_ns: revision * 1_000 }
+    }
+
+    fn kinds(log: &WatchLog, records: &[Record]) -> Vec<&'static str> {
+        watch_anomalies(log, &RegisterWrites::of("/d/r0", records), 0).into_iter().map(|a| a.kind).collect()
+    }
+
+    /// Three acknowledged writes, one of unknown outcome, one of another register.
+    fn records() -> Vec<Record> {
+        let other = (1, 0, Some(1), KvInput::Put { key: b"/a/r0".to_vec(), value: b"x".to_vec() }, Some(KvOutput::Written));
+        let cas = (
+            2,
+            30,
+            Some(40),
+            KvInput::Cas { key: b"/d/r0".to_vec(), expected: Some(b"b".to_vec()), new: b"c".to_vec() },
+            Some(KvOutput::Swapped(true)),
+        );
+        vec![put("a", 10, Some(20)), put("b", 20, Some(30)), cas, put("unknown", 35, None), other]
+    }
+
+    fn log(delivered: Vec<Delivered>) -> WatchLog {
+        WatchLog { name: "following /d/r0".into(), delivered, ..WatchLog::default() }
+    }
+
+    #[test]
+    fn a_clean_delivery_shows_no_anomaly_and_a_move_to_another_group_is_in_order() {
+        assert_eq!(kinds(&log(vec![event(4, 7, "a"), event(4, 8, "b"), event(9, 3, "c")]), &records()), Vec::<&str>::new());
+        // A write of unknown outcome may appear.
+        let with_unknown = vec![event(4, 7, "a"), event(4, 8, "b"), event(4, 9, "unknown"), event(4, 10, "c")];
+        assert_eq!(kinds(&log(with_unknown), &records()), Vec::<&str>::new());
+    }
+
+    #[test]
+    fn each_anomaly_kind_is_reported() {
+        let records = records();
+        assert_eq!(kinds(&log(vec![event(4, 7, "a"), event(4, 9, "c")]), &records), ["watch-missed"]);
+        assert_eq!(kinds(&log(vec![event(4, 7, "a"), event(4, 8, "b"), event(4, 8, "b"), event(4, 9, "c")]), &records), ["watch-repeated"]);
+        assert_eq!(kinds(&log(vec![event(4, 8, "b"), event(4, 7, "a"), event(4, 9, "c")]), &records), ["watch-out-of-order"]);
+        let phantom = vec![event(4, 7, "a"), event(4, 8, "b"), event(4, 9, "x"), event(4, 10, "c")];
+        assert_eq!(kinds(&log(phantom), &records), ["watch-phantom"]);
+        let stalled = WatchLog { stalled: Some("the watch ended".into()), ..log(vec![event(4, 7, "a")]) };
+        assert_eq!(kinds(&stalled, &records), ["watch-stalled"], "a stalled watcher's missed writes are not listed besides");
+    }
+
+    #[test]
+    fn a_compaction_gap_excuses_only_the_writes_that_may_fall_in_it() {
+        let records = records();
+        // After `a` was delivered the watch was compacted and opened again at 25 ns: `b`
+        // (invoked at 20) may have fallen in the gap, `c` (invoked at 30) may not.
+        let gap = Gap { after: 1, reopened_ns: 25, error: "compacted".into() };
+        let gapped = WatchLog { gaps: vec![gap.clone()], ..log(vec![event(4, 7, "a"), event(4, 9, "c")]) };
+        assert_eq!(kinds(&gapped, &records), Vec::<&str>::new());
+        let missed_after = WatchLog { gaps: vec![gap], ..log(vec![event(4, 7, "a"), event(4, 8, "b")]) };
+        assert_eq!(kinds(&missed_after, &records), ["watch-missed"]);
+        // Nor one answered before the last event's write was invoked.
+        let late_gap = Gap { after: 1, reopened_ns: 45, error: "compacted".into() };
+        let missed_before = WatchLog { gaps: vec![late_gap], ..log(vec![event(4, 8, "b"), event(4, 9, "c")]) };
+        assert_eq!(kinds(&missed_before, &records), ["watch-missed"], "`a` was answered before `b`'s write began");
+    }
+}
