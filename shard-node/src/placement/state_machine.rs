@@ -183,10 +183,10 @@ mod tests {
         assert!(sm.validate(b"{not json").is_err());
     }
 
-    /// Silence is judged by the stepless clock heartbeats are stamped by: a wall clock
-    /// stepped an hour ahead (an NTP step) marks down only the node that really is silent.
-    #[test]
-    fn the_leader_proposes_silent_nodes_down_by_the_stepless_clock_once_per_retry_interval() {
+    /// A placement state machine (heartbeat timeout 10 s) whose nodes 1 and 2 registered
+    /// `ago_ms` before now by the stepless clock; answers its directory (kept while the test
+    /// runs), store, state machine and that now.
+    fn two_nodes_registered_ms_ago(ago_ms: u64) -> (tempfile::TempDir, std::sync::Arc<Db>, PlacementStateMachine, u64) {
         let dir = tempfile::tempdir().expect("tempdir");
         let db = Db::open(dir.path()).expect("db");
         let config = PlacementConfig { heartbeat_timeout_ms: 10_000, ..PlacementConfig::default() };
@@ -195,8 +195,16 @@ mod tests {
         let nodes = vec![(1, "127.0.0.1:7001".to_string(), String::new()), (2, "127.0.0.1:7002".to_string(), String::new())];
         let settings = Some(AppliedSettings::of(&config));
         let now_ms = super::super::service::now_ms();
-        let bootstrap = Command::Bootstrap { nodes, now_ms: now_ms - 20_000, limits: Vec::new(), settings };
+        let bootstrap = Command::Bootstrap { nodes, now_ms: now_ms - ago_ms, limits: Vec::new(), settings };
         assert!(apply(&mut sm, &db, 1, &bootstrap).is_ok());
+        (dir, db, sm, now_ms)
+    }
+
+    /// Silence is judged by the stepless clock heartbeats are stamped by: a wall clock
+    /// stepped an hour ahead (an NTP step) marks down only the node that really is silent.
+    #[test]
+    fn the_leader_proposes_silent_nodes_down_by_the_stepless_clock_once_per_retry_interval() {
+        let (_dir, db, mut sm, now_ms) = two_nodes_registered_ms_ago(20_000);
         assert!(apply(&mut sm, &db, 2, &Command::Heartbeat { ids: vec![2], now_ms }).is_ok());
         // Leading for longer than the heartbeat timeout.
         sm.leading_since_ms = Some(now_ms - 10_000);
@@ -215,16 +223,7 @@ mod tests {
     /// has led for a heartbeat timeout, and then only a node that did not heartbeat it.
     #[test]
     fn a_new_leader_marks_down_only_nodes_silent_for_a_timeout_of_its_own_leadership() {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let db = Db::open(dir.path()).expect("db");
-        let config = PlacementConfig { heartbeat_timeout_ms: 10_000, ..PlacementConfig::default() };
-        let mut sm = PlacementStateMachine::new(config.clone());
-        sm.reload(&SmReader::new(db.clone(), warden_placement::PLACEMENT_GROUP_ID), 0).expect("load");
-        let nodes = vec![(1, "127.0.0.1:7001".to_string(), String::new()), (2, "127.0.0.1:7002".to_string(), String::new())];
-        let settings = Some(AppliedSettings::of(&config));
-        let now_ms = super::super::service::now_ms();
-        let behind = Command::Bootstrap { nodes, now_ms: now_ms - 60_000, limits: Vec::new(), settings };
-        assert!(apply(&mut sm, &db, 1, &behind).is_ok());
+        let (_dir, db, mut sm, now_ms) = two_nodes_registered_ms_ago(60_000);
         let clock = LeaderClock { wall_ms: now_ms, monotonic_ms: 0 };
         sm.on_leadership(true, clock);
         assert!(sm.leader_proposals(clock).is_empty(), "no node is judged silent by stamps of another clock");
