@@ -668,6 +668,44 @@ async fn a_batch_cut_off_with_its_leader_fails_every_command_as_unknown_and_appl
     }
 }
 
+/// A leader hands its leadership over while a write waits for a quorum. Raft sends the
+/// target every entry before it hands over, so the new leader commits the write: its caller
+/// is answered with the result, as a graceful stop or a balancing move promise — never
+/// "outcome unknown", which only a leader that lost its majority may answer early.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_pending_when_leadership_is_handed_over_is_answered_with_its_result() {
+    // A long election timeout: the old leader, cut off from three of its four followers,
+    // must still lead (check-quorum has not fired) when it is asked to hand over.
+    let cluster = cluster(ClusterConfig { election_tick: 80, ..ClusterConfig::default() });
+    create_groups(&cluster, [1], &ALL).await;
+    put(&cluster, 1, "x", "1", WRITE_TIMEOUT).await.expect("first write");
+    let leader = cluster.leader(1).await.expect("leader");
+    let mut followers = ALL.into_iter().filter(|n| *n != leader);
+    let target = followers.next().expect("a follower");
+    let others: Vec<u64> = followers.collect();
+    // The write reaches the target only: two of five replicas, no quorum until it leads.
+    cluster.faults().partition(&[leader], &others);
+    let handle = cluster.handle(leader).expect("leader");
+    let before = handle.status(1).await.expect("status").last_index;
+    let write = tokio::spawn({
+        let handle = handle.clone();
+        async move { handle.propose(1, kv::put(b"x", b"2"), WRITE_TIMEOUT).await }
+    });
+    let target_handle = cluster.handle(target).expect("target");
+    wait_until("the write is on the leader and the target, uncommitted", WRITE_TIMEOUT, async || {
+        let (at_leader, at_target) = (handle.status(1).await.expect("status"), target_handle.status(1).await.expect("status"));
+        at_leader.last_index > before && at_target.last_index == at_leader.last_index && at_leader.commit < at_leader.last_index
+    })
+    .await;
+    handle.transfer_leader(1, target).await.expect("the leader hands over to the target");
+    let answered = write.await.expect("write task");
+    let index = kv::decode_result(&answered.expect("the pending write is answered with its result")).expect("result decodes").applied_index;
+    assert!(index > before, "the write applied after the entries before it ({index} <= {before})");
+    assert_eq!(cluster.leader(1).await, Some(target), "the target leads");
+    cluster.faults().heal();
+    assert_eq!(get(&cluster, 1, "x").await.as_deref(), Some("2"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batched_entries_replay_to_the_same_state_after_every_node_restarts() {
     let cluster = cluster(ClusterConfig::default());

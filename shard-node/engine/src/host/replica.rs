@@ -103,6 +103,8 @@ pub struct Replica {
     pub(crate) published_leader: crate::leaders::LeaderInfo,
     /// Whether the state machine was last told it leads.
     pub(crate) told_leading: bool,
+    /// The raft term this replica last became leader in (0: never led).
+    pub(crate) led_term: u64,
     /// Callers waiting for a notification key (see `SmWrites::notify`).
     pub(crate) awaiting: HashMap<Vec<u8>, Vec<(Instant, Reply<()>)>>,
     /// Ticking, asking to sleep, or asleep (see `hibernate`).
@@ -144,6 +146,7 @@ impl Replica {
             log_compact_entries: config.log_compact_entries.max(2),
             published_leader: crate::leaders::LeaderInfo::default(),
             told_leading: false,
+            led_term: 0,
             awaiting: HashMap::new(),
             hibernation: super::hibernate::Hibernation::default(),
             heard: super::transfer::Heard::default(),
@@ -172,20 +175,40 @@ impl Replica {
                 tracing::info!(group, node, term, suppressed, "{event}");
             }
             self.sm.on_leadership(leading, LeaderClock::now());
-            if !leading {
+            if leading {
+                self.led_term = self.raw.raft.term;
+            } else {
                 self.fail_leader_calls();
-                // Stepped down with no leader in sight (check-quorum found itself cut off
-                // from a majority): nothing will answer its pending calls until a partition
-                // heals, so answer them now and let their callers try the replicas that
-                // can elect a leader. With a new leader known, its entries commit or are
-                // overwritten soon, and the apply answers each for certain.
-                if self.leader_hint().is_none() {
-                    let reason = format!("group {}: the leader stepped down out of reach of a majority", self.group);
-                    self.fail_proposals(&reason);
-                    self.fail_unconfirmed_reads(&EngineError::busy(reason));
-                }
+                self.answer_early_after_stepping_down();
             }
         }
+    }
+
+    /// Answers now the calls a replica that stepped down with no leader in sight would
+    /// otherwise keep waiting.
+    ///
+    /// - Unconfirmed reads: raft drops a stepped-down leader's ReadIndex rounds, and a read
+    ///   changes nothing, so its caller may retry it at whichever replica leads next.
+    /// - Proposals, only when the term did not move: raft-rs steps a leader down in its own
+    ///   term only when check-quorum finds it cut off from a majority, and then nothing
+    ///   answers them until a partition heals — so they are answered OUTCOME_UNKNOWN now and
+    ///   their callers try the replicas that can elect a leader. A higher term with no leader
+    ///   yet is an election another replica started — a leadership hand-over's target, which
+    ///   raft sent every entry before handing over: its entries commit or are overwritten
+    ///   soon, and the apply answers each with its result (or the deadline does).
+    fn answer_early_after_stepping_down(&mut self) {
+        if self.leader_hint().is_some() {
+            return;
+        }
+        let (group, term) = (self.group, self.raw.raft.term);
+        let reason = if term == self.led_term {
+            let reason = format!("group {group}: the leader stepped down out of reach of a majority");
+            self.fail_proposals(&reason);
+            reason
+        } else {
+            format!("group {group}: the leader stepped down for an election in term {term}")
+        };
+        self.fail_unconfirmed_reads(&EngineError::busy(reason));
     }
 
     /// Takes a leader-only request. It is answered only after a ReadIndex round confirms that
