@@ -45,6 +45,18 @@ fn exceeded(status: &tonic::Status) -> QuotaExceeded {
     *error.quota.unwrap_or_else(|| panic!("the refusal names no quota: {status:?}"))
 }
 
+/// Creates nodes at the paths `path_of(i)` names, i = 0, 1, …, until one is refused for a
+/// quota (at most `attempts_max` creates); answers how many were created and the quota
+/// the refusal named. Panics if none was refused.
+async fn fill_until_refused(api: &mut WardenClient<Channel>, attempts_max: u64, path_of: impl Fn(u64) -> String) -> (u64, QuotaExceeded) {
+    for i in 0..attempts_max {
+        if let Err(status) = api.create(create(&path_of(i), b"")).await {
+            return (i, exceeded(&status));
+        }
+    }
+    panic!("the quota never refused in {attempts_max} creates");
+}
+
 /// Nodes at or below `path` (a walk of the tree through the router).
 async fn count_nodes(api: &mut WardenClient<Channel>, path: &str) -> u64 {
     let mut count = 1;
@@ -264,18 +276,8 @@ async fn a_subtree_split_out_or_merged_back_counts_under_its_quotas_at_once() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     // Fill the subtree from both groups: exactly the limit fits.
-    let mut created = 0;
-    for i in 0.. {
-        let path = if i % 2 == 0 { format!("/s/x/m{i}") } else { format!("/s/m{i}") };
-        match api.create(create(&path, b"")).await {
-            Ok(_) => created += 1,
-            Err(status) => {
-                assert_eq!(exceeded(&status).limit, LIMIT);
-                break;
-            }
-        }
-        assert!(i < 100, "the quota never refused");
-    }
+    let (created, quota) = fill_until_refused(&mut api, 100, |i| if i % 2 == 0 { format!("/s/x/m{i}") } else { format!("/s/m{i}") }).await;
+    assert_eq!(quota.limit, LIMIT);
     assert_eq!(created, LIMIT - 7);
     assert_eq!(quota_state(&fleet.cluster, "/s").await.usage.expect("usage").nodes, LIMIT);
 
@@ -291,18 +293,34 @@ async fn a_subtree_split_out_or_merged_back_counts_under_its_quotas_at_once() {
         .expect("merge /s/x");
     let state = quota_state(&fleet.cluster, "/s/x").await;
     assert_eq!(state.usage.expect("usage").nodes, below, "the merged nodes count in the group that took them: {state:?}");
-    let mut created = 0;
-    for i in 0.. {
-        match api.create(create(&format!("/s/x/merged{i}"), b"")).await {
-            Ok(_) => created += 1,
-            Err(status) => {
-                let quota = exceeded(&status);
-                assert_eq!((quota.prefix.as_str(), quota.limit), ("/s/x", below + ROOM), "the merged prefix's own quota refuses");
-                break;
-            }
-        }
-        assert!(i < 100, "the quota on the merged prefix never refused");
-    }
+    let (created, quota) = fill_until_refused(&mut api, 100, |i| format!("/s/x/merged{i}")).await;
+    assert_eq!((quota.prefix.as_str(), quota.limit), ("/s/x", below + ROOM), "the merged prefix's own quota refuses");
     assert_eq!(created, ROOM, "exactly the room the merged prefix's quota had");
     assert_eq!(quota_state(&fleet.cluster, "/s").await.usage.expect("usage").nodes, moved + ROOM);
+}
+
+/// A split whose quota join failed after placement listed the new group's share (the group
+/// did not take it: a replica missing or cut off) is finished by a later attempt with the new
+/// group holding its record, so the subtree's limit still holds across both groups.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_split_whose_quota_join_failed_once_still_counts_the_new_group_under_the_quota() {
+    let fleet = Fleet::start(&[], Security::Off).await;
+    let mut api = fleet.reach.raw();
+    for path in ["/j", "/j/x"] {
+        api.create(create(path, b"")).await.expect("create");
+    }
+    const LIMIT: u64 = 8;
+    set_quota(&fleet.cluster, "/j", Some(QuotaLimits { nodes: Some(LIMIT), ..QuotaLimits::default() })).await;
+    fleet.cluster.faults().fail_quota_share_sets(1);
+    // The failed step is settled at once: the source handed the subtree over, so the split
+    // is finished by a second attempt.
+    at_placement_leader(&fleet.cluster, |mut c| async move { c.split_group(CreateGroupRequest { prefix: "/j/x".into() }).await })
+        .await
+        .expect("split /j/x, finished by its second attempt");
+    assert_eq!(fleet.cluster.faults().quota_share_failures_left(), 0, "the new group's first share change failed");
+    assert_eq!(quota_state(&fleet.cluster, "/j").await.shares.len(), 2, "both groups are listed under the quota");
+    let (created, quota) = fill_until_refused(&mut api, 4 * LIMIT, |i| if i % 2 == 0 { format!("/j/x/m{i}") } else { format!("/j/m{i}") }).await;
+    assert_eq!(quota.limit, LIMIT);
+    assert_eq!(created, LIMIT - 2, "exactly the limit fits in the subtree");
+    assert_eq!(count_nodes(&mut api, "/j").await, LIMIT);
 }

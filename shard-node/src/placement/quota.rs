@@ -93,6 +93,9 @@ impl PlacementService {
     /// Has the leader of `group` apply `share` (proposed to its log); answers its record after.
     async fn set_share_at(&self, state: &Placement, group: u64, share: SetQuotaShare) -> Result<QuotaShare, Status> {
         let info = state.group(group).ok_or_else(|| internal(format!("group {group} is gone")))?;
+        if share.version != 0 && self.faults.quota_share_set_fails() {
+            return Err(internal(format!("group {group} did not take its share of the quota on {} (fault injection)", share.prefix)));
+        }
         let request = SetQuotaShareRequest { group_id: group, share: Some(share) };
         self.at_group_leader(state, info, |mut client| {
             let request = request.clone();
@@ -242,14 +245,27 @@ impl PlacementService {
 
     /// Gives `group`, about to serve `prefix`, a record (with no room) of every quota on its
     /// subtree, so it counts and refuses from its first write.
+    ///
+    /// A share placement lists is not proof that the group holds its record: a join whose
+    /// step 2 failed (a replica that did not answer) listed it at step 1. So a listed share
+    /// is kept only when the group answers its record; otherwise the group is given one
+    /// again, as if it had none.
     pub(super) async fn join_quotas(&self, group: u64, prefix: &str) -> Result<(), Status> {
         let _one_at_a_time = self.quota_changes.lock().await;
         let state = self.state().await?;
         for (quota_prefix, quota) in state.quotas().iter() {
             let covers = warden_placement::is_at_or_below(prefix, quota_prefix) || warden_placement::is_strictly_below(quota_prefix, prefix);
-            if covers && !quota.shares.contains_key(&group) {
-                self.shrink_share(&state, quota_prefix, &quota.limits, group, [0; COUNTED_KINDS], &[0, 1, 2, 3]).await?;
+            if !covers {
+                continue;
             }
+            if quota.shares.contains_key(&group) {
+                let read = SetQuotaShare { prefix: quota_prefix.clone(), version: 0, ..SetQuotaShare::default() };
+                // Version 0: the group has no record of this quota.
+                if self.set_share_at(&state, group, read).await?.version != 0 {
+                    continue;
+                }
+            }
+            self.shrink_share(&state, quota_prefix, &quota.limits, group, [0; COUNTED_KINDS], &[0, 1, 2, 3]).await?;
         }
         Ok(())
     }

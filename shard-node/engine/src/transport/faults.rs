@@ -31,6 +31,9 @@ struct FaultState {
     split_reached: Option<u8>,
     /// Splits fail at this step of their sequence (as a call to a participant that failed).
     split_fail: Option<u8>,
+    /// Changes of a group's quota share placement makes that fail at the group (as a call
+    /// to a replica that failed), until this many have.
+    quota_share_failures: u32,
     /// `(node, group, step)`: a replica move of `group` run by `node` stops before `step`.
     move_hold: Option<(u64, u64, u8)>,
     /// The held step a move reached (and waits at).
@@ -121,6 +124,27 @@ impl NetFaults {
     /// Whether a split reaching step `step` must fail there.
     pub fn split_fails(&self, step: u8) -> bool {
         self.read().split_fail == Some(step)
+    }
+
+    /// The next `count` quota share changes placement makes at a group fail there, after
+    /// placement recorded them (until [`Self::heal`]).
+    pub fn fail_quota_share_sets(&self, count: u32) {
+        self.write().quota_share_failures = count;
+    }
+
+    /// Called by placement before it has a group change its quota share: true when this one
+    /// must fail (and counts it).
+    pub fn quota_share_set_fails(&self) -> bool {
+        let mut state = self.write();
+        let fails = state.quota_share_failures > 0;
+        state.quota_share_failures = state.quota_share_failures.saturating_sub(1);
+        fails
+    }
+
+    /// How many of the quota share changes [`Self::fail_quota_share_sets`] asked to fail
+    /// have not failed yet.
+    pub fn quota_share_failures_left(&self) -> u32 {
+        self.read().quota_share_failures
     }
 
     /// Lets held splits go on.
