@@ -429,7 +429,7 @@ pub(crate) fn engine_status(directory: &PeerDirectory, group: u64, error: Engine
             let leader_addr = leader_hint.and_then(|id| directory.get(id)).map(|a| a.to_string()).unwrap_or_default();
             WardenError { leader_id, leader_addr, ..warden_error(Code::NotLeader, error.to_string()) }
         }
-        EngineError::GroupNotFound(_) => warden_error(Code::WrongGroup, format!("group {group} is not hosted on this node")),
+        EngineError::GroupNotFound(_) => not_hosted(group),
         EngineError::Unavailable { outcome_unknown: true, .. } => warden_error(Code::OutcomeUnknown, error.to_string()),
         EngineError::Unavailable { .. }
         | EngineError::Dropped(_)
@@ -443,6 +443,18 @@ pub(crate) fn engine_status(directory: &PeerDirectory, group: u64, error: Engine
         }
     };
     status(detail)
+}
+
+/// The refusal of a call about `group` at a node that hosts no replica of it: WRONG_GROUP
+/// naming no path and no descriptor (a namespace's WRONG_GROUP names both).
+pub(crate) fn not_hosted(group: u64) -> WardenError {
+    warden_error(Code::WrongGroup, format!("group {group} is not hosted on this node"))
+}
+
+/// Whether `status` is [`not_hosted`]'s refusal: the node asked has no replica of the group
+/// (a creation went on without it, or it was moved away), and asking it changed nothing.
+pub(crate) fn is_not_hosted(status: &Status) -> bool {
+    warden_proto::error_of(status).is_some_and(|error| error.code == Code::WrongGroup as i32 && error.path.is_empty() && error.descriptor.is_none())
 }
 
 /// Removes a waiting `Lock` call's waiter if the call goes away (the client hung up) before
@@ -784,5 +796,21 @@ impl Warden for WardenService {
         let consistency = Consistency::Linearizable as i32;
         let (_, header) = self.read(routing.as_ref(), consistency, QueryKind::Revision(true), timeout).await?;
         Ok(Response::new(SyncResponse { header: Some(header) }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Only the refusal of a node without the group's replica reads as "not hosted": a
+    /// namespace's WRONG_GROUP (a path another group serves) is an answer about the path.
+    #[test]
+    fn only_a_missing_replica_reads_as_not_hosted() {
+        assert!(is_not_hosted(&status(not_hosted(7))));
+        let elsewhere = warden_proto::warden_error(Code::WrongGroup, "/a/b", "group 3 serves /a, not this path");
+        assert!(!is_not_hosted(&status(elsewhere)));
+        assert!(!is_not_hosted(&status(warden_error(Code::Unavailable, "no leader yet".into()))));
+        assert!(!is_not_hosted(&Status::unavailable("connection refused")));
     }
 }

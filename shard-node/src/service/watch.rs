@@ -234,8 +234,7 @@ impl Driver {
         if create.read && create.start_revision != 0 {
             return Err(invalid("a watch with a read starts at the read: start_revision must be 0"));
         }
-        let hub =
-            self.hubs.get(self.node_id, group).ok_or_else(|| error(Code::WrongGroup, "", format!("group {group} is not hosted on this node")))?;
+        let hub = self.hubs.get(self.node_id, group).ok_or_else(|| super::not_hosted(group))?;
         let timeout = self.service.timeout;
         let (revision, read) = if create.read {
             let query = match kind {

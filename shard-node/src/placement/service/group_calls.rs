@@ -17,7 +17,7 @@ use warden_proto::placement::SetDescriptorRequest;
 
 use super::wire::{descriptor_proto, internal};
 use super::PlacementService;
-use crate::service::{engine_status, status};
+use crate::service::{engine_status, is_not_hosted, status};
 use warden_engine::host::ReadConsistency;
 
 impl PlacementService {
@@ -91,7 +91,9 @@ impl PlacementService {
     /// following NOT_LEADER hints, until the timeout, by the rule of `warden_proto::follow`.
     /// Every call placement makes this way is idempotent (a descriptor or a split step set
     /// again is the same state; a step whose outcome is unknown is run again by the next
-    /// placement leader anyway), so a lost connection is retried too.
+    /// placement leader anyway), so a lost connection is retried too. A node that hosts no
+    /// replica of the group (a creation went on without it, and its heartbeat has not made
+    /// it yet) is passed over for the next replica.
     async fn at_replicas<T, F, Fut>(&self, state: &Placement, replicas: &[u64], call: F) -> Result<T, Status>
     where
         F: Fn(PlacementClient<Channel>) -> Fut,
@@ -104,6 +106,7 @@ impl PlacementService {
             let addr = target.and_then(|id| state.node(id)).map(|n| n.addr.clone()).unwrap_or_default();
             match call(PlacementClient::new(self.channel(&addr)?)).await {
                 Ok(response) => return Ok(response.into_inner()),
+                Err(status) if is_not_hosted(&status) => follow.retry_anyway(status).await?,
                 Err(status) => follow.retry_after(status).await?,
             }
         }
