@@ -51,7 +51,8 @@ pub use group::{
 };
 pub use node::{NodeError, NodeInfo, NodeState, ADDR_BYTES_MAX, ZONE_BYTES_MAX};
 pub use paths::{
-    is_at_or_below, is_strictly_below, join, name, parent, validate_path, validate_prefix, PathError, PrefixError, PATH_BYTES_MAX, PATH_DEPTH_MAX,
+    is_at_or_below, is_strictly_below, join, name, parent, subtree_end, validate_path, validate_prefix, PathError, PrefixError, PATH_BYTES_MAX,
+    PATH_DEPTH_MAX,
 };
 pub use schedule::{MoveReason, Operator, ScheduleLimits};
 pub use state::{AppliedSettings, AutoSplit, Placement, PlacementConfig};

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// The relations between paths (parent, join, "at or below") are `warden-paths`'s, shared
 /// with the router, the shard-nodes and the client library.
-pub use warden_paths::{is_at_or_below, is_strictly_below, join, name, parent};
+pub use warden_paths::{is_at_or_below, is_strictly_below, join, name, parent, subtree_end};
 
 /// Longest path, in bytes.
 pub const PATH_BYTES_MAX: usize = 1024;

@@ -239,7 +239,10 @@ routed!(
     LockRequest,
     UnlockRequest,
     CheckSequencerRequest,
-    LockInfoRequest
+    LockInfoRequest,
+    PutRequest,
+    RangeRequest,
+    DeleteRangeRequest
 );
 
 /// The path a transaction's operation touches.
@@ -249,6 +252,9 @@ fn op_path(op: &TxnOp) -> Option<&str> {
         Op::Set(set) => Some(&set.path),
         Op::Delete(delete) => Some(&delete.path),
         Op::Get(get) => Some(&get.path),
+        Op::Put(put) => Some(&put.path),
+        Op::Range(range) => Some(&range.path),
+        Op::DeleteRange(delete) => Some(&delete.path),
     }
 }
 

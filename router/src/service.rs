@@ -47,9 +47,19 @@ impl RouterService {
     /// The service over `upstreams`, answering within `timeout` unless the caller's
     /// deadline is shorter.
     pub fn server(upstreams: Arc<Upstreams>, timeout: Duration) -> WardenServer<RouterService> {
-        WardenServer::new(RouterService { upstreams, timeout, session_spread: RandomState::new(), sessions_spread: Arc::new(AtomicU64::new(0)) })
+        WardenServer::new(RouterService::new(upstreams, timeout))
             .max_decoding_message_size(REQUEST_BYTES_MAX)
             .max_encoding_message_size(warden_proto::RESPONSE_BYTES_MAX)
+    }
+
+    /// The upstreams it forwards through.
+    pub(crate) fn upstreams(&self) -> &Arc<Upstreams> {
+        &self.upstreams
+    }
+
+    /// The service itself (the etcd API calls it directly).
+    pub fn new(upstreams: Arc<Upstreams>, timeout: Duration) -> RouterService {
+        RouterService { upstreams, timeout, session_spread: RandomState::new(), sessions_spread: Arc::new(AtomicU64::new(0)) }
     }
 
     /// A home group for a session created without a hint: the ready group a counter hashes
@@ -153,7 +163,10 @@ batchable!(
     LockRequest => Lock,
     UnlockRequest => Unlock,
     CheckSequencerRequest => CheckSequencer,
-    LockInfoRequest => LockInfo
+    LockInfoRequest => LockInfo,
+    PutRequest => Put,
+    RangeRequest => Range,
+    DeleteRangeRequest => DeleteRange
 );
 
 fn with_routing<R: Routed>(mut request: R, routing: Routing) -> R {
@@ -244,6 +257,29 @@ impl Warden for RouterService {
             }
         }
         forward!(self, Target::Path(&request.path), false, deadline, request, delete)
+    }
+
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let deadline = self.deadline(&request);
+        self.admit(&request)?;
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), false, deadline, request, put)
+    }
+
+    /// One group's part of a range: the group serving `path` answers the paths it serves
+    /// (a range over several groups is the etcd service's to split).
+    async fn range(&self, request: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+        let deadline = self.deadline(&request);
+        self.admit(&request)?;
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), true, deadline, request, range)
+    }
+
+    async fn delete_range(&self, request: Request<DeleteRangeRequest>) -> Result<Response<DeleteRangeResponse>, Status> {
+        let deadline = self.deadline(&request);
+        self.admit(&request)?;
+        let request = request.into_inner();
+        forward!(self, Target::Path(&request.path), false, deadline, request, delete_range)
     }
 
     async fn get_children(&self, request: Request<GetChildrenRequest>) -> Result<Response<GetChildrenResponse>, Status> {

@@ -84,8 +84,23 @@ needs_at_path!(
     LockInfoRequest => acl::READ,
     SetRequest => acl::WRITE,
     DeleteRequest => acl::WRITE,
-    LockRequest => acl::LOCK
+    LockRequest => acl::LOCK,
+    // Everything a range answers or deletes is at or below its path.
+    RangeRequest => acl::READ,
+    DeleteRangeRequest => acl::WRITE
 );
+
+/// A put may make the node a session's ephemeral, as a create may.
+fn put_needs(put: &PutRequest) -> (&str, u32) {
+    (put.path.as_str(), acl::WRITE | if put.session_id != 0 { acl::LOCK } else { 0 })
+}
+
+impl Access for PutRequest {
+    fn needs(&self) -> Needs<'_> {
+        let (path, permission) = put_needs(self);
+        Needs::at(path, permission)
+    }
+}
 
 impl Access for CreateRequest {
     fn needs(&self) -> Needs<'_> {
@@ -103,6 +118,9 @@ impl Access for TxnRequest {
                 Op::Set(set) => (set.path.as_str(), acl::WRITE),
                 Op::Delete(delete) => (delete.path.as_str(), acl::WRITE),
                 Op::Get(get) => (get.path.as_str(), acl::READ),
+                Op::Put(put) => put_needs(put),
+                Op::Range(range) => (range.path.as_str(), acl::READ),
+                Op::DeleteRange(delete) => (delete.path.as_str(), acl::WRITE),
             });
         }
         Needs { at, lock_somewhere: false }

@@ -40,6 +40,18 @@ pub fn is_strictly_below(path: &str, prefix: &str) -> bool {
     path != prefix && is_at_or_below(path, prefix)
 }
 
+/// The first byte string after every path at or below `prefix`, compared as bytes: the
+/// prefix followed by `0` (which follows `/`), and `0` alone for the root. Every path at or
+/// below `prefix` sorts in `[prefix, subtree_end(prefix))`; so do some paths that are not
+/// (`/a!` for `/a`).
+pub fn subtree_end(prefix: &str) -> String {
+    if prefix == "/" {
+        "0".to_string()
+    } else {
+        format!("{prefix}0")
+    }
+}
+
 /// `parent` joined with its child `name`: `/a` + `b` → `/a/b`, `/` + `b` → `/b`.
 pub fn join(parent: &str, name: &str) -> String {
     if parent == "/" {
@@ -248,6 +260,19 @@ mod tests {
             let table: RouteTable<usize> = prefixes.iter().cloned().enumerate().map(|(i, p)| (p, i)).collect();
             let scanned = table.iter().filter(|(p, _)| is_at_or_below(&path, p)).max_by_key(|(p, _)| p.len());
             prop_assert_eq!(table.route_entry(&path), scanned);
+        }
+
+        /// Every path at or below a prefix sorts, as bytes, from the prefix to its subtree's
+        /// end; a path past the end is not below it.
+        #[test]
+        fn a_subtree_sorts_before_its_end(prefix in prefix(), path in prop_oneof![prefix(), any_path()]) {
+            let end = subtree_end(&prefix);
+            if is_at_or_below(&path, &prefix) {
+                prop_assert!(prefix.as_str() <= path.as_str() && path.as_str() < end.as_str(), "{} below {} sorts in [{}, {})", path, prefix, prefix, end);
+            }
+            if path.as_str() >= end.as_str() || path.as_str() < prefix.as_str() {
+                prop_assert!(!is_at_or_below(&path, &prefix));
+            }
         }
 
         /// Below and children agree with their definitions by segments.

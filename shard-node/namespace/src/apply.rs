@@ -148,6 +148,7 @@ impl NamespaceStateMachine {
         let mut effects = Effects::default();
         let mut txn = Txn {
             root: &root,
+            descriptor: self.descriptor.as_ref(),
             view: &mut view,
             limits: &self.limits,
             now_ms: command.now_ms,

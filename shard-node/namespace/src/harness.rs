@@ -421,6 +421,14 @@ impl Harness {
         }
     }
 
+    /// A range query (`RangeRequest`), as a node answers it.
+    pub fn range(&self, request: warden_proto::v1::RangeRequest) -> Outcome<warden_proto::v1::RangeResponse> {
+        match self.query(QueryKind::Range(request))?.result {
+            Some(QueryOutcome::Range(response)) => Ok(response),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
     /// Every child name of `path` (all pages).
     pub fn all_children(&self, path: &str) -> Outcome<Vec<String>> {
         let mut names = Vec::new();

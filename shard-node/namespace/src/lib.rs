@@ -24,10 +24,12 @@ pub mod locks;
 pub mod path;
 pub mod query;
 pub mod quota;
+pub mod ranges;
 pub mod sessions;
 pub mod split;
 pub mod store;
 pub mod txn;
+mod upsert;
 pub mod watch;
 
 use std::collections::BTreeMap;
@@ -293,6 +295,14 @@ impl NamespaceStateMachine {
                         }
                         Some(Op::Set(set)) => served(&set.path)?,
                         Some(Op::Get(get)) => served(&get.path)?,
+                        Some(Op::Put(put)) => {
+                            served(&put.path)?;
+                            if put.session_id != 0 && !put.keep_owner {
+                                descriptor::check_childless_kind(self.descriptor.as_ref(), &put.path, "an ephemeral node")?;
+                            }
+                        }
+                        Some(Op::Range(range)) => served(&range.path)?,
+                        Some(Op::DeleteRange(delete)) => served(&delete.path)?,
                         Some(Op::Delete(delete)) => {
                             served(&delete.path)?;
                             descriptor::check_deletable(self.descriptor.as_ref(), &delete.path)?;

@@ -3,7 +3,7 @@
 //! bounded length and depth) are placement's, shared with group prefixes; the namespace adds
 //! its reserved subtree.
 
-pub use warden_placement::{join, name, parent, PATH_BYTES_MAX, PATH_DEPTH_MAX};
+pub use warden_placement::{is_at_or_below, join, name, parent, subtree_end, PATH_BYTES_MAX, PATH_DEPTH_MAX};
 
 /// Prefix reserved for the system.
 pub const RESERVED_PREFIX: &str = "/warden";

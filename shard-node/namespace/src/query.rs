@@ -6,7 +6,7 @@ use warden_proto::namespace::{Query, QueryResult, SessionIds, WaiterState};
 use warden_proto::v1::{CheckSequencerResponse, ExistsResponse, GetChildrenResponse, GetResponse, GroupDescriptor, LockInfoResponse};
 
 use super::error::{invalid, invalid_path, no_node, too_large, Failure};
-use super::{descriptor, locks, path, sessions, store, Limits};
+use super::{descriptor, locks, path, ranges, sessions, store, Limits};
 use warden_engine::error::{EngineError, StorageError};
 use warden_engine::state_machine::SmReader;
 
@@ -23,6 +23,7 @@ pub fn run(
         Some(QueryKind::Get(get)) => Some(get.path.as_str()),
         Some(QueryKind::Exists(exists)) => Some(exists.path.as_str()),
         Some(QueryKind::Children(children)) => Some(children.path.as_str()),
+        Some(QueryKind::Range(range)) => Some(range.path.as_str()),
         Some(QueryKind::LockInfo(lock) | QueryKind::CheckSequencer(lock) | QueryKind::Waiter(lock)) => Some(lock.path.as_str()),
         Some(QueryKind::Revision(_) | QueryKind::Sessions(_) | QueryKind::ExportSubtree(_) | QueryKind::ChildWrites(_)) | None => None,
     };
@@ -98,6 +99,10 @@ fn answer(
             QueryOutcome::Children(GetChildrenResponse { header: None, names, stats, more, stat: parent.stat })
         }
         Some(QueryKind::Revision(_)) => QueryOutcome::Exists(ExistsResponse::default()),
+        Some(QueryKind::Range(request)) => {
+            let view = store::TxnView::new(reader, None);
+            QueryOutcome::Range(ranges::scan(&view, descriptor, &request, limits.children_page_max, ranges::RANGE_COUNT_NODES_MAX)?)
+        }
         Some(QueryKind::LockInfo(query)) => {
             let (waiters, meta) = lock_state(reader, &query.path, limits.lock_waiters_max)?;
             let holding = locks::holders(&waiters, meta.as_ref());

@@ -148,12 +148,18 @@ fn check_held(prefix: &str, to: u64, view: &TxnView<'_>, op: Option<&CommandOp>)
                 match &op.op {
                     Some(Op::Create(create)) if create.session_id != 0 && above(&create.path) => return Err(moving(&create.path, prefix, to).into()),
                     Some(Op::Create(create)) => refuse(&create.path)?,
+                    Some(Op::Put(put)) if put.session_id != 0 && above(&put.path) => return Err(moving(&put.path, prefix, to).into()),
+                    Some(Op::Put(put)) => refuse(&put.path)?,
                     Some(Op::Set(set)) => refuse(&set.path)?,
+                    // A range deletes anywhere below its path.
+                    Some(Op::DeleteRange(delete)) if inside(&delete.path) || is_strictly_below(prefix, &delete.path) => {
+                        return Err(moving(&delete.path, prefix, to).into())
+                    }
                     // A recursive delete above the subtree would delete into it.
                     Some(Op::Delete(delete)) if inside(&delete.path) || is_strictly_below(prefix, &delete.path) => {
                         return Err(moving(&delete.path, prefix, to).into())
                     }
-                    Some(Op::Delete(_) | Op::Get(_)) | None => {}
+                    Some(Op::Delete(_) | Op::DeleteRange(_) | Op::Get(_) | Op::Range(_)) | None => {}
                 }
             }
         }

@@ -37,6 +37,23 @@ pub fn node_key(path: &str) -> Vec<u8> {
     key
 }
 
+/// The node key a range bound `bytes` (a path, or any byte string between paths) names:
+/// node keys sort as their paths do.
+pub fn node_bound(bytes: &[u8]) -> Vec<u8> {
+    let mut key = Vec::with_capacity(1 + bytes.len());
+    key.push(NODE);
+    key.extend_from_slice(bytes);
+    key
+}
+
+/// The path of a node key.
+pub fn node_path(key: &[u8]) -> Result<&str, StorageError> {
+    match key.split_first() {
+        Some((&NODE, path)) => std::str::from_utf8(path).map_err(|_| StorageError::Corrupt("node path is not UTF-8".into())),
+        _ => Err(StorageError::Corrupt("not a node key".into())),
+    }
+}
+
 fn children_prefix(parent: &str) -> Vec<u8> {
     let mut key = Vec::with_capacity(2 + parent.len());
     key.push(CHILD);
@@ -315,46 +332,53 @@ impl BaseView<'_> {
     /// a freeze and a hand-over in one batch still sees the subtree's last writes. Streams
     /// the disk and the pending writes side by side, so memory stays at one record whatever
     /// the range holds.
-    pub fn visit_range<E: From<StorageError>>(
-        &self,
-        from: &[u8],
-        to: &[u8],
-        mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, E>,
-    ) -> Result<(), E> {
-        let mut pending = self.batch.into_iter().flat_map(|batch| batch.pending_range(from, to)).peekable();
-        // `Ok(true)`: go on; anything else ends both the disk scan and the pending writes.
-        let mut going: Result<bool, E> = Ok(true);
-        self.reader.scan_range(from, Some(to), |key, value| {
-            while let Some((earlier, written)) = pending.next_if(|(pending_key, _)| *pending_key < key) {
-                if let Some(written) = written {
-                    going = visit(earlier, written);
-                    if !matches!(going, Ok(true)) {
-                        return false;
-                    }
-                }
-            }
-            // A pending write of this very key wins over disk (`None`: deleted).
-            let value = match pending.next_if(|(pending_key, _)| *pending_key == key) {
-                Some((_, written)) => written,
-                None => Some(value),
-            };
-            if let Some(value) = value {
-                going = visit(key, value);
-            }
-            matches!(going, Ok(true))
-        })?;
-        if !going? {
-            return Ok(());
-        }
-        for (key, written) in pending {
-            if let Some(written) = written {
-                if !visit(key, written)? {
-                    break;
-                }
-            }
-        }
-        Ok(())
+    pub fn visit_range<E: From<StorageError>>(&self, from: &[u8], to: &[u8], visit: impl FnMut(&[u8], &[u8]) -> Result<bool, E>) -> Result<(), E> {
+        let pending = self.batch.into_iter().flat_map(|batch| batch.pending_range(from, to));
+        visit_with_overlay(|scan| Ok(self.reader.scan_range(from, Some(to), scan)?), pending, visit)
     }
+}
+
+/// Hands `visit` the records `scan` walks in key order with `overlay`'s later writes over
+/// them (in key order too; `None`: deleted), in key order, until it answers false: the two
+/// are streamed side by side, so memory stays at one record whatever the range holds.
+fn visit_with_overlay<'o, E: From<StorageError>>(
+    scan: impl FnOnce(&mut dyn FnMut(&[u8], &[u8]) -> bool) -> Result<(), E>,
+    overlay: impl Iterator<Item = (&'o [u8], Option<&'o [u8]>)>,
+    mut visit: impl FnMut(&[u8], &[u8]) -> Result<bool, E>,
+) -> Result<(), E> {
+    let mut overlay = overlay.peekable();
+    // `Ok(true)`: go on; anything else ends both the scan and the overlay.
+    let mut going: Result<bool, E> = Ok(true);
+    scan(&mut |key, value| {
+        while let Some((earlier, written)) = overlay.next_if(|(overlay_key, _)| *overlay_key < key) {
+            if let Some(written) = written {
+                going = visit(earlier, written);
+                if !matches!(going, Ok(true)) {
+                    return false;
+                }
+            }
+        }
+        // A write of this very key wins over the scanned record (`None`: deleted).
+        let value = match overlay.next_if(|(overlay_key, _)| *overlay_key == key) {
+            Some((_, written)) => written,
+            None => Some(value),
+        };
+        if let Some(value) = value {
+            going = visit(key, value);
+        }
+        matches!(going, Ok(true))
+    })?;
+    if !going? {
+        return Ok(());
+    }
+    for (key, written) in overlay {
+        if let Some(written) = written {
+            if !visit(key, written)? {
+                break;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// A transaction's view: its own buffered writes over the batch's pending writes over disk.
@@ -537,6 +561,18 @@ impl<'a> TxnView<'a> {
     /// Sets the group revision.
     pub fn set_revision(&mut self, revision: u64) {
         self.local.insert(REVISION_KEY.to_vec(), Some(revision.to_be_bytes().to_vec()));
+    }
+
+    /// Hands `visit` every record whose key is in `[from, to)` as this transaction sees it
+    /// (its own writes over the batch's pending writes over disk), in key order, until it
+    /// answers false. Streams: memory stays at one record whatever the range holds.
+    pub fn visit_range<E: From<StorageError>>(&self, from: &[u8], to: &[u8], visit: impl FnMut(&[u8], &[u8]) -> Result<bool, E>) -> Result<(), E> {
+        use std::ops::Bound;
+        if from >= to {
+            return Ok(());
+        }
+        let local = self.local.range::<[u8], _>((Bound::Included(from), Bound::Excluded(to))).map(|(key, value)| (key.as_slice(), value.as_deref()));
+        visit_with_overlay(|scan| self.base().visit_range::<E>(from, to, |key, value| Ok(scan(key, value))), local, visit)
     }
 
     /// True when the transaction wrote nothing.

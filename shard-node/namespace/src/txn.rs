@@ -58,6 +58,8 @@ pub struct Txn<'v, 'a> {
     pub view: &'v mut TxnView<'a>,
     /// The group's root (its prefix): always exists, cannot be deleted or be a lock.
     pub root: &'v str,
+    /// What the group serves (ranges skip records of subtrees it no longer serves).
+    pub descriptor: Option<&'v warden_proto::v1::GroupDescriptor>,
     pub limits: &'v Limits,
     pub now_ms: u64,
     /// The revision every change of this transaction carries.
@@ -128,6 +130,15 @@ fn check_op(op: &TxnOp, limits: &Limits) -> Result<(), WardenError> {
             }
         }
         Some(Op::Get(get)) => path::validate(&get.path, true).map_err(|e| invalid_path(&get.path, &e))?,
+        Some(Op::Put(put)) => {
+            path::validate(&put.path, false).map_err(|e| invalid_path(&put.path, &e))?;
+            if put.data.len() > limits.value_bytes_max {
+                return Err(too_large(&put.path, "data", put.data.len(), limits.value_bytes_max));
+            }
+        }
+        // Their bounds are checked where they run (`ranges.rs`).
+        Some(Op::Range(range)) => path::validate(&range.path, true).map_err(|e| invalid_path(&range.path, &e))?,
+        Some(Op::DeleteRange(delete)) => path::validate(&delete.path, false).map_err(|e| invalid_path(&delete.path, &e))?,
     }
     Ok(())
 }
@@ -168,6 +179,8 @@ impl Txn<'_, '_> {
             Target::CreateRevision => stat.create_revision.cmp(&compare.number),
             Target::ModRevision => stat.mod_revision.cmp(&compare.number),
             Target::Value => node.as_ref().map_or(&[][..], |n| n.data.as_slice()).cmp(compare.value.as_slice()),
+            Target::Writes => node.as_ref().map_or(0, |_| stat.version + 1).cmp(&compare.number),
+            Target::Owner => stat.ephemeral_owner.cmp(&compare.number),
         };
         Ok(match op {
             CompareOp::Equal => ordering.is_eq(),
@@ -183,6 +196,9 @@ impl Txn<'_, '_> {
             Some(Op::Set(set)) => OpResult::Set(self.set(set)?),
             Some(Op::Delete(delete)) => OpResult::Delete(self.delete(delete)?),
             Some(Op::Get(get)) => OpResult::Get(self.get(get)?),
+            Some(Op::Put(put)) => OpResult::Put(self.put(put)?),
+            Some(Op::Range(range)) => OpResult::Range(self.range(range)?),
+            Some(Op::DeleteRange(delete)) => OpResult::DeleteRange(self.delete_range(delete)?),
             None => return Err(invalid("", "transaction operation without a body").into()),
         })
     }
@@ -207,7 +223,7 @@ impl Txn<'_, '_> {
         let parent_path = path::parent(requested).ok_or_else(|| error(Code::NodeExists, "/", "the root always exists"))?;
         let mut parent = match self.node(parent_path)? {
             Some(parent) => parent,
-            None if request.create_parents => self.create_ancestors(parent_path)?,
+            None if request.create_parents => self.create_ancestors(parent_path, NodeKind::Persistent)?,
             None => return Err(no_node(parent_path).into()),
         };
         let mut parent_stat = parent.stat.unwrap_or_default();
@@ -261,8 +277,9 @@ impl Txn<'_, '_> {
         Ok(CreateResponse { header: None, path, stat: Some(stat) })
     }
 
-    /// Creates every missing ancestor of (and including) `path` as a persistent node.
-    fn create_ancestors(&mut self, path: &str) -> Result<NodeRecord, Failure> {
+    /// Creates every missing ancestor of (and including) `path` as a node of `kind`
+    /// (persistent, or container).
+    pub(super) fn create_ancestors(&mut self, path: &str, kind: NodeKind) -> Result<NodeRecord, Failure> {
         let mut missing = vec![path.to_string()];
         let mut current = path;
         while let Some(parent) = path::parent(current) {
@@ -273,7 +290,7 @@ impl Txn<'_, '_> {
             current = parent;
         }
         for ancestor in missing.iter().rev() {
-            let request = CreateRequest { path: ancestor.clone(), ..CreateRequest::default() };
+            let request = CreateRequest { path: ancestor.clone(), kind: kind as i32, ..CreateRequest::default() };
             self.create(&request)?;
         }
         self.node(path)?.ok_or_else(|| Failure::Storage(StorageError::Corrupt(format!("{path} vanished after creation"))))
@@ -426,7 +443,7 @@ impl Txn<'_, '_> {
     }
 
     /// Records that `session` owns the new ephemeral node `path`.
-    fn attach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
+    pub(super) fn attach_ephemeral(&mut self, session: u64, path: &str) -> Result<(), Failure> {
         self.check_owner(session, path)?;
         let mut record = self.view.session(session)?.ok_or_else(|| session_expired(session, path))?;
         if record.ephemerals >= self.limits.ephemerals_per_session_max as u64 {

@@ -339,3 +339,24 @@ fn held_counts_follow_sessions_ephemerals_waiters_and_lock_delays() {
     ns.close_session(waiter).expect("close");
     assert_eq!(counts(&mut ns), (4, 0, 0, 0, 0, 0), "the waiter's session and node gone too");
 }
+
+/// A lock's state changes only by the lock operations, also through the writes etcd's API
+/// makes: a put on the lock or a waiter, and a range delete over its waiters, are refused
+/// and change nothing.
+#[test]
+fn puts_and_range_deletes_leave_locks_to_the_lock_operations() {
+    let mut ns = leading_harness();
+    let session = ns.create_session(10_000).expect("session").session_id;
+    let held = ns.lock(acquire("/locks/job", session, LockMode::Exclusive)).expect("lock");
+    let waiter = sequencer(&held).waiter;
+    let one = |op: txn_op::Op| TxnRequest { then: vec![TxnOp { op: Some(op) }], ..TxnRequest::default() };
+    let revision = ns.revision().expect("revision");
+    for path in ["/locks/job".to_string(), waiter.clone()] {
+        let put = PutRequest { path: path.clone(), data: b"x".to_vec(), ..PutRequest::default() };
+        assert_eq!(code(ns.txn(one(txn_op::Op::Put(put)))), Code::InvalidArgument, "a put on {path}");
+    }
+    let delete = DeleteRangeRequest { path: "/locks".into(), ..DeleteRangeRequest::default() };
+    assert_eq!(code(ns.txn(one(txn_op::Op::DeleteRange(delete)))), Code::InvalidArgument, "a range delete over a waiter");
+    assert_eq!(ns.revision().expect("revision"), revision, "refusals change nothing");
+    assert!(ns.check_sequencer(&sequencer(&held)).expect("check"), "the holder still holds");
+}

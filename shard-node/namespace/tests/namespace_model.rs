@@ -19,6 +19,11 @@
 //! when unchanged for `ttl_ms` and childless; bytes that do not decode as a command are an
 //! `Err` of `apply_bytes`, and bytes that do decode are run through the model like any command.
 //!
+//! Puts (upserts: missing ancestors become containers, a put on a container makes it a node
+//! created now), ranges by path bytes inside a subtree (containers and the root not listed,
+//! counted up to a bound) and range deletes (a node with children becomes a container) are
+//! modelled too, without sessions.
+//!
 //! `namespace_matches_model_small_limits` runs under tiny limits (4-byte values, 6-op
 //! transactions, 2-name pages, 4-node recursive deletes, 10 s TTLs) so every bound is hit;
 //! `namespace_matches_model_default_limits` under the defaults.
@@ -39,14 +44,17 @@ use warden_proto::v1::txn_op::Op;
 use warden_proto::v1::txn_op_result::Result as OpResult;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::{
-    Compare, CreateRequest, CreateResponse, DeleteRequest, DeleteResponse, GetChildrenRequest, GetChildrenResponse, GetRequest, GetResponse,
-    NodeKind, ResponseHeader, SetRequest, SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse,
+    Compare, CreateRequest, CreateResponse, DeleteRangeRequest, DeleteRangeResponse, DeleteRequest, DeleteResponse, GetChildrenRequest,
+    GetChildrenResponse, GetRequest, GetResponse, Node, NodeKind, PutRequest, PutResponse, RangeRequest, RangeResponse, ResponseHeader, SetRequest,
+    SetResponse, Stat, TxnOp, TxnOpResult, TxnRequest, TxnResponse,
 };
 use warden_testkit::harness::{Harness, Outcome};
 
 const SEQUENCE_MAX: u64 = 9_999_999_999;
 const PATH_BYTES_MAX: usize = 1024;
 const PATH_DEPTH_MAX: usize = 64;
+/// Nodes a range query counts at most (`warden_namespace::ranges::RANGE_COUNT_NODES_MAX`).
+const RANGE_COUNT_NODES_MAX: usize = 100_000;
 
 // ---------------------------------------------------------------------------------------------
 // The model
@@ -123,6 +131,58 @@ fn children_of(nodes: &BTreeMap<String, ModelNode>, path: &str) -> Vec<String> {
     let mut names: Vec<String> = nodes.keys().filter(|k| k.as_str() != "/" && parent_of(k) == Some(path)).map(|k| name_of(k).to_string()).collect();
     names.sort();
     names
+}
+
+/// `[from, to)` of a range inside `scope`'s subtree (empty bounds: the subtree's own).
+fn range_bounds(scope: &str, from: &[u8], to: &[u8]) -> Result<(Vec<u8>, Vec<u8>), Expected> {
+    let end = if scope == "/" { "0".to_string() } else { format!("{scope}0") };
+    let from = if from.is_empty() { scope.as_bytes().to_vec() } else { from.to_vec() };
+    let to = if to.is_empty() { end.as_bytes().to_vec() } else { to.to_vec() };
+    if from.as_slice() < scope.as_bytes() || to.as_slice() > end.as_bytes() {
+        return Err(fail(Code::InvalidArgument, scope));
+    }
+    Ok((from, to))
+}
+
+/// The nodes a range lists: path bytes in `[from, to)`, at or below `scope`, neither the
+/// root nor a container.
+fn listed<'n>(
+    nodes: &'n BTreeMap<String, ModelNode>,
+    scope: &'n str,
+    from: &'n [u8],
+    to: &'n [u8],
+) -> impl Iterator<Item = (&'n String, &'n ModelNode)> + 'n {
+    nodes.iter().filter(move |(path, node)| {
+        let bytes = path.as_bytes();
+        let below = scope == "/" || path.as_str() == scope || path.starts_with(&format!("{scope}/"));
+        bytes >= from && bytes < to && below && path.as_str() != "/" && node.stat.kind != NodeKind::Container as i32
+    })
+}
+
+/// A range: the first `limit` nodes (0: `page_max`) and the count, refused past `count_max`.
+fn range_of(nodes: &BTreeMap<String, ModelNode>, request: &RangeRequest, page_max: usize, count_max: usize) -> Want<RangeResponse> {
+    let scope = request.path.as_str();
+    let (from, to) = range_bounds(scope, &request.from, &request.to)?;
+    let limit = match request.limit as usize {
+        0 => page_max,
+        n if n > page_max => return Err(fail(Code::TooLarge, scope)),
+        n => n,
+    };
+    let all: Vec<(&String, &ModelNode)> = listed(nodes, scope, &from, &to).collect();
+    if all.len() > count_max {
+        return Err(fail(Code::TooLarge, scope));
+    }
+    let count = all.len() as u64;
+    if request.count_only {
+        return Ok(RangeResponse { header: None, nodes: Vec::new(), more: false, count });
+    }
+    let more = all.len() > limit;
+    let nodes = all
+        .into_iter()
+        .take(limit)
+        .map(|(path, node)| Node { path: path.clone(), data: if request.keys_only { Vec::new() } else { node.data.clone() }, stat: Some(node.stat) })
+        .collect();
+    Ok(RangeResponse { header: None, nodes, more, count })
 }
 
 fn header(revision: u64) -> Option<ResponseHeader> {
@@ -209,6 +269,24 @@ impl Model {
                         return Err(fail(Code::InvalidPath, &g.path));
                     }
                 }
+                Some(Op::Put(p)) => {
+                    if !path_ok(&p.path, false) {
+                        return Err(fail(Code::InvalidPath, &p.path));
+                    }
+                    if p.data.len() > self.limits.value_bytes_max {
+                        return Err(fail(Code::TooLarge, &p.path));
+                    }
+                }
+                Some(Op::Range(r)) => {
+                    if !path_ok(&r.path, true) {
+                        return Err(fail(Code::InvalidPath, &r.path));
+                    }
+                }
+                Some(Op::DeleteRange(d)) => {
+                    if !path_ok(&d.path, false) {
+                        return Err(fail(Code::InvalidPath, &d.path));
+                    }
+                }
             }
         }
         Ok(())
@@ -224,6 +302,9 @@ impl Model {
             Target::CreateRevision => stat.create_revision.cmp(&compare.number),
             Target::ModRevision => stat.mod_revision.cmp(&compare.number),
             Target::Value => node.map_or(&[][..], |n| n.data.as_slice()).cmp(compare.value.as_slice()),
+            Target::Writes => node.map_or(0, |n| n.stat.version + 1).cmp(&compare.number),
+            // No sessions here: nothing is owned.
+            Target::Owner => 0.cmp(&compare.number),
         };
         match CmpOp::try_from(compare.op).unwrap_or(CmpOp::Equal) {
             CmpOp::Equal => ordering.is_eq(),
@@ -329,6 +410,14 @@ impl Model {
         Ok(self.nodes.get(path).map(|n| n.stat))
     }
 
+    /// A range query: pages of the children page size, counted up to the query bound.
+    fn range(&self, request: &RangeRequest) -> Want<RangeResponse> {
+        if !path_ok(&request.path, true) {
+            return Err(fail(Code::InvalidPath, &request.path));
+        }
+        range_of(&self.nodes, request, self.limits.children_page_max, RANGE_COUNT_NODES_MAX)
+    }
+
     fn children(&self, request: &GetChildrenRequest) -> Want<GetChildrenResponse> {
         let path = request.path.as_str();
         if !path_ok(path, true) {
@@ -355,7 +444,97 @@ impl Work<'_> {
             Op::Set(s) => OpResult::Set(self.set(s)?),
             Op::Delete(d) => OpResult::Delete(self.delete(d)?),
             Op::Get(g) => OpResult::Get(self.get(g)),
+            Op::Put(p) => OpResult::Put(self.put(p)?),
+            Op::Range(r) => OpResult::Range(range_of(&self.nodes, r, self.limits.children_page_max, self.limits.recursive_delete_nodes_max)?),
+            Op::DeleteRange(d) => OpResult::DeleteRange(self.delete_range(d)?),
         })
+    }
+
+    /// Creates the node or replaces its data; missing ancestors become containers; a
+    /// container becomes a persistent node created now.
+    fn put(&mut self, request: &PutRequest) -> Want<PutResponse> {
+        let path = request.path.as_str();
+        let (revision, now) = (self.revision, self.now);
+        match self.nodes.get_mut(path) {
+            Some(node) if node.stat.kind != NodeKind::Container as i32 => {
+                let previous = request.return_previous.then(|| Node { path: path.to_string(), data: node.data.clone(), stat: Some(node.stat) });
+                if !request.keep_data {
+                    node.data = request.data.clone();
+                }
+                node.stat.version += 1;
+                node.stat.mod_revision = revision;
+                node.stat.mtime_ms = now;
+                node.stat.data_length = node.data.len() as u64;
+                let stat = node.stat;
+                self.changed = true;
+                Ok(PutResponse { header: None, stat: Some(stat), previous })
+            }
+            _ if request.keep_data || request.keep_owner => Err(fail(Code::NoNode, path)),
+            Some(container) => {
+                container.stat = Stat {
+                    create_revision: revision,
+                    mod_revision: revision,
+                    ctime_ms: now,
+                    mtime_ms: now,
+                    data_length: request.data.len() as u64,
+                    num_children: container.stat.num_children,
+                    cversion: container.stat.cversion,
+                    kind: NodeKind::Persistent as i32,
+                    ..Stat::default()
+                };
+                container.data = request.data.clone();
+                let stat = container.stat;
+                self.changed = true;
+                Ok(PutResponse { header: None, stat: Some(stat), previous: None })
+            }
+            None => {
+                let mut missing = Vec::new();
+                let mut current = path;
+                while let Some(up) = parent_of(current) {
+                    if self.nodes.contains_key(up) {
+                        break;
+                    }
+                    missing.push(up.to_string());
+                    current = up;
+                }
+                for ancestor in missing.iter().rev() {
+                    self.create(&CreateRequest { path: ancestor.clone(), kind: NodeKind::Container as i32, ..CreateRequest::default() })?;
+                }
+                let created = self.create(&CreateRequest { path: path.to_string(), data: request.data.clone(), ..CreateRequest::default() })?;
+                Ok(PutResponse { header: None, stat: created.stat, previous: None })
+            }
+        }
+    }
+
+    /// Deletes the range's nodes in path order: one with children becomes a container.
+    fn delete_range(&mut self, request: &DeleteRangeRequest) -> Want<DeleteRangeResponse> {
+        let scope = request.path.as_str();
+        let (from, to) = range_bounds(scope, &request.from, &request.to)?;
+        let doomed: Vec<Node> = listed(&self.nodes, scope, &from, &to)
+            .map(|(path, node)| Node { path: path.clone(), data: node.data.clone(), stat: Some(node.stat) })
+            .collect();
+        if doomed.len() > self.limits.recursive_delete_nodes_max {
+            return Err(fail(Code::TooLarge, scope));
+        }
+        for node in &doomed {
+            let current = self.nodes.get_mut(&node.path).expect("listed");
+            if current.stat.num_children > 0 {
+                current.stat.kind = NodeKind::Container as i32;
+                current.stat.ttl_ms = 0;
+                current.stat.version += 1;
+                current.stat.mod_revision = self.revision;
+                current.stat.mtime_ms = self.now;
+                current.stat.data_length = 0;
+                current.data = Vec::new();
+            } else {
+                self.nodes.remove(&node.path);
+                self.detach(&node.path);
+            }
+            self.changed = true;
+        }
+        let deleted = doomed.len() as u64;
+        let previous = if request.return_previous { doomed } else { Vec::new() };
+        Ok(DeleteRangeResponse { header: None, deleted, previous })
     }
 
     fn create(&mut self, request: &CreateRequest) -> Want<CreateResponse> {
@@ -664,11 +843,71 @@ fn delete_spec(mix: Mix) -> impl Strategy<Value = DeleteSpec> {
 }
 
 #[derive(Clone, Debug)]
+struct PutSpec {
+    path: PathSpec,
+    data: Vec<u8>,
+    keep_data: bool,
+    return_previous: bool,
+}
+
+fn put_spec(mix: Mix, big: u32) -> impl Strategy<Value = PutSpec> {
+    (path_spec(mix), data(big), prop::bool::weighted(0.15), any::<bool>()).prop_map(|(path, data, keep_data, return_previous)| PutSpec {
+        path,
+        data,
+        keep_data,
+        return_previous,
+    })
+}
+
+/// A range's bounds: empty (the subtree's own) or byte strings around and between the
+/// random paths, some outside any subtree.
+fn bound() -> impl Strategy<Value = Vec<u8>> {
+    prop_oneof![
+        3 => Just(Vec::new()),
+        4 => prop::sample::select(vec!["/", "/a", "/a/a", "/a/b", "/a/b/c", "/a0", "/a!", "/b", "/b/", "/b/c", "/c", "/c/c/c", "/c0", "0", "/a/c0"])
+            .prop_map(|bound: &str| bound.as_bytes().to_vec()),
+    ]
+}
+
+#[derive(Clone, Debug)]
+struct RangeSpec {
+    path: PathSpec,
+    from: Vec<u8>,
+    to: Vec<u8>,
+    limit: u32,
+    keys_only: bool,
+    count_only: bool,
+}
+
+fn range_spec() -> impl Strategy<Value = RangeSpec> {
+    let path = prop_oneof![2 => Just(PathSpec::Rand("/".into())), 3 => path_spec(TXN_ADDRESS)];
+    let limit = prop_oneof![2 => Just(0u32), 4 => 1..=3u32, 1 => Just(10_001u32)];
+    (path, bound(), bound(), limit, prop::bool::weighted(0.2), prop::bool::weighted(0.1))
+        .prop_map(|(path, from, to, limit, keys_only, count_only)| RangeSpec { path, from, to, limit, keys_only, count_only })
+}
+
+#[derive(Clone, Debug)]
+struct DeleteRangeSpec {
+    path: PathSpec,
+    from: Vec<u8>,
+    to: Vec<u8>,
+    return_previous: bool,
+}
+
+fn delete_range_spec() -> impl Strategy<Value = DeleteRangeSpec> {
+    let path = prop_oneof![1 => Just(PathSpec::Rand("/".into())), 3 => path_spec(TXN_ADDRESS)];
+    (path, bound(), bound(), any::<bool>()).prop_map(|(path, from, to, return_previous)| DeleteRangeSpec { path, from, to, return_previous })
+}
+
+#[derive(Clone, Debug)]
 enum TxnOpSpec {
     Create(CreateSpec),
     Set(SetSpec),
     Delete(DeleteSpec),
     Get(PathSpec),
+    Put(PutSpec),
+    Range(RangeSpec),
+    DeleteRange(DeleteRangeSpec),
     /// An operation without a body.
     Empty,
 }
@@ -679,6 +918,9 @@ fn txn_op_spec() -> impl Strategy<Value = TxnOpSpec> {
         24 => set_spec(TXN_ADDRESS, 0).prop_map(TxnOpSpec::Set),
         20 => delete_spec(TXN_ADDRESS).prop_map(TxnOpSpec::Delete),
         16 => path_spec(TXN_ADDRESS).prop_map(TxnOpSpec::Get),
+        24 => put_spec(TXN_CREATE, 0).prop_map(TxnOpSpec::Put),
+        8 => range_spec().prop_map(TxnOpSpec::Range),
+        6 => delete_range_spec().prop_map(TxnOpSpec::DeleteRange),
         // Now and then an invalid kind, oversized data or an empty operation.
         1 => create_spec(TXN_CREATE, 20).prop_map(TxnOpSpec::Create),
         1 => set_spec(TXN_ADDRESS, 20).prop_map(TxnOpSpec::Set),
@@ -714,6 +956,8 @@ fn compare_spec() -> impl Strategy<Value = CompareSpec> {
         2 => Just(Target::ModRevision as i32),
         2 => Just(Target::Value as i32),
         2 => Just(Target::Exists as i32),
+        2 => Just(Target::Writes as i32),
+        1 => Just(Target::Owner as i32),
     ];
     let op = prop_oneof![
         6 => Just(CmpOp::Equal as i32),
@@ -813,6 +1057,7 @@ enum Step {
     Exists(PathSpec),
     Children { path: PathSpec, limit: u32, start_after: String, with_stats: bool },
     Txn(TxnSpec),
+    Range(RangeSpec),
     Reopen,
     Raw(RawSpec),
     LeaderScan(u64),
@@ -834,6 +1079,7 @@ fn step() -> impl Strategy<Value = Step> {
         3 => (path_spec(ADDRESS), limit, start_after, any::<bool>())
             .prop_map(|(path, limit, start_after, with_stats)| Step::Children { path, limit, start_after, with_stats }),
         6 => txn_spec().prop_map(Step::Txn),
+        2 => range_spec().prop_map(Step::Range),
         2 => subtree_txn().prop_map(Step::Txn),
         1 => Just(Step::Reopen),
         2 => raw_spec().prop_map(Step::Raw),
@@ -947,9 +1193,36 @@ impl Run {
             TxnOpSpec::Set(s) => Some(Op::Set(self.set_request(s))),
             TxnOpSpec::Delete(d) => Some(Op::Delete(self.delete_request(d))),
             TxnOpSpec::Get(p) => Some(Op::Get(GetRequest { path: p.resolve(&self.m), ..GetRequest::default() })),
+            TxnOpSpec::Put(p) => Some(Op::Put(PutRequest {
+                path: p.path.resolve(&self.m),
+                data: p.data.clone(),
+                keep_data: p.keep_data,
+                return_previous: p.return_previous,
+                ..PutRequest::default()
+            })),
+            TxnOpSpec::Range(r) => Some(Op::Range(self.range_request(r))),
+            TxnOpSpec::DeleteRange(d) => Some(Op::DeleteRange(DeleteRangeRequest {
+                path: d.path.resolve(&self.m),
+                from: d.from.clone(),
+                to: d.to.clone(),
+                return_previous: d.return_previous,
+                routing: None,
+            })),
             TxnOpSpec::Empty => None,
         };
         TxnOp { op }
+    }
+
+    fn range_request(&self, spec: &RangeSpec) -> RangeRequest {
+        RangeRequest {
+            path: spec.path.resolve(&self.m),
+            from: spec.from.clone(),
+            to: spec.to.clone(),
+            limit: spec.limit,
+            keys_only: spec.keys_only,
+            count_only: spec.count_only,
+            ..RangeRequest::default()
+        }
     }
 
     fn compare(&self, spec: &CompareSpec) -> Compare {
@@ -959,6 +1232,8 @@ impl Run {
         let actual = match Target::try_from(spec.target).unwrap_or(Target::Version) {
             Target::CreateRevision => stat.create_revision,
             Target::ModRevision => stat.mod_revision,
+            Target::Writes => node.map_or(0, |n| n.stat.version + 1),
+            Target::Owner => 0,
             _ => stat.version,
         };
         let number = match spec.number {
@@ -1055,6 +1330,10 @@ impl Run {
                 let want = self.m.txn(&request, now);
                 same(&format!("{request:?}"), self.h.txn(request.clone()), want)?;
             }
+            Step::Range(spec) => {
+                let request = self.range_request(spec);
+                same(&format!("{request:?}"), self.h.range(request.clone()), self.m.range(&request))?;
+            }
             Step::Reopen => self.h.reopen().expect("reopen"),
             Step::Raw(spec) => {
                 let bytes = self.raw_bytes(spec);
@@ -1108,6 +1387,8 @@ impl Run {
         for path in &self.universe {
             same(&format!("exists {path}"), self.h.exists(path), self.m.exists(path))?;
         }
+        let everything = RangeRequest { path: "/".into(), ..RangeRequest::default() };
+        same("range of everything", self.h.range(everything.clone()), self.m.range(&everything))?;
         // What the metrics say the replica holds: every node but the root.
         prop_assert_eq!(self.h.held().nodes, self.m.nodes.len() as u64 - 1, "nodes counted for warden_namespace_held");
         Ok(())

@@ -81,6 +81,42 @@ fn deleting_an_ephemeral_by_hand_updates_its_session() {
     assert!(ns.exists("/x").expect("exists").is_some());
 }
 
+/// A put as one transaction, answering its result.
+fn put(ns: &mut Harness, request: PutRequest) -> Result<PutResponse, WardenError> {
+    let response = ns.txn(TxnRequest { then: vec![TxnOp { op: Some(txn_op::Op::Put(request)) }], ..TxnRequest::default() })?;
+    match response.results.into_iter().next().and_then(|result| result.result) {
+        Some(txn_op_result::Result::Put(put)) => Ok(put),
+        other => panic!("a put answered {other:?}"),
+    }
+}
+
+/// What etcd's leases are to keys: a put with a session makes the node its ephemeral, one
+/// without (or with another) takes it from the session, one that keeps the owner keeps it;
+/// the session's end deletes exactly what it owns then.
+#[test]
+fn a_put_gives_a_node_to_a_session_and_takes_it_back() {
+    let mut ns = leading_harness();
+    let lease = ns.create_session(10_000).expect("session").session_id;
+    let other = ns.create_session(10_000).expect("session").session_id;
+    let leased = |path: &str, session_id: u64| PutRequest { path: path.into(), data: b"v".to_vec(), session_id, ..PutRequest::default() };
+    let made = put(&mut ns, leased("/svc/a", lease)).expect("put with a lease");
+    assert_eq!(made.stat.expect("stat").ephemeral_owner, lease);
+    assert_eq!(ns.get("/svc").expect("parent").stat.expect("stat").kind, NodeKind::Container as i32, "parents are containers");
+    put(&mut ns, leased("/svc/b", lease)).expect("put with a lease");
+    put(&mut ns, leased("/svc/b", 0)).expect("put without a lease takes the node back");
+    put(&mut ns, leased("/svc/c", other)).expect("another session's node");
+    put(&mut ns, leased("/svc/c", lease)).expect("moved to the lease");
+    let kept = put(&mut ns, PutRequest { keep_owner: true, ..leased("/svc/a", 0) }).expect("keep the owner");
+    assert_eq!(kept.stat.expect("stat").ephemeral_owner, lease, "keep_owner keeps the lease");
+    assert_eq!(code(put(&mut ns, leased("/svc/a/child", 0))), Code::NoChildrenForEphemerals);
+    assert_eq!(code(put(&mut ns, leased("/svc", lease))), Code::NoChildrenForEphemerals, "a container with children cannot be an ephemeral");
+    assert_eq!(code(put(&mut ns, leased("/gone", 0xdead))), Code::SessionExpired, "an unknown session owns nothing");
+    assert_eq!(code(put(&mut ns, PutRequest { keep_owner: true, ..leased("/absent", 0) })), Code::NoNode, "keeping needs a node");
+    assert_eq!(ns.close_session(other).expect("close").deleted, 0, "/svc/c is no longer the other session's");
+    assert_eq!(ns.close_session(lease).expect("close").deleted, 2, "/svc/a and /svc/c");
+    assert_eq!(ns.all_children("/svc").expect("children"), vec!["b"]);
+}
+
 #[test]
 fn leases_expire_only_by_the_leaders_judgement() {
     let mut ns = Harness::new(Limits::default()).expect("harness");

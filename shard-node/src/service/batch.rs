@@ -159,6 +159,9 @@ async fn answer(service: WardenService, peer: Option<PeerInfo>, item: Item) -> I
             Method::Unlock => call(request, context, |r| service.unlock(r)).await,
             Method::CheckSequencer => call(request, context, |r| service.check_sequencer(r)).await,
             Method::LockInfo => call(request, context, |r| service.lock_info(r)).await,
+            Method::Put => call(request, context, |r| service.put(r)).await,
+            Method::Range => call(request, context, |r| service.range(r)).await,
+            Method::DeleteRange => call(request, context, |r| service.delete_range(r)).await,
             Method::Unspecified => Err(Status::unimplemented(format!("no batchable method {method}"))),
         }
     };

@@ -576,6 +576,39 @@ impl Warden for WardenService {
         }
     }
 
+    async fn put(&self, request: Request<PutRequest>) -> Result<Response<PutResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
+        let request = request.into_inner();
+        let routing = request.routing;
+        match self.write_one(routing.as_ref(), Op::Put(request), &principal, timeout).await? {
+            (OpResult::Put(response), header) => Ok(Response::new(PutResponse { header: Some(header), ..response })),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
+    async fn range(&self, request: Request<RangeRequest>) -> Result<Response<RangeResponse>, Status> {
+        let timeout = self.timeout(&request);
+        self.admit(&request)?;
+        let request = request.into_inner();
+        let routing = request.routing;
+        match self.read(routing.as_ref(), request.consistency, QueryKind::Range(request), timeout).await? {
+            (QueryOutcome::Range(response), header) => Ok(Response::new(RangeResponse { header: Some(header), ..response })),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
+    async fn delete_range(&self, request: Request<DeleteRangeRequest>) -> Result<Response<DeleteRangeResponse>, Status> {
+        let timeout = self.timeout(&request);
+        let principal = self.admit(&request)?.principal_or_empty();
+        let request = request.into_inner();
+        let routing = request.routing;
+        match self.write_one(routing.as_ref(), Op::DeleteRange(request), &principal, timeout).await? {
+            (OpResult::DeleteRange(response), header) => Ok(Response::new(DeleteRangeResponse { header: Some(header), ..response })),
+            _ => Err(internal("mismatched result".into())),
+        }
+    }
+
     async fn get_children(&self, request: Request<GetChildrenRequest>) -> Result<Response<GetChildrenResponse>, Status> {
         let timeout = self.timeout(&request);
         self.admit(&request)?;
