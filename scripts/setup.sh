@@ -4,7 +4,8 @@
 # etcd-client crate's build needs protoc's well-known types (google/protobuf/*.proto); the
 # tests need promtool, iproute2's `ip` (the fault harness's test hosts, tests/torture), and
 # nftables' `nft` and iptables' `iptables` (its impaired links: loss rules, and the NFQUEUE
-# rule that hands packets to its delay handler).
+# rule that hands packets to its delay handler), and Debian's etcdctl (package `etcd-client`),
+# which the tests drive the router's etcd API with.
 set -euo pipefail
 missing=()
 dpkg -s libclang-dev >/dev/null 2>&1 || missing+=(libclang-dev)
@@ -15,6 +16,7 @@ command -v promtool >/dev/null 2>&1 || missing+=(prometheus)
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
+command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi

@@ -32,6 +32,10 @@ pub struct DevArgs {
     /// Where the router listens (clients connect here).
     #[arg(long, default_value = "127.0.0.1:7100")]
     router: std::net::SocketAddr,
+    /// Where the router serves etcd's v3 API (etcdctl and etcd client libraries connect
+    /// here; docs/etcd.md).
+    #[arg(long, default_value = "127.0.0.1:2379")]
+    etcd_listen: std::net::SocketAddr,
     /// Long-lived streams per node that carry the router's forwarded calls in batches (0: one
     /// unary gRPC call per request).
     #[arg(long, default_value_t = 1)]
@@ -136,6 +140,14 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
     }
     let listener = tokio::net::TcpListener::bind(args.router).await?;
     let seeds = cluster.node_ids().into_iter().filter_map(|id| cluster.addr(id)).map(|a| a.to_string()).collect();
+    // A busy etcd port (a local etcd) costs only the etcd API, not the cluster.
+    let etcd_listener = match std::net::TcpListener::bind(args.etcd_listen) {
+        Ok(listener) => Some(Arc::new(listener)),
+        Err(error) => {
+            eprintln!("etcd v3 API not served: {} is taken ({error}); pass --etcd-listen ADDR", args.etcd_listen);
+            None
+        }
+    };
     let router_metrics = std::net::SocketAddr::from(([127, 0, 0, 1], args.base_port + METRICS_PORT_OFFSET - 1));
     let router = tokio::spawn(warden_router::serve(
         listener,
@@ -143,6 +155,7 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
             batch_streams: args.batch_streams,
             tls: router_tls,
             metrics_listen: Some(Arc::new(std::net::TcpListener::bind(router_metrics)?)),
+            etcd_listen: etcd_listener.clone(),
             ..warden_router::RouterConfig::new(seeds)
         },
     ));
@@ -172,6 +185,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         (None, base_port) => format!(" --nodes 127.0.0.1:{base_port}"),
     };
     println!("cluster status: warden status{nodes}");
+    match (&etcd_listener, &tls) {
+        (None, _) => {}
+        (Some(_), None) => println!("etcd v3 API: etcdctl --endpoints {} put /teams/payments/hello world", args.etcd_listen),
+        (Some(_), Some(_)) => println!("etcd v3 API: {} (TLS, with the client certificate above)", args.etcd_listen),
+    }
     println!("data in {}; Ctrl-C stops", args.data_dir.display());
     tokio::signal::ctrl_c().await?;
     println!("stopping");

@@ -70,6 +70,10 @@ struct RouterArgs {
     /// Where to serve Prometheus metrics (`GET /metrics`). Default: not served.
     #[arg(long)]
     metrics_listen: Option<std::net::SocketAddr>,
+    /// Where to serve etcd's v3 API, for etcdctl and etcd client libraries (docs/etcd.md).
+    /// Default: not served.
+    #[arg(long)]
+    etcd_listen: Option<std::net::SocketAddr>,
 }
 
 async fn run_router(args: RouterArgs, tls: &tls_args::TlsArgs) -> anyhow::Result<()> {
@@ -80,10 +84,12 @@ async fn run_router(args: RouterArgs, tls: &tls_args::TlsArgs) -> anyhow::Result
         tls: tls.load()?,
         requests_per_s_per_principal: args.requests_per_s_per_principal,
         metrics_listen: args.metrics_listen.map(std::net::TcpListener::bind).transpose()?.map(std::sync::Arc::new),
+        etcd_listen: args.etcd_listen.map(std::net::TcpListener::bind).transpose()?.map(std::sync::Arc::new),
         ..warden_router::RouterConfig::new(args.seeds)
     };
     let metrics = args.metrics_listen.map(|addr| format!(", metrics on http://{addr}/metrics")).unwrap_or_default();
-    println!("router listening on {}{metrics}", args.listen);
+    let etcd = args.etcd_listen.map(|addr| format!(", etcd API on {addr}")).unwrap_or_default();
+    println!("router listening on {}{metrics}{etcd}", args.listen);
     tokio::select! {
         served = warden_router::serve(listener, config) => served?,
         stop = tokio::signal::ctrl_c() => stop?,

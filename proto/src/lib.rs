@@ -38,6 +38,37 @@ pub mod batch {
     tonic::include_proto!("warden.batch");
 }
 
+/// etcd's v3 API (`proto/etcd`, vendored unchanged from etcd 3.5/3.6): the messages, servers
+/// and clients the router's etcd front end speaks. The modules mirror etcd's proto packages,
+/// which the generated code names each other by (`super::mvccpb::KeyValue`).
+pub mod etcd {
+    /// Keys and events (`mvccpb`): `KeyValue`, `Event`.
+    pub mod mvccpb {
+        tonic::include_proto!("mvccpb");
+    }
+
+    /// Users, roles and permissions (`authpb`).
+    pub mod authpb {
+        tonic::include_proto!("authpb");
+    }
+
+    /// The main API (`etcdserverpb`): the `KV`, `Watch`, `Lease`, `Cluster`, `Maintenance` and
+    /// `Auth` services and their messages.
+    pub mod etcdserverpb {
+        tonic::include_proto!("etcdserverpb");
+    }
+
+    /// The lock service (`v3lockpb`).
+    pub mod v3lockpb {
+        tonic::include_proto!("v3lockpb");
+    }
+
+    /// The election service (`v3electionpb`).
+    pub mod v3electionpb {
+        tonic::include_proto!("v3electionpb");
+    }
+}
+
 pub mod channel;
 pub mod follow;
 pub mod routing;

@@ -11,11 +11,13 @@
 //!   batches.
 //! - [`fan_out`]: recursive deletes of subtrees several groups serve parts of.
 //! - [`limits`]: per-principal request rate limits.
+//! - [`etcd`]: the etcd v3 API: etcd keys and ranges as Warden paths.
 //!
 //! **Architecture invariant:** a router holds nothing that cannot be rebuilt from placement
 //! and the shard-nodes; killing one loses nothing (clients reconnect to any router).
 
 pub mod batch;
+pub mod etcd;
 pub mod fan_out;
 pub mod limits;
 pub mod metrics;
@@ -56,6 +58,9 @@ pub struct RouterConfig {
     pub requests_per_s_per_principal: Option<std::num::NonZeroU32>,
     /// Where the router serves its Prometheus metrics (`GET /metrics`; `None`: not served).
     pub metrics_listen: Option<Arc<std::net::TcpListener>>,
+    /// Where the router serves etcd's v3 API ([`etcd`]; `None`: not served), with the
+    /// router's TLS when it has one.
+    pub etcd_listen: Option<Arc<std::net::TcpListener>>,
 }
 
 impl RouterConfig {
@@ -71,6 +76,7 @@ impl RouterConfig {
             tls: None,
             requests_per_s_per_principal: None,
             metrics_listen: None,
+            etcd_listen: None,
         }
     }
 }
@@ -115,6 +121,10 @@ pub async fn serve(listener: tokio::net::TcpListener, mut config: RouterConfig) 
     let reflection =
         tonic_reflection::server::Builder::configure().register_encoded_file_descriptor_set(warden_proto::FILE_DESCRIPTOR_SET).build_v1().ok();
     let limits = config.requests_per_s_per_principal.map(limits::PrincipalLimits::new);
+    let etcd = match config.etcd_listen.take() {
+        Some(listener) => Some(tokio::spawn(etcd::serve(listener, upstreams.clone(), config.request_timeout, config.tls.clone()))),
+        None => None,
+    };
     let service = RouterService::server(upstreams, config.request_timeout);
     let admit = move |request| match &limits {
         Some(limits) => limits.admit(request),
@@ -128,6 +138,9 @@ pub async fn serve(listener: tokio::net::TcpListener, mut config: RouterConfig) 
     refresher.abort();
     if let Some(metrics) = metrics {
         metrics.abort();
+    }
+    if let Some(etcd) = etcd {
+        etcd.abort();
     }
     served
 }

@@ -25,8 +25,9 @@ const ROOT: &str = env!("CARGO_MANIFEST_DIR");
 const COMMAND_DEADLINE: Duration = Duration::from_secs(60);
 /// Longest `warden dev` may take to serve a healthy cluster.
 const START_DEADLINE: Duration = Duration::from_secs(120);
-/// The ports `warden dev` uses by default: router, nodes 1–5, router and node metrics.
-const DEV_PORTS: [u16; 12] = [7100, 7101, 7102, 7103, 7104, 7105, 7300, 7301, 7302, 7303, 7304, 7305];
+/// The ports `warden dev` uses by default: router, nodes 1–5, router and node metrics, and
+/// the router's etcd API.
+const DEV_PORTS: [u16; 13] = [7100, 7101, 7102, 7103, 7104, 7105, 7300, 7301, 7302, 7303, 7304, 7305, 2379];
 /// The `.proto` files of the API reference, in its order.
 const API_PROTOS: [&str; 2] = ["warden.proto", "placement.proto"];
 /// Where the API reference is written.

@@ -15,6 +15,7 @@ mod deploy;
 mod docs;
 mod engine;
 mod engine_faults;
+mod etcd_api;
 mod fleet;
 mod fleet_processes;
 mod hibernation;

@@ -1,0 +1,416 @@
+//! etcd's `KV` service on Warden's namespace: a key is the node at its path
+//! ([`super::keys`]), its version counts writes from 1 at creation (`Stat.version` + 1), its
+//! lease is the session owning it. Range and DeleteRange over a key range ask every group
+//! serving part of it ([`super::plan`]); a Txn runs as one Warden transaction, so its keys
+//! must lie in one group.
+
+use tonic::metadata::MetadataMap;
+use tonic::{Extensions, Request, Response, Status};
+use warden_proto::etcd::etcdserverpb as pb;
+use warden_proto::etcd::etcdserverpb::compare::{CompareResult, CompareTarget, TargetUnion};
+use warden_proto::etcd::etcdserverpb::range_request::{SortOrder, SortTarget};
+use warden_proto::etcd::etcdserverpb::{request_op, response_op};
+use warden_proto::etcd::mvccpb::KeyValue;
+use warden_proto::v1 as w;
+use warden_proto::v1::warden_server::Warden;
+
+use super::keys::{self, KeyInterval, RangeSpec};
+use super::{etcd_revision, etcd_status, inner, invalid, plan, EtcdService};
+
+/// Times a range is planned again when the routing table changed under it.
+const RANGE_PLANS_MAX: usize = 4;
+
+/// A node as an etcd key-value (`key` is the node's key).
+fn key_value(key: Vec<u8>, node: w::Node) -> KeyValue {
+    let stat = node.stat.unwrap_or_default();
+    KeyValue {
+        key,
+        create_revision: etcd_revision(stat.create_revision),
+        mod_revision: etcd_revision(stat.mod_revision),
+        version: etcd_revision(stat.version.saturating_add(1)),
+        value: node.data,
+        lease: i64::try_from(stat.ephemeral_owner).unwrap_or(i64::MAX),
+    }
+}
+
+/// The path of an etcd key, or etcd's refusal.
+fn path_of(key: &[u8]) -> Result<String, Status> {
+    keys::key_to_path(key).map_err(|error| match error {
+        keys::KeyError::Empty => invalid("key is not provided"),
+        too_long @ keys::KeyError::TooLong { .. } => invalid(too_long.to_string()),
+    })
+}
+
+/// The one-path range of the node at `path`: `[path, path + "\0")` inside its own subtree.
+fn single(path: String) -> plan::Part {
+    let mut to = path.clone().into_bytes();
+    to.push(0);
+    plan::Part { from: path.clone().into_bytes(), scope: path, to }
+}
+
+/// The group parts of the keys `key`..`range_end` names (etcd's conventions), by the
+/// router's current table.
+fn parts_of(table: &warden_proto::routing::Table, key: &[u8], range_end: &[u8]) -> Result<Vec<plan::Part>, Status> {
+    Ok(match keys::etcd_range(key, range_end) {
+        RangeSpec::Single(key) => vec![single(path_of(&key)?)],
+        RangeSpec::Interval(interval) => intervals_parts(table, &interval),
+    })
+}
+
+fn intervals_parts(table: &warden_proto::routing::Table, interval: &KeyInterval) -> Vec<plan::Part> {
+    keys::path_intervals(interval).iter().flat_map(|paths| plan::parts(table, paths)).collect()
+}
+
+/// What a range asks beyond its keys, read from an etcd range request.
+struct Shape {
+    limit: usize,
+    /// Sorted other than by key ascending, or filtered by revisions: every key of the range
+    /// is needed before the limit applies.
+    whole: bool,
+}
+
+impl Shape {
+    fn of(request: &pb::RangeRequest) -> Result<Shape, Status> {
+        let limit = usize::try_from(request.limit).map_err(|_| invalid("limit must not be negative"))?;
+        let sorted = request.sort_target != SortTarget::Key as i32 || request.sort_order == SortOrder::Descend as i32;
+        let filtered =
+            request.min_mod_revision > 0 || request.max_mod_revision > 0 || request.min_create_revision > 0 || request.max_create_revision > 0;
+        Ok(Shape { limit, whole: sorted || filtered })
+    }
+
+    /// The page each group is asked for (0: the largest a group answers).
+    fn page(&self) -> u32 {
+        if self.whole {
+            0
+        } else {
+            u32::try_from(self.limit).unwrap_or(0)
+        }
+    }
+}
+
+/// The parts' answers, gathered.
+#[derive(Default)]
+struct Gathered {
+    kvs: Vec<KeyValue>,
+    count: u64,
+    more: bool,
+    revision: u64,
+}
+
+impl Gathered {
+    fn add(&mut self, answer: w::RangeResponse) {
+        self.count += answer.count;
+        self.more |= answer.more;
+        self.revision = self.revision.max(answer.header.map_or(0, |h| h.revision));
+        self.kvs.extend(answer.nodes.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))));
+    }
+
+    /// The etcd answer to `request`: filtered, sorted, cut to its limit.
+    fn answer(mut self, request: &pb::RangeRequest, shape: &Shape) -> Result<pb::RangeResponse, Status> {
+        if shape.whole && self.more {
+            return Err(invalid("the range holds more keys than can be sorted or filtered in one request: narrow it"));
+        }
+        let within = |value: i64, min: i64, max: i64| (min <= 0 || value >= min) && (max <= 0 || value <= max);
+        self.kvs.retain(|kv| {
+            within(kv.mod_revision, request.min_mod_revision, request.max_mod_revision)
+                && within(kv.create_revision, request.min_create_revision, request.max_create_revision)
+        });
+        self.kvs.sort_by(|a, b| a.key.cmp(&b.key));
+        let target = SortTarget::try_from(request.sort_target).unwrap_or(SortTarget::Key);
+        match target {
+            SortTarget::Key => {}
+            SortTarget::Version => self.kvs.sort_by_key(|kv| kv.version),
+            SortTarget::Create => self.kvs.sort_by_key(|kv| kv.create_revision),
+            SortTarget::Mod => self.kvs.sort_by_key(|kv| kv.mod_revision),
+            SortTarget::Value => self.kvs.sort_by(|a, b| a.value.cmp(&b.value)),
+        }
+        if request.sort_order == SortOrder::Descend as i32 {
+            self.kvs.reverse();
+        }
+        if shape.limit > 0 && self.kvs.len() > shape.limit {
+            self.kvs.truncate(shape.limit);
+            self.more = true;
+        }
+        if request.keys_only {
+            self.kvs.iter_mut().for_each(|kv| kv.value.clear());
+        }
+        if request.count_only {
+            self.kvs.clear();
+        }
+        check_revision(request.revision, self.revision)?;
+        Ok(pb::RangeResponse { header: None, kvs: self.kvs, more: self.more, count: i64::try_from(self.count).unwrap_or(i64::MAX) })
+    }
+}
+
+/// etcd's answer to a read at `asked` when the groups answered at `answered`: Warden keeps
+/// no older versions, so only the current revision can be read.
+fn check_revision(asked: i64, answered: u64) -> Result<(), Status> {
+    let answered = etcd_revision(answered);
+    if asked <= 0 || asked == answered {
+        Ok(())
+    } else if asked > answered {
+        Err(Status::out_of_range("etcdserver: mvcc: required revision is a future revision"))
+    } else {
+        Err(Status::out_of_range("etcdserver: mvcc: required revision has been compacted"))
+    }
+}
+
+impl EtcdService {
+    /// The router's table, read from placement first if it has no group yet.
+    async fn table(&self) -> Result<std::sync::Arc<warden_proto::routing::Table>, Status> {
+        let table = self.router.upstreams().table();
+        if table.route("/").is_some() {
+            return Ok(table);
+        }
+        self.router.upstreams().refresh().await
+    }
+
+    /// Reads a range: each part from its group, planned again if the routing table
+    /// changed meanwhile (a part planned on the old table might miss a group).
+    async fn read_range(&self, metadata: &MetadataMap, extensions: &Extensions, request: &pb::RangeRequest) -> Result<pb::RangeResponse, Status> {
+        if request.key.is_empty() {
+            return Err(invalid("key is not provided"));
+        }
+        let shape = Shape::of(request)?;
+        let consistency = if request.serializable { w::Consistency::Stale } else { w::Consistency::Linearizable };
+        for _ in 0..RANGE_PLANS_MAX {
+            let table = self.table().await?;
+            let parts = parts_of(&table, &request.key, &request.range_end)?;
+            let calls = parts.into_iter().map(|part| {
+                let range = w::RangeRequest {
+                    path: part.scope,
+                    from: part.from,
+                    to: part.to,
+                    limit: shape.page(),
+                    keys_only: request.keys_only,
+                    count_only: request.count_only,
+                    consistency: consistency as i32,
+                    routing: None,
+                };
+                Warden::range(&self.router, inner(metadata, extensions, range))
+            });
+            let answers = futures::future::join_all(calls).await;
+            if self.router.upstreams().table().version != table.version {
+                continue;
+            }
+            let mut gathered = Gathered::default();
+            for answer in answers {
+                gathered.add(answer.map_err(etcd_status)?.into_inner());
+            }
+            let revision = gathered.revision;
+            let mut answer = gathered.answer(request, &shape)?;
+            answer.header = self.header(revision);
+            return Ok(answer);
+        }
+        Err(Status::unavailable("etcdserver: the range's groups kept changing: retry"))
+    }
+
+    /// Deletes a range, group by group (not atomic across groups).
+    async fn delete_range_parts(
+        &self,
+        metadata: &MetadataMap,
+        extensions: &Extensions,
+        request: &pb::DeleteRangeRequest,
+    ) -> Result<pb::DeleteRangeResponse, Status> {
+        let table = self.table().await?;
+        let mut deleted = 0u64;
+        let mut revision = 0u64;
+        let mut prev_kvs = Vec::new();
+        for part in parts_of(&table, &request.key, &request.range_end)? {
+            let delete = w::DeleteRangeRequest { path: part.scope, from: part.from, to: part.to, return_previous: request.prev_kv, routing: None };
+            let answer = Warden::delete_range(&self.router, inner(metadata, extensions, delete)).await.map_err(etcd_status)?.into_inner();
+            deleted += answer.deleted;
+            revision = revision.max(answer.header.map_or(0, |h| h.revision));
+            prev_kvs.extend(answer.previous.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))));
+        }
+        prev_kvs.sort_by(|a, b| a.key.cmp(&b.key));
+        Ok(pb::DeleteRangeResponse { header: self.header(revision), deleted: i64::try_from(deleted).unwrap_or(i64::MAX), prev_kvs })
+    }
+}
+
+/// A Warden put for an etcd put.
+fn put_of(request: &pb::PutRequest) -> Result<w::PutRequest, Status> {
+    if request.ignore_value && !request.value.is_empty() {
+        return Err(invalid("value is provided"));
+    }
+    if request.ignore_lease && request.lease != 0 {
+        return Err(invalid("lease is provided"));
+    }
+    Ok(w::PutRequest {
+        path: path_of(&request.key)?,
+        data: request.value.clone(),
+        keep_data: request.ignore_value,
+        session_id: u64::try_from(request.lease).map_err(|_| invalid("lease id must not be negative"))?,
+        keep_owner: request.ignore_lease,
+        return_previous: request.prev_kv,
+        routing: None,
+    })
+}
+
+/// The etcd answer to a put.
+fn put_answer(request: &pb::PutRequest, answer: w::PutResponse) -> pb::PutResponse {
+    pb::PutResponse { header: None, prev_kv: answer.previous.map(|node| key_value(request.key.clone(), node)) }
+}
+
+/// The one group part of a transaction's range (a transaction runs in one group).
+fn txn_part(table: &warden_proto::routing::Table, key: &[u8], range_end: &[u8]) -> Result<plan::Part, Status> {
+    let mut parts = parts_of(table, key, range_end)?;
+    match parts.len() {
+        0 => Ok(single(path_of(key)?)),
+        1 => Ok(parts.remove(0)),
+        _ => Err(Status::failed_precondition("etcdserver: a transaction's range spans more than one Warden group (docs/etcd.md)")),
+    }
+}
+
+/// The routing of a transaction's range part: the descriptor version of the group the
+/// router planned it on, which that group checks (a group that split since refuses
+/// WRONG_GROUP rather than answer without the part that moved).
+fn planned_on(table: &warden_proto::routing::Table, part: &plan::Part) -> Option<w::Routing> {
+    table.route(&part.scope).map(|group| w::Routing { group_id: group.id(), conf_ver: 0, version: group.descriptor.version })
+}
+
+/// A Warden compare for an etcd compare.
+fn compare_of(compare: &pb::Compare) -> Result<w::Compare, Status> {
+    use w::compare::{Op, Target};
+    if !compare.range_end.is_empty() {
+        return Err(Status::unimplemented("etcdserver: compares over a key range are not served (docs/etcd.md)"));
+    }
+    let op = match CompareResult::try_from(compare.result).map_err(|_| invalid("unknown compare result"))? {
+        CompareResult::Equal => Op::Equal,
+        CompareResult::Greater => Op::Greater,
+        CompareResult::Less => Op::Less,
+        CompareResult::NotEqual => Op::NotEqual,
+    };
+    let number = |n: i64| u64::try_from(n).map_err(|_| invalid("compared numbers must not be negative"));
+    let (target, number, value) =
+        match (CompareTarget::try_from(compare.target).map_err(|_| invalid("unknown compare target"))?, &compare.target_union) {
+            (CompareTarget::Version, Some(TargetUnion::Version(n))) => (Target::Writes, number(*n)?, Vec::new()),
+            (CompareTarget::Create, Some(TargetUnion::CreateRevision(n))) => (Target::CreateRevision, number(*n)?, Vec::new()),
+            (CompareTarget::Mod, Some(TargetUnion::ModRevision(n))) => (Target::ModRevision, number(*n)?, Vec::new()),
+            (CompareTarget::Lease, Some(TargetUnion::Lease(n))) => (Target::Owner, number(*n)?, Vec::new()),
+            (CompareTarget::Value, Some(TargetUnion::Value(value))) => (Target::Value, 0, value.clone()),
+            // etcd compares a missing union as its zero value.
+            (CompareTarget::Value, None) => (Target::Value, 0, Vec::new()),
+            (CompareTarget::Version, None) => (Target::Writes, 0, Vec::new()),
+            (CompareTarget::Create, None) => (Target::CreateRevision, 0, Vec::new()),
+            (CompareTarget::Mod, None) => (Target::ModRevision, 0, Vec::new()),
+            (CompareTarget::Lease, None) => (Target::Owner, 0, Vec::new()),
+            _ => return Err(invalid("the compare's target and value disagree")),
+        };
+    Ok(w::Compare { path: path_of(&compare.key)?, target: target as i32, op: op as i32, number, value, exists: false })
+}
+
+/// A Warden transaction operation for an etcd one.
+fn op_of(table: &warden_proto::routing::Table, op: &pb::RequestOp) -> Result<w::TxnOp, Status> {
+    use w::txn_op::Op;
+    let op = match &op.request {
+        Some(request_op::Request::RequestPut(put)) => Op::Put(put_of(put)?),
+        Some(request_op::Request::RequestRange(range)) => {
+            let shape = Shape::of(range)?;
+            if range.revision > 0 {
+                return Err(Status::unimplemented("etcdserver: reads at a revision inside a transaction are not served (docs/etcd.md)"));
+            }
+            let part = txn_part(table, &range.key, &range.range_end)?;
+            Op::Range(w::RangeRequest {
+                routing: planned_on(table, &part),
+                path: part.scope,
+                from: part.from,
+                to: part.to,
+                limit: shape.page(),
+                keys_only: range.keys_only,
+                count_only: range.count_only,
+                ..w::RangeRequest::default()
+            })
+        }
+        Some(request_op::Request::RequestDeleteRange(delete)) => {
+            let part = txn_part(table, &delete.key, &delete.range_end)?;
+            let routing = planned_on(table, &part);
+            Op::DeleteRange(w::DeleteRangeRequest { path: part.scope, from: part.from, to: part.to, return_previous: delete.prev_kv, routing })
+        }
+        Some(request_op::Request::RequestTxn(_)) => {
+            return Err(Status::unimplemented("etcdserver: nested transactions are not served (docs/etcd.md)"))
+        }
+        None => return Err(invalid("a transaction operation without a request")),
+    };
+    Ok(w::TxnOp { op: Some(op) })
+}
+
+/// The etcd answer of one transaction operation.
+fn op_answer(op: &pb::RequestOp, result: w::TxnOpResult) -> Result<pb::ResponseOp, Status> {
+    use w::txn_op_result::Result as Answer;
+    let response = match (&op.request, result.result) {
+        (Some(request_op::Request::RequestPut(put)), Some(Answer::Put(answer))) => response_op::Response::ResponsePut(put_answer(put, answer)),
+        (Some(request_op::Request::RequestRange(range)), Some(Answer::Range(answer))) => {
+            let mut gathered = Gathered::default();
+            gathered.add(answer);
+            let mut answer = gathered.answer(range, &Shape::of(range)?)?;
+            answer.header = None;
+            response_op::Response::ResponseRange(answer)
+        }
+        (Some(request_op::Request::RequestDeleteRange(_)), Some(Answer::DeleteRange(answer))) => {
+            let prev_kvs = answer.previous.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))).collect();
+            response_op::Response::ResponseDeleteRange(pb::DeleteRangeResponse {
+                header: None,
+                deleted: i64::try_from(answer.deleted).unwrap_or(i64::MAX),
+                prev_kvs,
+            })
+        }
+        _ => return Err(Status::internal("a transaction answered an operation it was not asked")),
+    };
+    Ok(pb::ResponseOp { response: Some(response) })
+}
+
+#[tonic::async_trait]
+impl pb::kv_server::Kv for EtcdService {
+    async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
+        let (metadata, extensions, request) = request.into_parts();
+        self.read_range(&metadata, &extensions, &request).await.map(Response::new)
+    }
+
+    type RangeStreamStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::RangeStreamResponse, Status>> + Send + 'static>>;
+
+    /// The whole range as one chunk (a range is bounded by the groups' page size anyway).
+    async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<Self::RangeStreamStream>, Status> {
+        let (metadata, extensions, request) = request.into_parts();
+        let answer = self.read_range(&metadata, &extensions, &request).await?;
+        let chunk = pb::RangeStreamResponse { range_response: Some(answer) };
+        Ok(Response::new(Box::pin(futures::stream::iter([Ok(chunk)]))))
+    }
+
+    async fn put(&self, request: Request<pb::PutRequest>) -> Result<Response<pb::PutResponse>, Status> {
+        let (metadata, extensions, request) = request.into_parts();
+        let put = put_of(&request)?;
+        let answer = Warden::put(&self.router, inner(&metadata, &extensions, put)).await.map_err(etcd_status)?.into_inner();
+        let revision = answer.header.map_or(0, |h| h.revision);
+        Ok(Response::new(pb::PutResponse { header: self.header(revision), ..put_answer(&request, answer) }))
+    }
+
+    async fn delete_range(&self, request: Request<pb::DeleteRangeRequest>) -> Result<Response<pb::DeleteRangeResponse>, Status> {
+        let (metadata, extensions, request) = request.into_parts();
+        self.delete_range_parts(&metadata, &extensions, &request).await.map(Response::new)
+    }
+
+    async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
+        let (metadata, extensions, request) = request.into_parts();
+        let table = self.table().await?;
+        let txn = w::TxnRequest {
+            compares: request.compare.iter().map(compare_of).collect::<Result<_, _>>()?,
+            then: request.success.iter().map(|op| op_of(&table, op)).collect::<Result<_, _>>()?,
+            r#else: request.failure.iter().map(|op| op_of(&table, op)).collect::<Result<_, _>>()?,
+            routing: None,
+        };
+        let answer = Warden::txn(&self.router, inner(&metadata, &extensions, txn)).await.map_err(etcd_status)?.into_inner();
+        let ops = if answer.succeeded { &request.success } else { &request.failure };
+        let responses = ops.iter().zip(answer.results).map(|(op, result)| op_answer(op, result)).collect::<Result<_, _>>()?;
+        let revision = answer.header.map_or(0, |h| h.revision);
+        Ok(Response::new(pb::TxnResponse { header: self.header(revision), succeeded: answer.succeeded, responses }))
+    }
+
+    /// Warden keeps no older versions of a key: there is nothing to compact, and every
+    /// revision below the current one reads as compacted already.
+    async fn compact(&self, request: Request<pb::CompactionRequest>) -> Result<Response<pb::CompactionResponse>, Status> {
+        let (metadata, extensions, _) = request.into_parts();
+        let sync = Warden::sync(&self.router, inner(&metadata, &extensions, w::SyncRequest::default())).await.map_err(etcd_status)?.into_inner();
+        Ok(Response::new(pb::CompactionResponse { header: self.header(sync.header.map_or(0, |h| h.revision)) }))
+    }
+}

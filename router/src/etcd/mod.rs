@@ -1,0 +1,122 @@
+//! The etcd v3 API a router serves beside Warden's own (`warden_proto::etcd`): etcd clients
+//! read and write Warden's namespace through it (docs/etcd.md has every difference from
+//! etcd). Each etcd call becomes calls of the router's own Warden service, so routing,
+//! retries, permissions and metrics are the same as for native calls.
+//!
+//! - [`keys`]: how etcd's flat byte-string keys and their ranges map to Warden paths.
+//! - [`plan`]: which group answers which part of a key range.
+//! - [`kv`]: `KV` (Range, Put, DeleteRange, Txn, Compact).
+//! - [`lease`]: `Lease` on Warden sessions.
+//! - [`cluster`]: what `etcdctl endpoint status` and `member list` ask (`Maintenance`,
+//!   `Cluster`).
+//!
+//! Revisions are per group: within one group every etcd guarantee holds; a response built
+//! from several groups carries the highest of their revisions.
+
+pub mod cluster;
+pub mod keys;
+pub mod kv;
+pub mod lease;
+pub mod plan;
+
+use std::sync::Arc;
+
+use tonic::{Request, Status};
+use warden_proto::etcd::etcdserverpb::ResponseHeader;
+use warden_proto::v1::warden_error::Code;
+
+use warden_proto::tls::{Admit, Tls};
+
+use crate::principal::WithPrincipal;
+use crate::service::REQUEST_BYTES_MAX;
+use crate::{RouterService, Upstreams};
+
+/// The etcd services of one router.
+#[derive(Clone)]
+pub struct EtcdService {
+    router: RouterService,
+    /// Names this router in etcd's headers (`member_id`) and member list.
+    member_id: u64,
+    /// Where etcd clients reach this router (the member list's client URL).
+    client_url: String,
+}
+
+impl EtcdService {
+    /// The etcd services over the router's own service `router`; `client_url` is where
+    /// clients reach them (`http://host:port`).
+    pub fn new(router: RouterService, client_url: String) -> EtcdService {
+        let member_id = member_id_of(&client_url);
+        EtcdService { router, member_id, client_url }
+    }
+
+    /// An etcd response header at `revision`.
+    fn header(&self, revision: u64) -> Option<ResponseHeader> {
+        Some(ResponseHeader { cluster_id: CLUSTER_ID, member_id: self.member_id, revision: etcd_revision(revision), raft_term: 0 })
+    }
+}
+
+/// Serves etcd's services on `listener` (with `tls` when given, admitting clients as the
+/// router's own port does) until the future is dropped or the listener fails.
+pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstreams>, timeout: std::time::Duration, tls: Option<Arc<Tls>>) {
+    use warden_proto::etcd::etcdserverpb::{cluster_server, kv_server, lease_server, maintenance_server};
+    let listener = listener.try_clone().and_then(|l| l.set_nonblocking(true).map(|()| l)).and_then(tokio::net::TcpListener::from_std);
+    let listener = match listener {
+        Ok(listener) => listener,
+        Err(error) => return tracing::error!(%error, "the etcd API cannot listen"),
+    };
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    let client_url = listener.local_addr().map(|addr| format!("{scheme}://{addr}")).unwrap_or_default();
+    let service = EtcdService::new(RouterService::new(upstreams, timeout), client_url);
+    let incoming = warden_proto::tls::incoming(listener, tls, Admit::Clients);
+    let served = tonic::transport::Server::builder()
+        .add_service(WithPrincipal::new(kv_server::KvServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
+        .add_service(WithPrincipal::new(lease_server::LeaseServer::new(service.clone())))
+        .add_service(WithPrincipal::new(maintenance_server::MaintenanceServer::new(service.clone())))
+        .add_service(WithPrincipal::new(cluster_server::ClusterServer::new(service)))
+        .serve_with_incoming(incoming)
+        .await;
+    if let Err(error) = served {
+        tracing::error!(%error, "the etcd API stopped");
+    }
+}
+
+/// Every Warden cluster answers etcd clients with this cluster id (etcd clients only
+/// compare it between members of one cluster, and every router of a cluster is one).
+pub const CLUSTER_ID: u64 = 0x7761_7264_656e;
+
+/// A member id for the router reached at `client_url`: stable for an address, so one
+/// router answers with one id across calls and restarts.
+fn member_id_of(client_url: &str) -> u64 {
+    // FNV-1a: a fixed function (the std hasher's keys are random per process).
+    client_url.bytes().fold(0xcbf2_9ce4_8422_2325u64, |hash, byte| (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// A Warden revision as etcd's signed one (revisions stay far below `i64::MAX`).
+fn etcd_revision(revision: u64) -> i64 {
+    i64::try_from(revision).unwrap_or(i64::MAX)
+}
+
+/// A request for the router's own service, carrying the etcd call's metadata and
+/// connection (its deadline and the caller's identity).
+fn inner<T>(metadata: &tonic::metadata::MetadataMap, extensions: &tonic::Extensions, message: T) -> Request<T> {
+    Request::from_parts(metadata.clone(), extensions.clone(), message)
+}
+
+/// The etcd error for a Warden refusal, with the messages etcd clients match on
+/// (`rpctypes` in etcd's client library); other statuses pass as they are.
+fn etcd_status(status: Status) -> Status {
+    let Some(error) = warden_proto::error_of(&status) else { return status };
+    match Code::try_from(error.code).unwrap_or(Code::Unknown) {
+        Code::SessionExpired => Status::not_found("etcdserver: requested lease not found"),
+        Code::TooLarge => Status::invalid_argument(format!("etcdserver: request is too large ({})", error.message)),
+        Code::PermissionDenied => Status::permission_denied("etcdserver: permission denied"),
+        Code::Unauthenticated => Status::unauthenticated("etcdserver: invalid auth token"),
+        Code::NotLeader | Code::Unavailable | Code::OutcomeUnknown => Status::unavailable(format!("etcdserver: {}", error.message)),
+        _ => status,
+    }
+}
+
+/// An etcd `InvalidArgument` refusal with `message`.
+fn invalid(message: impl Into<String>) -> Status {
+    Status::invalid_argument(format!("etcdserver: {}", message.into()))
+}
