@@ -6,7 +6,7 @@
 
 use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
 
-use crate::support::routed::{cluster_with_groups, start_router_with_etcd};
+use crate::support::routed::{cluster_with_groups, start_router_with_etcd, TIMEOUT};
 
 async fn etcd_client(addr: std::net::SocketAddr) -> Client {
     Client::connect([format!("http://{addr}")], None).await.expect("etcd client connects")
@@ -52,6 +52,8 @@ async fn etcd_clients_read_and_write_keys_across_groups_as_in_etcd() {
         etcd.get("/registry/", Some(GetOptions::new().with_prefix().with_sort(etcd_client::SortTarget::Mod, etcd_client::SortOrder::Descend)));
     assert_eq!(keys(&newest.await.expect("sorted"))[0], "/registry/", "sorted by modification, newest first");
 
+    let refused = etcd.put("absent", "", Some(PutOptions::new().with_ignore_value())).await.expect_err("nothing to keep");
+    assert!(refused.to_string().contains("etcdserver: key not found"), "{refused}");
     // Versions count writes; a put can answer the key as it was.
     let put = etcd.put("config", "v2", Some(PutOptions::new().with_prev_key())).await.expect("put again");
     assert_eq!(put.prev_key().map(|kv| kv.value()), Some(b"v:config".as_slice()));
@@ -82,15 +84,18 @@ async fn etcd_clients_read_and_write_keys_across_groups_as_in_etcd() {
     assert_eq!(keys(&rest), ["/a//b", "config"]);
 }
 
+/// A lease is a session homed in one group; its keys may live in any group (here in both,
+/// so at least one is outside the lease's home group).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_etcd_lease_owns_its_keys_until_revoked() {
-    let cluster = cluster_with_groups(&[]).await;
+async fn an_etcd_lease_owns_its_keys_in_every_group_until_revoked() {
+    let cluster = cluster_with_groups(&["/services"]).await;
     let (_router, etcd_addr) = start_router_with_etcd(&cluster);
     let mut etcd = etcd_client(etcd_addr).await;
     let lease = etcd.lease_grant(30, None).await.expect("grant");
     assert_eq!(lease.ttl(), 30);
     etcd.put("/services/web/1", "10.0.0.1", Some(PutOptions::new().with_lease(lease.id()))).await.expect("put with the lease");
     etcd.put("/services/web/2", "10.0.0.2", None).await.expect("put without");
+    etcd.put("/leader", "web-1", Some(PutOptions::new().with_lease(lease.id()))).await.expect("put with the lease in the root group");
     let got = etcd.get("/services/web/1", None).await.expect("get");
     assert_eq!(got.kvs()[0].lease(), lease.id());
     let (mut keeper, mut answers) = etcd.lease_keep_alive(lease.id()).await.expect("keepalive stream");
@@ -102,6 +107,12 @@ async fn an_etcd_lease_owns_its_keys_until_revoked() {
     etcd.lease_revoke(lease.id()).await.expect("revoke");
     let services = etcd.get("/services/", Some(GetOptions::new().with_prefix())).await.expect("get");
     assert_eq!(keys(&services), ["/services/web/2"], "the revoked lease's key went with it");
+    // A group holding keys of a lease homed elsewhere learns of its end at its next check of
+    // the session (every second; docs/etcd.md).
+    warden_testkit::wait_until("the revoked lease's key in the other group is gone", TIMEOUT, async || {
+        etcd.get("/leader", None).await.expect("get").kvs().is_empty()
+    })
+    .await;
     assert_eq!(etcd.lease_time_to_live(lease.id(), None).await.expect("time to live").ttl(), -1, "a revoked lease is gone");
     let status = etcd.lease_revoke(lease.id()).await.expect_err("revoking twice");
     assert!(status.to_string().contains("requested lease not found"), "{status}");

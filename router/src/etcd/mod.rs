@@ -108,6 +108,8 @@ fn etcd_status(status: Status) -> Status {
     let Some(error) = warden_proto::error_of(&status) else { return status };
     match Code::try_from(error.code).unwrap_or(Code::Unknown) {
         Code::SessionExpired => Status::not_found("etcdserver: requested lease not found"),
+        // Only a put that keeps a missing key's value or lease meets no node.
+        Code::NoNode => invalid("key not found"),
         Code::TooLarge => Status::invalid_argument(format!("etcdserver: request is too large ({})", error.message)),
         Code::PermissionDenied => Status::permission_denied("etcdserver: permission denied"),
         Code::Unauthenticated => Status::unauthenticated("etcdserver: invalid auth token"),

@@ -229,6 +229,7 @@ impl WardenService {
         // Ephemerals of sessions homed elsewhere need their sessions recorded here first.
         let owners = request.then.iter().chain(&request.r#else).filter_map(|op| match &op.op {
             Some(Op::Create(create)) => Some(create.session_id),
+            Some(Op::Put(put)) if !put.keep_owner => Some(put.session_id),
             _ => None,
         });
         self.ensure_remote_sessions(group, owners, !principal.is_empty(), timeout).await?;
