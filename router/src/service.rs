@@ -447,6 +447,6 @@ impl Warden for RouterService {
     type WatchStream = crate::watch::Responses;
 
     async fn watch(&self, request: Request<Streaming<WatchRequest>>) -> Result<Response<Self::WatchStream>, Status> {
-        Ok(Response::new(crate::watch::proxy(self.upstreams.clone(), request.into_inner())))
+        Ok(Response::new(crate::watch::proxy(self.upstreams.clone(), Box::pin(request.into_inner()))))
     }
 }

@@ -258,8 +258,12 @@ impl Outbox {
 /// An upstream response: (group, stream, the response or `None` when the stream ended).
 type FromUpstream = (u64, u64, Option<WatchResponse>);
 
+/// The requests of one client `Watch` stream: a gRPC call's, or those the etcd front end
+/// translates from an etcd watch stream.
+pub type Requests = Pin<Box<dyn Stream<Item = Result<WatchRequest, Status>> + Send>>;
+
 /// Starts proxying one client `Watch` stream.
-pub fn proxy(upstreams: Arc<Upstreams>, incoming: Streaming<WatchRequest>) -> Responses {
+pub fn proxy(upstreams: Arc<Upstreams>, incoming: Requests) -> Responses {
     let (sender, stream) = mpsc::channel(RESPONSES_QUEUED_MAX);
     let out = Outbox { sender, bytes: Arc::new(Semaphore::new(RESPONSES_QUEUED_BYTES_MAX)) };
     let (from_upstream, upstream_responses) = mpsc::channel(UPSTREAM_RESPONSES_QUEUED_MAX);
@@ -344,18 +348,18 @@ struct Proxy {
 }
 
 impl Proxy {
-    async fn run(mut self, mut incoming: Streaming<WatchRequest>, mut upstream_responses: mpsc::Receiver<FromUpstream>) {
+    async fn run(mut self, mut incoming: Requests, mut upstream_responses: mpsc::Receiver<FromUpstream>) {
         let mut requests_open = true;
         loop {
             let alive = tokio::select! {
-                message = incoming.message(), if requests_open => match message {
-                    Ok(Some(request)) => self.handle(request).await,
+                message = incoming.next(), if requests_open => match message {
+                    Some(Ok(request)) => self.handle(request).await,
                     // The client closed its side: keep sending until it hangs up.
-                    Ok(None) => {
+                    None => {
                         requests_open = false;
                         true
                     }
-                    Err(_) => false,
+                    Some(Err(_)) => false,
                 },
                 Some((group, stream, response)) = upstream_responses.recv() => match response {
                     Some(response) => self.upstream_response(group, stream, response).await,

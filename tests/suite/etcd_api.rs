@@ -4,9 +4,11 @@
 //! key order, keys that are no Warden path, versions and revisions, transactions, and leases
 //! that own keys.
 
-use etcd_client::{Client, Compare, CompareOp, DeleteOptions, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse};
+use etcd_client::{
+    Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
+};
 
-use crate::support::routed::{cluster_with_groups, start_router_with_etcd, TIMEOUT};
+use crate::support::routed::{cluster_with_groups, create_group, start_router_with_etcd, start_stale_router_with_etcd, TIMEOUT};
 
 async fn etcd_client(addr: std::net::SocketAddr) -> Client {
     Client::connect([format!("http://{addr}")], None).await.expect("etcd client connects")
@@ -82,6 +84,114 @@ async fn etcd_clients_read_and_write_keys_across_groups_as_in_etcd() {
     );
     let rest = etcd.get("", Some(GetOptions::new().with_all_keys())).await.expect("get all");
     assert_eq!(keys(&rest), ["/a//b", "config"]);
+}
+
+/// A router that has not heard of a group made since it read its table still reads and
+/// deletes every key of a range: the group it asks refuses a part planned on its old
+/// descriptor, and the router plans the range again on the new table.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_router_with_a_stale_table_reads_and_deletes_the_whole_range() {
+    let cluster = cluster_with_groups(&[]).await;
+    // Two stale routers, each reading its table with a first call: one reads, one deletes.
+    let (_reading_router, reading_addr) = start_stale_router_with_etcd(&cluster);
+    let (_deleting_router, deleting_addr) = start_stale_router_with_etcd(&cluster);
+    let mut reading = etcd_client(reading_addr).await;
+    let mut deleting = etcd_client(deleting_addr).await;
+    reading.put("/registry/a/1", "a", None).await.expect("put through a stale router: it reads its table now");
+    deleting.put("/registry/a/2", "a", None).await.expect("put through the other: it reads its table now");
+    create_group(&cluster, "/registry/b").await;
+    let (_router, fresh_addr) = start_router_with_etcd(&cluster);
+    let mut fresh = etcd_client(fresh_addr).await;
+    fresh.put("/registry/b/1", "b", None).await.expect("put into the new group");
+    let got = reading.get("/registry/", Some(GetOptions::new().with_prefix())).await.expect("get through a stale router");
+    assert_eq!(keys(&got), ["/registry/a/1", "/registry/a/2", "/registry/b/1"], "the new group's key is read too");
+    let deleted = deleting.delete("/registry/", Some(DeleteOptions::new().with_prefix())).await.expect("delete through a stale router");
+    assert_eq!(deleted.deleted(), 3);
+    let rest = fresh.get("/registry/", Some(GetOptions::new().with_prefix())).await.expect("get");
+    assert!(rest.kvs().is_empty(), "left behind: {:?}", keys(&rest));
+}
+
+/// One etcd event as (PUT or DELETE, key, value, previous value).
+type Seen = (&'static str, String, String, Option<String>);
+
+/// The next `count` events of `stream` (waiting at most [`TIMEOUT`] for each response).
+async fn next_events(stream: &mut WatchStream, count: usize) -> Vec<Seen> {
+    let text = |bytes: &[u8]| String::from_utf8_lossy(bytes).into_owned();
+    let mut seen = Vec::new();
+    while seen.len() < count {
+        let response =
+            tokio::time::timeout(TIMEOUT, stream.message()).await.expect("an event in time").expect("the watch goes on").expect("a response");
+        assert!(!response.canceled(), "cancelled: {}", response.cancel_reason());
+        for event in response.events() {
+            let kind = if event.event_type() == EventType::Put { "PUT" } else { "DELETE" };
+            let kv = event.kv().expect("an event's key");
+            seen.push((kind, text(kv.key()), text(kv.value()), event.prev_kv().map(|kv| text(kv.value()))));
+        }
+    }
+    assert_eq!(seen.len(), count, "no more events than asked: {seen:?}");
+    seen
+}
+
+fn seen(kind: &'static str, key: &str, value: &str, previous: Option<&str>) -> Seen {
+    (kind, key.to_string(), value.to_string(), previous.map(str::to_string))
+}
+
+/// A prefix watch sees every put and delete of its keys once, in order, with previous
+/// values, from both groups serving the prefix and from the escaped keys' subtree; parents made for a key are no events, a
+/// key emptied into a parent is deleted; a watch started at a revision gets exactly the
+/// events from it on; a cancelled watch ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_watches_see_each_change_of_their_keys_once_in_order_and_resume_from_a_revision() {
+    let cluster = cluster_with_groups(&["/app/g"]).await;
+    let (_router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut etcd = etcd_client(etcd_addr).await;
+    let mut stream = etcd.watch("/app/", Some(WatchOptions::new().with_prefix().with_prev_key())).await.expect("watch");
+    let created = tokio::time::timeout(TIMEOUT, stream.message()).await.expect("created in time").expect("stream").expect("response");
+    assert!(created.created() && !created.canceled());
+
+    etcd.put("/app/x/deep", "1", None).await.expect("put under a missing parent");
+    let second = etcd.put("/app/y", "1", None).await.expect("put");
+    etcd.put("/app/y", "2", None).await.expect("put again");
+    etcd.put("/app/g/k", "g", None).await.expect("put in the other group");
+    etcd.put("/other", "z", None).await.expect("put outside the prefix");
+    etcd.put("/app/z", "p", None).await.expect("put a parent");
+    etcd.put("/app/z/c", "c", None).await.expect("put its child");
+    assert_eq!(etcd.delete("/app/z", None).await.expect("delete the parent").deleted(), 1);
+    etcd.delete("/app/y", None).await.expect("delete");
+    etcd.put("/app/", "escaped", None).await.expect("put the prefix's own key (no path: escaped under /_etcd)");
+    let from_root_group = vec![
+        seen("PUT", "/app/x/deep", "1", None),
+        seen("PUT", "/app/y", "1", None),
+        seen("PUT", "/app/y", "2", Some("1")),
+        seen("PUT", "/app/z", "p", None),
+        seen("PUT", "/app/z/c", "c", None),
+        seen("DELETE", "/app/z", "", Some("p")),
+        seen("DELETE", "/app/y", "", Some("2")),
+    ];
+    let mut events = next_events(&mut stream, from_root_group.len() + 2).await;
+    // The other group's event, and the escaped key's (watched in `/_etcd`), come in their
+    // own responses, in any order relative to these.
+    for (key, value) in [("/app/g/k", "g"), ("/app/", "escaped")] {
+        let at = events.iter().position(|event| event.1 == key).unwrap_or_else(|| panic!("the put of {key}: {events:?}"));
+        assert_eq!(events.remove(at), seen("PUT", key, value, None));
+    }
+    assert_eq!(events, from_root_group, "the root group's events once each, in order");
+
+    // A watch of one key from the second put's revision: exactly that key's events from it.
+    let revision = second.header().expect("header").revision();
+    let mut resumed = etcd.watch("/app/y", Some(WatchOptions::new().with_start_revision(revision))).await.expect("watch from a revision");
+    assert!(tokio::time::timeout(TIMEOUT, resumed.message()).await.expect("created").expect("stream").expect("response").created());
+    let again = next_events(&mut resumed, 3).await;
+    assert_eq!(again, [seen("PUT", "/app/y", "1", None), seen("PUT", "/app/y", "2", None), seen("DELETE", "/app/y", "", None)]);
+
+    stream.cancel(created.watch_id()).await.expect("cancel");
+    let ended = loop {
+        let response = tokio::time::timeout(TIMEOUT, stream.message()).await.expect("an answer in time").expect("stream").expect("response");
+        if response.canceled() {
+            break response;
+        }
+    };
+    assert_eq!(ended.watch_id(), created.watch_id());
 }
 
 /// A lease is a session homed in one group; its keys may live in any group (here in both,

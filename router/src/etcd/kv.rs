@@ -21,7 +21,7 @@ use super::{etcd_revision, etcd_status, inner, invalid, plan, EtcdService};
 const RANGE_PLANS_MAX: usize = 4;
 
 /// A node as an etcd key-value (`key` is the node's key).
-fn key_value(key: Vec<u8>, node: w::Node) -> KeyValue {
+pub(super) fn key_value(key: Vec<u8>, node: w::Node) -> KeyValue {
     let stat = node.stat.unwrap_or_default();
     KeyValue {
         key,
@@ -157,7 +157,7 @@ fn check_revision(asked: i64, answered: u64) -> Result<(), Status> {
 
 impl EtcdService {
     /// The router's table, read from placement first if it has no group yet.
-    async fn table(&self) -> Result<std::sync::Arc<warden_proto::routing::Table>, Status> {
+    pub(super) async fn table(&self) -> Result<std::sync::Arc<warden_proto::routing::Table>, Status> {
         let table = self.router.upstreams().table();
         if table.route("/").is_some() {
             return Ok(table);
@@ -205,26 +205,34 @@ impl EtcdService {
         Err(Status::unavailable("etcdserver: the range's groups kept changing: retry"))
     }
 
-    /// Deletes a range, group by group (not atomic across groups).
+    /// Deletes a range, group by group (not atomic across groups). When the routing table
+    /// changed meanwhile (a group refused a part planned on an older descriptor), the range
+    /// is planned and deleted again: a group split off since the plan holds keys of it too.
     async fn delete_range_parts(
         &self,
         metadata: &MetadataMap,
         extensions: &Extensions,
         request: &pb::DeleteRangeRequest,
     ) -> Result<pb::DeleteRangeResponse, Status> {
-        let table = self.table().await?;
         let mut deleted = 0u64;
         let mut revision = 0u64;
         let mut prev_kvs = Vec::new();
-        for part in parts_of(&table, &request.key, &request.range_end)? {
-            let delete = w::DeleteRangeRequest { path: part.scope, from: part.from, to: part.to, return_previous: request.prev_kv, routing: None };
-            let answer = Warden::delete_range(&self.router, inner(metadata, extensions, delete)).await.map_err(etcd_status)?.into_inner();
-            deleted += answer.deleted;
-            revision = revision.max(answer.header.map_or(0, |h| h.revision));
-            prev_kvs.extend(answer.previous.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))));
+        for _ in 0..RANGE_PLANS_MAX {
+            let table = self.table().await?;
+            for part in parts_of(&table, &request.key, &request.range_end)? {
+                let delete =
+                    w::DeleteRangeRequest { path: part.scope, from: part.from, to: part.to, return_previous: request.prev_kv, routing: None };
+                let answer = Warden::delete_range(&self.router, inner(metadata, extensions, delete)).await.map_err(etcd_status)?.into_inner();
+                deleted += answer.deleted;
+                revision = revision.max(answer.header.map_or(0, |h| h.revision));
+                prev_kvs.extend(answer.previous.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))));
+            }
+            if self.router.upstreams().table().version == table.version {
+                prev_kvs.sort_by(|a, b| a.key.cmp(&b.key));
+                return Ok(pb::DeleteRangeResponse { header: self.header(revision), deleted: i64::try_from(deleted).unwrap_or(i64::MAX), prev_kvs });
+            }
         }
-        prev_kvs.sort_by(|a, b| a.key.cmp(&b.key));
-        Ok(pb::DeleteRangeResponse { header: self.header(revision), deleted: i64::try_from(deleted).unwrap_or(i64::MAX), prev_kvs })
+        Err(Status::unavailable("etcdserver: the range's groups kept changing: retry"))
     }
 }
 

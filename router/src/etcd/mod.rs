@@ -7,6 +7,7 @@
 //! - [`plan`]: which group answers which part of a key range.
 //! - [`kv`]: `KV` (Range, Put, DeleteRange, Txn, Compact).
 //! - [`lease`]: `Lease` on Warden sessions.
+//! - [`watch`]: `Watch` on the router's own watches.
 //! - [`cluster`]: what `etcdctl endpoint status` and `member list` ask (`Maintenance`,
 //!   `Cluster`).
 //!
@@ -18,6 +19,7 @@ pub mod keys;
 pub mod kv;
 pub mod lease;
 pub mod plan;
+pub mod watch;
 
 use std::sync::Arc;
 
@@ -58,7 +60,7 @@ impl EtcdService {
 /// Serves etcd's services on `listener` (with `tls` when given, admitting clients as the
 /// router's own port does) until the future is dropped or the listener fails.
 pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstreams>, timeout: std::time::Duration, tls: Option<Arc<Tls>>) {
-    use warden_proto::etcd::etcdserverpb::{cluster_server, kv_server, lease_server, maintenance_server};
+    use warden_proto::etcd::etcdserverpb::{cluster_server, kv_server, lease_server, maintenance_server, watch_server};
     let listener = listener.try_clone().and_then(|l| l.set_nonblocking(true).map(|()| l)).and_then(tokio::net::TcpListener::from_std);
     let listener = match listener {
         Ok(listener) => listener,
@@ -71,6 +73,7 @@ pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstream
     let served = tonic::transport::Server::builder()
         .add_service(WithPrincipal::new(kv_server::KvServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
         .add_service(WithPrincipal::new(lease_server::LeaseServer::new(service.clone())))
+        .add_service(WithPrincipal::new(watch_server::WatchServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
         .add_service(WithPrincipal::new(maintenance_server::MaintenanceServer::new(service.clone())))
         .add_service(WithPrincipal::new(cluster_server::ClusterServer::new(service)))
         .serve_with_incoming(incoming)

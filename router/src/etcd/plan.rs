@@ -4,6 +4,7 @@
 //! serves there, and each group below the scope answers the part inside its own prefix.
 //! Together they answer every path of the interval exactly once.
 
+use warden_paths::is_at_or_below;
 use warden_placement::validate_path;
 use warden_proto::routing::Table;
 
@@ -27,11 +28,7 @@ const PATHS_END: &[u8] = b"0";
 /// The parts of the path interval `interval` by `table`: the scope's group first, then the
 /// groups below the scope whose prefix meets the interval, in prefix order.
 pub fn parts(table: &Table, interval: &KeyInterval) -> Vec<Part> {
-    let from = interval.from.as_slice().max(b"/".as_slice()).to_vec();
-    let to = interval.to.as_deref().map_or(PATHS_END, |to| to.min(PATHS_END)).to_vec();
-    if from >= to {
-        return Vec::new();
-    }
+    let Some((from, to)) = path_bounds(interval) else { return Vec::new() };
     let scope = scope_of(&from, &to);
     let mut parts = vec![Part { scope: scope.clone(), from: from.clone(), to: to.clone() }];
     for group in table.groups_below(&scope) {
@@ -44,6 +41,27 @@ pub fn parts(table: &Table, interval: &KeyInterval) -> Vec<Part> {
         }
     }
     parts
+}
+
+/// The subtrees a watch of the keys in `keys` (an interval of etcd keys) watches: the
+/// deepest subtree holding each of its path intervals, less those inside another (none when
+/// the interval holds no key). Plain and escaped keys lie in different subtrees, so a prefix
+/// like `/registry/pods/` (whose own key is escaped) watches `/registry/pods` and `/_etcd`,
+/// not the whole tree.
+pub fn watch_scopes(keys: &KeyInterval) -> Vec<String> {
+    let mut scopes: Vec<String> = super::keys::path_intervals(keys).iter().filter_map(path_bounds).map(|(from, to)| scope_of(&from, &to)).collect();
+    scopes.sort();
+    scopes.dedup();
+    let outer: Vec<String> =
+        scopes.iter().filter(|scope| !scopes.iter().any(|other| other != *scope && is_at_or_below(scope, other))).cloned().collect();
+    outer
+}
+
+/// `interval` cut to the byte strings paths can be, as `[from, to)`; `None` when empty.
+fn path_bounds(interval: &KeyInterval) -> Option<(Vec<u8>, Vec<u8>)> {
+    let from = interval.from.as_slice().max(b"/".as_slice()).to_vec();
+    let to = interval.to.as_deref().map_or(PATHS_END, |to| to.min(PATHS_END)).to_vec();
+    (from < to).then_some((from, to))
 }
 
 /// The deepest valid path `P` whose subtree holds every path of `[from, to)`: the bounds'
@@ -96,6 +114,16 @@ mod tests {
 
     fn part(scope: &str, from: &str, to: &str) -> Part {
         Part { scope: scope.into(), from: from.as_bytes().to_vec(), to: to.as_bytes().to_vec() }
+    }
+
+    #[test]
+    fn a_watch_of_keys_watches_the_deepest_subtrees_holding_their_paths() {
+        let keys = |from: &str, to: Option<&str>| KeyInterval { from: from.as_bytes().to_vec(), to: to.map(|to| to.as_bytes().to_vec()) };
+        assert_eq!(watch_scopes(&keys("/registry/pods/", Some("/registry/pods0"))), ["/_etcd", "/registry/pods"], "the prefix's own key is escaped");
+        assert_eq!(watch_scopes(&keys("/registry/pods/a", Some("/registry/pods/b"))), ["/_etcd", "/registry/pods"], "`/registry/pods/a/` is escaped");
+        assert_eq!(watch_scopes(&keys("foo", Some("fop"))), ["/_etcd"], "escaped keys live under /_etcd");
+        assert_eq!(watch_scopes(&keys("", None)), ["/"], "every key: the whole tree, once");
+        assert!(watch_scopes(&keys("b", Some("a"))).is_empty(), "an empty interval holds no key");
     }
 
     #[test]

@@ -131,11 +131,21 @@ pub fn start_secure_router(cluster: &Cluster, tls: Arc<warden_proto::tls::Tls>, 
 /// A router on a fresh loopback port that also serves etcd's v3 API on another one
 /// (answered second).
 pub fn start_router_with_etcd(cluster: &Cluster) -> (Router, std::net::SocketAddr) {
+    serve_router_with_etcd(cluster, true)
+}
+
+/// [`start_router_with_etcd`] for a router that re-reads its routing table only when a
+/// shard-node says it is stale (as [`start_stale_router`]).
+pub fn start_stale_router_with_etcd(cluster: &Cluster) -> (Router, std::net::SocketAddr) {
+    serve_router_with_etcd(cluster, false)
+}
+
+fn serve_router_with_etcd(cluster: &Cluster, watch_placement: bool) -> (Router, std::net::SocketAddr) {
     let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind");
     let etcd = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind the etcd port");
     let etcd_addr = etcd.local_addr().expect("addr");
     let config = warden_router::RouterConfig { etcd_listen: Some(Arc::new(etcd)), ..warden_router::RouterConfig::new(Vec::new()) };
-    (serve_router_with(cluster, listener, true, config), etcd_addr)
+    (serve_router_with(cluster, listener, watch_placement, config), etcd_addr)
 }
 
 fn serve_router(cluster: &Cluster, listener: std::net::TcpListener, watch_placement: bool) -> Router {

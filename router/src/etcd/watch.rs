@@ -1,0 +1,458 @@
+//! etcd's `Watch` service on the router's own watches ([`crate::watch::proxy`]): one etcd
+//! watch stream is one native watch stream, and each etcd watch one or a few native
+//! PERSISTENT watches, its parts.
+//!
+//! - A single key watches its path. A range watches, recursively (so across every group
+//!   serving part of them), the deepest subtrees holding its keys' paths
+//!   ([`plan::watch_scopes`]: a prefix like `/registry/pods/` is `/registry/pods` and
+//!   `/_etcd`, since its own key is escaped), and passes on only events of keys inside it.
+//! - Events of paths that are no etcd key (containers made for a put's missing parents,
+//!   lock waiters, paths under `/warden`) are dropped; a node emptied into a container by a
+//!   range delete is etcd's DELETE of its key.
+//! - Watch ids: the client's, or for a create asking 0 the lowest unused from 0, as etcd
+//!   picks them. Native ids are this stream's own and never reused, so what comes late for
+//!   a part of an ended watch is dropped, even when its etcd id is in use again.
+//! - An etcd watch is created when all its parts are, and ends when its first part ends
+//!   (the others are cancelled).
+//! - Revisions are per group: a watch of keys in one group is exact (start revision,
+//!   resume, ordering); a watch spanning groups starts every group at `start_revision` and
+//!   each response's revision is its group's (docs/etcd.md).
+//! - A start revision the replica no longer holds events for is answered as etcd answers
+//!   a compacted one: the watch is cancelled with `compact_revision` set, from which the
+//!   client reads again and watches on.
+//!
+//! Two tasks per stream: one turns etcd requests into native ones, one turns native
+//! responses into etcd ones; they share the watches. Neither waits on the other, so a
+//! client that stops reading never blocks its own cancels.
+
+use std::collections::{BTreeSet, HashMap};
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+
+use futures::{Stream, StreamExt};
+use tokio::sync::mpsc;
+use tonic::{Request, Response, Status, Streaming};
+use warden_proto::etcd::etcdserverpb as pb;
+use warden_proto::etcd::etcdserverpb::watch_create_request::FilterType;
+use warden_proto::etcd::etcdserverpb::watch_request::RequestUnion;
+use warden_proto::etcd::mvccpb::{event::EventType, Event, KeyValue};
+use warden_proto::v1 as w;
+use warden_proto::v1::warden_error::Code;
+use warden_proto::v1::watch_event::Type as NativeType;
+use warden_proto::v1::watch_request::Request as NativeRequest;
+
+use super::keys::{self, RangeSpec};
+use super::kv::key_value;
+use super::{etcd_revision, plan, EtcdService};
+
+/// Native requests queued for the router's watch proxy.
+const REQUESTS_QUEUED_MAX: usize = 64;
+/// etcd responses queued for the client (each at most one native response's events).
+const RESPONSES_QUEUED_MAX: usize = 64;
+/// Native watches one etcd watch is made of, at most: a range beyond it watches the whole
+/// tree in one part (ranges have one or two subtrees: their plain and their escaped keys).
+const PARTS_MAX: usize = 4;
+
+/// What one etcd watch passes on.
+#[derive(Clone, Debug)]
+struct Filter {
+    /// The watched keys: one key, or an interval of them.
+    keys: RangeSpec,
+    no_put: bool,
+    no_delete: bool,
+    prev_kv: bool,
+}
+
+impl Filter {
+    fn wants(&self, key: &[u8]) -> bool {
+        match &self.keys {
+            RangeSpec::Single(single) => single == key,
+            RangeSpec::Interval(interval) => interval.contains(key),
+        }
+    }
+}
+
+/// One live etcd watch.
+struct EtcdWatch {
+    filter: Filter,
+    /// Its parts' native ids.
+    native_ids: Vec<u64>,
+    /// Parts not answered `created` yet.
+    uncreated: usize,
+}
+
+/// The live watches of one stream.
+#[derive(Default)]
+struct Watches {
+    by_etcd_id: HashMap<i64, EtcdWatch>,
+    /// The etcd watch of each live part.
+    etcd_id_of: HashMap<u64, i64>,
+    /// The last native id handed out (ids start at 1: native 0 asks the proxy to pick).
+    last_native_id: u64,
+}
+
+impl Watches {
+    /// Registers watch `etcd_id` with `filter` and parts `creates` (their ids set here).
+    fn add(&mut self, etcd_id: i64, filter: Filter, creates: &mut [w::WatchCreate]) {
+        let mut native_ids = Vec::with_capacity(creates.len());
+        for create in creates.iter_mut() {
+            self.last_native_id += 1;
+            create.watch_id = self.last_native_id;
+            native_ids.push(create.watch_id);
+            self.etcd_id_of.insert(create.watch_id, etcd_id);
+        }
+        self.by_etcd_id.insert(etcd_id, EtcdWatch { filter, uncreated: native_ids.len(), native_ids });
+    }
+
+    /// Ends watch `etcd_id`: what comes later for its parts is dropped.
+    fn remove(&mut self, etcd_id: i64) -> Option<EtcdWatch> {
+        let watch = self.by_etcd_id.remove(&etcd_id)?;
+        for native_id in &watch.native_ids {
+            self.etcd_id_of.remove(native_id);
+        }
+        Some(watch)
+    }
+}
+
+type Shared = Arc<Mutex<Watches>>;
+
+/// The lowest etcd id ≥ 0 not in `taken`, as etcd picks ids asked as 0.
+fn lowest_free(taken: &BTreeSet<i64>) -> i64 {
+    let mut id = 0;
+    for used in taken {
+        if *used != id {
+            break;
+        }
+        id += 1;
+    }
+    id
+}
+
+/// An etcd response that ends watch `watch_id` with `reason`.
+fn cancel(watch_id: i64, header: Option<pb::ResponseHeader>, reason: impl Into<String>) -> pb::WatchResponse {
+    pb::WatchResponse { watch_id, canceled: true, cancel_reason: reason.into(), header, ..pb::WatchResponse::default() }
+}
+
+/// A native cancel of part `native_id`.
+fn native_cancel(native_id: u64) -> w::WatchRequest {
+    w::WatchRequest { request: Some(NativeRequest::Cancel(w::WatchCancel { watch_id: native_id })) }
+}
+
+/// The native creates (ids unset) of etcd create `create`, and its filter.
+fn native_creates(create: &pb::WatchCreateRequest, table: &warden_proto::routing::Table) -> Result<(Vec<w::WatchCreate>, Filter), String> {
+    if create.key.is_empty() {
+        return Err("etcdserver: key is not provided".into());
+    }
+    let start_revision = u64::try_from(create.start_revision).map_err(|_| "etcdserver: start revision must not be negative".to_string())?;
+    let keys = keys::etcd_range(&create.key, &create.range_end);
+    let (scopes, recursive) = match &keys {
+        RangeSpec::Single(key) => (vec![keys::key_to_path(key).map_err(|error| format!("etcdserver: {error}"))?], false),
+        RangeSpec::Interval(interval) => match plan::watch_scopes(interval) {
+            scopes if scopes.is_empty() => return Err("etcdserver: the watched range holds no key".into()),
+            scopes if scopes.len() > PARTS_MAX => (vec!["/".to_string()], true),
+            scopes => (scopes, true),
+        },
+    };
+    let no_put = create.filters.contains(&(FilterType::Noput as i32));
+    let no_delete = create.filters.contains(&(FilterType::Nodelete as i32));
+    let part = |path: String| {
+        // Every group below the watched path starts where the client asked: revisions are
+        // the group's own, so this is exact only for the group the range lies in.
+        let group_start_revisions = if recursive && start_revision > 0 {
+            table.groups_below(&path).into_iter().map(|group| (group.id(), start_revision)).collect()
+        } else {
+            HashMap::new()
+        };
+        w::WatchCreate {
+            path,
+            kind: w::watch_create::Kind::Persistent as i32,
+            recursive,
+            start_revision,
+            // A node emptied into a container is a change natively and a delete here:
+            // creates and changes come through and are filtered here.
+            no_delete,
+            // Always: a delete's key-value comes from the node before it.
+            prev_data: true,
+            progress_notify: create.progress_notify,
+            group_start_revisions,
+            ..w::WatchCreate::default()
+        }
+    };
+    Ok((scopes.into_iter().map(part).collect(), Filter { keys, no_put, no_delete, prev_kv: create.prev_kv }))
+}
+
+/// etcd's event for native event `event`, if `filter` passes it on.
+fn etcd_event(filter: &Filter, event: w::WatchEvent) -> Option<Event> {
+    let key = keys::path_to_key(&event.path)?;
+    if !filter.wants(&key) {
+        return None;
+    }
+    let container = |stat: Option<&w::Stat>| stat.is_some_and(|stat| stat.kind == w::NodeKind::Container as i32);
+    let was_key = event.prev_stat.is_some() && !container(event.prev_stat.as_ref());
+    let is_key = !container(event.stat.as_ref());
+    let previous = || was_key.then(|| key_value(key.clone(), w::Node { path: String::new(), data: event.prev_data.to_vec(), stat: event.prev_stat }));
+    let kind = NativeType::try_from(event.r#type).ok()?;
+    let put = match kind {
+        NativeType::Created | NativeType::Changed if is_key => true,
+        // A node emptied into a container (its key deleted), or a container removed or
+        // made: no key was there before or is there after.
+        NativeType::Changed if was_key => false,
+        NativeType::Deleted if was_key => false,
+        _ => return None,
+    };
+    if (put && filter.no_put) || (!put && filter.no_delete) {
+        return None;
+    }
+    let prev_kv = if filter.prev_kv && kind != NativeType::Created { previous() } else { None };
+    if put {
+        let kv = key_value(key.clone(), w::Node { path: String::new(), data: event.data.to_vec(), stat: event.stat });
+        return Some(Event { r#type: EventType::Put as i32, kv: Some(kv), prev_kv });
+    }
+    let kv = KeyValue { key, mod_revision: etcd_revision(event.revision), ..KeyValue::default() };
+    Some(Event { r#type: EventType::Delete as i32, kv: Some(kv), prev_kv })
+}
+
+/// The etcd response for native response `response`, if any, and the native ids of the
+/// parts to cancel (those of a watch whose other part the server ended).
+fn etcd_response(service: &EtcdService, watches: &Shared, response: w::WatchResponse) -> (Option<pb::WatchResponse>, Vec<u64>) {
+    let header = service.header(response.header.as_ref().map_or(0, |h| h.revision));
+    let Ok(mut watches) = watches.lock() else { return (None, Vec::new()) };
+    let Some(&watch_id) = watches.etcd_id_of.get(&response.watch_id) else { return (None, Vec::new()) };
+    if let Some(canceled) = response.canceled {
+        let others: Vec<u64> = watches.remove(watch_id).map(|watch| watch.native_ids).unwrap_or_default();
+        let others = others.into_iter().filter(|id| *id != response.watch_id).collect();
+        let answer = match canceled.error {
+            None => pb::WatchResponse { header, watch_id, canceled: true, ..pb::WatchResponse::default() },
+            // etcd's clients read again from `compact_revision` and watch on from there.
+            Some(error) if error.code == Code::Compacted as i32 => pb::WatchResponse {
+                compact_revision: etcd_revision(canceled.resume_revision.max(1)),
+                ..cancel(watch_id, header, "etcdserver: mvcc: required revision has been compacted")
+            },
+            Some(error) => cancel(watch_id, header, format!("etcdserver: {}", error.message)),
+        };
+        return (Some(answer), others);
+    }
+    let Some(watch) = watches.by_etcd_id.get_mut(&watch_id) else { return (None, Vec::new()) };
+    if response.created.is_some() {
+        watch.uncreated = watch.uncreated.saturating_sub(1);
+        let created = (watch.uncreated == 0).then(|| pb::WatchResponse { header, watch_id, created: true, ..pb::WatchResponse::default() });
+        return (created, Vec::new());
+    }
+    if response.progress {
+        return (Some(pb::WatchResponse { header, watch_id, ..pb::WatchResponse::default() }), Vec::new());
+    }
+    let events: Vec<Event> = response.events.into_iter().filter_map(|event| etcd_event(&watch.filter, event)).collect();
+    let answer = (!events.is_empty()).then(|| pb::WatchResponse { header, watch_id, events, ..pb::WatchResponse::default() });
+    (answer, Vec::new())
+}
+
+impl EtcdService {
+    /// Reads the client's etcd requests and sends the native ones; refusals and cancels go
+    /// straight to the client. Ends when the client closes its side or the proxy stops
+    /// taking requests.
+    async fn translate_requests(
+        self,
+        mut incoming: Streaming<pb::WatchRequest>,
+        native: mpsc::Sender<w::WatchRequest>,
+        watches: Shared,
+        answers: mpsc::Sender<Result<pb::WatchResponse, Status>>,
+    ) {
+        while let Ok(Some(request)) = incoming.message().await {
+            let (requests, answer) = match request.request_union {
+                Some(RequestUnion::CreateRequest(create)) => {
+                    let table = match self.table().await {
+                        Ok(table) => table,
+                        Err(status) => {
+                            let _ = answers.send(Err(status)).await;
+                            return;
+                        }
+                    };
+                    match self.create(&watches, &create, &table) {
+                        Ok(creates) => {
+                            (creates.into_iter().map(|create| w::WatchRequest { request: Some(NativeRequest::Create(create)) }).collect(), Vec::new())
+                        }
+                        Err((id, reason)) => {
+                            // etcd answers a refused create as created and cancelled at once.
+                            let created = pb::WatchResponse { watch_id: id, created: true, header: self.header(0), ..pb::WatchResponse::default() };
+                            (Vec::new(), vec![created, cancel(id, self.header(0), reason)])
+                        }
+                    }
+                }
+                Some(RequestUnion::CancelRequest(cancel)) => {
+                    let Ok(removed) = watches.lock().map(|mut watches| watches.remove(cancel.watch_id)) else { return };
+                    // etcd answers a cancel of a watch it does not know with nothing.
+                    match removed {
+                        Some(watch) => {
+                            let canceled = pb::WatchResponse {
+                                watch_id: cancel.watch_id,
+                                canceled: true,
+                                header: self.header(0),
+                                ..pb::WatchResponse::default()
+                            };
+                            (watch.native_ids.into_iter().map(native_cancel).collect(), vec![canceled])
+                        }
+                        None => (Vec::new(), Vec::new()),
+                    }
+                }
+                Some(RequestUnion::ProgressRequest(_)) => {
+                    (vec![w::WatchRequest { request: Some(NativeRequest::Progress(w::WatchProgressRequest {})) }], Vec::new())
+                }
+                None => continue,
+            };
+            for request in requests {
+                if native.send(request).await.is_err() {
+                    return;
+                }
+            }
+            for answer in answer {
+                if answers.send(Ok(answer)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Registers etcd create `create`: its native creates, or its id and why it is refused.
+    fn create(
+        &self,
+        watches: &Shared,
+        create: &pb::WatchCreateRequest,
+        table: &warden_proto::routing::Table,
+    ) -> Result<Vec<w::WatchCreate>, (i64, String)> {
+        let mut watches = watches.lock().map_err(|_| (create.watch_id, "etcdserver: the watch stream failed".to_string()))?;
+        let taken: BTreeSet<i64> = watches.by_etcd_id.keys().copied().collect();
+        let id = if create.watch_id == 0 { lowest_free(&taken) } else { create.watch_id };
+        if id < 0 {
+            return Err((id, "etcdserver: watch id must not be negative".into()));
+        }
+        if taken.contains(&id) {
+            return Err((id, "etcdserver: duplicate watch ID".into()));
+        }
+        let (mut creates, filter) = native_creates(create, table).map_err(|reason| (id, reason))?;
+        watches.add(id, filter, &mut creates);
+        Ok(creates)
+    }
+}
+
+#[tonic::async_trait]
+impl pb::watch_server::Watch for EtcdService {
+    type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send + 'static>>;
+
+    async fn watch(&self, request: Request<Streaming<pb::WatchRequest>>) -> Result<Response<Self::WatchStream>, Status> {
+        let incoming = request.into_inner();
+        let watches: Shared = Arc::default();
+        let (native, native_requests) = mpsc::channel(REQUESTS_QUEUED_MAX);
+        let (answers, answered) = mpsc::channel(RESPONSES_QUEUED_MAX);
+        let requests = tokio_stream::wrappers::ReceiverStream::new(native_requests).map(Ok);
+        let mut responses = crate::watch::proxy(self.router.upstreams().clone(), Box::pin(requests));
+        let principal = crate::principal::current();
+        tokio::spawn(crate::principal::scoped(
+            principal.clone(),
+            self.clone().translate_requests(incoming, native.clone(), watches.clone(), answers.clone()),
+        ));
+        let service = self.clone();
+        tokio::spawn(crate::principal::scoped(principal, async move {
+            loop {
+                // A client that hung up ends the proxy (dropping its responses) even while
+                // no response comes.
+                let response = tokio::select! {
+                    response = responses.next() => response,
+                    () = answers.closed() => None,
+                };
+                let Some(response) = response else { return };
+                let answer = match response {
+                    Ok(response) => {
+                        let (answer, to_cancel) = etcd_response(&service, &watches, response);
+                        if !to_cancel.is_empty() {
+                            // Not awaited here: the proxy may be waiting for this task to
+                            // read its next response before it takes another request.
+                            let native = native.clone();
+                            tokio::spawn(async move {
+                                for native_id in to_cancel {
+                                    if native.send(native_cancel(native_id)).await.is_err() {
+                                        return;
+                                    }
+                                }
+                            });
+                        }
+                        match answer {
+                            Some(answer) => Ok(answer),
+                            None => continue,
+                        }
+                    }
+                    Err(status) => Err(status),
+                };
+                if answers.send(answer).await.is_err() {
+                    return;
+                }
+            }
+        }));
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(answered))))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::etcd::keys::KeyInterval;
+    use prost::bytes::Bytes;
+
+    fn stat(kind: w::NodeKind, version: u64) -> Option<w::Stat> {
+        Some(w::Stat { create_revision: 3, mod_revision: 7, version, kind: kind as i32, ..w::Stat::default() })
+    }
+
+    fn filter(keys: RangeSpec) -> Filter {
+        Filter { keys, no_put: false, no_delete: false, prev_kv: true }
+    }
+
+    fn native(kind: NativeType, path: &str, stat: Option<w::Stat>, prev_stat: Option<w::Stat>) -> w::WatchEvent {
+        w::WatchEvent {
+            r#type: kind as i32,
+            path: path.into(),
+            revision: 7,
+            stat,
+            data: Bytes::from_static(b"new"),
+            prev_stat,
+            prev_data: Bytes::from_static(b"old"),
+        }
+    }
+
+    #[test]
+    fn ids_asked_as_zero_are_the_lowest_free_from_zero() {
+        assert_eq!(lowest_free(&BTreeSet::new()), 0);
+        assert_eq!(lowest_free(&[0, 1, 3].into_iter().collect()), 2);
+        assert_eq!(lowest_free(&[1, 2].into_iter().collect()), 0);
+    }
+
+    #[test]
+    fn writes_of_keys_are_puts_and_containers_are_not_keys() {
+        let all = filter(RangeSpec::Interval(KeyInterval { from: b"/a/".to_vec(), to: Some(b"/a0".to_vec()) }));
+        let created = etcd_event(&all, native(NativeType::Created, "/a/x", stat(w::NodeKind::Persistent, 0), None)).expect("a put");
+        assert_eq!(created.r#type, EventType::Put as i32);
+        assert_eq!(
+            created.kv.as_ref().map(|kv| (kv.key.as_slice(), kv.version, kv.value.as_slice())),
+            Some((b"/a/x".as_slice(), 1, b"new".as_slice()))
+        );
+        assert_eq!(created.prev_kv, None, "a created key had no value before");
+        assert_eq!(etcd_event(&all, native(NativeType::Created, "/a/y", stat(w::NodeKind::Container, 0), None)), None, "a container is no key");
+        assert_eq!(etcd_event(&all, native(NativeType::Deleted, "/a/y", stat(w::NodeKind::Container, 0), stat(w::NodeKind::Container, 0))), None);
+        assert_eq!(etcd_event(&all, native(NativeType::Created, "/b/x", stat(w::NodeKind::Persistent, 0), None)), None, "outside the range");
+        let changed =
+            etcd_event(&all, native(NativeType::Changed, "/a/x", stat(w::NodeKind::Persistent, 1), stat(w::NodeKind::Persistent, 0))).expect("a put");
+        assert_eq!(changed.prev_kv.map(|kv| kv.value), Some(b"old".to_vec()));
+    }
+
+    #[test]
+    fn a_node_emptied_into_a_container_is_a_delete_of_its_key() {
+        let one = filter(RangeSpec::Single(b"/a".to_vec()));
+        let emptied = native(NativeType::Changed, "/a", stat(w::NodeKind::Container, 2), stat(w::NodeKind::Persistent, 1));
+        let event = etcd_event(&one, emptied.clone()).expect("a delete");
+        assert_eq!(event.r#type, EventType::Delete as i32);
+        assert_eq!(event.kv.map(|kv| (kv.key, kv.mod_revision, kv.version)), Some((b"/a".to_vec(), 7, 0)));
+        assert_eq!(event.prev_kv.map(|kv| kv.value), Some(b"old".to_vec()));
+        let no_delete = Filter { no_delete: true, ..one.clone() };
+        assert_eq!(etcd_event(&no_delete, emptied), None, "NODELETE drops it");
+        let no_put = Filter { no_put: true, ..one };
+        assert_eq!(etcd_event(&no_put, native(NativeType::Created, "/a", stat(w::NodeKind::Persistent, 0), None)), None, "NOPUT drops a put");
+    }
+}
