@@ -215,14 +215,15 @@ async fn an_etcd_lease_owns_its_keys_in_every_group_until_revoked() {
     let left = etcd.lease_time_to_live(lease.id(), None).await.expect("time to live");
     assert!(left.ttl() > 0 && left.ttl() <= 30, "{} s left", left.ttl());
     etcd.lease_revoke(lease.id()).await.expect("revoke");
-    let services = etcd.get("/services/", Some(GetOptions::new().with_prefix())).await.expect("get");
-    assert_eq!(keys(&services), ["/services/web/2"], "the revoked lease's key went with it");
-    // A group holding keys of a lease homed elsewhere learns of its end at its next check of
-    // the session (every second; docs/etcd.md).
-    warden_testkit::wait_until("the revoked lease's key in the other group is gone", TIMEOUT, async || {
-        etcd.get("/leader", None).await.expect("get").kvs().is_empty()
+    // The router picks the lease's home group; its keys there go at once, and a group holding
+    // keys of a lease homed elsewhere learns of its end at its next check of the session
+    // (every second; docs/etcd.md).
+    warden_testkit::wait_until("the revoked lease's keys are gone from both groups", TIMEOUT, async || {
+        etcd.get("/leader", None).await.expect("get").kvs().is_empty() && etcd.get("/services/web/1", None).await.expect("get").kvs().is_empty()
     })
     .await;
+    let services = etcd.get("/services/", Some(GetOptions::new().with_prefix())).await.expect("get");
+    assert_eq!(keys(&services), ["/services/web/2"], "a key without the lease stays");
     assert_eq!(etcd.lease_time_to_live(lease.id(), None).await.expect("time to live").ttl(), -1, "a revoked lease is gone");
     let status = etcd.lease_revoke(lease.id()).await.expect_err("revoking twice");
     assert!(status.to_string().contains("requested lease not found"), "{status}");
@@ -277,4 +278,103 @@ async fn etcdctl_puts_gets_deletes_and_reports_endpoint_status() {
     assert!(status.contains(&etcd_addr.to_string()) && status.contains("3.5.0"), "{status}");
     let members = ctl(&["member", "list"]).await;
     assert!(members.contains(&format!("http://{etcd_addr}")), "{members}");
+}
+
+/// A long-running `etcdctl` (a held lock, a campaign) whose output lines arrive on a channel.
+struct Etcdctl {
+    child: std::process::Child,
+    lines: std::sync::mpsc::Receiver<String>,
+}
+
+impl Etcdctl {
+    fn start(addr: std::net::SocketAddr, args: &[&str]) -> Etcdctl {
+        use std::io::BufRead as _;
+        let mut child = std::process::Command::new("etcdctl")
+            .env("ETCDCTL_API", "3")
+            .arg(format!("--endpoints={addr}"))
+            .args(args)
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("etcdctl runs (make dev installs it)");
+        let stdout = child.stdout.take().expect("stdout");
+        let (send, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || std::io::BufReader::new(stdout).lines().map_while(Result::ok).try_for_each(|line| send.send(line)));
+        Etcdctl { child, lines }
+    }
+
+    /// The next line it prints (within [`TIMEOUT`]).
+    fn line(&self) -> String {
+        self.lines.recv_timeout(TIMEOUT).expect("a line from etcdctl in time")
+    }
+
+    /// Ends it as Ctrl-C would: etcdctl then unlocks or resigns and revokes its lease.
+    fn interrupt(&mut self) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid");
+        // SAFETY: signals a child process this test started and has not reaped.
+        assert_eq!(unsafe { libc::kill(pid, libc::SIGINT) }, 0);
+        assert!(self.child.wait().expect("etcdctl ends").success());
+    }
+}
+
+impl Drop for Etcdctl {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `etcdctl lock` and `etcdctl elect` (etcd's own lock and election recipes over KV, watch and
+/// leases): a second locker waits while the first holds the lock and gets it when the first
+/// lets go; a second candidate leads once the first resigns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcdctl_locks_and_elections_hand_over_when_their_holder_lets_go() {
+    let cluster = cluster_with_groups(&["/locks"]).await;
+    let (_router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut etcd = etcd_client(etcd_addr).await;
+    let waiters = |prefix: &'static str| {
+        let mut etcd = etcd.clone();
+        async move { etcd.get(prefix, Some(GetOptions::new().with_prefix())).await.expect("get").kvs().len() }
+    };
+
+    let mut first = tokio::task::spawn_blocking(move || {
+        let first = Etcdctl::start(etcd_addr, &["lock", "/locks/deploy"]);
+        let key = first.line();
+        (first, key)
+    })
+    .await
+    .expect("first locker");
+    assert!(first.1.starts_with("/locks/deploy/"), "etcdctl prints the lock's key: {}", first.1);
+    let second = Etcdctl::start(etcd_addr, &["lock", "/locks/deploy", "echo", "second holds it"]);
+    warden_testkit::wait_until("the second locker queues behind the first", TIMEOUT, async || waiters("/locks/deploy/").await == 2).await;
+    assert!(second.lines.try_recv().is_err(), "the second must not hold the lock while the first does");
+    tokio::task::spawn_blocking(move || {
+        first.0.interrupt();
+        assert_eq!(second.line(), "second holds it");
+    })
+    .await
+    .expect("hand-over");
+
+    let campaign = |name: &'static str| {
+        tokio::task::spawn_blocking(move || {
+            let candidate = Etcdctl::start(etcd_addr, &["elect", "/elect/web", name]);
+            let (key, value) = (candidate.line(), candidate.line());
+            (candidate, key, value)
+        })
+    };
+    let (mut leader, _, value) = campaign("web-1").await.expect("campaign");
+    assert_eq!(value, "web-1");
+    let next = campaign("web-2");
+    warden_testkit::wait_until("the second candidate waits", TIMEOUT, async || waiters("/elect/web/").await == 2).await;
+    let leading = etcd
+        .get(
+            "/elect/web/",
+            Some(GetOptions::new().with_prefix().with_sort(etcd_client::SortTarget::Create, etcd_client::SortOrder::Ascend).with_limit(1)),
+        )
+        .await
+        .expect("leader");
+    assert_eq!(leading.kvs()[0].value(), b"web-1", "the first candidate leads");
+    tokio::task::spawn_blocking(move || leader.interrupt()).await.expect("resign");
+    let (_second_leader, _, value) = next.await.expect("second campaign");
+    assert_eq!(value, "web-2");
 }

@@ -34,7 +34,7 @@ pub(super) fn key_value(key: Vec<u8>, node: w::Node) -> KeyValue {
 }
 
 /// The path of an etcd key, or etcd's refusal.
-fn path_of(key: &[u8]) -> Result<String, Status> {
+pub(super) fn path_of(key: &[u8]) -> Result<String, Status> {
     keys::key_to_path(key).map_err(|error| match error {
         keys::KeyError::Empty => invalid("key is not provided"),
         too_long @ keys::KeyError::TooLong { .. } => invalid(too_long.to_string()),
@@ -260,14 +260,17 @@ fn put_answer(request: &pb::PutRequest, answer: w::PutResponse) -> pb::PutRespon
     pb::PutResponse { header: None, prev_kv: answer.previous.map(|node| key_value(request.key.clone(), node)) }
 }
 
-/// The one group part of a transaction's range (a transaction runs in one group).
-fn txn_part(table: &warden_proto::routing::Table, key: &[u8], range_end: &[u8]) -> Result<plan::Part, Status> {
-    let mut parts = parts_of(table, key, range_end)?;
-    match parts.len() {
-        0 => Ok(single(path_of(key)?)),
-        1 => Ok(parts.remove(0)),
-        _ => Err(Status::failed_precondition("etcdserver: a transaction's range spans more than one Warden group (docs/etcd.md)")),
-    }
+/// The group parts of a transaction's range: those in the group of its first part, which
+/// the transaction reads, and those in other groups, which must hold no key (checked
+/// before it runs: the transaction runs in one group). A prefix like `/locks/web/` has its
+/// plain keys in the group serving `/locks` and its escaped ones (`/locks/web/` itself,
+/// `/locks/web//x`) under `/_etcd`, where etcd's recipes put none.
+fn txn_parts(table: &warden_proto::routing::Table, key: &[u8], range_end: &[u8]) -> Result<(Vec<plan::Part>, Vec<plan::Part>), Status> {
+    let parts = parts_of(table, key, range_end)?;
+    let Some(first) = parts.first() else { return Ok((vec![single(path_of(key)?)], Vec::new())) };
+    let group_of = |part: &plan::Part| table.route(&part.scope).map(|group| group.id());
+    let group = group_of(first);
+    Ok(parts.into_iter().partition(|part| group_of(part) == group))
 }
 
 /// The routing of a transaction's range part: the descriptor version of the group the
@@ -308,62 +311,120 @@ fn compare_of(compare: &pb::Compare) -> Result<w::Compare, Status> {
     Ok(w::Compare { path: path_of(&compare.key)?, target: target as i32, op: op as i32, number, value, exists: false })
 }
 
-/// A Warden transaction operation for an etcd one.
-fn op_of(table: &warden_proto::routing::Table, op: &pb::RequestOp) -> Result<w::TxnOp, Status> {
+/// The Warden transaction operations for an etcd one (one, or one per part of a range or
+/// range delete in the transaction's group), and the parts in other groups (which must be
+/// empty).
+fn ops_of(table: &warden_proto::routing::Table, op: &pb::RequestOp) -> Result<(Vec<w::TxnOp>, Vec<plan::Part>), Status> {
     use w::txn_op::Op;
-    let op = match &op.request {
-        Some(request_op::Request::RequestPut(put)) => Op::Put(put_of(put)?),
+    let mut elsewhere = Vec::new();
+    let ops = match &op.request {
+        Some(request_op::Request::RequestPut(put)) => vec![Op::Put(put_of(put)?)],
         Some(request_op::Request::RequestRange(range)) => {
             let shape = Shape::of(range)?;
             if range.revision > 0 {
                 return Err(Status::unimplemented("etcdserver: reads at a revision inside a transaction are not served (docs/etcd.md)"));
             }
-            let part = txn_part(table, &range.key, &range.range_end)?;
-            Op::Range(w::RangeRequest {
-                routing: planned_on(table, &part),
-                path: part.scope,
-                from: part.from,
-                to: part.to,
-                limit: shape.page(),
-                keys_only: range.keys_only,
-                count_only: range.count_only,
-                ..w::RangeRequest::default()
-            })
+            let (parts, outside) = txn_parts(table, &range.key, &range.range_end)?;
+            elsewhere = outside;
+            parts
+                .into_iter()
+                .map(|part| {
+                    Op::Range(w::RangeRequest {
+                        routing: planned_on(table, &part),
+                        path: part.scope,
+                        from: part.from,
+                        to: part.to,
+                        limit: shape.page(),
+                        keys_only: range.keys_only,
+                        count_only: range.count_only,
+                        ..w::RangeRequest::default()
+                    })
+                })
+                .collect()
         }
         Some(request_op::Request::RequestDeleteRange(delete)) => {
-            let part = txn_part(table, &delete.key, &delete.range_end)?;
-            let routing = planned_on(table, &part);
-            Op::DeleteRange(w::DeleteRangeRequest { path: part.scope, from: part.from, to: part.to, return_previous: delete.prev_kv, routing })
+            let (parts, outside) = txn_parts(table, &delete.key, &delete.range_end)?;
+            elsewhere = outside;
+            parts
+                .into_iter()
+                .map(|part| {
+                    let routing = planned_on(table, &part);
+                    Op::DeleteRange(w::DeleteRangeRequest {
+                        path: part.scope,
+                        from: part.from,
+                        to: part.to,
+                        return_previous: delete.prev_kv,
+                        routing,
+                    })
+                })
+                .collect()
         }
         Some(request_op::Request::RequestTxn(_)) => {
             return Err(Status::unimplemented("etcdserver: nested transactions are not served (docs/etcd.md)"))
         }
         None => return Err(invalid("a transaction operation without a request")),
     };
-    Ok(w::TxnOp { op: Some(op) })
+    Ok((ops.into_iter().map(|op| w::TxnOp { op: Some(op) }).collect(), elsewhere))
 }
 
-/// The etcd answer of one transaction operation.
-fn op_answer(op: &pb::RequestOp, result: w::TxnOpResult) -> Result<pb::ResponseOp, Status> {
+/// The Warden operations of etcd operations `ops`: how many each etcd one became, and the
+/// range parts outside the transaction's group.
+struct TxnOps {
+    ops: Vec<w::TxnOp>,
+    counts: Vec<usize>,
+    elsewhere: Vec<plan::Part>,
+}
+
+impl TxnOps {
+    fn of(table: &warden_proto::routing::Table, ops: &[pb::RequestOp]) -> Result<TxnOps, Status> {
+        let mut all = TxnOps { ops: Vec::new(), counts: Vec::with_capacity(ops.len()), elsewhere: Vec::new() };
+        for op in ops {
+            let (some, elsewhere) = ops_of(table, op)?;
+            all.counts.push(some.len());
+            all.ops.extend(some);
+            all.elsewhere.extend(elsewhere);
+        }
+        Ok(all)
+    }
+}
+
+/// The etcd answer of one transaction operation from the results of its Warden operations.
+fn op_answer(op: &pb::RequestOp, results: Vec<w::TxnOpResult>) -> Result<pb::ResponseOp, Status> {
     use w::txn_op_result::Result as Answer;
-    let response = match (&op.request, result.result) {
-        (Some(request_op::Request::RequestPut(put)), Some(Answer::Put(answer))) => response_op::Response::ResponsePut(put_answer(put, answer)),
-        (Some(request_op::Request::RequestRange(range)), Some(Answer::Range(answer))) => {
+    let mismatch = || Status::internal("a transaction answered an operation it was not asked");
+    let response = match &op.request {
+        Some(request_op::Request::RequestPut(put)) => match results.into_iter().next().and_then(|result| result.result) {
+            Some(Answer::Put(answer)) => response_op::Response::ResponsePut(put_answer(put, answer)),
+            _ => return Err(mismatch()),
+        },
+        Some(request_op::Request::RequestRange(range)) => {
             let mut gathered = Gathered::default();
-            gathered.add(answer);
+            for result in results {
+                match result.result {
+                    Some(Answer::Range(answer)) => gathered.add(answer),
+                    _ => return Err(mismatch()),
+                }
+            }
             let mut answer = gathered.answer(range, &Shape::of(range)?)?;
             answer.header = None;
             response_op::Response::ResponseRange(answer)
         }
-        (Some(request_op::Request::RequestDeleteRange(_)), Some(Answer::DeleteRange(answer))) => {
-            let prev_kvs = answer.previous.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))).collect();
+        Some(request_op::Request::RequestDeleteRange(_)) => {
+            let mut deleted = 0u64;
+            let mut prev_kvs = Vec::new();
+            for result in results {
+                let Some(Answer::DeleteRange(answer)) = result.result else { return Err(mismatch()) };
+                deleted += answer.deleted;
+                prev_kvs.extend(answer.previous.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))));
+            }
+            prev_kvs.sort_by(|a, b| a.key.cmp(&b.key));
             response_op::Response::ResponseDeleteRange(pb::DeleteRangeResponse {
                 header: None,
-                deleted: i64::try_from(answer.deleted).unwrap_or(i64::MAX),
+                deleted: i64::try_from(deleted).unwrap_or(i64::MAX),
                 prev_kvs,
             })
         }
-        _ => return Err(Status::internal("a transaction answered an operation it was not asked")),
+        _ => return Err(mismatch()),
     };
     Ok(pb::ResponseOp { response: Some(response) })
 }
@@ -401,15 +462,27 @@ impl pb::kv_server::Kv for EtcdService {
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         let (metadata, extensions, request) = request.into_parts();
         let table = self.table().await?;
-        let txn = w::TxnRequest {
-            compares: request.compare.iter().map(compare_of).collect::<Result<_, _>>()?,
-            then: request.success.iter().map(|op| op_of(&table, op)).collect::<Result<_, _>>()?,
-            r#else: request.failure.iter().map(|op| op_of(&table, op)).collect::<Result<_, _>>()?,
-            routing: None,
-        };
+        let then = TxnOps::of(&table, &request.success)?;
+        let otherwise = TxnOps::of(&table, &request.failure)?;
+        for part in then.elsewhere.iter().chain(&otherwise.elsewhere) {
+            let count = w::RangeRequest {
+                path: part.scope.clone(),
+                from: part.from.clone(),
+                to: part.to.clone(),
+                count_only: true,
+                ..w::RangeRequest::default()
+            };
+            let answer = Warden::range(&self.router, inner(&metadata, &extensions, count)).await.map_err(etcd_status)?.into_inner();
+            if answer.count > 0 {
+                return Err(Status::failed_precondition("etcdserver: a transaction's range holds keys in more than one Warden group (docs/etcd.md)"));
+            }
+        }
+        let compares = request.compare.iter().map(compare_of).collect::<Result<_, _>>()?;
+        let txn = w::TxnRequest { compares, then: then.ops, r#else: otherwise.ops, routing: None };
         let answer = Warden::txn(&self.router, inner(&metadata, &extensions, txn)).await.map_err(etcd_status)?.into_inner();
-        let ops = if answer.succeeded { &request.success } else { &request.failure };
-        let responses = ops.iter().zip(answer.results).map(|(op, result)| op_answer(op, result)).collect::<Result<_, _>>()?;
+        let (ops, counts) = if answer.succeeded { (&request.success, then.counts) } else { (&request.failure, otherwise.counts) };
+        let mut results = answer.results.into_iter();
+        let responses = ops.iter().zip(counts).map(|(op, count)| op_answer(op, results.by_ref().take(count).collect())).collect::<Result<_, _>>()?;
         let revision = answer.header.map_or(0, |h| h.revision);
         Ok(Response::new(pb::TxnResponse { header: self.header(revision), succeeded: answer.succeeded, responses }))
     }
