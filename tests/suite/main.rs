@@ -16,6 +16,7 @@ mod docs;
 mod engine;
 mod engine_faults;
 mod etcd_api;
+mod etcd_locks;
 mod fleet;
 mod fleet_processes;
 mod hibernation;

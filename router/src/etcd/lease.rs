@@ -18,7 +18,7 @@ use super::{etcd_status, inner, invalid, EtcdService};
 const KEEPALIVE_QUEUE_MAX: usize = 16;
 
 /// A lease id as a session id.
-fn session_of(id: i64) -> Result<u64, Status> {
+pub(super) fn session_of(id: i64) -> Result<u64, Status> {
     u64::try_from(id).ok().filter(|id| *id != 0).ok_or_else(|| Status::not_found("etcdserver: requested lease not found"))
 }
 

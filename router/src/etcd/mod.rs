@@ -7,6 +7,8 @@
 //! - [`plan`]: which group answers which part of a key range.
 //! - [`kv`]: `KV` (Range, Put, DeleteRange, Txn, Compact).
 //! - [`lease`]: `Lease` on Warden sessions.
+//! - [`lock`]: `v3lockpb.Lock` on Warden's locks (the fencing token as the revision).
+//! - [`election`]: `v3electionpb.Election` on ephemeral sequential candidate nodes.
 //! - [`watch`]: `Watch` on the router's own watches.
 //! - [`cluster`]: what `etcdctl endpoint status` and `member list` ask (`Maintenance`,
 //!   `Cluster`).
@@ -15,15 +17,20 @@
 //! from several groups carries the highest of their revisions.
 
 pub mod cluster;
+pub mod election;
 pub mod keys;
 pub mod kv;
 pub mod lease;
+pub mod lock;
 pub mod plan;
 pub mod watch;
 
+use std::future::Future;
 use std::sync::Arc;
 
-use tonic::{Request, Status};
+use futures::future::BoxFuture;
+use tonic::metadata::MetadataMap;
+use tonic::{Extensions, Request, Status};
 use warden_proto::etcd::etcdserverpb::ResponseHeader;
 use warden_proto::v1::warden_error::Code;
 
@@ -61,6 +68,7 @@ impl EtcdService {
 /// router's own port does) until the future is dropped or the listener fails.
 pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstreams>, timeout: std::time::Duration, tls: Option<Arc<Tls>>) {
     use warden_proto::etcd::etcdserverpb::{cluster_server, kv_server, lease_server, maintenance_server, watch_server};
+    use warden_proto::etcd::{v3electionpb::election_server, v3lockpb::lock_server};
     let listener = listener.try_clone().and_then(|l| l.set_nonblocking(true).map(|()| l)).and_then(tokio::net::TcpListener::from_std);
     let listener = match listener {
         Ok(listener) => listener,
@@ -75,6 +83,8 @@ pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstream
         .add_service(WithPrincipal::new(lease_server::LeaseServer::new(service.clone())))
         .add_service(WithPrincipal::new(watch_server::WatchServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
         .add_service(WithPrincipal::new(maintenance_server::MaintenanceServer::new(service.clone())))
+        .add_service(WithPrincipal::new(lock_server::LockServer::new(service.clone())))
+        .add_service(WithPrincipal::new(election_server::ElectionServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
         .add_service(WithPrincipal::new(cluster_server::ClusterServer::new(service)))
         .serve_with_incoming(incoming)
         .await;
@@ -103,6 +113,74 @@ fn etcd_revision(revision: u64) -> i64 {
 /// connection (its deadline and the caller's identity).
 fn inner<T>(metadata: &tonic::metadata::MetadataMap, extensions: &tonic::Extensions, message: T) -> Request<T> {
     Request::from_parts(metadata.clone(), extensions.clone(), message)
+}
+
+/// An etcd call that waits (Lock, Campaign) as its native calls see it: its metadata and
+/// connection (the caller's identity), and its deadline. Its native calls are made over
+/// time, so each carries the time left, not the whole timeout the client sent.
+#[derive(Clone)]
+struct Call {
+    metadata: MetadataMap,
+    extensions: Extensions,
+    /// From the client's `grpc-timeout` (`None`: it waits as long as the client does).
+    deadline: Option<tokio::time::Instant>,
+}
+
+impl Call {
+    /// The call `request` is, and its message.
+    fn of<T>(request: Request<T>) -> (Call, T) {
+        let deadline = warden_proto::grpc_timeout(&request).map(|timeout| tokio::time::Instant::now() + timeout);
+        let (metadata, extensions, message) = request.into_parts();
+        (Call { metadata, extensions, deadline }, message)
+    }
+
+    /// A native request of this call with the time it has left; refused once none is left.
+    fn request<T>(&self, message: T) -> Result<Request<T>, Status> {
+        let mut request = inner(&self.metadata, &self.extensions, message);
+        if let Some(deadline) = self.deadline {
+            let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+            if left.is_zero() {
+                return Err(Status::deadline_exceeded("etcdserver: request timed out"));
+            }
+            request.set_timeout(left);
+        }
+        Ok(request)
+    }
+
+    /// The same caller without the deadline: for the clean-up after the call ended, which
+    /// the router's own request timeout bounds.
+    fn detached(&self) -> Call {
+        let mut metadata = self.metadata.clone();
+        metadata.remove("grpc-timeout");
+        Call { metadata, extensions: self.extensions.clone(), deadline: None }
+    }
+}
+
+/// Clean-up a waiting call owes if it ends unfinished: tonic drops the handler of a call
+/// whose client hung up or whose deadline passed, and a lock waiter or candidate it made
+/// must not stay queued. Spawned on drop unless disarmed, for the call's principal.
+struct Cleanup {
+    task: Option<BoxFuture<'static, ()>>,
+}
+
+impl Cleanup {
+    /// Runs `task` if dropped armed.
+    fn new(task: impl Future<Output = ()> + Send + 'static) -> Cleanup {
+        Cleanup { task: Some(Box::pin(crate::principal::scoped(crate::principal::current(), task))) }
+    }
+
+    /// The call finished: nothing to clean up.
+    fn disarm(mut self) {
+        self.task = None;
+    }
+}
+
+impl Drop for Cleanup {
+    fn drop(&mut self) {
+        if let (Some(task), Ok(runtime)) = (self.task.take(), tokio::runtime::Handle::try_current()) {
+            runtime.spawn(task);
+        }
+    }
 }
 
 /// The etcd error for a Warden refusal, with the messages etcd clients match on
