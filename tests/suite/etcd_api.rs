@@ -86,6 +86,26 @@ async fn etcd_clients_read_and_write_keys_across_groups_as_in_etcd() {
     assert_eq!(keys(&rest), ["/a//b", "config"]);
 }
 
+/// A value compare of a missing key fails whatever the compared value and operator, as in
+/// etcd (a missing key has no value, not an empty one): python-etcd3's `replace(key, "", new)`
+/// of a missing key fails and writes nothing. An existing empty value still compares equal to
+/// the empty value.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_value_compare_of_a_missing_key_fails() {
+    let cluster = cluster_with_groups(&[]).await;
+    let (_router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut etcd = etcd_client(etcd_addr).await;
+    let swap = |key: &str, op: CompareOp, value: &str| Txn::new().when([Compare::value(key, op, value)]).and_then([TxnOp::put(key, "swapped", None)]);
+    for (op, value) in [(CompareOp::Equal, ""), (CompareOp::NotEqual, "x"), (CompareOp::Less, "x"), (CompareOp::Greater, "")] {
+        let answer = etcd.txn(swap("/absent", op, value)).await.expect("txn");
+        assert!(!answer.succeeded(), "value {op:?} {value:?} of a missing key succeeded");
+    }
+    assert!(etcd.get("/absent", None).await.expect("get").kvs().is_empty(), "a failed compare wrote the key");
+    etcd.put("/empty", "", None).await.expect("put an empty value");
+    assert!(etcd.txn(swap("/empty", CompareOp::Equal, "")).await.expect("txn").succeeded(), "an empty value equals the empty value");
+    assert_eq!(etcd.get("/empty", None).await.expect("get").kvs()[0].value(), b"swapped");
+}
+
 /// A router that has not heard of a group made since it read its table still reads and
 /// deletes every key of a range: the group it asks refuses a part planned on its old
 /// descriptor, and the router plans the range again on the new table.

@@ -17,6 +17,7 @@ mod engine;
 mod engine_faults;
 mod etcd_api;
 mod etcd_locks;
+mod etcd_python;
 mod fleet;
 mod fleet_processes;
 mod hibernation;

@@ -280,8 +280,11 @@ fn planned_on(table: &warden_proto::routing::Table, part: &plan::Part) -> Option
     table.route(&part.scope).map(|group| w::Routing { group_id: group.id(), conf_ver: 0, version: group.descriptor.version })
 }
 
-/// A Warden compare for an etcd compare.
-fn compare_of(compare: &pb::Compare) -> Result<w::Compare, Status> {
+/// The Warden compares for an etcd compare: one, and before a value compare one that the
+/// key exists, since etcd fails every value compare of a missing key (its value is no empty
+/// value: `replace(key, "", new)` of a missing key fails), where Warden compares a missing
+/// node's value as empty.
+fn compares_of(compare: &pb::Compare) -> Result<Vec<w::Compare>, Status> {
     use w::compare::{Op, Target};
     if !compare.range_end.is_empty() {
         return Err(Status::unimplemented("etcdserver: compares over a key range are not served (docs/etcd.md)"));
@@ -308,7 +311,10 @@ fn compare_of(compare: &pb::Compare) -> Result<w::Compare, Status> {
             (CompareTarget::Lease, None) => (Target::Owner, 0, Vec::new()),
             _ => return Err(invalid("the compare's target and value disagree")),
         };
-    Ok(w::Compare { path: path_of(&compare.key)?, target: target as i32, op: op as i32, number, value, exists: false })
+    let path = path_of(&compare.key)?;
+    let exists =
+        (target == Target::Value).then(|| w::Compare { path: path.clone(), target: Target::Exists as i32, exists: true, ..w::Compare::default() });
+    Ok(exists.into_iter().chain([w::Compare { path, target: target as i32, op: op as i32, number, value, exists: false }]).collect())
 }
 
 /// The Warden transaction operations for an etcd one (one, or one per part of a range or
@@ -477,7 +483,7 @@ impl pb::kv_server::Kv for EtcdService {
                 return Err(Status::failed_precondition("etcdserver: a transaction's range holds keys in more than one Warden group (docs/etcd.md)"));
             }
         }
-        let compares = request.compare.iter().map(compare_of).collect::<Result<_, _>>()?;
+        let compares = request.compare.iter().map(compares_of).collect::<Result<Vec<_>, _>>()?.concat();
         let txn = w::TxnRequest { compares, then: then.ops, r#else: otherwise.ops, routing: None };
         let answer = Warden::txn(&self.router, inner(&metadata, &extensions, txn)).await.map_err(etcd_status)?.into_inner();
         let (ops, counts) = if answer.succeeded { (&request.success, then.counts) } else { (&request.failure, otherwise.counts) };
