@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use crate::support::processes::{placement_leader_among, ClusterOptions, ProcessCluster, PLACEMENT_NODES, STEP_TIMEOUT};
 use crate::support::routed::group_serving;
 use warden_client::{Client, ClientConfig, CreateOptions};
-use warden_proto::placement::CreateGroupRequest;
+use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest};
 use warden_testkit::wait_until;
 use warden_torture::{End, TestNet};
 
@@ -163,6 +163,17 @@ async fn a_leader_cut_off_from_every_machine_is_replaced_and_no_acknowledged_wri
     // and the cut node creates its replica once it hears from placement again.
     let cut = 5;
     assert!(!PLACEMENT_NODES.contains(&cut), "placement keeps its majority and leader");
+    // Placement marked the far side of the halves down while they were cut off, and places
+    // a new group's replicas on up nodes only: the creation needs all five up again first
+    // (a node marked down registers anew on its next heartbeat).
+    let clients = cluster.placement_clients(WRITE_TIMEOUT);
+    wait_until("every node up at placement", STEP_TIMEOUT, async || {
+        let leader = placement_leader_among(&clients, None).await?;
+        let (_, placement) = clients.iter().find(|(id, _)| *id == leader)?;
+        let table = placement.clone().get_routing_table(GetRoutingTableRequest {}).await.ok()?.into_inner();
+        (table.nodes.len() == cluster.node_ids().len() && table.nodes.iter().all(|node| node.up)).then_some(())
+    })
+    .await;
     net.isolate(host_of(cut)).expect("isolate a node");
     let cut_at = Instant::now();
     let created = create_group_at_placement_leader(&cluster, "/u").await;
