@@ -136,8 +136,12 @@ impl TestNet {
         if hosts > HOSTS_MAX {
             return Err(NetError::TooManyHosts(hosts));
         }
-        sweep_stale()?;
-        let index = claim(std::process::id())?;
+        let index = {
+            // One registry change at a time (see `RegistryLock`): the sweep and the claim.
+            let _registry = RegistryLock::take()?;
+            sweep_unlocked()?;
+            claim(std::process::id())?
+        };
         // From here on, dropping `net` undoes whatever was made, also on an error below.
         let mut net = TestNet { index, hosts: Vec::with_capacity(hosts), impairments: Impairments::default() };
         let bridge = net.bridge();
@@ -208,6 +212,12 @@ impl Drop for TestNet {
 /// Removes every network whose owner is no longer running (and every harness namespace or
 /// link with no claim at all); returns how many networks it removed.
 pub fn sweep_stale() -> Result<usize, NetError> {
+    let _registry = RegistryLock::take()?;
+    sweep_unlocked()
+}
+
+/// [`sweep_stale`] for a caller holding the [`RegistryLock`].
+fn sweep_unlocked() -> Result<usize, NetError> {
     fs::create_dir_all(CLAIMS_DIR).map_err(|source| NetError::Io { what: format!("creating {CLAIMS_DIR}"), source })?;
     let mut removed = 0;
     for index in 1..=NETS_MAX {
@@ -233,9 +243,37 @@ pub fn sweep_stale() -> Result<usize, NetError> {
     Ok(removed)
 }
 
+/// The machine-wide lock on the claims, held (`flock`, also between threads of one process)
+/// while a sweep looks and removes and while a run claims. Without it a sweep could remove a
+/// network claimed between its look and its removal, and two sweeps of one dead run's network
+/// could each remove it, the second taking the network a third run had claimed in between.
+/// A run's own drop needs no lock: its claim, removed last, keeps every sweep away.
+struct RegistryLock {
+    /// Closing it releases the lock.
+    _file: File,
+}
+
+impl RegistryLock {
+    fn take() -> Result<RegistryLock, NetError> {
+        let io = |what: &str| {
+            let what = what.to_string();
+            move |source| NetError::Io { what, source }
+        };
+        fs::create_dir_all(CLAIMS_DIR).map_err(io("creating the claims' folder"))?;
+        let path = Path::new(CLAIMS_DIR).join("lock");
+        let file = OpenOptions::new().write(true).create(true).truncate(false).open(&path).map_err(io("opening the claims' lock"))?;
+        // SAFETY: `flock` on a descriptor this function owns; the lock goes with the file.
+        if unsafe { libc::flock(file.as_raw_fd(), libc::LOCK_EX) } != 0 {
+            return Err(NetError::Io { what: "locking the claims".into(), source: std::io::Error::last_os_error() });
+        }
+        Ok(RegistryLock { _file: file })
+    }
+}
+
 /// Claims the first free network index for `owner`. The claim is a hard link to a file
 /// already holding the owner's pid: linking fails when the name exists, so two runs cannot
-/// both claim an index, and no sweep ever sees a claim without its owner.
+/// both claim an index, and no sweep ever sees a claim without its owner. Callers hold the
+/// [`RegistryLock`] (tests planting a dead run's claim need not).
 fn claim(owner: u32) -> Result<u8, NetError> {
     let io = |what: String| move |source| NetError::Io { what, source };
     fs::create_dir_all(CLAIMS_DIR).map_err(io(format!("creating {CLAIMS_DIR}")))?;
@@ -332,6 +370,38 @@ mod tests {
         assert_eq!(net_of("eth0"), None);
     }
 
+    /// Runs that create and drop networks at the same time never remove each other's: a
+    /// sweep must not take a network that was claimed between its look and its removal.
+    #[test]
+    fn networks_made_and_dropped_at_once_never_lose_a_link() {
+        // Networks a dead run left behind, for every thread's first sweep to find at once.
+        let mut child = Command::new("true").spawn().expect("a short-lived process");
+        let dead = child.id();
+        child.wait().expect("it ends");
+        for _ in 0..4 {
+            let index = claim(dead).expect("a claim for the dead run");
+            ip(&["link", "add", &format!("{NAME_PREFIX}{index}br"), "type", "bridge"]).expect("its bridge");
+        }
+        let threads: Vec<_> = (0..8)
+            .map(|_| {
+                std::thread::spawn(|| {
+                    for _ in 0..4 {
+                        let net = TestNet::create(2)?;
+                        for host in net.hosts() {
+                            let links = ip(&["-n", &host.namespace, "-o", "link", "show", "eth0"])?;
+                            assert!(links.contains("eth0"), "each host keeps its link while its network lives");
+                        }
+                        drop(net);
+                    }
+                    Ok::<(), NetError>(())
+                })
+            })
+            .collect();
+        for thread in threads {
+            thread.join().expect("no panic").expect("every network is made whole");
+        }
+    }
+
     /// A network whose owner died (its claim names a finished process) is removed by the
     /// next sweep, namespaces, links and claim; a live run's network is left alone.
     #[test]
@@ -340,17 +410,20 @@ mod tests {
         let mut child = Command::new("true").spawn().expect("a short-lived process");
         let dead = child.id();
         child.wait().expect("it ends");
+        // Held from the plant to the checks: no other run sweeps the dead network first or
+        // claims its index again before it is checked.
+        let registry = RegistryLock::take().expect("the claims' lock");
         let index = claim(dead).expect("a claim for the dead run");
         let namespace = format!("{NAME_PREFIX}{index}h1");
         ip(&["netns", "add", &namespace]).expect("its namespace");
         ip(&["link", "add", &format!("{NAME_PREFIX}{index}br"), "type", "bridge"]).expect("its bridge");
-        // Another run's `create` may sweep it first: what is checked is that it is gone.
-        sweep_stale().expect("sweep");
+        assert!(sweep_unlocked().expect("sweep") >= 1, "the sweep removes at least the dead run's network");
         let namespaces = list(&["netns", "list"]).expect("namespaces");
         assert!(!namespaces.contains(&namespace), "the dead run's namespace is gone: {namespaces:?}");
         assert!(!list(&["-o", "link", "show"]).expect("links").contains(&format!("{NAME_PREFIX}{index}br")), "its bridge too");
         assert!(!claim_path(index).exists(), "and its claim");
         assert!(namespaces.contains(&live.host(0).expect("host").namespace), "the live network stays");
+        drop(registry);
         let kept = live.index();
         drop(live);
         assert!(!claim_path(kept).exists(), "a dropped network leaves no claim");
