@@ -341,18 +341,30 @@ impl ProcessCluster {
                         let placed = table.groups.iter().filter_map(|g| g.descriptor.as_ref()).filter(|d| d.replicas.contains(&id));
                         for group in placed.map(|d| d.group_id) {
                             let routing = Some(Routing { group_id: group, ..Routing::default() });
-                            if self.node(id, Duration::from_secs(2)).sync(SyncRequest { routing }).await.is_err() {
-                                lagging.push((id, group));
+                            if let Err(error) = self.node(id, Duration::from_secs(2)).sync(SyncRequest { routing }).await {
+                                lagging.push((id, group, error.message().to_string()));
                             }
                         }
                     }
                 }
-                None => lagging.push((0, 0)),
+                None => lagging.push((0, 0, "no routing table".into())),
             }
             if lagging.is_empty() {
                 break;
             }
-            assert!(Instant::now() < deadline, "(node, group) pairs not caught up within {STEP_TIMEOUT:?}: {lagging:?} (0: no routing table)");
+            if Instant::now() >= deadline {
+                // Each lagging replica's raft view, for the post-mortem.
+                let mut report = Vec::new();
+                for (id, group, error) in lagging {
+                    let mut placement = PlacementClient::new(channel(&self.spec(id).listen, Duration::from_secs(2)));
+                    let view = match placement.replica_status(ReplicaStatusRequest { group_id: group }).await {
+                        Ok(status) => format!("{:?}", status.into_inner()),
+                        Err(status) => format!("no status: {}", status.message()),
+                    };
+                    report.push(format!("node {id} group {group}: sync failed with {error:?}; replica {view}"));
+                }
+                panic!("(node, group) pairs not caught up within {STEP_TIMEOUT:?}:\n{}", report.join("\n"));
+            }
             tokio::time::sleep(POLL).await;
         }
         for id in PLACEMENT_NODES {

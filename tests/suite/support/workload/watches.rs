@@ -129,11 +129,8 @@ impl Watches {
     /// stops them and checks what each delivered.
     pub async fn finish(self, finals: &BTreeMap<&str, Vec<u8>>, records: &[Record]) -> WatchesChecked {
         let deadline = tokio::time::Instant::now() + CATCH_UP_WITHIN;
-        let caught_up = |register: &str, log: &WatchLog| {
-            let last = &finals[register];
-            // The initial value comes before the watch starts: nothing to wait for.
-            log.stalled.is_some() || last == super::INITIAL_VALUE || log.delivered.iter().any(|d| &d.value == last)
-        };
+        let writes: BTreeMap<&str, RegisterWrites> = self.watchers.iter().map(|w| (w.register, RegisterWrites::of(w.register, records))).collect();
+        let caught_up = |register: &str, log: &WatchLog| log.stalled.is_some() || writes[register].caught_up(&finals[register], log);
         // Polled: the watchers deliver on their own, and the deadline bounds the wait.
         while tokio::time::Instant::now() < deadline && !self.watchers.iter().all(|w| caught_up(w.register, &w.log.lock().expect("watch log"))) {
             tokio::time::sleep(Duration::from_millis(100)).await;
@@ -152,7 +149,7 @@ impl Watches {
                     value(&finals[register])
                 ));
             }
-            checked.anomalies.extend(watch_anomalies(&log, &RegisterWrites::of(register, records), self.clock.now()));
+            checked.anomalies.extend(watch_anomalies(&log, &writes[register], self.clock.now()));
             checked.events += log.delivered.len();
             checked.resumes += log.resumes;
             checked.compactions += log.gaps.len();
@@ -275,6 +272,18 @@ impl RegisterWrites {
         writes
     }
 
+    /// Whether a watcher whose log is `log` has nothing more to deliver of a register whose
+    /// final value is `last`: it delivered it, or it is the initial value (written before any
+    /// watch starts), or its write was invoked before the watcher's latest compaction gap
+    /// reopened the watch from then on (the write may lie before the new watch's start).
+    fn caught_up(&self, last: &[u8], log: &WatchLog) -> bool {
+        let written_before_reopen = || {
+            let (Some(gap), Some(&invoked_ns)) = (log.gaps.last(), self.possible.get(last)) else { return false };
+            invoked_ns < gap.reopened_ns
+        };
+        last == super::INITIAL_VALUE || log.delivered.iter().any(|d| d.value == last) || written_before_reopen()
+    }
+
     /// Whether `write` may have been lost in `gap` of a watcher whose events are
     /// `delivered`: its revision may lie between the last event before the gap and the new
     /// watch's start. It was invoked before the new watch was opened (a write
@@ -389,6 +398,21 @@ mod tests {
         assert_eq!(kinds(&log(phantom), &records), ["watch-phantom"]);
         let stalled = WatchLog { stalled: Some("the watch ended".into()), ..log(vec![event(4, 7, "a")]) };
         assert_eq!(kinds(&stalled, &records), ["watch-stalled"], "a stalled watcher's missed writes are not listed besides");
+    }
+
+    /// A watcher compacted away and reopened from now cannot deliver a final value written
+    /// before it reopened, and is not waited for; one written after it reopened it must deliver.
+    #[test]
+    fn a_final_value_written_before_a_compaction_reopened_the_watch_is_not_waited_for() {
+        let writes = RegisterWrites::of("/d/r0", &records());
+        let delivered_a = log(vec![event(4, 7, "a")]);
+        assert!(!writes.caught_up(b"c", &delivered_a), "`c` is still to come");
+        assert!(writes.caught_up(b"a", &delivered_a), "the final value was delivered");
+        // `c` was invoked at 30 ns.
+        let reopened_after = WatchLog { gaps: vec![Gap { after: 1, reopened_ns: 31, error: "compacted".into() }], ..delivered_a.clone() };
+        assert!(writes.caught_up(b"c", &reopened_after), "`c` may lie before the new watch's start");
+        let reopened_before = WatchLog { gaps: vec![Gap { after: 1, reopened_ns: 29, error: "compacted".into() }], ..delivered_a };
+        assert!(!writes.caught_up(b"c", &reopened_before), "a write invoked after the reopen must be delivered");
     }
 
     #[test]
