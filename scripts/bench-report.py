@@ -27,8 +27,9 @@ import platform
 import subprocess
 import sys
 
-SYSTEMS = ["etcd", "zookeeper", "warden", "warden-direct"]
-SYSTEM_NAMES = {"etcd": "etcd", "zookeeper": "ZooKeeper", "warden": "Warden", "warden-direct": "Warden, direct calls"}
+SYSTEMS = ["etcd", "zookeeper", "warden", "warden-direct", "warden-etcd"]
+SYSTEM_NAMES = {"etcd": "etcd", "zookeeper": "ZooKeeper", "warden": "Warden", "warden-direct": "Warden, direct calls",
+                "warden-etcd": "Warden, etcd API"}
 WORKLOADS = [
     ("put", "overwrite an existing key"),
     ("get", "linearizable read of an existing key"),
@@ -46,6 +47,8 @@ TARGET_THROUGHPUT_RATIO = 3.0
 TARGET_VS_ZOOKEEPER_RATIO = 1.5
 # Isolated nodes: Warden with this many groups against etcd and against Warden with 1 group.
 ISOLATED_GROUPS = 16
+# Through the etcd API, at least this share of Warden's own API's throughput on the same cluster.
+ETCD_API_VS_NATIVE_RATIO = 0.9
 ISOLATED_VS_ONE_GROUP_RATIO = 2.5
 
 
@@ -377,8 +380,9 @@ def isolated_section(runs, cluster_runs):
         run = next((r for r in capped if r.get("target") == target and r.get("workload") == workload), None)
         return run if run and completed(run) else None
 
-    def warden(groups, workload):
-        return next((r for r in cluster if r.get("groups") == groups and r.get("workload") == workload), None)
+    def warden(groups, workload, api="native"):
+        return next((r for r in cluster if r.get("groups") == groups and r.get("workload") == workload
+                     and r.get("api", "native") == api), None)
 
     def peer_labels(prefix, first):
         return lambda run: [(f"{prefix}{i}", p.get("cores")) for i, p in enumerate(run.get("server_processes") or [], first)]
@@ -396,6 +400,8 @@ def isolated_section(runs, cluster_runs):
         sample = warden(groups, "put") or warden(groups, "lock")
         name = f"Warden, {groups} group{'s' if groups != 1 else ''} ({sample.get('nodes')} nodes + {sample.get('routers')} router{'s' if sample.get('routers') != 1 else ''})"
         systems.append((name, warden(groups, "put"), warden(groups, "lock"), warden_labels))
+        if warden(groups, "put", "etcd") or warden(groups, "lock", "etcd"):
+            systems.append((name + ", etcd API", warden(groups, "put", "etcd"), warden(groups, "lock", "etcd"), warden_labels))
     for name, put, lock, labels in systems:
         if put is None and lock is None:
             continue
@@ -435,6 +441,18 @@ def isolated_section(runs, cluster_runs):
         vs_etcd, vs_one = rate(many) / rate(etcd), rate(many) / rate(one)
         met = vs_etcd >= TARGET_THROUGHPUT_RATIO and vs_one >= ISOLATED_VS_ONE_GROUP_RATIO
         lines.append(head + f"**{'met' if met else 'not met'}** ({vs_etcd:.2f}× etcd, {vs_one:.2f}× 1 group).")
+    for workload, etcd, native in (("put", etcd_put, many_put), ("lock", etcd_lock, many_lock)):
+        through = warden(ISOLATED_GROUPS, workload, "etcd")
+        if through is None:
+            continue
+        head = (f"- `{workload}` through Warden's etcd API, {ISOLATED_GROUPS} groups ≥ {TARGET_THROUGHPUT_RATIO:g}× etcd and "
+                f"≥ {ETCD_API_VS_NATIVE_RATIO:g}× Warden's own API on the same cluster: ")
+        if not (etcd and native and rate(etcd) and rate(native)):
+            lines.append(head + "**not measured** in this run.")
+            continue
+        vs_etcd, vs_native = rate(through) / rate(etcd), rate(through) / rate(native)
+        met = vs_etcd >= TARGET_THROUGHPUT_RATIO and vs_native >= ETCD_API_VS_NATIVE_RATIO
+        lines.append(head + f"**{'met' if met else 'not met'}** ({vs_etcd:.2f}× etcd, {vs_native:.2f}× native).")
     return (f"## Isolated nodes (each process capped at {quota:g} cores)\n\n" + intro + "\n\n" + table(header, rows)
             + ("\n\n" + "\n".join(lines) if lines else ""))
 
@@ -449,7 +467,7 @@ def targets_section(runs):
     lines = []
     goals = (("etcd", TARGET_THROUGHPUT_RATIO), ("zookeeper", TARGET_VS_ZOOKEEPER_RATIO))
     for workload, what in (("put", "puts"), ("lock", "lock+unlock cycles")):
-        for system in ("warden", "warden-direct"):
+        for system in ("warden", "warden-direct", "warden-etcd"):
             for peer, goal in goals:
                 warden = find(runs, system, workload, TARGET_CLIENTS)
                 other = find(runs, peer, workload, TARGET_CLIENTS)

@@ -31,6 +31,7 @@ use warden_loadgen::cpu::CpuSample;
 use warden_loadgen::election::CandidateCommand;
 use warden_loadgen::options::{prefix, LoadArgs, Workload};
 use warden_loadgen::report::LoadReport;
+use warden_loadgen::target::TargetKind;
 use warden_loadgen::CpuScope;
 
 use super::cgroup::CpuQuotas;
@@ -62,6 +63,11 @@ pub struct ClusterArgs {
     /// The load generator's workloads to run on each cluster.
     #[arg(long, value_delimiter = ',', value_enum, default_value = "put,lock")]
     workloads: Vec<Workload>,
+    /// The APIs each workload runs through, one run each on the same cluster: Warden's own
+    /// (`native`), and etcd's v3 API served by the same routers (`etcd`: each router also
+    /// listens with `--etcd-listen`, and the load generator's etcd target calls it).
+    #[arg(long, value_delimiter = ',', value_enum, default_value = "native")]
+    apis: Vec<Api>,
     /// Closed-loop clients.
     #[arg(long, default_value_t = 1000)]
     clients: usize,
@@ -93,6 +99,28 @@ pub struct ClusterArgs {
     #[command(flatten)]
     data_dir: super::DataDir,
 }
+
+/// An API a benchmark run goes through.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, clap::ValueEnum)]
+enum Api {
+    /// Warden's own gRPC API, the load generator's `warden` target.
+    Native,
+    /// etcd's v3 API on the same routers, the load generator's `etcd` target.
+    Etcd,
+}
+
+impl Api {
+    /// The name in JSON lines.
+    fn name(self) -> &'static str {
+        match self {
+            Api::Native => "native",
+            Api::Etcd => "etcd",
+        }
+    }
+}
+
+/// Ops/s by (workload, API) and (nodes, groups); `None`: the run was limited by the host.
+type Rates = BTreeMap<(&'static str, Api), BTreeMap<(u64, usize), Option<f64>>>;
 
 /// Placement replicas: nodes 1-3, as `warden dev` has them.
 const PLACEMENT_VOTERS: [u64; 3] = [1, 2, 3];
@@ -178,6 +206,8 @@ struct ProcessCluster {
     quotas: Option<CpuQuotas>,
     node_addrs: Vec<(u64, String)>,
     router_addrs: Vec<String>,
+    /// Each router's etcd API (`--etcd-listen`), in the order of `router_addrs`.
+    etcd_addrs: Vec<String>,
     /// Each node's metrics endpoint (`host:port`), where its fsyncs are counted.
     metrics_addrs: Vec<String>,
 }
@@ -209,7 +239,8 @@ impl ProcessCluster {
         let router_addrs: Vec<String> = (0..shape.routers).map(port).collect::<Result<_, _>>()?;
         let node_addrs: Vec<(u64, String)> = (1..=shape.nodes).map(|id| Ok((id, port(shape.routers + id - 1)?))).collect::<anyhow::Result<_>>()?;
         let metrics_addrs: Vec<String> = (1..=shape.nodes).map(|id| port(shape.routers + shape.nodes + id - 1)).collect::<Result<_, _>>()?;
-        let mut cluster = ProcessCluster { processes: Vec::new(), quotas, node_addrs, router_addrs, metrics_addrs };
+        let etcd_addrs: Vec<String> = (0..shape.routers).map(|index| port(shape.routers + 2 * shape.nodes + index)).collect::<Result<_, _>>()?;
+        let mut cluster = ProcessCluster { processes: Vec::new(), quotas, node_addrs, router_addrs, etcd_addrs, metrics_addrs };
         let peers = cluster.node_addrs.iter().map(|(id, addr)| format!("{id}={addr}")).collect::<Vec<_>>().join(",");
         for ((id, addr), metrics) in cluster.node_addrs.clone().into_iter().zip(cluster.metrics_addrs.clone()) {
             let data = dir.join(format!("node-{id}"));
@@ -222,8 +253,12 @@ impl ProcessCluster {
             )?;
         }
         let seeds = cluster.node_addrs.iter().map(|(_, addr)| addr.clone()).collect::<Vec<_>>().join(",");
-        for (index, addr) in cluster.router_addrs.clone().iter().enumerate() {
-            cluster.spawn(dir, &format!("router-{}", index + 1), args.cpu_per_process, &["router", "--listen", addr, "--seeds", &seeds])?;
+        for (index, (addr, etcd)) in cluster.router_addrs.clone().iter().zip(cluster.etcd_addrs.clone()).enumerate() {
+            let mut router_args = vec!["router", "--listen", addr, "--seeds", &seeds];
+            if args.apis.contains(&Api::Etcd) {
+                router_args.extend(["--etcd-listen", &etcd]);
+            }
+            cluster.spawn(dir, &format!("router-{}", index + 1), args.cpu_per_process, &router_args)?;
         }
         Ok(cluster)
     }
@@ -393,7 +428,7 @@ impl HostUse {
 async fn run_all(args: &ClusterArgs) -> anyhow::Result<()> {
     let root = args.data_dir.root();
     // Figures by workload and configuration (`None`: limited by the host).
-    let mut rates: BTreeMap<&'static str, BTreeMap<(u64, usize), Option<f64>>> = BTreeMap::new();
+    let mut rates = Rates::new();
     for shape in Shape::all(args) {
         let dir = super::fresh_dir(&root, "cluster")?;
         let disk_fsyncs_per_sec = host_limits::fsyncs_per_sec(&dir, shape.nodes as usize)?;
@@ -403,11 +438,11 @@ async fn run_all(args: &ClusterArgs) -> anyhow::Result<()> {
         if args.idle_seconds > 0.0 {
             println!("{}", cluster.idle(shape, Duration::from_secs_f64(args.idle_seconds)).await?);
         }
-        for &workload in &args.workloads {
+        for (&workload, &api) in args.workloads.iter().flat_map(|w| args.apis.iter().map(move |a| (w, a))) {
             let fsyncs_before = cluster.fsyncs_total().await?;
             let own_before = CpuSample::take(&[std::process::id()])?;
             let started = Instant::now();
-            let report = load(args, &cluster, workload, shape).await?;
+            let report = load(args, &cluster, workload, api, shape).await?;
             let elapsed_s = started.elapsed().as_secs_f64();
             let own = CpuSample::take(&[std::process::id()])?.since(&own_before);
             let host = HostUse {
@@ -433,7 +468,7 @@ async fn run_all(args: &ClusterArgs) -> anyhow::Result<()> {
             let limit = host.limit();
             println!(
                 "{}",
-                json!({"bench": "cluster", "groups": shape.groups, "workload": workload.name(), "nodes": shape.nodes, "routers": shape.routers,
+                json!({"bench": "cluster", "groups": shape.groups, "workload": workload.name(), "api": api.name(), "nodes": shape.nodes, "routers": shape.routers,
                        "cpu_per_process": args.cpu_per_process, "clients": report.clients, "clients_per_node": args.clients_per_node, "direct": args.direct,
                        "duration_s": report.duration_s,
                        "ops_per_sec": report.ops_per_sec, "p50_ms": report.p50_ms, "p99_ms": report.p99_ms,
@@ -445,7 +480,7 @@ async fn run_all(args: &ClusterArgs) -> anyhow::Result<()> {
                        "host_limited": limit})
             );
             let figure = if limit.is_none() { Some(report.ops_per_sec) } else { None };
-            rates.entry(workload.name()).or_default().insert((shape.nodes, shape.groups), figure);
+            rates.entry((workload.name(), api)).or_default().insert((shape.nodes, shape.groups), figure);
         }
         drop(cluster);
     }
@@ -458,13 +493,16 @@ fn round3(value: f64) -> f64 {
     (value * 1000.0).round() / 1000.0
 }
 
-/// One workload's run through every router of `cluster` (of `shape`), keys over its groups'
-/// prefixes, with the CPU of every node and router process.
-async fn load(args: &ClusterArgs, cluster: &ProcessCluster, workload: Workload, shape: Shape) -> anyhow::Result<LoadReport> {
+/// One workload's run through every router of `cluster` (of `shape`) and `api`, keys over
+/// its groups' prefixes, with the CPU of every node and router process.
+async fn load(args: &ClusterArgs, cluster: &ProcessCluster, workload: Workload, api: Api, shape: Shape) -> anyhow::Result<LoadReport> {
     let groups = shape.groups;
     let mut load = LoadCli::try_parse_from(["warden-loadgen", workload.name()])?.load;
-    load.endpoints = cluster.router_addrs.clone();
-    if args.direct {
+    (load.target, load.endpoints) = match api {
+        Api::Native => (TargetKind::Warden, cluster.router_addrs.clone()),
+        Api::Etcd => (TargetKind::Etcd, cluster.etcd_addrs.clone()),
+    };
+    if args.direct && api == Api::Native {
         load.nodes = cluster.node_addrs.iter().map(|(_, addr)| addr.clone()).collect();
     }
     let nodes = shape.nodes as usize;
@@ -488,13 +526,14 @@ async fn load(args: &ClusterArgs, cluster: &ProcessCluster, workload: Workload, 
     Ok(warden_loadgen::run_load(&load, &candidates, Some(cpu)).await?)
 }
 
-/// The summary line: per workload, ops/s by configuration (`null`: limited by the host), and
-/// the ratios of the largest configuration over the smallest — by nodes when several node
-/// counts ran, else by groups.
-fn summary(args: &ClusterArgs, rates: &BTreeMap<&'static str, BTreeMap<(u64, usize), Option<f64>>>) -> serde_json::Value {
-    let workloads: serde_json::Map<String, serde_json::Value> = rates
+/// The summary line: per workload (through the etcd API: `put via etcd` …), ops/s by
+/// configuration (`null`: limited by the host), and the ratios of the largest configuration
+/// over the smallest — by nodes when several node counts ran, else by groups; with both
+/// APIs, each configuration's etcd-API rate over the native one (`etcd_vs_native`).
+fn summary(args: &ClusterArgs, rates: &Rates) -> serde_json::Value {
+    let mut workloads: serde_json::Map<String, serde_json::Value> = rates
         .iter()
-        .map(|(workload, by_shape)| {
+        .map(|((workload, api), by_shape)| {
             let ratio = match (by_shape.first_key_value(), by_shape.last_key_value()) {
                 (Some(((nodes_low, groups_low), Some(low))), Some(((nodes_high, groups_high), Some(high))))
                     if (nodes_high, groups_high) > (nodes_low, groups_low) && *low > 0.0 =>
@@ -505,8 +544,28 @@ fn summary(args: &ClusterArgs, rates: &BTreeMap<&'static str, BTreeMap<(u64, usi
             };
             let runs: Vec<serde_json::Value> =
                 by_shape.iter().map(|((nodes, groups), rate)| json!({"nodes": nodes, "groups": groups, "ops_per_sec": rate})).collect();
-            (workload.to_string(), json!({"runs": runs, "scaling": ratio}))
+            let name = match api {
+                Api::Native => workload.to_string(),
+                Api::Etcd => format!("{workload} via etcd"),
+            };
+            (name, json!({"runs": runs, "scaling": ratio}))
         })
         .collect();
+    for ((workload, api), through_etcd) in rates {
+        let Some(native) = rates.get(&(*workload, Api::Native)).filter(|_| *api == Api::Etcd) else { continue };
+        let ratios: Vec<serde_json::Value> = through_etcd
+            .iter()
+            .map(|((nodes, groups), rate)| {
+                let ratio = match (rate, native.get(&(*nodes, *groups)).copied().flatten()) {
+                    (Some(etcd), Some(native)) if native > 0.0 => Some(etcd / native),
+                    _ => None,
+                };
+                json!({"nodes": nodes, "groups": groups, "ratio": ratio})
+            })
+            .collect();
+        if let Some(entry) = workloads.get_mut(&format!("{workload} via etcd")).and_then(|v| v.as_object_mut()) {
+            entry.insert("etcd_vs_native".into(), json!(ratios));
+        }
+    }
     json!({"bench": "cluster", "run": "summary", "cpu_per_process": args.cpu_per_process, "workloads": workloads})
 }
