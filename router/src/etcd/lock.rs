@@ -9,11 +9,13 @@
 //! - **The revision is the fencing token**: the answer's `header.revision` is the hold's
 //!   sequencer token (its waiter node's create revision), which only grows for a lock path,
 //!   so a resource can refuse any request carrying a lower one.
-//! - **The key names the hold**: `name/<lease in hex>/<token in decimal>` (etcd's
-//!   `name/<lease in hex>` and the token). Unlock finds the hold among the lock's holders
-//!   and waiters by its lease and token, so an Unlock of a stale key (a retried Unlock, or
-//!   one of an earlier hold of the same lease) releases nothing: no later hold has that
-//!   token. etcd's key also exists as a key while held; this one is a handle for Unlock only.
+//! - **The key names the hold**: `name/<lease in hex>/<token in decimal>/<waiter>` (etcd's
+//!   `name/<lease in hex>`, the token, and the name of the hold's waiter node below the
+//!   lock). Unlock is one native Unlock of that waiter and token, which releases the waiter
+//!   only while its create revision is the token: an Unlock of a stale key (a retried
+//!   Unlock, or one of an earlier hold of the same lease) releases nothing, as no later hold
+//!   has that waiter and token. etcd's key also exists as a key while held; this one is a
+//!   handle for Unlock only.
 //! - **Waiting as long as the call**: each native Lock waits at most the router's request
 //!   timeout, and keeps its waiter queued when that wait ends (`keep_queued`); the call asks
 //!   again with the same request id, keeping its place, until it holds or its deadline
@@ -34,18 +36,32 @@ use super::{etcd_status, invalid, Call, Cleanup, EtcdService};
 /// acquisition, as etcd's are.
 pub const LOCK_REQUEST_ID: u64 = u64::from_be_bytes(*b"etcdlock");
 
-/// The key of the hold with `token` of `lease` on the lock `name`.
-fn lock_key(name: &[u8], lease: u64, token: u64) -> Vec<u8> {
-    [name, format!("/{lease:x}/{token}").as_bytes()].concat()
+/// A hold as its key names it.
+#[derive(Debug, PartialEq, Eq)]
+struct HoldKey<'a> {
+    /// The lock's name (etcd key bytes).
+    name: &'a [u8],
+    /// The lease (session) that holds it.
+    lease: u64,
+    /// The hold's fencing token: its waiter's create revision.
+    token: u64,
+    /// The name of the hold's waiter node, a child of the lock's path.
+    waiter: &'a str,
 }
 
-/// The lock name, lease and token of a key [`lock_key`] made (`None`: no lock's key).
-fn parse_lock_key(key: &[u8]) -> Option<(&[u8], u64, u64)> {
-    let mut parts = key.rsplitn(3, |byte| *byte == b'/');
+/// The key of `hold`.
+fn lock_key(hold: &HoldKey<'_>) -> Vec<u8> {
+    [hold.name, format!("/{:x}/{}/{}", hold.lease, hold.token, hold.waiter).as_bytes()].concat()
+}
+
+/// The hold a key [`lock_key`] made names (`None`: no lock's key).
+fn parse_lock_key(key: &[u8]) -> Option<HoldKey<'_>> {
+    let mut parts = key.rsplitn(4, |byte| *byte == b'/');
+    let waiter = std::str::from_utf8(parts.next()?).ok().filter(|waiter| !waiter.is_empty())?;
     let token = std::str::from_utf8(parts.next()?).ok()?.parse().ok()?;
     let lease = u64::from_str_radix(std::str::from_utf8(parts.next()?).ok()?, 16).ok()?;
     let name = parts.next().filter(|name| !name.is_empty())?;
-    Some((name, lease, token))
+    Some(HoldKey { name, lease, token, waiter })
 }
 
 /// The native Lock every call of an etcd Lock sends: exclusive, waiting as long as the
@@ -100,7 +116,8 @@ impl pb::lock_server::Lock for EtcdService {
             let answer = Warden::lock(&self.router, call.request(native.clone())?).await.map_err(etcd_status)?.into_inner();
             if let Some(sequencer) = answer.sequencer.filter(|_| answer.acquired) {
                 cleanup.disarm();
-                let key = lock_key(&request.name, session_id, sequencer.token);
+                let waiter = sequencer.waiter.rsplit('/').next().unwrap_or_default();
+                let key = lock_key(&HoldKey { name: &request.name, lease: session_id, token: sequencer.token, waiter });
                 return Ok(Response::new(pb::LockResponse { header: self.header(sequencer.token), key }));
             }
             // Not held yet: the wait ended with the waiter still queued, and the next call
@@ -110,24 +127,17 @@ impl pb::lock_server::Lock for EtcdService {
     }
 
     /// Releases the hold the key names, if it is still there; otherwise there is nothing to
-    /// release, which etcd answers as success too (its Unlock deletes a key).
+    /// release, which etcd answers as success too (its Unlock deletes a key). One native
+    /// Unlock: it releases the waiter only while its create revision is the key's token.
     async fn unlock(&self, request: Request<pb::UnlockRequest>) -> Result<Response<pb::UnlockResponse>, Status> {
         let (call, request) = Call::of(request);
-        let (name, session_id, token) = parse_lock_key(&request.key).ok_or_else(|| invalid("not a key a Lock answered (docs/etcd.md)"))?;
-        let path = path_of(name)?;
-        let info = w::LockInfoRequest { path: path.clone(), routing: None };
-        let info = Warden::lock_info(&self.router, call.request(info)?).await.map_err(etcd_status)?.into_inner();
-        let hold = info.holders.iter().chain(&info.waiters).find(|hold| hold.token == token && hold.session_id == session_id);
-        let revision = match hold {
-            None => info.header.map_or(0, |h| h.revision),
-            Some(hold) => {
-                let sequencer = w::Sequencer { path, mode: hold.mode, token, group_id: 0, waiter: hold.waiter.clone() };
-                let unlock = w::UnlockRequest { sequencer: Some(sequencer), routing: None };
-                let answer = Warden::unlock(&self.router, call.request(unlock)?).await.map_err(etcd_status)?.into_inner();
-                answer.header.map_or(0, |h| h.revision)
-            }
-        };
-        Ok(Response::new(pb::UnlockResponse { header: self.header(revision) }))
+        let hold = parse_lock_key(&request.key).ok_or_else(|| invalid("not a key a Lock answered (docs/etcd.md)"))?;
+        let path = path_of(hold.name)?;
+        let waiter = format!("{path}/{}", hold.waiter);
+        let sequencer = w::Sequencer { path, mode: w::LockMode::Exclusive as i32, token: hold.token, group_id: 0, waiter };
+        let unlock = w::UnlockRequest { sequencer: Some(sequencer), routing: None };
+        let answer = Warden::unlock(&self.router, call.request(unlock)?).await.map_err(etcd_status)?.into_inner();
+        Ok(Response::new(pb::UnlockResponse { header: self.header(answer.header.map_or(0, |h| h.revision)) }))
     }
 }
 
@@ -136,13 +146,15 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_lock_key_names_its_lock_lease_and_token() {
-        for name in [b"/locks/deploy".as_slice(), b"mylock", b"/a/", b"x/1/2", b"\xff/"] {
-            let key = lock_key(name, 0x694d_71ed_8e2a_3c04, 17);
-            assert_eq!(parse_lock_key(&key), Some((name, 0x694d_71ed_8e2a_3c04, 17)), "{key:?}");
+    fn a_lock_key_names_its_lock_lease_token_and_waiter() {
+        for name in [b"/locks/deploy".as_slice(), b"mylock", b"/a/", b"x/1/2/w", b"\xff/"] {
+            let hold = HoldKey { name, lease: 0x694d_71ed_8e2a_3c04, token: 17, waiter: "lock-0000000003" };
+            let key = lock_key(&hold);
+            assert_eq!(parse_lock_key(&key), Some(hold), "{key:?}");
         }
-        assert_eq!(lock_key(b"/locks/deploy", 0xab, 9), b"/locks/deploy/ab/9");
-        for other in [b"/locks/deploy".as_slice(), b"/ab/9", b"name/ab/x", b"name/zz/9", b"ab/9"] {
+        let hold = HoldKey { name: b"/locks/deploy", lease: 0xab, token: 9, waiter: "lock-0000000001" };
+        assert_eq!(lock_key(&hold), b"/locks/deploy/ab/9/lock-0000000001");
+        for other in [b"/locks/deploy".as_slice(), b"/ab/9/w", b"name/ab/x/w", b"name/zz/9/w", b"ab/9/w", b"name/ab/9/", b"name/ab/9"] {
             assert_eq!(parse_lock_key(other), None, "{other:?}");
         }
     }
