@@ -9,6 +9,7 @@ use std::collections::BTreeSet;
 use serde::{Deserialize, Serialize};
 
 use crate::error::PlacementError;
+use crate::etcd_auth::{EtcdAuthRecord, ETCD_AUTH_BYTES_MAX};
 use crate::group::{Epoch, GroupInfo, Merging, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
 use crate::limits::{ApplyLimitsRecord, APPLY_LIMITS_BYTES_MAX};
 use crate::node::{validate_node, NodeInfo, NodeState};
@@ -36,6 +37,14 @@ pub enum Command {
     /// Records new apply limits: the version grows by one.
     SetApplyLimits {
         /// The encoded `warden.v1.ApplyLimits`, validated by the proposer.
+        encoded: Vec<u8>,
+    },
+    /// Replaces the etcd API's auth record if it is still at `expected_version`: the
+    /// version grows by one.
+    SetEtcdAuth {
+        /// The version the change was made from.
+        expected_version: u64,
+        /// The router's encoding of the new record.
         encoded: Vec<u8>,
     },
     /// Adds a node or updates its address and zone; marks it up.
@@ -272,6 +281,8 @@ pub enum Outcome {
     AclChanged(u64),
     /// `SetApplyLimits`: the limits' new version.
     ApplyLimitsVersion(u64),
+    /// `SetEtcdAuth`: the etcd auth record's new version.
+    EtcdAuthVersion(u64),
     /// `LowerQuotaShare`: done.
     QuotaChanged,
     /// `SetQuota`, `BumpQuotaShare`, `RaiseQuotaShare`: the new version.
@@ -300,6 +311,16 @@ impl Placement {
                 }
                 self.apply_limits = ApplyLimitsRecord { version: self.apply_limits.version + 1, encoded: encoded.clone() };
                 Ok(Outcome::ApplyLimitsVersion(self.apply_limits.version))
+            }
+            Command::SetEtcdAuth { expected_version, encoded } => {
+                if encoded.len() > ETCD_AUTH_BYTES_MAX {
+                    return Err(PlacementError::EtcdAuthTooLarge(encoded.len()));
+                }
+                if *expected_version != self.etcd_auth.version {
+                    return Err(PlacementError::EtcdAuthStale { expected: *expected_version, current: self.etcd_auth.version });
+                }
+                self.etcd_auth = EtcdAuthRecord { version: self.etcd_auth.version + 1, encoded: encoded.clone() };
+                Ok(Outcome::EtcdAuthVersion(self.etcd_auth.version))
             }
             Command::RegisterNode { id, addr, zone, now_ms } => self.register_node(*id, addr, zone, *now_ms),
             Command::Heartbeat { ids, now_ms } => self.heartbeat(ids, *now_ms),

@@ -70,6 +70,17 @@ pub enum PlacementError {
     /// An apply-limits record longer than `APPLY_LIMITS_BYTES_MAX`.
     #[error("an apply-limits record of {0} bytes is too large")]
     LimitsTooLarge(usize),
+    /// An etcd auth record longer than `ETCD_AUTH_BYTES_MAX`.
+    #[error("an etcd auth record of {0} bytes is too large")]
+    EtcdAuthTooLarge(usize),
+    /// The etcd auth record changed since the version a change was made from.
+    #[error("the etcd auth record is at version {current}, not {expected}")]
+    EtcdAuthStale {
+        /// The version the change was made from.
+        expected: u64,
+        /// The record's version.
+        current: u64,
+    },
     /// The node was decommissioned: it may not come back, and its id is not reused.
     #[error("node {0} is a tombstone (decommissioned)")]
     NodeTombstoned(u64),

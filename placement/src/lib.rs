@@ -32,6 +32,7 @@
 pub mod acl;
 mod command;
 mod error;
+pub mod etcd_auth;
 mod group;
 pub mod limits;
 mod node;

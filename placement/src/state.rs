@@ -8,6 +8,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::acl::Acl;
 use crate::error::PlacementError;
+use crate::etcd_auth::EtcdAuthRecord;
 use crate::group::{GroupInfo, ROOT_GROUP_ID, SHARD_GROUP_ID_MAX};
 use crate::limits::ApplyLimitsRecord;
 use crate::node::{validate_node, NodeInfo, NodeState};
@@ -141,6 +142,9 @@ pub struct Placement {
     /// The limits every group checks in apply.
     #[serde(default)]
     pub(crate) apply_limits: ApplyLimitsRecord,
+    /// The etcd API's users, roles and enabled flag (opaque here).
+    #[serde(default)]
+    pub(crate) etcd_auth: EtcdAuthRecord,
     /// What apply reads beyond the command (recorded at bootstrap).
     #[serde(default)]
     pub(crate) settings: AppliedSettings,
@@ -160,6 +164,7 @@ impl Placement {
             acl: Acl::default(),
             quotas: Quotas::default(),
             apply_limits: ApplyLimitsRecord::default(),
+            etcd_auth: EtcdAuthRecord::default(),
             settings: AppliedSettings::FIRST_RELEASE,
         }
     }
@@ -177,6 +182,11 @@ impl Placement {
     /// The limits every group checks in apply (version 0: never set).
     pub fn apply_limits(&self) -> &ApplyLimitsRecord {
         &self.apply_limits
+    }
+
+    /// The etcd API's auth record (version 0: never set).
+    pub fn etcd_auth(&self) -> &EtcdAuthRecord {
+        &self.etcd_auth
     }
 
     /// The settings apply reads, recorded at bootstrap.

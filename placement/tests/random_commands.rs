@@ -140,6 +140,7 @@ fn command(placement: &Placement, op: &Op, now_ms: u64) -> Command {
         | Command::RaiseQuotaShare { .. }
         | Command::LowerQuotaShare { .. }
         | Command::SetApplyLimits { .. }
+        | Command::SetEtcdAuth { .. }
         | Command::RetireGroup { .. } => {}
     }
     command

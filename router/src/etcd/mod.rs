@@ -10,12 +10,15 @@
 //! - [`lock`]: `v3lockpb.Lock` on Warden's locks (the fencing token as the revision).
 //! - [`election`]: `v3electionpb.Election` on ephemeral sequential candidate nodes.
 //! - [`watch`]: `Watch` on the router's own watches.
+//! - [`auth`]: `Auth` on Warden's principals, ACL groups and grants; tokens checked on
+//!   every etcd call.
 //! - [`cluster`]: what `etcdctl endpoint status` and `member list` ask (`Maintenance`,
 //!   `Cluster`).
 //!
 //! Revisions are per group: within one group every etcd guarantee holds; a response built
 //! from several groups carries the highest of their revisions.
 
+pub mod auth;
 pub mod cluster;
 pub mod election;
 pub mod keys;
@@ -67,7 +70,7 @@ impl EtcdService {
 /// Serves etcd's services on `listener` (with `tls` when given, admitting clients as the
 /// router's own port does) until the future is dropped or the listener fails.
 pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstreams>, timeout: std::time::Duration, tls: Option<Arc<Tls>>) {
-    use warden_proto::etcd::etcdserverpb::{cluster_server, kv_server, lease_server, maintenance_server, watch_server};
+    use warden_proto::etcd::etcdserverpb::{auth_server, cluster_server, kv_server, lease_server, maintenance_server, watch_server};
     use warden_proto::etcd::{v3electionpb::election_server, v3lockpb::lock_server};
     let listener = listener.try_clone().and_then(|l| l.set_nonblocking(true).map(|()| l)).and_then(tokio::net::TcpListener::from_std);
     let listener = match listener {
@@ -76,16 +79,20 @@ pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstream
     };
     let scheme = if tls.is_some() { "https" } else { "http" };
     let client_url = listener.local_addr().map(|addr| format!("{scheme}://{addr}")).unwrap_or_default();
+    let auth = auth::EtcdAuth::new(upstreams.clone(), timeout, tls.is_some(), member_id_of(&client_url));
     let service = EtcdService::new(RouterService::new(upstreams, timeout), client_url);
     let incoming = warden_proto::tls::incoming(listener, tls, Admit::Clients);
     let served = tonic::transport::Server::builder()
-        .add_service(WithPrincipal::new(kv_server::KvServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
-        .add_service(WithPrincipal::new(lease_server::LeaseServer::new(service.clone())))
-        .add_service(WithPrincipal::new(watch_server::WatchServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
-        .add_service(WithPrincipal::new(maintenance_server::MaintenanceServer::new(service.clone())))
-        .add_service(WithPrincipal::new(lock_server::LockServer::new(service.clone())))
-        .add_service(WithPrincipal::new(election_server::ElectionServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
-        .add_service(WithPrincipal::new(cluster_server::ClusterServer::new(service)))
+        .add_service(auth.guard(WithPrincipal::new(kv_server::KvServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX))))
+        .add_service(auth.guard(WithPrincipal::new(lease_server::LeaseServer::new(service.clone()))))
+        .add_service(auth.guard(WithPrincipal::new(watch_server::WatchServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX))))
+        .add_service(auth.guard(WithPrincipal::new(maintenance_server::MaintenanceServer::new(service.clone()))))
+        .add_service(auth.guard(WithPrincipal::new(lock_server::LockServer::new(service.clone()))))
+        .add_service(
+            auth.guard(WithPrincipal::new(election_server::ElectionServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX))),
+        )
+        .add_service(auth.guard(WithPrincipal::new(auth_server::AuthServer::new(auth.clone()))))
+        .add_service(auth.guard(WithPrincipal::new(cluster_server::ClusterServer::new(service))))
         .serve_with_incoming(incoming)
         .await;
     if let Err(error) = served {

@@ -219,3 +219,13 @@ pub async fn session_homed_at(router: &mut WardenClient<Channel>, hint: &str, tt
     let request = warden_proto::v1::CreateSessionRequest { ttl_ms, path_hint: hint.into(), ..Default::default() };
     router.create_session(request).await.expect("create session").into_inner().session_id
 }
+
+/// A router with `tls` (its certificate naming a router) on a fresh loopback port that also
+/// serves etcd's v3 API, with the same TLS, on another one (answered second).
+pub fn start_secure_router_with_etcd(cluster: &Cluster, tls: Arc<warden_proto::tls::Tls>) -> (Router, std::net::SocketAddr) {
+    let listener = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind");
+    let etcd = std::net::TcpListener::bind(("127.0.0.1", 0)).expect("bind the etcd port");
+    let etcd_addr = etcd.local_addr().expect("addr");
+    let config = warden_router::RouterConfig { tls: Some(tls), etcd_listen: Some(Arc::new(etcd)), ..warden_router::RouterConfig::new(Vec::new()) };
+    (serve_router_with(cluster, listener, true, config), etcd_addr)
+}

@@ -317,6 +317,22 @@ impl PlacementApi for PlacementService {
         Ok(Response::new(RestorePageResponse { revision }))
     }
 
+    async fn get_etcd_auth(&self, request: Request<GetEtcdAuthRequest>) -> Result<Response<EtcdAuthRecord>, Status> {
+        require_router_or_node(&request)?;
+        let record = self.state().await?.etcd_auth().clone();
+        Ok(Response::new(EtcdAuthRecord { version: record.version, encoded: record.encoded }))
+    }
+
+    async fn set_etcd_auth(&self, request: Request<SetEtcdAuthRequest>) -> Result<Response<EtcdAuthRecord>, Status> {
+        require_router_or_node(&request)?;
+        self.ensure_leader()?;
+        let SetEtcdAuthRequest { expected_version, encoded } = request.into_inner();
+        match self.propose(&Command::SetEtcdAuth { expected_version, encoded: encoded.clone() }).await? {
+            Outcome::EtcdAuthVersion(version) => Ok(Response::new(EtcdAuthRecord { version, encoded })),
+            other => Err(internal(format!("unexpected outcome {other:?}"))),
+        }
+    }
+
     async fn get_limits(&self, request: Request<GetLimitsRequest>) -> Result<Response<warden_proto::v1::ApplyLimits>, Status> {
         self.require_admin(&request, "/", false)?;
         Ok(Response::new(crate::placement::limits::cluster_limits(&self.state().await?)?))
@@ -399,5 +415,16 @@ impl PlacementService {
             Outcome::AclChanged(version) => Ok(Response::new(ChangeAclResponse { version })),
             other => Err(internal(format!("unexpected outcome {other:?}"))),
         }
+    }
+}
+
+/// Admits routers and nodes only (with TLS; without it nobody is authenticated): the etcd
+/// auth record holds password hashes, and routers check their callers' rights themselves.
+fn require_router_or_node<T>(request: &Request<T>) -> Result<(), Status> {
+    let Some(peer) = request.extensions().get::<warden_proto::tls::PeerInfo>() else { return Ok(()) };
+    match peer.identity.as_ref().map(|identity| identity.role) {
+        _ if !peer.tls => Ok(()),
+        Some(Role::Router | Role::Node) => Ok(()),
+        _ => Err(Status::permission_denied("only routers and nodes read or change the etcd auth record")),
     }
 }

@@ -31,7 +31,9 @@ pub(crate) fn placement_status(error: PlacementError) -> Status {
         PlacementError::InvalidPrefix { .. } => Code::InvalidPath,
         PlacementError::PrefixTaken { .. } | PlacementError::AlreadyBootstrapped | PlacementError::DuplicateNode(_) => Code::NodeExists,
         PlacementError::NotBootstrapped | PlacementError::NotEnoughNodes { .. } => Code::Unavailable,
-        PlacementError::GroupIdsExhausted | PlacementError::LimitsTooLarge(_) => Code::TooLarge,
+        PlacementError::GroupIdsExhausted | PlacementError::LimitsTooLarge(_) | PlacementError::EtcdAuthTooLarge(_) => Code::TooLarge,
+        // Lost a race with another router's change: the router reads again and retries.
+        PlacementError::EtcdAuthStale { .. } => Code::BadVersion,
         PlacementError::NodeNotServing(_) | PlacementError::ChangeInProgress { .. } | PlacementError::GroupNotReady(_) => Code::Unavailable,
         PlacementError::ReplicaExists { .. } => Code::NodeExists,
         PlacementError::NodeNotEmpty { .. } => Code::NotEmpty,

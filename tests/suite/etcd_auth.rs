@@ -1,0 +1,108 @@
+//! etcd's `Auth` service on a secure cluster (TLS on every link and on the router's etcd
+//! port), driven by Debian's `etcdctl` as etcd's documentation sets auth up: a root user and
+//! role, a role with a key prefix, a user holding it; once auth is enabled, the user's
+//! password names its principal, whose writes inside its prefix are served and outside it
+//! are denied, a wrong password is refused, and root turns auth off again.
+
+use std::process::Output;
+use std::sync::Arc;
+use std::time::Duration;
+
+use warden_proto::tls::{Identity, Tls, TlsFiles};
+use warden_server_kit::authority::Authority;
+use warden_shard_node::cluster::{Cluster, ClusterConfig};
+use warden_shard_node::placement::ShardNodeFactory;
+
+use crate::support::routed::{start_secure_router_with_etcd, TIMEOUT};
+
+/// `etcdctl` over TLS as the client certificate `files` names, at the router's etcd port.
+struct Etcdctl {
+    addr: std::net::SocketAddr,
+    files: TlsFiles,
+}
+
+impl Etcdctl {
+    /// Runs `etcdctl args` (off the async threads) and answers its output, whatever it is.
+    async fn run(&self, args: &[&str]) -> Output {
+        let mut command = std::process::Command::new("etcdctl");
+        command
+            .env("ETCDCTL_API", "3")
+            // The router's certificate names `localhost` (and its Warden identity).
+            .arg(format!("--endpoints=localhost:{}", self.addr.port()))
+            .arg(format!("--cacert={}", self.files.ca.display()))
+            .arg(format!("--cert={}", self.files.cert.display()))
+            .arg(format!("--key={}", self.files.key.display()))
+            .arg("--command-timeout=10s")
+            .args(args);
+        tokio::task::spawn_blocking(move || command.output().expect("etcdctl runs (make dev installs it)")).await.expect("etcdctl")
+    }
+
+    /// Runs `etcdctl args`, which must succeed; answers its standard output.
+    async fn ok(&self, args: &[&str]) -> String {
+        let output = self.run(args).await;
+        assert!(output.status.success(), "etcdctl {args:?}: {}", String::from_utf8_lossy(&output.stderr));
+        String::from_utf8_lossy(&output.stdout).into_owned()
+    }
+
+    /// Runs `etcdctl args`, which must fail; answers its standard error.
+    async fn refused(&self, args: &[&str]) -> String {
+        let output = self.run(args).await;
+        assert!(!output.status.success(), "etcdctl {args:?} succeeded: {}", String::from_utf8_lossy(&output.stdout));
+        String::from_utf8_lossy(&output.stderr).into_owned()
+    }
+
+    /// Runs `etcdctl args` until it succeeds: grants reach the router and every node with
+    /// the routing table and the heartbeats, a moment after placement commits them.
+    async fn eventually(&self, args: &[&str]) -> String {
+        let deadline = tokio::time::Instant::now() + TIMEOUT;
+        loop {
+            let output = self.run(args).await;
+            if output.status.success() {
+                return String::from_utf8_lossy(&output.stdout).into_owned();
+            }
+            assert!(tokio::time::Instant::now() < deadline, "etcdctl {args:?} never succeeded: {}", String::from_utf8_lossy(&output.stderr));
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = ClusterConfig { serve_api: true, tls_dir: Some(dir.path().to_path_buf()), client_base_port: Some(0), ..ClusterConfig::default() };
+    let cluster = Arc::new(Cluster::start(config, Arc::new(ShardNodeFactory::default())).expect("cluster starts"));
+    cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap over TLS");
+    let authority = Authority::load(dir.path()).expect("the cluster's CA");
+    let router_tls = Tls::load(authority.issue_files(&dir.path().join("r1"), &Identity::router("r1")).expect("issue")).expect("load");
+    let (_router, etcd_addr) = start_secure_router_with_etcd(&cluster, router_tls);
+    // etcdctl's certificate names Warden's administrator: it sets etcd's auth up.
+    let etcdctl = Etcdctl { addr: etcd_addr, files: authority.issue_files(&dir.path().join("ops"), &Identity::client("root")).expect("issue") };
+
+    for args in [
+        &["user", "add", "root:rootpw"][..],
+        &["role", "add", "root"],
+        &["user", "grant-role", "root", "root"],
+        &["user", "add", "alice:alicepw"],
+        &["role", "add", "team"],
+        &["role", "grant-permission", "team", "--prefix=true", "readwrite", "/alice/"],
+        &["user", "grant-role", "alice", "team"],
+    ] {
+        etcdctl.ok(args).await;
+    }
+    assert!(etcdctl.ok(&["role", "get", "team"]).await.contains("[/alice/, /alice0)"), "the permission as etcd lists it");
+    let refused = etcdctl.refused(&["role", "grant-permission", "team", "readwrite", "/a", "/b"]).await;
+    assert!(refused.contains("Warden grants by path prefix"), "an interval that is no prefix: {refused}");
+    assert!(etcdctl.ok(&["auth", "enable"]).await.contains("Authentication Enabled"));
+
+    let alice = ["--user", "alice:alicepw"];
+    etcdctl.eventually(&[&alice[..], &["put", "/alice/x", "1"]].concat()).await;
+    assert_eq!(etcdctl.ok(&[&alice[..], &["get", "/alice/x", "--print-value-only"]].concat()).await.trim(), "1");
+    let denied = etcdctl.refused(&[&alice[..], &["put", "/bob/x", "1"]].concat()).await;
+    assert!(denied.contains("etcdserver: permission denied"), "outside her prefix: {denied}");
+    let wrong = etcdctl.refused(&["--user", "alice:wrong", "put", "/alice/x", "2"]).await;
+    assert!(wrong.contains("authentication failed, invalid user ID or password"), "a wrong password: {wrong}");
+
+    assert!(etcdctl.ok(&["--user", "root:rootpw", "auth", "disable"]).await.contains("Authentication Disabled"));
+    // The certificate's principal again: Warden's administrator writes anywhere.
+    etcdctl.ok(&["put", "/bob/x", "1"]).await;
+}
