@@ -413,7 +413,7 @@ impl Client {
 
     /// A session's lease as its group's leader sees it (without renewing it).
     pub async fn session_info(&self, id: SessionId) -> Result<SessionInfo> {
-        let request = pb::SessionInfoRequest { session_id: id.0, routing: None };
+        let request = pb::SessionInfoRequest { session_id: id.0, ..pb::SessionInfoRequest::default() };
         let response =
             self.unary(CallKind::Idempotent, self.request_timeout(), None, request, |mut c, r| async move { c.session_info(r).await }).await?;
         convert::session_info(response)

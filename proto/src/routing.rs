@@ -245,22 +245,31 @@ routed!(
     DeleteRangeRequest
 );
 
-/// The path a transaction's operation touches.
-fn op_path(op: &TxnOp) -> Option<&str> {
-    match op.op.as_ref()? {
-        Op::Create(create) => Some(&create.path),
-        Op::Set(set) => Some(&set.path),
-        Op::Delete(delete) => Some(&delete.path),
-        Op::Get(get) => Some(&get.path),
-        Op::Put(put) => Some(&put.path),
-        Op::Range(range) => Some(&range.path),
-        Op::DeleteRange(delete) => Some(&delete.path),
-    }
+/// Every path a transaction touches, those of its nested transactions and compared ranges
+/// too (it goes to the one group serving them all).
+pub fn txn_paths(request: &TxnRequest) -> Vec<&str> {
+    let mut paths = Vec::new();
+    add_txn_paths(request, &mut paths);
+    paths
 }
 
-/// Every path a transaction touches (it goes to the one group serving them all).
-pub fn txn_paths(request: &TxnRequest) -> Vec<&str> {
-    request.compares.iter().map(|c| c.path.as_str()).chain(request.then.iter().chain(&request.r#else).filter_map(op_path)).collect()
+fn add_txn_paths<'r>(request: &'r TxnRequest, paths: &mut Vec<&'r str>) {
+    for compare in &request.compares {
+        paths.push(&compare.path);
+        paths.extend(compare.ranges.iter().map(|range| range.path.as_str()));
+    }
+    for op in request.then.iter().chain(&request.r#else).filter_map(|op| op.op.as_ref()) {
+        match op {
+            Op::Create(create) => paths.push(&create.path),
+            Op::Set(set) => paths.push(&set.path),
+            Op::Delete(delete) => paths.push(&delete.path),
+            Op::Get(get) => paths.push(&get.path),
+            Op::Put(put) => paths.push(&put.path),
+            Op::Range(range) => paths.push(&range.path),
+            Op::DeleteRange(delete) => paths.push(&delete.path),
+            Op::Txn(nested) => add_txn_paths(nested, paths),
+        }
+    }
 }
 
 #[cfg(test)]

@@ -408,7 +408,12 @@ impl Warden for RouterService {
         let deadline = self.deadline(&request);
         self.admit(&request)?;
         let request = request.into_inner();
-        forward!(self, Target::Session(request.session_id), true, deadline, request, session_info)
+        // A listing (no session) goes to the group its routing names.
+        let target = match (request.session_id, request.routing.as_ref().map_or(0, |r| r.group_id)) {
+            (0, group) if group != 0 => Target::Group(group),
+            (id, _) => Target::Session(id),
+        };
+        forward!(self, target, true, deadline, request, session_info)
     }
 
     async fn lock(&self, request: Request<LockRequest>) -> Result<Response<LockResponse>, Status> {

@@ -171,6 +171,7 @@ def lease(client, endpoint):
     for key in owned:
         equal(client.get(key)[1].lease_id, granted.id, "the lease of %s" % key)
     equal(client.get("/py/lease/plain")[1].lease_id, 0, "the lease of a key put without one")
+    equal(sorted(granted.keys), sorted(key.encode() for key in owned), "lease.keys: the lease's keys in both groups")
 
     refreshed = granted.refresh()
     equal([(answer.ID, answer.TTL) for answer in refreshed], [(granted.id, 30)], "lease.refresh() answers")
@@ -318,6 +319,27 @@ def lock(client, endpoint):
     second.lease.revoke()
 
 
+def create_above_keys(client, endpoint):
+    """A create-if-absent transaction (python-etcd3's idiom, as in `lock`) of a key whose path
+    is a parent made for keys below it: that parent reads as absent, so the create holds.
+    (`lock(name)` while `lock(name + "/x")` is held still fails: its key would be a leased
+    key with keys below it, which Warden refuses; docs/etcd.md, `KV.Put`.)"""
+    client.put("/py/jobs/1", "held")
+    created, _ = client.transaction(
+        compare=[client.transactions.version("/py/jobs") == 0, client.transactions.create("/py/jobs") == 0],
+        success=[client.transactions.put("/py/jobs", "mine")],
+        failure=[],
+    )
+    equal(created, True, "a create-if-absent of /py/jobs while /py/jobs/1 exists")
+    value, meta = client.get("/py/jobs")
+    equal((value, meta.version), (b"mine", 1), "/py/jobs after its create")
+    again, _ = client.transaction(
+        compare=[client.transactions.version("/py/jobs") == 0], success=[client.transactions.put("/py/jobs", "theirs")], failure=[]
+    )
+    equal(again, False, "a second create-if-absent of /py/jobs")
+    client.delete_prefix("/py/jobs")
+
+
 def status(client, endpoint):
     """client.status() and client.members answer with this endpoint as the member."""
     members = list(client.members)
@@ -330,7 +352,7 @@ def status(client, endpoint):
     check(answer.raft_index > 0, "status raft_index: %r" % answer.raft_index)
 
 
-SCENARIOS = [kv, lease, watch, lock, status]
+SCENARIOS = [kv, lease, watch, lock, create_above_keys, status]
 
 
 def main():

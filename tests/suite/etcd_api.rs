@@ -253,12 +253,7 @@ async fn an_etcd_lease_owns_its_keys_in_every_group_until_revoked() {
 /// standard output and error.
 fn etcdctl(addr: std::net::SocketAddr, args: &[&str], input: &str) -> (String, String) {
     use std::io::Write as _;
-    let mut child = std::process::Command::new("etcdctl")
-        .env("ETCDCTL_API", "3")
-        // Without a scheme: etcdctl 3.4's `endpoint status` sends `http://host:port` as the
-        // HTTP/2 authority, which the router's HTTP/2 server refuses (docs/etcd.md).
-        .arg(format!("--endpoints={addr}"))
-        .args(args)
+    let mut child = crate::support::etcdctl::etcdctl_command(addr, args)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::piped())
@@ -309,10 +304,7 @@ struct Etcdctl {
 impl Etcdctl {
     fn start(addr: std::net::SocketAddr, args: &[&str]) -> Etcdctl {
         use std::io::BufRead as _;
-        let mut child = std::process::Command::new("etcdctl")
-            .env("ETCDCTL_API", "3")
-            .arg(format!("--endpoints={addr}"))
-            .args(args)
+        let mut child = crate::support::etcdctl::etcdctl_command(addr, args)
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::null())
             .spawn()
@@ -397,4 +389,127 @@ async fn etcdctl_locks_and_elections_hand_over_when_their_holder_lets_go() {
     tokio::task::spawn_blocking(move || leader.interrupt()).await.expect("resign");
     let (_second_leader, _, value) = next.await.expect("second campaign");
     assert_eq!(value, "web-2");
+}
+
+/// A compare of a key that is only a container (a parent made for a key below it) sees a
+/// missing key, as etcd does: so a create-if-absent of it (python-etcd3's `lock(name)`)
+/// succeeds while keys below it exist.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_compare_sees_a_parent_made_for_a_key_below_it_as_a_missing_key() {
+    let cluster = cluster_with_groups(&[]).await;
+    let (_router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut etcd = etcd_client(etcd_addr).await;
+    etcd.put("/jobs/1", "held", None).await.expect("put below /jobs");
+    let create_if_absent = Txn::new()
+        .when([
+            Compare::version("/jobs", CompareOp::Equal, 0),
+            Compare::create_revision("/jobs", CompareOp::Equal, 0),
+            Compare::mod_revision("/jobs", CompareOp::Equal, 0),
+        ])
+        .and_then([TxnOp::put("/jobs", "mine", None)]);
+    assert!(etcd.txn(create_if_absent.clone()).await.expect("txn").succeeded(), "the container compares as a missing key");
+    let value = Txn::new().when([Compare::value("/jobs/2", CompareOp::Equal, "")]).and_then([TxnOp::put("/jobs/2", "x", None)]);
+    etcd.put("/jobs/2/3", "below", None).await.expect("put below /jobs/2");
+    assert!(!etcd.txn(value).await.expect("txn").succeeded(), "a value compare of a container fails, as of any missing key");
+    let got = etcd.get("/jobs", None).await.expect("get");
+    assert_eq!((got.kvs()[0].value(), got.kvs()[0].version()), (b"mine".as_slice(), 1));
+    assert!(!etcd.txn(create_if_absent).await.expect("txn").succeeded(), "now /jobs is a key");
+}
+
+/// `TimeToLive` with keys lists a lease's keys in every group (plain and escaped ones), and
+/// `Leases` lists every live lease; a revoked lease leaves both.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_leases_list_their_keys_in_every_group_and_every_live_lease_is_listed() {
+    let cluster = cluster_with_groups(&["/services"]).await;
+    let (_router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut etcd = etcd_client(etcd_addr).await;
+    let lease = etcd.lease_grant(30, None).await.expect("grant").id();
+    let other = etcd.lease_grant(30, None).await.expect("grant").id();
+    let with = |lease: i64| Some(PutOptions::new().with_lease(lease));
+    etcd.put("/services/web/1", "10.0.0.1", with(lease)).await.expect("put in /services");
+    etcd.put("/leader", "web-1", with(lease)).await.expect("put in the root group");
+    etcd.put("config", "escaped", with(lease)).await.expect("put a key that is no path");
+    etcd.put("/services/web/2", "10.0.0.2", with(other)).await.expect("put with the other lease");
+    etcd.put("/services/web/3", "10.0.0.3", None).await.expect("put without a lease");
+    let keys_of = async |etcd: &mut Client, id: i64| {
+        let answer = etcd.lease_time_to_live(id, Some(etcd_client::LeaseTimeToLiveOptions::new().with_keys())).await.expect("time to live");
+        answer.keys().iter().map(|key| String::from_utf8_lossy(key).into_owned()).collect::<Vec<_>>()
+    };
+    assert_eq!(keys_of(&mut etcd, lease).await, ["/leader", "/services/web/1", "config"], "in key order, from both groups");
+    assert_eq!(keys_of(&mut etcd, other).await, ["/services/web/2"]);
+    let leases = etcd.leases().await.expect("leases");
+    let listed: Vec<i64> = leases.leases().iter().map(|status| status.id()).collect();
+    assert!(listed.contains(&lease) && listed.contains(&other), "{listed:?}");
+    etcd.lease_revoke(lease).await.expect("revoke");
+    assert!(keys_of(&mut etcd, lease).await.is_empty(), "a revoked lease has no keys");
+    warden_testkit::wait_until("the revoked lease is no longer listed", TIMEOUT, async || {
+        !etcd.leases().await.expect("leases").leases().iter().any(|status| status.id() == lease)
+    })
+    .await;
+    assert!(etcd.leases().await.expect("leases").leases().iter().any(|status| status.id() == other));
+}
+
+/// A compare over a key range applies to every key in it, and nested transactions run in
+/// the transaction's group with their compares judged before any operation, as in etcd;
+/// either refused, as any transaction, when its keys lie in more than one group.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn etcd_range_compares_and_nested_transactions_run_atomically_in_one_group() {
+    let cluster = cluster_with_groups(&["/registry/pods"]).await;
+    let (_router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut etcd = etcd_client(etcd_addr).await;
+    etcd.put("/registry/pods/a", "1", None).await.expect("put");
+    let b = etcd.put("/registry/pods/b", "1", None).await.expect("put").header().expect("header").revision();
+    let holds = async |etcd: &mut Client, compare: Compare| {
+        etcd.txn(Txn::new().when([compare]).and_then([TxnOp::get("/registry/pods/a", None)])).await.expect("txn").succeeded()
+    };
+    let pods = || Compare::version("/registry/pods/", CompareOp::Equal, 1).with_prefix();
+    assert!(holds(&mut etcd, pods()).await, "every pod has version 1");
+    assert!(holds(&mut etcd, Compare::mod_revision("/registry/pods/", CompareOp::Less, b + 1).with_prefix()).await);
+    assert!(!holds(&mut etcd, Compare::mod_revision("/registry/pods/", CompareOp::Less, b).with_prefix()).await, "/registry/pods/b is at b");
+    etcd.put("/registry/pods/b", "2", None).await.expect("put again");
+    assert!(!holds(&mut etcd, pods()).await, "/registry/pods/b has version 2");
+    assert!(holds(&mut etcd, Compare::version("/registry/pods/a", CompareOp::Equal, 1).with_range("/registry/pods/b")).await);
+    let none = || Compare::version("/registry/pods/none/", CompareOp::Equal, 0).with_prefix();
+    assert!(holds(&mut etcd, none()).await, "a range without keys compares as a missing key");
+    assert!(!holds(&mut etcd, Compare::value("/registry/pods/none/", CompareOp::Equal, "").with_prefix()).await, "but its value compare fails");
+
+    // Compares judged first: the nested one sees /registry/pods/c missing though the outer
+    // transaction put it just before.
+    let nested = Txn::new()
+        .when([Compare::version("/registry/pods/c", CompareOp::Equal, 0)])
+        .and_then([TxnOp::put("/registry/pods/d", "then", None)])
+        .or_else([TxnOp::put("/registry/pods/e", "else", None)]);
+    let outer = Txn::new()
+        .when([Compare::version("/registry/pods/a", CompareOp::Greater, 0)])
+        .and_then([TxnOp::put("/registry/pods/c", "1", None), TxnOp::txn(nested.clone())]);
+    let answer = etcd.txn(outer).await.expect("nested txn");
+    assert!(answer.succeeded());
+    match &answer.op_responses()[..] {
+        [TxnOpResponse::Put(_), TxnOpResponse::Txn(inner)] => assert!(inner.succeeded()),
+        other => panic!("the nested transaction answered {other:?}"),
+    }
+    let d = etcd.get("/registry/pods/d", None).await.expect("get");
+    assert_eq!(d.kvs()[0].mod_revision(), etcd.get("/registry/pods/c", None).await.expect("get").kvs()[0].mod_revision(), "one revision");
+    assert!(etcd.get("/registry/pods/e", None).await.expect("get").kvs().is_empty());
+    let again = etcd.txn(Txn::new().and_then([TxnOp::txn(nested)])).await.expect("nested txn");
+    match &again.op_responses()[..] {
+        [TxnOpResponse::Txn(inner)] => assert!(!inner.succeeded(), "now /registry/pods/c exists"),
+        other => panic!("the nested transaction answered {other:?}"),
+    }
+    assert_eq!(etcd.get("/registry/pods/e", None).await.expect("get").kvs()[0].value(), b"else");
+
+    // Keys in two groups: refused as a flat transaction spanning them is.
+    etcd.put("/registry/services/web", "1", None).await.expect("put in the root group");
+    let flat = etcd.txn(Txn::new().and_then([TxnOp::put("/registry/pods/f", "1", None), TxnOp::put("/registry/x", "1", None)])).await;
+    let nested = Txn::new().and_then([TxnOp::put("/registry/x", "1", None)]);
+    let deep = etcd.txn(Txn::new().and_then([TxnOp::put("/registry/pods/f", "1", None), TxnOp::txn(nested)])).await;
+    let (flat, deep) = (flat.expect_err("flat txn across groups"), deep.expect_err("nested txn across groups"));
+    assert!(deep.to_string().contains("must be served by one group") && flat.to_string().contains("must be served by one group"), "{flat} / {deep}");
+    let across = Compare::version("/registry/", CompareOp::Greater, 0).with_prefix();
+    let refused =
+        etcd.txn(Txn::new().when([across]).and_then([TxnOp::get("/registry/services/web", None)])).await.expect_err("compare across groups");
+    assert!(refused.to_string().contains("more than one Warden group"), "{refused}");
+    assert!(
+        etcd.get("/registry/pods/f", None).await.expect("get").kvs().is_empty() && etcd.get("/registry/x", None).await.expect("get").kvs().is_empty()
+    );
 }

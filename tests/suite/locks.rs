@@ -284,7 +284,7 @@ async fn a_waiter_whose_session_dies_mid_wait_gets_session_expired() {
     // wait rather than before it.
     let within = Instant::now() + TIMEOUT;
     loop {
-        let request = SessionInfoRequest { session_id: doomed, routing: None };
+        let request = SessionInfoRequest { session_id: doomed, ..SessionInfoRequest::default() };
         let info = api.call(TIMEOUT, true, |mut c| async move { c.session_info(request).await }).await.expect("session info");
         if info.lease.is_none_or(|lease| lease.remaining_ms <= 1_500) {
             break;

@@ -100,7 +100,7 @@ async fn expiry_deletes_exactly_the_dead_sessions_ephemerals() {
         assert!(exists(&api, &format!("/members/alive-{i}")).await, "the live session keeps its ephemerals");
     }
     let info = api
-        .call(TIMEOUT, true, |mut c| async move { c.session_info(SessionInfoRequest { session_id: dead, routing: None }).await })
+        .call(TIMEOUT, true, |mut c| async move { c.session_info(SessionInfoRequest { session_id: dead, ..SessionInfoRequest::default() }).await })
         .await
         .expect("info");
     assert!(!info.lease.expect("lease").alive);
@@ -220,7 +220,7 @@ async fn a_partitioned_leader_never_renews_a_lease_past_the_new_leaders_expiry()
         let new = new_leader(&cluster, old).await;
         let info = api
             .node(new)
-            .session_info(SessionInfoRequest { session_id: session, routing: None })
+            .session_info(SessionInfoRequest { session_id: session, ..SessionInfoRequest::default() })
             .await
             .expect("session info at the new leader")
             .into_inner();

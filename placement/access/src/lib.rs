@@ -111,19 +111,33 @@ impl Access for CreateRequest {
 
 impl Access for TxnRequest {
     fn needs(&self) -> Needs<'_> {
-        let mut at: Vec<(&str, u32)> = self.compares.iter().map(|c| (c.path.as_str(), acl::READ)).collect();
-        for op in self.then.iter().chain(&self.r#else).filter_map(|op| op.op.as_ref()) {
-            at.push(match op {
-                Op::Create(create) => create_needs(create),
-                Op::Set(set) => (set.path.as_str(), acl::WRITE),
-                Op::Delete(delete) => (delete.path.as_str(), acl::WRITE),
-                Op::Get(get) => (get.path.as_str(), acl::READ),
-                Op::Put(put) => put_needs(put),
-                Op::Range(range) => (range.path.as_str(), acl::READ),
-                Op::DeleteRange(delete) => (delete.path.as_str(), acl::WRITE),
-            });
-        }
+        let mut at = Vec::new();
+        txn_needs(self, &mut at);
         Needs { at, lock_somewhere: false }
+    }
+}
+
+/// What a transaction's compares (their ranges too) and operations need, those of its
+/// nested transactions included.
+fn txn_needs<'r>(request: &'r TxnRequest, at: &mut Vec<(&'r str, u32)>) {
+    for compare in &request.compares {
+        at.push((compare.path.as_str(), acl::READ));
+        at.extend(compare.ranges.iter().map(|range| (range.path.as_str(), acl::READ)));
+    }
+    for op in request.then.iter().chain(&request.r#else).filter_map(|op| op.op.as_ref()) {
+        at.push(match op {
+            Op::Create(create) => create_needs(create),
+            Op::Set(set) => (set.path.as_str(), acl::WRITE),
+            Op::Delete(delete) => (delete.path.as_str(), acl::WRITE),
+            Op::Get(get) => (get.path.as_str(), acl::READ),
+            Op::Put(put) => put_needs(put),
+            Op::Range(range) => (range.path.as_str(), acl::READ),
+            Op::DeleteRange(delete) => (delete.path.as_str(), acl::WRITE),
+            Op::Txn(nested) => {
+                txn_needs(nested, at);
+                continue;
+            }
+        });
     }
 }
 

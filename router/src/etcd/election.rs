@@ -230,7 +230,7 @@ impl EtcdService {
 
     /// Why a campaign's candidate is gone: its lease ended, or someone resigned it.
     async fn candidacy_gone(&self, call: &Call, session_id: u64) -> Status {
-        let info = match call.request(w::SessionInfoRequest { session_id, routing: None }) {
+        let info = match call.request(w::SessionInfoRequest { session_id, ..w::SessionInfoRequest::default() }) {
             Ok(info) => Warden::session_info(&self.router, info).await,
             Err(status) => return status,
         };

@@ -166,8 +166,15 @@ impl EtcdService {
     }
 
     /// Reads a range: each part from its group, planned again if the routing table
-    /// changed meanwhile (a part planned on the old table might miss a group).
-    async fn read_range(&self, metadata: &MetadataMap, extensions: &Extensions, request: &pb::RangeRequest) -> Result<pb::RangeResponse, Status> {
+    /// changed meanwhile (a part planned on the old table might miss a group). With
+    /// `owner`, only the keys of that lease (its session's ephemerals).
+    pub(super) async fn read_range(
+        &self,
+        metadata: &MetadataMap,
+        extensions: &Extensions,
+        request: &pb::RangeRequest,
+        owner: u64,
+    ) -> Result<pb::RangeResponse, Status> {
         if request.key.is_empty() {
             return Err(invalid("key is not provided"));
         }
@@ -185,6 +192,7 @@ impl EtcdService {
                     keys_only: request.keys_only,
                     count_only: request.count_only,
                     consistency: consistency as i32,
+                    owner,
                     routing: None,
                 };
                 Warden::range(&self.router, inner(metadata, extensions, range))
@@ -280,15 +288,16 @@ fn planned_on(table: &warden_proto::routing::Table, part: &plan::Part) -> Option
     table.route(&part.scope).map(|group| w::Routing { group_id: group.id(), conf_ver: 0, version: group.descriptor.version })
 }
 
-/// The Warden compares for an etcd compare: one, and before a value compare one that the
-/// key exists, since etcd fails every value compare of a missing key (its value is no empty
-/// value: `replace(key, "", new)` of a missing key fails), where Warden compares a missing
-/// node's value as empty.
-fn compares_of(compare: &pb::Compare) -> Result<Vec<w::Compare>, Status> {
+/// The Warden compares for an etcd compare, and the parts of its key range in other
+/// groups than the transaction's (which must hold no key). A compare of one key is one
+/// compare, and before a value compare one that the key exists, since etcd fails every value
+/// compare of a missing key (its value is no empty value: `replace(key, "", new)` of a
+/// missing key fails), where Warden compares a missing node's value as empty. Containers
+/// compare as missing: they are no keys. A compare over a key range (`range_end`) is one
+/// compare over the range's parts in the transaction's group, which fails a value compare
+/// of a range without keys itself.
+fn compares_of(table: &warden_proto::routing::Table, compare: &pb::Compare) -> Result<(Vec<w::Compare>, Vec<plan::Part>), Status> {
     use w::compare::{Op, Target};
-    if !compare.range_end.is_empty() {
-        return Err(Status::unimplemented("etcdserver: compares over a key range are not served (docs/etcd.md)"));
-    }
     let op = match CompareResult::try_from(compare.result).map_err(|_| invalid("unknown compare result"))? {
         CompareResult::Equal => Op::Equal,
         CompareResult::Greater => Op::Greater,
@@ -311,16 +320,130 @@ fn compares_of(compare: &pb::Compare) -> Result<Vec<w::Compare>, Status> {
             (CompareTarget::Lease, None) => (Target::Owner, 0, Vec::new()),
             _ => return Err(invalid("the compare's target and value disagree")),
         };
-    let path = path_of(&compare.key)?;
-    let exists =
-        (target == Target::Value).then(|| w::Compare { path: path.clone(), target: Target::Exists as i32, exists: true, ..w::Compare::default() });
-    Ok(exists.into_iter().chain([w::Compare { path, target: target as i32, op: op as i32, number, value, exists: false }]).collect())
+    let compare_of = |path: String, ranges: Vec<w::RangeRequest>| w::Compare {
+        path,
+        target: target as i32,
+        op: op as i32,
+        number,
+        value: value.clone(),
+        exists: false,
+        containers_absent: true,
+        ranges,
+    };
+    if compare.range_end.is_empty() {
+        let path = path_of(&compare.key)?;
+        let exists = (target == Target::Value).then(|| w::Compare {
+            path: path.clone(),
+            target: Target::Exists as i32,
+            exists: true,
+            containers_absent: true,
+            ..w::Compare::default()
+        });
+        return Ok((exists.into_iter().chain([compare_of(path, Vec::new())]).collect(), Vec::new()));
+    }
+    let (parts, elsewhere) = txn_parts(table, &compare.key, &compare.range_end)?;
+    let ranges: Vec<w::RangeRequest> = parts
+        .into_iter()
+        .map(|part| w::RangeRequest {
+            routing: planned_on(table, &part),
+            path: part.scope,
+            from: part.from,
+            to: part.to,
+            ..w::RangeRequest::default()
+        })
+        .collect();
+    let Some(first) = ranges.first() else {
+        // A range no path lies in: one empty range at the key's path, so it compares as a
+        // range without keys.
+        let path = path_of(&compare.key)?;
+        let empty = [path.as_bytes(), b"\0"].concat();
+        let range = w::RangeRequest { path: path.clone(), from: empty.clone(), to: empty, ..w::RangeRequest::default() };
+        return Ok((vec![compare_of(path, vec![range])], elsewhere));
+    };
+    Ok((vec![compare_of(first.path.clone(), ranges)], elsewhere))
+}
+
+/// How the answers of an etcd operation's Warden operations map back to it.
+enum OpShape {
+    /// It became this many Warden operations (one per part of a range).
+    Ops(usize),
+    /// A nested transaction, as one nested Warden transaction.
+    Txn(Box<TxnShape>),
+}
+
+/// How the answers of an etcd transaction's branches map back to its operations.
+struct TxnShape {
+    then: Vec<OpShape>,
+    otherwise: Vec<OpShape>,
+}
+
+/// An etcd transaction as a Warden one: the request, the shape of its answers, and the
+/// parts of its ranges (compared or read, nested transactions' too) in other groups than
+/// the transaction's, which must hold no key.
+struct Translated {
+    request: w::TxnRequest,
+    shape: TxnShape,
+    elsewhere: Vec<plan::Part>,
+}
+
+impl Translated {
+    fn of(table: &warden_proto::routing::Table, txn: &pb::TxnRequest) -> Result<Translated, Status> {
+        let mut elsewhere = Vec::new();
+        let mut compares = Vec::new();
+        for compare in &txn.compare {
+            let (some, outside) = compares_of(table, compare)?;
+            compares.extend(some);
+            elsewhere.extend(outside);
+        }
+        let mut branch = |ops: &[pb::RequestOp]| -> Result<(Vec<w::TxnOp>, Vec<OpShape>), Status> {
+            let (mut warden_ops, mut shapes) = (Vec::new(), Vec::with_capacity(ops.len()));
+            for op in ops {
+                let (some, shape, outside) = ops_of(table, op)?;
+                warden_ops.extend(some);
+                shapes.push(shape);
+                elsewhere.extend(outside);
+            }
+            Ok((warden_ops, shapes))
+        };
+        let (then, then_shape) = branch(&txn.success)?;
+        let (otherwise, otherwise_shape) = branch(&txn.failure)?;
+        Ok(Translated {
+            request: w::TxnRequest { compares, then, r#else: otherwise, routing: None },
+            shape: TxnShape { then: then_shape, otherwise: otherwise_shape },
+            elsewhere,
+        })
+    }
+}
+
+/// The etcd answer (without its header) of transaction `txn` from its Warden answer.
+fn txn_answer(txn: &pb::TxnRequest, shape: TxnShape, answer: w::TxnResponse) -> Result<pb::TxnResponse, Status> {
+    let (ops, shapes) = if answer.succeeded { (&txn.success, shape.then) } else { (&txn.failure, shape.otherwise) };
+    let mut results = answer.results.into_iter();
+    let responses = ops
+        .iter()
+        .zip(shapes)
+        .map(|(op, shape)| match shape {
+            OpShape::Ops(count) => op_answer(op, results.by_ref().take(count).collect()),
+            OpShape::Txn(nested) => nested_answer(op, *nested, results.next()),
+        })
+        .collect::<Result<_, _>>()?;
+    Ok(pb::TxnResponse { header: None, succeeded: answer.succeeded, responses })
+}
+
+/// The etcd answer of a nested transaction operation from its Warden result.
+fn nested_answer(op: &pb::RequestOp, shape: TxnShape, result: Option<w::TxnOpResult>) -> Result<pb::ResponseOp, Status> {
+    match (&op.request, result.and_then(|result| result.result)) {
+        (Some(request_op::Request::RequestTxn(txn)), Some(w::txn_op_result::Result::Txn(answer))) => {
+            Ok(pb::ResponseOp { response: Some(response_op::Response::ResponseTxn(txn_answer(txn, shape, answer)?)) })
+        }
+        _ => Err(Status::internal("a transaction answered an operation it was not asked")),
+    }
 }
 
 /// The Warden transaction operations for an etcd one (one, or one per part of a range or
-/// range delete in the transaction's group), and the parts in other groups (which must be
-/// empty).
-fn ops_of(table: &warden_proto::routing::Table, op: &pb::RequestOp) -> Result<(Vec<w::TxnOp>, Vec<plan::Part>), Status> {
+/// range delete in the transaction's group; a nested transaction is one), how their answers
+/// map back, and the parts in other groups (which must be empty).
+fn ops_of(table: &warden_proto::routing::Table, op: &pb::RequestOp) -> Result<(Vec<w::TxnOp>, OpShape, Vec<plan::Part>), Status> {
     use w::txn_op::Op;
     let mut elsewhere = Vec::new();
     let ops = match &op.request {
@@ -365,33 +488,14 @@ fn ops_of(table: &warden_proto::routing::Table, op: &pb::RequestOp) -> Result<(V
                 })
                 .collect()
         }
-        Some(request_op::Request::RequestTxn(_)) => {
-            return Err(Status::unimplemented("etcdserver: nested transactions are not served (docs/etcd.md)"))
+        Some(request_op::Request::RequestTxn(txn)) => {
+            let nested = Translated::of(table, txn)?;
+            return Ok((vec![w::TxnOp { op: Some(Op::Txn(nested.request)) }], OpShape::Txn(Box::new(nested.shape)), nested.elsewhere));
         }
         None => return Err(invalid("a transaction operation without a request")),
     };
-    Ok((ops.into_iter().map(|op| w::TxnOp { op: Some(op) }).collect(), elsewhere))
-}
-
-/// The Warden operations of etcd operations `ops`: how many each etcd one became, and the
-/// range parts outside the transaction's group.
-struct TxnOps {
-    ops: Vec<w::TxnOp>,
-    counts: Vec<usize>,
-    elsewhere: Vec<plan::Part>,
-}
-
-impl TxnOps {
-    fn of(table: &warden_proto::routing::Table, ops: &[pb::RequestOp]) -> Result<TxnOps, Status> {
-        let mut all = TxnOps { ops: Vec::new(), counts: Vec::with_capacity(ops.len()), elsewhere: Vec::new() };
-        for op in ops {
-            let (some, elsewhere) = ops_of(table, op)?;
-            all.counts.push(some.len());
-            all.ops.extend(some);
-            all.elsewhere.extend(elsewhere);
-        }
-        Ok(all)
-    }
+    let count = ops.len();
+    Ok((ops.into_iter().map(|op| w::TxnOp { op: Some(op) }).collect(), OpShape::Ops(count), elsewhere))
 }
 
 /// The etcd answer of one transaction operation from the results of its Warden operations.
@@ -439,7 +543,7 @@ fn op_answer(op: &pb::RequestOp, results: Vec<w::TxnOpResult>) -> Result<pb::Res
 impl pb::kv_server::Kv for EtcdService {
     async fn range(&self, request: Request<pb::RangeRequest>) -> Result<Response<pb::RangeResponse>, Status> {
         let (metadata, extensions, request) = request.into_parts();
-        self.read_range(&metadata, &extensions, &request).await.map(Response::new)
+        self.read_range(&metadata, &extensions, &request, 0).await.map(Response::new)
     }
 
     type RangeStreamStream = std::pin::Pin<Box<dyn futures::Stream<Item = Result<pb::RangeStreamResponse, Status>> + Send + 'static>>;
@@ -447,7 +551,7 @@ impl pb::kv_server::Kv for EtcdService {
     /// The whole range as one chunk (a range is bounded by the groups' page size anyway).
     async fn range_stream(&self, request: Request<pb::RangeRequest>) -> Result<Response<Self::RangeStreamStream>, Status> {
         let (metadata, extensions, request) = request.into_parts();
-        let answer = self.read_range(&metadata, &extensions, &request).await?;
+        let answer = self.read_range(&metadata, &extensions, &request, 0).await?;
         let chunk = pb::RangeStreamResponse { range_response: Some(answer) };
         Ok(Response::new(Box::pin(futures::stream::iter([Ok(chunk)]))))
     }
@@ -468,9 +572,8 @@ impl pb::kv_server::Kv for EtcdService {
     async fn txn(&self, request: Request<pb::TxnRequest>) -> Result<Response<pb::TxnResponse>, Status> {
         let (metadata, extensions, request) = request.into_parts();
         let table = self.table().await?;
-        let then = TxnOps::of(&table, &request.success)?;
-        let otherwise = TxnOps::of(&table, &request.failure)?;
-        for part in then.elsewhere.iter().chain(&otherwise.elsewhere) {
+        let translated = Translated::of(&table, &request)?;
+        for part in &translated.elsewhere {
             let count = w::RangeRequest {
                 path: part.scope.clone(),
                 from: part.from.clone(),
@@ -483,14 +586,10 @@ impl pb::kv_server::Kv for EtcdService {
                 return Err(Status::failed_precondition("etcdserver: a transaction's range holds keys in more than one Warden group (docs/etcd.md)"));
             }
         }
-        let compares = request.compare.iter().map(compares_of).collect::<Result<Vec<_>, _>>()?.concat();
-        let txn = w::TxnRequest { compares, then: then.ops, r#else: otherwise.ops, routing: None };
-        let answer = Warden::txn(&self.router, inner(&metadata, &extensions, txn)).await.map_err(etcd_status)?.into_inner();
-        let (ops, counts) = if answer.succeeded { (&request.success, then.counts) } else { (&request.failure, otherwise.counts) };
-        let mut results = answer.results.into_iter();
-        let responses = ops.iter().zip(counts).map(|(op, count)| op_answer(op, results.by_ref().take(count).collect())).collect::<Result<_, _>>()?;
+        let answer = Warden::txn(&self.router, inner(&metadata, &extensions, translated.request)).await.map_err(etcd_status)?.into_inner();
         let revision = answer.header.map_or(0, |h| h.revision);
-        Ok(Response::new(pb::TxnResponse { header: self.header(revision), succeeded: answer.succeeded, responses }))
+        let answer = txn_answer(&request, translated.shape, answer)?;
+        Ok(Response::new(pb::TxnResponse { header: self.header(revision), ..answer }))
     }
 
     /// Warden keeps no older versions of a key: there is nothing to compact, and every

@@ -7,7 +7,8 @@
 use std::pin::Pin;
 
 use futures::Stream;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::metadata::MetadataMap;
+use tonic::{Extensions, Request, Response, Status, Streaming};
 use warden_proto::etcd::etcdserverpb as pb;
 use warden_proto::v1 as w;
 use warden_proto::v1::warden_server::Warden;
@@ -16,6 +17,15 @@ use super::{etcd_status, inner, invalid, EtcdService};
 
 /// Keepalive answers queued on one stream before the router waits for its client.
 const KEEPALIVE_QUEUE_MAX: usize = 16;
+
+/// Keys a `TimeToLive` answers at most (the first in key order): a group's page, and the
+/// number of ephemerals a session may own in one group by default.
+pub const LEASE_KEYS_MAX: i64 = 10_000;
+
+/// Leases a `Leases` answer lists at most: etcd's answer has no "more" flag, so a listing
+/// past it is refused rather than cut short. 100,000 leases are about 1.1 MB of answer,
+/// within what etcd clients accept (4 MiB by default).
+pub const LEASES_MAX: usize = 100_000;
 
 /// A lease id as a session id.
 pub(super) fn session_of(id: i64) -> Result<u64, Status> {
@@ -95,27 +105,92 @@ impl pb::lease_server::Lease for EtcdService {
         Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(stream))))
     }
 
-    /// The lease's granted TTL and time left; `keys` is not served yet (answered empty,
-    /// docs/etcd.md).
+    /// The lease's granted TTL and time left; with `keys`, the keys attached to it (its
+    /// session's ephemerals that are etcd keys, in every group), at most [`LEASE_KEYS_MAX`].
     async fn lease_time_to_live(&self, request: Request<pb::LeaseTimeToLiveRequest>) -> Result<Response<pb::LeaseTimeToLiveResponse>, Status> {
         let (metadata, extensions, request) = request.into_parts();
-        let info = w::SessionInfoRequest { session_id: session_of(request.id)?, routing: None };
+        let info = w::SessionInfoRequest { session_id: session_of(request.id)?, ..w::SessionInfoRequest::default() };
         let answer = match Warden::session_info(&self.router, inner(&metadata, &extensions, info)).await.map_err(etcd_status) {
             Ok(answer) => answer.into_inner(),
             Err(status) if status.code() == tonic::Code::NotFound => w::SessionInfoResponse::default(),
             Err(status) => return Err(status),
         };
         let lease = answer.lease.as_ref().filter(|lease| lease.alive);
+        let keys = match (lease, request.keys) {
+            (Some(lease), true) => {
+                let every_key =
+                    pb::RangeRequest { key: vec![0], range_end: vec![0], keys_only: true, limit: LEASE_KEYS_MAX, ..pb::RangeRequest::default() };
+                let owned = self.read_range(&metadata, &extensions, &every_key, lease.session_id).await?;
+                owned.kvs.into_iter().map(|kv| kv.key).collect()
+            }
+            _ => Vec::new(),
+        };
         Ok(Response::new(pb::LeaseTimeToLiveResponse {
             header: self.header(answer.header.map_or(0, |h| h.revision)),
             id: request.id,
             ttl: ttl_left(lease),
             granted_ttl: lease.map_or(0, |lease| seconds(lease.granted_ttl_ms)),
-            keys: Vec::new(),
+            keys,
         }))
     }
 
-    async fn lease_leases(&self, _request: Request<pb::LeaseLeasesRequest>) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
-        Err(Status::unimplemented("etcdserver: listing every lease is not served: leases live in their home groups (docs/etcd.md)"))
+    /// Every lease: the live sessions homed in each group (every session, not only those
+    /// granted through etcd's API: each is a lease to it), in id order, at most
+    /// [`LEASES_MAX`]. With security on, a caller sees only its own sessions.
+    async fn lease_leases(&self, request: Request<pb::LeaseLeasesRequest>) -> Result<Response<pb::LeaseLeasesResponse>, Status> {
+        let (metadata, extensions, _) = request.into_parts();
+        let table = self.table().await?;
+        let groups: Vec<u64> = table.route("/").into_iter().chain(table.groups_below("/")).map(|group| group.id()).collect();
+        let listings = groups.into_iter().map(|group| self.home_sessions(&metadata, &extensions, group));
+        let mut ids = Vec::new();
+        let mut revision = 0;
+        for listing in futures::future::join_all(listings).await {
+            let (some, at) = listing?;
+            ids.extend(some);
+            revision = revision.max(at);
+        }
+        if ids.len() > LEASES_MAX {
+            return Err(too_many_leases());
+        }
+        ids.sort_unstable();
+        ids.dedup();
+        Ok(Response::new(pb::LeaseLeasesResponse {
+            header: self.header(revision),
+            leases: ids.into_iter().filter_map(|id| Some(pb::LeaseStatus { id: i64::try_from(id).ok()? })).collect(),
+        }))
+    }
+}
+
+/// etcd's refusal of a listing past [`LEASES_MAX`].
+fn too_many_leases() -> Status {
+    Status::out_of_range(format!("etcdserver: more than {LEASES_MAX} leases: too many to list in one answer (docs/etcd.md)"))
+}
+
+impl EtcdService {
+    /// The live sessions homed in `group`, page by page, and the group's revision; refused
+    /// past [`LEASES_MAX`].
+    async fn home_sessions(&self, metadata: &MetadataMap, extensions: &Extensions, group: u64) -> Result<(Vec<u64>, u64), Status> {
+        let mut ids = Vec::new();
+        let mut after = 0;
+        let mut revision = 0;
+        loop {
+            let list = w::SessionInfoRequest {
+                session_id: 0,
+                list_after: after,
+                list_limit: 0,
+                routing: Some(w::Routing { group_id: group, ..w::Routing::default() }),
+            };
+            let page = Warden::session_info(&self.router, inner(metadata, extensions, list)).await.map_err(etcd_status)?.into_inner();
+            revision = revision.max(page.header.map_or(0, |h| h.revision));
+            ids.extend(page.sessions.iter().filter(|lease| lease.alive).map(|lease| lease.session_id));
+            if ids.len() > LEASES_MAX {
+                return Err(too_many_leases());
+            }
+            // A page that moved no further would be asked again forever.
+            if !page.more || page.listed_through <= after {
+                return Ok((ids, revision));
+            }
+            after = page.listed_through;
+        }
     }
 }

@@ -282,10 +282,13 @@ impl NamespaceStateMachine {
         let served = |path: &str| descriptor::check_served(self.descriptor.as_ref(), path);
         match op {
             Some(CommandOp::Txn(request)) => {
-                for compare in &request.compares {
+                for compare in txn::flat_compares(request) {
                     served(&compare.path)?;
+                    for range in &compare.ranges {
+                        served(&range.path)?;
+                    }
                 }
-                for op in request.then.iter().chain(&request.r#else) {
+                for op in txn::flat_ops(request) {
                     match &op.op {
                         Some(Op::Create(create)) => {
                             served(&create.path)?;
@@ -307,7 +310,7 @@ impl NamespaceStateMachine {
                             served(&delete.path)?;
                             descriptor::check_deletable(self.descriptor.as_ref(), &delete.path)?;
                         }
-                        None => {}
+                        Some(Op::Txn(_)) | None => {}
                     }
                 }
             }
@@ -573,7 +576,38 @@ impl StateMachine for NamespaceStateMachine {
                     header: None,
                     lease: Some(lease),
                     ephemerals: record.map_or(0, |r| r.ephemerals),
+                    ..SessionInfoResponse::default()
                 })
+            }
+            Some(LeaderRequestKind::HomeSessions(page)) => {
+                let reader = self.reader().map_err(|e| EngineError::busy(e.to_string()))?;
+                let view = TxnView::new(reader, None);
+                let limit = match page.limit as usize {
+                    0 => sessions::SESSIONS_LIST_PAGE_MAX,
+                    n => n.min(sessions::SESSIONS_LIST_PAGE_MAX),
+                };
+                let after = (std::ops::Bound::Excluded(page.after), std::ops::Bound::Unbounded);
+                let mut listed = SessionInfoResponse::default();
+                let mut answered = Vec::new();
+                // At most `limit` sessions looked at: with security on, those of other
+                // principals are passed over, not described.
+                let ids: Vec<u64> = self.sessions.range(after).map(|(&id, _)| id).take(limit + 1).collect();
+                for (looked, id) in ids.into_iter().enumerate() {
+                    if looked == limit {
+                        listed.more = true;
+                        break;
+                    }
+                    listed.listed_through = id;
+                    if !request.principal.is_empty() {
+                        let record = view.session(id).map_err(|e| EngineError::busy(e.to_string()))?;
+                        if record.is_none_or(|record| sessions::check_use(&record, &request.principal, "").is_err()) {
+                            continue;
+                        }
+                    }
+                    answered.push(id);
+                }
+                listed.sessions = answered.into_iter().map(|id| lease(&mut self.leases, &self.sessions, id, false)).collect();
+                LeaderResponseKind::SessionInfo(listed)
             }
             Some(LeaderRequestKind::RemoteSessions(page)) => {
                 let limit = (page.limit as usize).clamp(1, sessions::REMOTE_SESSIONS_PAGE_MAX);

@@ -18,9 +18,9 @@ use super::{descriptor, locks, path};
 /// `recursive_delete_nodes_max` bounds it instead.
 pub const RANGE_COUNT_NODES_MAX: usize = 100_000;
 
-/// The node keys `[from, to)` of a range inside the subtree of `scope`, checked: a range
+/// The path bytes `[from, to)` of a range inside the subtree of `scope`, checked: a range
 /// reaches no further than its path's subtree.
-fn node_bounds(scope: &str, from: &[u8], to: &[u8], allow_reserved: bool) -> Result<(Vec<u8>, Vec<u8>), Failure> {
+fn path_bounds(scope: &str, from: &[u8], to: &[u8], allow_reserved: bool) -> Result<(Vec<u8>, Vec<u8>), Failure> {
     path::validate(scope, allow_reserved).map_err(|e| invalid_path(scope, &e))?;
     let end = path::subtree_end(scope);
     let from = if from.is_empty() { scope.as_bytes() } else { from };
@@ -28,7 +28,46 @@ fn node_bounds(scope: &str, from: &[u8], to: &[u8], allow_reserved: bool) -> Res
     if from < scope.as_bytes() || to > end.as_bytes() {
         return Err(invalid(scope, format!("a range must lie within [{scope}, {end}), the subtree of its path")).into());
     }
-    Ok((store::node_bound(from), store::node_bound(to)))
+    Ok((from.to_vec(), to.to_vec()))
+}
+
+/// The node keys `[from, to)` of a range inside the subtree of `scope`, checked.
+fn node_bounds(scope: &str, from: &[u8], to: &[u8], allow_reserved: bool) -> Result<(Vec<u8>, Vec<u8>), Failure> {
+    let (from, to) = path_bounds(scope, from, to, allow_reserved)?;
+    Ok((store::node_bound(&from), store::node_bound(&to)))
+}
+
+/// Whether the node at `path` is structure, not data, as ranges see it: a container, or
+/// the group's root while nothing wrote it (version 0, no data, no owner).
+pub(super) fn is_structure(descriptor: Option<&GroupDescriptor>, path: &str, record: &warden_proto::namespace::NodeRecord) -> bool {
+    let stat = record.stat.unwrap_or_default();
+    let unwritten_root = path == descriptor::root(descriptor) && stat.version == 0 && record.data.is_empty() && stat.ephemeral_owner == 0;
+    stat.kind == NodeKind::Container as i32 || unwritten_root
+}
+
+/// Hands `visit` every node `request` lists (its `path`, `from`, `to`, `routing` and
+/// `owner`), in path order, until it answers false.
+pub(super) fn visit(
+    view: &TxnView<'_>,
+    descriptor: Option<&GroupDescriptor>,
+    request: &RangeRequest,
+    mut visit: impl FnMut(&str, warden_proto::namespace::NodeRecord) -> Result<bool, Failure>,
+) -> Result<(), Failure> {
+    let (from, to) = path_bounds(&request.path, &request.from, &request.to, true)?;
+    check_epoch(descriptor, request.routing.as_ref(), &request.path)?;
+    if request.owner == 0 {
+        return visit_nodes(view, descriptor, &request.path, (&store::node_bound(&from), &store::node_bound(&to)), visit);
+    }
+    // The session's ephemerals, from its index: the range itself is not scanned.
+    view.visit_ephemerals(request.owner, (&from, &to), |path| {
+        if path == "/" || !path::is_at_or_below(path, &request.path) || !descriptor::serves(descriptor, path) {
+            return Ok(true);
+        }
+        match view.node(path)? {
+            Some(record) if !is_structure(descriptor, path, &record) => visit(path, record),
+            _ => Ok(true),
+        }
+    })
 }
 
 /// Refuses a range planned on another version of the paths the group serves (WRONG_GROUP
@@ -71,9 +110,7 @@ fn visit_nodes(
             return Ok(true);
         }
         let record = store::decode_record(value)?;
-        let stat = record.stat.unwrap_or_default();
-        let unwritten_root = path == descriptor::root(descriptor) && stat.version == 0 && record.data.is_empty() && stat.ephemeral_owner == 0;
-        if stat.kind == NodeKind::Container as i32 || unwritten_root {
+        if is_structure(descriptor, path, &record) {
             return Ok(true);
         }
         visit(path, record)
@@ -89,7 +126,8 @@ pub fn scan(
     page_max: usize,
     count_max: usize,
 ) -> Result<RangeResponse, Failure> {
-    let bounds = node_bounds(&request.path, &request.from, &request.to, true)?;
+    // The bounds and the epoch are refused before the page (`visit` checks them again).
+    path_bounds(&request.path, &request.from, &request.to, true)?;
     check_epoch(descriptor, request.routing.as_ref(), &request.path)?;
     let limit = match request.limit as usize {
         0 => page_max,
@@ -97,7 +135,7 @@ pub fn scan(
         n => n,
     };
     let mut response = RangeResponse::default();
-    visit_nodes(view, descriptor, &request.path, (&bounds.0, &bounds.1), |path, record| {
+    visit(view, descriptor, request, |path, record| {
         response.count += 1;
         if response.count as usize > count_max {
             return Err(too_large(&request.path, "nodes counted by a range", response.count as usize, count_max).into());

@@ -22,6 +22,8 @@ pub use warden_placement::{home_group, session_id, SESSION_SEQUENCE_BITS};
 
 /// Remote session ids the leader lists per call.
 pub const REMOTE_SESSIONS_PAGE_MAX: usize = 4096;
+/// Home sessions the leader lists per call (`SessionInfoRequest.list_limit`'s maximum).
+pub const SESSIONS_LIST_PAGE_MAX: usize = 10_000;
 /// Session ids one `Sessions` query or `CheckSessions` call may name.
 pub const SESSION_IDS_PER_CHECK_MAX: usize = 4096;
 

@@ -144,7 +144,7 @@ fn check_held(prefix: &str, to: u64, view: &TxnView<'_>, op: Option<&CommandOp>)
     };
     match op {
         Some(CommandOp::Txn(request)) => {
-            for op in request.then.iter().chain(&request.r#else) {
+            for op in super::txn::flat_ops(request) {
                 match &op.op {
                     Some(Op::Create(create)) if create.session_id != 0 && above(&create.path) => return Err(moving(&create.path, prefix, to).into()),
                     Some(Op::Create(create)) => refuse(&create.path)?,
@@ -159,7 +159,7 @@ fn check_held(prefix: &str, to: u64, view: &TxnView<'_>, op: Option<&CommandOp>)
                     Some(Op::Delete(delete)) if inside(&delete.path) || is_strictly_below(prefix, &delete.path) => {
                         return Err(moving(&delete.path, prefix, to).into())
                     }
-                    Some(Op::Delete(_) | Op::DeleteRange(_) | Op::Get(_) | Op::Range(_)) | None => {}
+                    Some(Op::Delete(_) | Op::DeleteRange(_) | Op::Get(_) | Op::Range(_) | Op::Txn(_)) | None => {}
                 }
             }
         }

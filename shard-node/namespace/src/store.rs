@@ -500,6 +500,22 @@ impl<'a> TxnView<'a> {
         self.local.insert(key, None);
     }
 
+    /// Hands `visit` the paths in `[from, to)` (compared as bytes) of `session`'s ephemeral
+    /// nodes, in path order, until it answers false.
+    pub fn visit_ephemerals<E: From<StorageError>>(
+        &self,
+        session: u64,
+        (from, to): (&[u8], &[u8]),
+        mut visit: impl FnMut(&str) -> Result<bool, E>,
+    ) -> Result<(), E> {
+        let prefix = ephemeral_prefix(session);
+        let bound = |bytes: &[u8]| [prefix.as_slice(), bytes].concat();
+        self.visit_range(&bound(from), &bound(to), |key, _| {
+            let path = key.get(prefix.len()..).and_then(|path| std::str::from_utf8(path).ok());
+            visit(path.ok_or_else(|| StorageError::Corrupt("ephemeral index key".into()))?)
+        })
+    }
+
     /// Up to `limit` ephemeral paths of `session`, in path order; the flag says whether more follow.
     pub fn ephemerals(&self, session: u64, limit: usize) -> Result<(Vec<String>, bool), StorageError> {
         self.scan_names(&ephemeral_prefix(session), "", limit)

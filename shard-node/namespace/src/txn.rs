@@ -53,6 +53,35 @@ pub(super) enum Deleter {
     Locks,
 }
 
+/// The branch a transaction takes, and those its nested transactions on it take (in the
+/// order of their operations).
+struct Branch {
+    succeeded: bool,
+    nested: Vec<Branch>,
+}
+
+/// Whether the node `node` (`None`: missing) satisfies `compare`.
+fn holds(compare: &Compare, op: CompareOp, target: Target, node: Option<&NodeRecord>) -> bool {
+    let stat = node.and_then(|n| n.stat).unwrap_or_default();
+    let ordering = match target {
+        Target::Exists => return node.is_some() == compare.exists,
+        // A missing node compares as version 0, revision 0 and empty value, as in etcd,
+        // so `create_revision == 0` means "does not exist".
+        Target::Version => stat.version.cmp(&compare.number),
+        Target::CreateRevision => stat.create_revision.cmp(&compare.number),
+        Target::ModRevision => stat.mod_revision.cmp(&compare.number),
+        Target::Value => node.map_or(&[][..], |n| n.data.as_slice()).cmp(compare.value.as_slice()),
+        Target::Writes => node.map_or(0, |_| stat.version + 1).cmp(&compare.number),
+        Target::Owner => stat.ephemeral_owner.cmp(&compare.number),
+    };
+    match op {
+        CompareOp::Equal => ordering.is_eq(),
+        CompareOp::NotEqual => ordering.is_ne(),
+        CompareOp::Less => ordering.is_lt(),
+        CompareOp::Greater => ordering.is_gt(),
+    }
+}
+
 /// One transaction in progress.
 pub struct Txn<'v, 'a> {
     pub view: &'v mut TxnView<'a>,
@@ -79,25 +108,75 @@ pub struct Txn<'v, 'a> {
 
 /// Checks the shape of a request before anything runs (also used before proposing).
 pub fn check_request(request: &TxnRequest, limits: &Limits) -> Result<(), WardenError> {
-    let ops = request.then.len() + request.r#else.len();
+    let ops = ops_in(request);
     if ops > limits.txn_ops_max {
         return Err(too_large("", "transaction operations", ops, limits.txn_ops_max));
     }
-    for compare in &request.compares {
-        path::validate(&compare.path, true).map_err(|e| invalid_path(&compare.path, &e))?;
-        CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
-        Target::try_from(compare.target).map_err(|_| invalid(&compare.path, "unknown compare target"))?;
+    check_txn(request, limits)
+}
+
+/// Every operation of a transaction and of its nested transactions, both branches, except
+/// the nested transactions themselves.
+pub fn flat_ops(request: &TxnRequest) -> Vec<&TxnOp> {
+    let mut ops = Vec::new();
+    for op in request.then.iter().chain(&request.r#else) {
+        match &op.op {
+            Some(Op::Txn(nested)) => ops.extend(flat_ops(nested)),
+            _ => ops.push(op),
+        }
     }
-    // `op_index` of a validation error counts the `then` operations first, then `else`.
+    ops
+}
+
+/// Every compare of a transaction and of its nested transactions.
+pub fn flat_compares(request: &TxnRequest) -> Vec<&Compare> {
+    let nested = request.then.iter().chain(&request.r#else).filter_map(|op| match &op.op {
+        Some(Op::Txn(nested)) => Some(nested),
+        _ => None,
+    });
+    request.compares.iter().chain(nested.flat_map(flat_compares)).collect()
+}
+
+/// The operations of a transaction, those of its nested transactions counted too (a
+/// nested transaction is one operation itself).
+fn ops_in(request: &TxnRequest) -> usize {
+    let nested = |op: &TxnOp| match &op.op {
+        Some(Op::Txn(nested)) => ops_in(nested),
+        _ => 0,
+    };
+    request.then.iter().chain(&request.r#else).map(|op| 1 + nested(op)).sum()
+}
+
+/// Checks a transaction's compares and operations (nested ones included).
+fn check_txn(request: &TxnRequest, limits: &Limits) -> Result<(), WardenError> {
+    for compare in &request.compares {
+        check_compare(compare)?;
+    }
+    // `op_index` of a validation error counts the `then` operations first, then `else`
+    // (in a nested transaction, it is the index of the nested transaction's operation).
     for (index, op) in request.then.iter().chain(&request.r#else).enumerate() {
         check_op(op, limits).map_err(|error| WardenError { op_index: index as u32, ..error })?;
     }
     Ok(())
 }
 
+fn check_compare(compare: &Compare) -> Result<(), WardenError> {
+    path::validate(&compare.path, true).map_err(|e| invalid_path(&compare.path, &e))?;
+    CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
+    Target::try_from(compare.target).map_err(|_| invalid(&compare.path, "unknown compare target"))?;
+    for range in &compare.ranges {
+        path::validate(&range.path, true).map_err(|e| invalid_path(&range.path, &e))?;
+    }
+    match compare.ranges.first() {
+        Some(first) if first.path != compare.path => Err(invalid(&compare.path, "a compare over ranges has its first range's path")),
+        _ => Ok(()),
+    }
+}
+
 fn check_op(op: &TxnOp, limits: &Limits) -> Result<(), WardenError> {
     match &op.op {
         None => return Err(invalid("", "transaction operation without a body")),
+        Some(Op::Txn(nested)) => check_txn(nested, limits)?,
         Some(Op::Create(create)) => {
             path::validate(&create.path, false).map_err(|e| invalid_path(&create.path, &e))?;
             if create.data.len() > limits.value_bytes_max {
@@ -147,6 +226,14 @@ impl Txn<'_, '_> {
     /// Runs the transaction. On `Err`, the view must be discarded.
     pub fn run(&mut self, request: &TxnRequest) -> Result<TxnResponse, Failure> {
         check_request(request, self.limits)?;
+        // Every compare, those of nested transactions too, sees the state before any
+        // operation runs (etcd's order).
+        let branch = self.branch(request)?;
+        self.execute(request, branch)
+    }
+
+    /// Which branch `request` and each nested transaction on it take.
+    fn branch(&self, request: &TxnRequest) -> Result<Branch, Failure> {
         let mut succeeded = true;
         for compare in &request.compares {
             if !self.compare(compare)? {
@@ -155,43 +242,69 @@ impl Txn<'_, '_> {
             }
         }
         let ops = if succeeded { &request.then } else { &request.r#else };
+        let nested = ops
+            .iter()
+            .filter_map(|op| match &op.op {
+                Some(Op::Txn(nested)) => Some(self.branch(nested)),
+                _ => None,
+            })
+            .collect::<Result<_, _>>()?;
+        Ok(Branch { succeeded, nested })
+    }
+
+    /// Runs the operations of the branch `branch` of `request`.
+    fn execute(&mut self, request: &TxnRequest, branch: Branch) -> Result<TxnResponse, Failure> {
+        let ops = if branch.succeeded { &request.then } else { &request.r#else };
+        let mut nested = branch.nested.into_iter();
         let mut results = Vec::with_capacity(ops.len());
         for (index, op) in ops.iter().enumerate() {
-            let result = self.op(op).map_err(|failure| match failure {
+            let result = match &op.op {
+                Some(Op::Txn(inner)) => match nested.next() {
+                    Some(branch) => self.execute(inner, branch).map(OpResult::Txn),
+                    None => Err(Failure::Storage(StorageError::Corrupt("a nested transaction without its branch".into()))),
+                },
+                _ => self.op(op),
+            };
+            let result = result.map_err(|failure| match failure {
                 Failure::Refused(error) => Failure::Refused(WardenError { op_index: index as u32, ..error }),
                 storage => storage,
             })?;
             results.push(TxnOpResult { result: Some(result) });
         }
-        Ok(TxnResponse { header: None, succeeded, results })
+        Ok(TxnResponse { header: None, succeeded: branch.succeeded, results })
     }
 
     fn compare(&self, compare: &Compare) -> Result<bool, Failure> {
-        let node = self.node(&compare.path)?;
-        let stat = node.as_ref().and_then(|n| n.stat).unwrap_or_default();
         let op = CompareOp::try_from(compare.op).map_err(|_| invalid(&compare.path, "unknown compare op"))?;
         let target = Target::try_from(compare.target).map_err(|_| invalid(&compare.path, "unknown compare target"))?;
-        let ordering = match target {
-            Target::Exists => return Ok(node.is_some() == compare.exists),
-            // A missing node compares as version 0, revision 0 and empty value, as in etcd,
-            // so `create_revision == 0` means "does not exist".
-            Target::Version => stat.version.cmp(&compare.number),
-            Target::CreateRevision => stat.create_revision.cmp(&compare.number),
-            Target::ModRevision => stat.mod_revision.cmp(&compare.number),
-            Target::Value => node.as_ref().map_or(&[][..], |n| n.data.as_slice()).cmp(compare.value.as_slice()),
-            Target::Writes => node.as_ref().map_or(0, |_| stat.version + 1).cmp(&compare.number),
-            Target::Owner => stat.ephemeral_owner.cmp(&compare.number),
-        };
-        Ok(match op {
-            CompareOp::Equal => ordering.is_eq(),
-            CompareOp::NotEqual => ordering.is_ne(),
-            CompareOp::Less => ordering.is_lt(),
-            CompareOp::Greater => ordering.is_gt(),
-        })
+        if compare.ranges.is_empty() {
+            let node = self.node(&compare.path)?;
+            let node = node.filter(|node| !(compare.containers_absent && super::ranges::is_structure(self.descriptor, &compare.path, node)));
+            return Ok(holds(compare, op, target, node.as_ref()));
+        }
+        // etcd's compare over a key range: every node listed must satisfy it.
+        let nodes_max = self.limits.recursive_delete_nodes_max;
+        let (mut listed, mut all_hold) = (0usize, true);
+        for range in &compare.ranges {
+            super::ranges::visit(self.view, self.descriptor, range, |_, record| {
+                listed += 1;
+                if listed > nodes_max {
+                    return Err(too_large(&compare.path, "nodes of a compare over ranges", listed, nodes_max).into());
+                }
+                all_hold = holds(compare, op, target, Some(&record));
+                Ok(all_hold)
+            })?;
+            if !all_hold {
+                return Ok(false);
+            }
+        }
+        // No node: one missing node is compared, whose value (none) no value compare matches.
+        Ok(listed > 0 || (target != Target::Value && holds(compare, op, target, None)))
     }
 
     fn op(&mut self, op: &TxnOp) -> Result<OpResult, Failure> {
         Ok(match &op.op {
+            Some(Op::Txn(_)) => return Err(invalid("", "a nested transaction runs only inside a transaction").into()),
             Some(Op::Create(create)) => OpResult::Create(self.create(create)?),
             Some(Op::Set(set)) => OpResult::Set(self.set(set)?),
             Some(Op::Delete(delete)) => OpResult::Delete(self.delete(delete)?),

@@ -229,6 +229,7 @@ impl Model {
         for op in request.then.iter().chain(&request.r#else) {
             match &op.op {
                 None => return Err(fail(Code::InvalidArgument, "")),
+                Some(Op::Txn(_)) => unreachable!("the model generates no nested transactions"),
                 Some(Op::Create(c)) => {
                     if !path_ok(&c.path, false) {
                         return Err(fail(Code::InvalidPath, &c.path));
@@ -447,6 +448,7 @@ impl Work<'_> {
             Op::Put(p) => OpResult::Put(self.put(p)?),
             Op::Range(r) => OpResult::Range(range_of(&self.nodes, r, self.limits.children_page_max, self.limits.recursive_delete_nodes_max)?),
             Op::DeleteRange(d) => OpResult::DeleteRange(self.delete_range(d)?),
+            Op::Txn(_) => unreachable!("the model generates no nested transactions"),
         })
     }
 
@@ -1243,7 +1245,7 @@ impl Run {
             NumberSpec::Literal(n) => n,
         };
         let value = spec.value.clone().unwrap_or_else(|| node.map(|n| n.data.clone()).unwrap_or_default());
-        Compare { path, target: spec.target, op: spec.op, number, value, exists: spec.exists }
+        Compare { path, target: spec.target, op: spec.op, number, value, exists: spec.exists, ..Compare::default() }
     }
 
     fn txn_request(&self, spec: &TxnSpec) -> TxnRequest {

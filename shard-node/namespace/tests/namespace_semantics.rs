@@ -263,3 +263,143 @@ fn garbage_commands_change_nothing_and_state_survives_restart() {
     assert_eq!(ns.get("/keep").expect("get").data, b"v");
     assert_eq!(ns.revision().expect("revision"), revision);
 }
+
+fn put(path: &str, session_id: u64) -> TxnOp {
+    op(Op::Put(PutRequest { path: path.into(), data: b"v".to_vec(), session_id, ..PutRequest::default() }))
+}
+
+fn succeeded(ns: &mut warden_testkit::harness::Harness, compares: Vec<Compare>) -> bool {
+    ns.txn(TxnRequest { compares, ..TxnRequest::default() }).expect("txn").succeeded
+}
+
+#[test]
+fn a_compare_with_containers_absent_sees_a_container_as_a_missing_node() {
+    let mut ns = harness();
+    ns.txn(TxnRequest { then: vec![put("/jobs/1", 0)], ..TxnRequest::default() }).expect("put");
+    assert_eq!(ns.exists("/jobs").expect("exists").expect("container").kind, NodeKind::Container as i32);
+    let absent = |compare: Compare| Compare { containers_absent: true, ..compare };
+    assert!(!succeeded(&mut ns, vec![compare("/jobs", Target::Writes, CmpOp::Equal, 0)]), "natively the container exists");
+    assert!(succeeded(&mut ns, vec![absent(compare("/jobs", Target::Writes, CmpOp::Equal, 0))]));
+    assert!(succeeded(&mut ns, vec![absent(compare("/jobs", Target::CreateRevision, CmpOp::Equal, 0))]));
+    assert!(succeeded(&mut ns, vec![absent(compare("/jobs", Target::ModRevision, CmpOp::Equal, 0))]));
+    let exists = Compare { path: "/jobs".into(), target: Target::Exists as i32, exists: true, ..Compare::default() };
+    assert!(!succeeded(&mut ns, vec![absent(exists)]));
+    assert!(succeeded(&mut ns, vec![absent(compare("/jobs/1", Target::Writes, CmpOp::Equal, 1))]), "a key is no container");
+    // A put on the container makes it a key.
+    ns.txn(TxnRequest { then: vec![put("/jobs", 0)], ..TxnRequest::default() }).expect("put");
+    assert!(succeeded(&mut ns, vec![absent(compare("/jobs", Target::Writes, CmpOp::Equal, 1))]));
+}
+
+fn range(path: &str, from: &str, to: &str) -> RangeRequest {
+    RangeRequest { path: path.into(), from: from.as_bytes().to_vec(), to: to.as_bytes().to_vec(), ..RangeRequest::default() }
+}
+
+fn over(ranges: Vec<RangeRequest>, target: Target, op: CmpOp, number: u64) -> Compare {
+    Compare { path: ranges[0].path.clone(), ranges, ..compare("", target, op, number) }
+}
+
+#[test]
+fn a_compare_over_ranges_holds_when_every_node_listed_satisfies_it() {
+    let mut ns = harness();
+    ns.txn(TxnRequest { then: vec![put("/r/a", 0)], ..TxnRequest::default() }).expect("put");
+    let first = ns.revision().expect("revision");
+    ns.txn(TxnRequest { then: vec![put("/r/b", 0), put("/r/c/d", 0)], ..TxnRequest::default() }).expect("put");
+    let second = ns.revision().expect("revision");
+    let all = || vec![range("/r", "/r/", "/r0")];
+    assert!(succeeded(&mut ns, vec![over(all(), Target::CreateRevision, CmpOp::Greater, 0)]));
+    assert!(succeeded(&mut ns, vec![over(all(), Target::ModRevision, CmpOp::Less, second + 1)]));
+    assert!(!succeeded(&mut ns, vec![over(all(), Target::ModRevision, CmpOp::Equal, first)]), "/r/b was written later");
+    assert!(succeeded(&mut ns, vec![over(vec![range("/r", "/r/a", "/r/b")], Target::ModRevision, CmpOp::Equal, first)]));
+    let container_only = || vec![range("/r/c", "/r/c", "/r/c\0")];
+    assert!(succeeded(&mut ns, vec![over(container_only(), Target::Writes, CmpOp::Equal, 0)]), "a container is not listed");
+    // Several ranges count as one: each node of each must satisfy the compare.
+    let two = vec![range("/r", "/r/a", "/r/b"), range("/r", "/r/b", "/r/c")];
+    assert!(!succeeded(&mut ns, vec![over(two, Target::ModRevision, CmpOp::Equal, first)]));
+    // No node: one missing node is compared; a value compare of it fails.
+    let empty = || vec![range("/r", "/r/x", "/r/y")];
+    assert!(succeeded(&mut ns, vec![over(empty(), Target::Writes, CmpOp::Equal, 0)]));
+    assert!(succeeded(&mut ns, vec![over(empty(), Target::CreateRevision, CmpOp::Equal, 0)]));
+    let value = Compare { target: Target::Value as i32, value: Vec::new(), ..over(empty(), Target::Value, CmpOp::Equal, 0) };
+    assert!(!succeeded(&mut ns, vec![value]));
+    let value = Compare { value: b"v".to_vec(), ..over(all(), Target::Value, CmpOp::Equal, 0) };
+    assert!(succeeded(&mut ns, vec![value]));
+    // The compare's path is its first range's.
+    let astray = Compare { path: "/elsewhere".into(), ..over(all(), Target::Writes, CmpOp::Greater, 0) };
+    assert_eq!(code(ns.txn(TxnRequest { compares: vec![astray], ..TxnRequest::default() })), Code::InvalidArgument);
+}
+
+#[test]
+fn nested_transactions_take_the_branches_their_compares_chose_before_any_operation() {
+    let mut ns = harness();
+    let absent = |path: &str| compare(path, Target::Writes, CmpOp::Equal, 0);
+    // The nested compare sees /n/x missing although the outer put before it created it.
+    let nested = TxnRequest { compares: vec![absent("/n/x")], then: vec![put("/n/y", 0)], r#else: vec![put("/n/z", 0)], routing: None };
+    let outer = TxnRequest { compares: vec![absent("/n/x")], then: vec![put("/n/x", 0), op(Op::Txn(nested.clone()))], ..TxnRequest::default() };
+    let before = ns.revision().expect("revision");
+    let response = ns.txn(outer.clone()).expect("txn");
+    assert!(response.succeeded);
+    match &response.results[1].result {
+        Some(OpResult::Txn(inner)) => assert!(inner.succeeded && inner.results.len() == 1, "{inner:?}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(ns.exists("/n/y").expect("exists").is_some() && ns.exists("/n/z").expect("exists").is_none());
+    assert_eq!(ns.revision().expect("revision"), before + 1, "one revision for the whole tree");
+    // Now /n/x exists: the outer else runs, holding the nested transaction, which takes its else.
+    let outer = TxnRequest { r#else: vec![op(Op::Txn(nested))], ..outer };
+    let response = ns.txn(outer).expect("txn");
+    assert!(!response.succeeded);
+    match &response.results[0].result {
+        Some(OpResult::Txn(inner)) => assert!(!inner.succeeded, "{inner:?}"),
+        other => panic!("unexpected {other:?}"),
+    }
+    assert!(ns.exists("/n/z").expect("exists").is_some());
+    // A failing nested operation undoes the whole tree, and names the outer operation.
+    let failing = TxnRequest { then: vec![op(Op::Create(create("/n/x")))], ..TxnRequest::default() };
+    let outer = TxnRequest { then: vec![put("/n/w", 0), op(Op::Txn(failing))], ..TxnRequest::default() };
+    let error = ns.txn(outer).expect_err("nested create fails");
+    assert_eq!((Code::try_from(error.code).ok(), error.op_index), (Some(Code::NodeExists), 1));
+    assert!(ns.exists("/n/w").expect("exists").is_none());
+    // Nested operations count against the transaction's operations.
+    let inner = TxnRequest { then: (0..100).map(|i| op(Op::Create(create(&format!("/m{i}"))))).collect(), ..TxnRequest::default() };
+    let many = TxnRequest {
+        then: (0..40).map(|i| op(Op::Create(create(&format!("/o{i}"))))).chain([op(Op::Txn(inner))]).collect(),
+        ..TxnRequest::default()
+    };
+    assert_eq!(code(ns.txn(many)), Code::TooLarge);
+}
+
+#[test]
+fn a_range_of_an_owner_lists_only_that_sessions_nodes() {
+    let mut ns = harness();
+    let session = ns.create_session(10_000).expect("session").session_id;
+    let other = ns.create_session(10_000).expect("session").session_id;
+    let puts = vec![put("/e/a", session), put("/e/b", 0), put("/e/c", other), put("/f/d", session)];
+    ns.txn(TxnRequest { then: puts, ..TxnRequest::default() }).expect("puts");
+    let owned = |path: &str, from: &str, to: &str| {
+        let answer = ns.range(RangeRequest { owner: session, ..range(path, from, to) }).expect("range");
+        (answer.nodes.into_iter().map(|node| node.path).collect::<Vec<_>>(), answer.count)
+    };
+    assert_eq!(owned("/", "/", "0"), (vec!["/e/a".to_string(), "/f/d".to_string()], 2));
+    assert_eq!(owned("/e", "/e/", "/e0"), (vec!["/e/a".to_string()], 1));
+    assert_eq!(owned("/f", "/f/e", "/f0"), (Vec::new(), 0));
+}
+
+#[test]
+fn the_leader_lists_the_home_sessions_page_by_page() {
+    use warden_proto::namespace::leader_request::Request as Ask;
+    use warden_proto::namespace::leader_response::Response as Answer;
+    use warden_proto::namespace::RemoteSessionsPage;
+    let mut ns = harness();
+    ns.set_leading(true, 0);
+    let ids: Vec<u64> = (0..3).map(|_| ns.create_session(10_000).expect("session").session_id).collect();
+    let mut page = |after: u64, limit: u32| match ns.leader_call(Ask::HomeSessions(RemoteSessionsPage { after, limit }), 1_000).expect("listing") {
+        Answer::SessionInfo(listed) => listed,
+        other => panic!("unexpected {other:?}"),
+    };
+    let first = page(0, 2);
+    assert_eq!(first.sessions.iter().map(|lease| lease.session_id).collect::<Vec<_>>(), ids[..2]);
+    assert!(first.more && first.listed_through == ids[1] && first.sessions.iter().all(|lease| lease.alive));
+    let rest = page(first.listed_through, 2);
+    assert_eq!(rest.sessions.iter().map(|lease| lease.session_id).collect::<Vec<_>>(), ids[2..]);
+    assert!(!rest.more);
+}

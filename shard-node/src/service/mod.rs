@@ -695,7 +695,13 @@ impl Warden for WardenService {
         let principal = self.admit(&request)?.principal_or_empty();
         let request = request.into_inner();
         let group = Self::session_group(request.routing.as_ref(), &[request.session_id])?;
-        match self.leader_call(group, LeaderRequestKind::SessionInfo(request.session_id), &principal, timeout).await? {
+        let kind = match request.session_id {
+            0 => {
+                LeaderRequestKind::HomeSessions(warden_proto::namespace::RemoteSessionsPage { after: request.list_after, limit: request.list_limit })
+            }
+            id => LeaderRequestKind::SessionInfo(id),
+        };
+        match self.leader_call(group, kind, &principal, timeout).await? {
             (LeaderResponseKind::SessionInfo(response), header) => Ok(Response::new(SessionInfoResponse { header: Some(header), ..response })),
             _ => Err(internal("mismatched result".into())),
         }
