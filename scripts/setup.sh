@@ -26,6 +26,9 @@ command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 command -v nft >/dev/null 2>&1 || missing+=(nftables)
 command -v iptables >/dev/null 2>&1 || missing+=(iptables)
 command -v etcdctl >/dev/null 2>&1 || missing+=(etcd-client)
+# A real etcd (Debian's, package `etcd-server`): tests/suite/etcdctl_vs_etcd.rs compares
+# etcdctl's output from the router's etcd API with its output from etcd.
+command -v etcd >/dev/null 2>&1 || missing+=(etcd-server)
 if [ ${#missing[@]} -ne 0 ]; then
   echo "setup: installing ${missing[*]}"
   sudo_cmd=""

@@ -2,13 +2,18 @@
 //! driven by etcd's Rust client (`etcd-client`): locks held in turn with growing fencing
 //! tokens (the header's revision), handed on when a holder's lease is revoked, waiters
 //! removed when their caller hangs up, stale keys unlocking nothing; elections led in turn
-//! with growing revisions, values proclaimed only by the leader and observed.
+//! with growing revisions, values proclaimed only by the leader and observed; and, with real
+//! `warden` processes, a lock held through the SIGKILL of its group's leader.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use etcd_client::{Client, GetOptions, LeaderKey, LockOptions, ObserveStream, ProclaimOptions, ResignOptions};
 use tonic::transport::Channel;
 use warden_proto::v1::warden_client::WardenClient;
-use warden_proto::v1::LockInfoRequest;
+use warden_proto::v1::{GetRequest, LockInfoRequest};
 
+use crate::support::processes::{self, ProcessCluster, STEP_TIMEOUT};
 use crate::support::routed::{client, cluster_with_groups, start_router_with_etcd, TIMEOUT};
 
 async fn etcd_client(addr: std::net::SocketAddr) -> Client {
@@ -146,4 +151,125 @@ async fn etcd_elections_are_led_in_turn_with_growing_revisions() {
     etcd.resign(Some(ResignOptions::new().with_leader(second))).await.expect("resign");
     let refused = etcd.leader(ELECTION).await.expect_err("no leader left");
     assert!(refused.to_string().contains("election: no leader"), "{refused}");
+}
+
+/// A lease renewed every [`RENEW_EVERY`] as etcd's clients renew theirs, on a keepalive
+/// stream opened again whenever it ends (a router that cannot reach the lease's group in
+/// time ends the stream with the error, and clients open another).
+struct KeptAlive {
+    task: tokio::task::JoinHandle<()>,
+    /// When each renewal was answered, and the TTL it answered (0: the lease had ended).
+    renewals: Arc<Mutex<Vec<(Instant, i64)>>>,
+}
+
+/// How often [`KeptAlive`] renews its lease.
+const RENEW_EVERY: Duration = Duration::from_secs(1);
+
+impl KeptAlive {
+    fn start(mut etcd: Client, lease: i64) -> KeptAlive {
+        let renewals = Arc::new(Mutex::new(Vec::new()));
+        let record = renewals.clone();
+        let task = tokio::spawn(async move {
+            loop {
+                // Opening the stream renews the lease once (the client reads that answer).
+                if let Ok((mut keeper, mut answers)) = etcd.lease_keep_alive(lease).await {
+                    while keeper.keep_alive().await.is_ok() {
+                        let Ok(Ok(Some(answer))) = tokio::time::timeout(TIMEOUT, answers.message()).await else { break };
+                        record.lock().expect("renewals").push((Instant::now(), answer.ttl()));
+                        tokio::time::sleep(RENEW_EVERY).await;
+                    }
+                }
+                tokio::time::sleep(RENEW_EVERY).await;
+            }
+        });
+        KeptAlive { task, renewals }
+    }
+
+    /// The TTL of the last renewal answered after `after`, if any.
+    fn renewed_after(&self, after: Instant) -> Option<i64> {
+        self.renewals.lock().expect("renewals").iter().rev().find(|(at, _)| *at > after).map(|(_, ttl)| *ttl)
+    }
+
+    /// Every renewal answered so far (the time and the TTL answered).
+    fn renewals(&self) -> Vec<(Instant, i64)> {
+        self.renewals.lock().expect("renewals").clone()
+    }
+}
+
+impl Drop for KeptAlive {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A user holding a lock through etcd's lock service, its lease kept alive, keeps it when
+/// the leader of the lock's group dies (SIGKILL of a real `warden node`): after the
+/// failover its keepalives still renew the lease, past a whole TTL from the new leader's
+/// election; another client's `Lock` waits while it holds the lock and gets it once it
+/// unlocks, with a strictly greater fencing token (the revision); and once the killed node
+/// is back on its data directory, the lock is handed on again when the holder's lease is
+/// revoked, with a greater token still.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_etcd_lock_is_held_through_a_leader_kill_and_handed_on_with_greater_tokens() {
+    const LOCK: &str = "/locks/deploy";
+    /// Short, so the test waits a whole TTL after the failover in a few seconds; long enough
+    /// for a renewal to get through while the router finds the new leader.
+    const LEASE_TTL_S: i64 = 5;
+    // Only the root group: the lock and both leases (sessions homed there) live in the group
+    // whose leader dies.
+    let mut cluster = ProcessCluster::start(&[]).await;
+    let (_etcd_router, router_addr, etcd_addr) = cluster.start_etcd_router().await;
+    let mut native = WardenClient::new(processes::channel(&router_addr, Duration::from_secs(10)));
+    let (mut holder, mut contender) = (etcd_client(etcd_addr).await, etcd_client(etcd_addr).await);
+    let a = holder.lease_grant(LEASE_TTL_S, None).await.expect("grant").id();
+    let b = contender.lease_grant(LEASE_TTL_S, None).await.expect("grant").id();
+    let kept_a = KeptAlive::start(holder.clone(), a);
+    let kept_b = KeptAlive::start(contender.clone(), b);
+    let first = holder.lock(LOCK, Some(LockOptions::new().with_lease(a))).await.expect("lock");
+    assert_eq!(lock_queue(&mut native, LOCK).await, (vec![a], vec![]));
+
+    let got = native.get(GetRequest { path: LOCK.into(), ..GetRequest::default() }).await.expect("read the lock's node").into_inner();
+    let group = got.header.expect("a header").group_id;
+    let leader = warden_testkit::wait_until("a leader of the lock's group", STEP_TIMEOUT, || cluster.group_leader(group, None)).await;
+    cluster.kill(leader);
+    let successor = warden_testkit::wait_until("a new leader of the lock's group", STEP_TIMEOUT, || cluster.group_leader(group, Some(leader))).await;
+    let elected_by = Instant::now();
+    eprintln!("node {leader} (leader of group {group}) SIGKILLed; node {successor} leads it");
+
+    // The new leader re-grants every lease a full TTL when it is elected: a renewal answered
+    // more than a TTL after that shows the keepalives themselves kept the lease.
+    let renewed_past = elected_by + Duration::from_secs(LEASE_TTL_S as u64 + 1);
+    let ttl = warden_testkit::wait_until("a renewal of the holder's lease a TTL after the failover", STEP_TIMEOUT, async || {
+        kept_a.renewed_after(renewed_past)
+    })
+    .await;
+    assert_eq!(ttl, LEASE_TTL_S, "the renewal answers the granted TTL: the lease lives");
+    assert!(holder.lease_time_to_live(a, None).await.expect("time to live").ttl() > 0, "the holder's lease is alive");
+    assert_eq!(lock_queue(&mut native, LOCK).await, (vec![a], vec![]), "the holder keeps the lock through the failover");
+
+    // A second client's Lock waits while the first holds it, and gets it once it unlocks.
+    let mut waiting = contender.clone();
+    let second = tokio::spawn(async move { waiting.lock(LOCK, Some(LockOptions::new().with_lease(b))).await });
+    warden_testkit::wait_until("the second client waits", TIMEOUT, async || lock_queue(&mut native, LOCK).await == (vec![a], vec![b])).await;
+    assert!(!second.is_finished(), "the second client must wait while the first holds the lock");
+    holder.unlock(first.key()).await.expect("unlock");
+    let second = tokio::time::timeout(TIMEOUT, second).await.expect("the second client holds in time").expect("task").expect("lock");
+    assert!(token(&second) > token(&first), "fencing tokens grow across the failover: {} after {}", token(&second), token(&first));
+    assert_eq!(lock_queue(&mut native, LOCK).await, (vec![b], vec![]));
+
+    // The killed node comes back on its data directory; the lock goes on working: the first
+    // client waits again and gets the lock when the second's lease is revoked.
+    cluster.restart(leader);
+    cluster.wait_caught_up(leader, &[group]).await;
+    let mut relocking = holder.clone();
+    let third = tokio::spawn(async move { relocking.lock(LOCK, Some(LockOptions::new().with_lease(a))).await });
+    warden_testkit::wait_until("the first client waits again", TIMEOUT, async || lock_queue(&mut native, LOCK).await == (vec![b], vec![a])).await;
+    drop(kept_b);
+    contender.lease_revoke(b).await.expect("revoke the second client's lease");
+    let third = tokio::time::timeout(TIMEOUT, third).await.expect("the first client holds again in time").expect("task").expect("lock");
+    assert!(token(&third) > token(&second), "fencing tokens grow: {} after {}", token(&third), token(&second));
+    holder.unlock(third.key()).await.expect("unlock");
+    assert_eq!(lock_queue(&mut native, LOCK).await, (vec![], vec![]));
+    let lost: Vec<_> = kept_a.renewals().into_iter().filter(|(_, ttl)| *ttl <= 0).collect();
+    assert!(lost.is_empty(), "a renewal of the holder's lease found it ended: {lost:?}");
 }

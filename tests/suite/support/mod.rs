@@ -2,6 +2,7 @@
 //! processes, histories and their checks, routed clusters, watch streams, workloads.
 
 pub mod api;
+pub mod etcdctl;
 pub mod fleet;
 pub mod history;
 pub mod moving;

@@ -197,6 +197,26 @@ impl ProcessCluster {
         WardenClient::new(channel(&self.router_addr, Duration::from_secs(10)))
     }
 
+    /// Starts one more `warden router`, beside the cluster's own, that also serves etcd's v3
+    /// API (`--etcd-listen`), both on fresh loopback ports, and waits until it answers (it
+    /// binds its etcd port before it serves). Answers the process (killed when dropped),
+    /// its Warden address (`host:port`) and its etcd address.
+    pub async fn start_etcd_router(&self) -> (Process, String, std::net::SocketAddr) {
+        let dir = self.dir.as_ref().expect("the cluster's directory").path();
+        let base = warden_testkit::free_port_base(&[0, 1]);
+        let (listen, etcd) = (format!("127.0.0.1:{base}"), std::net::SocketAddr::from(([127, 0, 0, 1], base + 1)));
+        let etcd_listen = etcd.to_string();
+        let args = ["router", "--listen", &listen, "--seeds", &self.seeds, "--etcd-listen", &etcd_listen];
+        let process = spawn(&args, &dir.join("etcd-router.log"));
+        let router = WardenClient::new(channel(&listen, Duration::from_secs(10)));
+        wait_until("the etcd router answers", STEP_TIMEOUT, || {
+            let mut router = router.clone();
+            async move { router.sync(SyncRequest::default()).await.ok() }
+        })
+        .await;
+        (process, listen, etcd)
+    }
+
     /// Starts one more node (the next id) that knows every node so far; it registers with
     /// placement through its heartbeats, and the others learn its address from placement.
     /// Returns its id.
