@@ -430,6 +430,24 @@ fn txn_answer(txn: &pb::TxnRequest, shape: TxnShape, answer: w::TxnResponse) -> 
     Ok(pb::TxnResponse { header: None, succeeded: answer.succeeded, responses })
 }
 
+/// Gives each operation's response in a transaction (nested ones too) a header holding only
+/// the transaction's revision, as etcd does (`etcdctl txn -w json` prints them).
+fn stamp_op_headers(responses: &mut [pb::ResponseOp], revision: i64) {
+    let header = || Some(pb::ResponseHeader { revision, ..pb::ResponseHeader::default() });
+    for response in responses {
+        match &mut response.response {
+            Some(response_op::Response::ResponsePut(put)) => put.header = header(),
+            Some(response_op::Response::ResponseRange(range)) => range.header = header(),
+            Some(response_op::Response::ResponseDeleteRange(delete)) => delete.header = header(),
+            Some(response_op::Response::ResponseTxn(txn)) => {
+                txn.header = header();
+                stamp_op_headers(&mut txn.responses, revision);
+            }
+            None => {}
+        }
+    }
+}
+
 /// The etcd answer of a nested transaction operation from its Warden result.
 fn nested_answer(op: &pb::RequestOp, shape: TxnShape, result: Option<w::TxnOpResult>) -> Result<pb::ResponseOp, Status> {
     match (&op.request, result.and_then(|result| result.result)) {
@@ -588,7 +606,8 @@ impl pb::kv_server::Kv for EtcdService {
         }
         let answer = Warden::txn(&self.router, inner(&metadata, &extensions, translated.request)).await.map_err(etcd_status)?.into_inner();
         let revision = answer.header.map_or(0, |h| h.revision);
-        let answer = txn_answer(&request, translated.shape, answer)?;
+        let mut answer = txn_answer(&request, translated.shape, answer)?;
+        stamp_op_headers(&mut answer.responses, super::etcd_revision(revision));
         Ok(Response::new(pb::TxnResponse { header: self.header(revision), ..answer }))
     }
 
