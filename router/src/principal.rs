@@ -1,6 +1,7 @@
-//! Whom the router forwards each call for. [`WithPrincipal`] wraps the router's
-//! public service: every call runs in a task-local scope naming the principal its
-//! connection's client certificate proved, and every request the router sends a node in
+//! Whom the router forwards each call for. [`WithPrincipal`] wraps each of the router's
+//! public services: every call runs in a task-local scope naming the principal its
+//! connection's client certificate or bearer token proved (or, first, an [`Authenticate`]
+//! step: the etcd API's tokens name their users), and every request the router sends a node in
 //! that scope ([`crate::batch::Upstream::forward`], the watch proxy) carries it in the
 //! [`PRINCIPAL_HEADER`] metadata (or its batch item's `principal`). A node believes that
 //! header only over a connection whose certificate is a router's. Streams the router serves
@@ -38,27 +39,55 @@ pub fn name_in<T>(request: &mut tonic::Request<T>) {
     }
 }
 
-/// The router's public service, each call in the scope of its principal.
-#[derive(Clone)]
-pub struct WithPrincipal<S> {
-    inner: S,
+/// A step that runs before a call's principal is read, and may answer the call itself:
+/// the etcd API's token check names the token's user as the caller.
+pub trait Authenticate: Clone + Send + Sync + 'static {
+    /// Prepares `request` (e.g. replaces its [`PeerInfo`]'s identity), or refuses it with
+    /// the status to answer.
+    fn authenticate(&self, request: &mut http::Request<Body>) -> impl Future<Output = Result<(), tonic::Status>> + Send;
 }
 
-impl<S> WithPrincipal<S> {
-    /// Wraps `inner`.
-    pub fn new(inner: S) -> WithPrincipal<S> {
-        WithPrincipal { inner }
+/// No step before: the connection's client certificate or bearer token names the caller.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ByConnection;
+
+impl Authenticate for ByConnection {
+    async fn authenticate(&self, _request: &mut http::Request<Body>) -> Result<(), tonic::Status> {
+        Ok(())
     }
 }
 
-impl<S: NamedService> NamedService for WithPrincipal<S> {
+/// A public service of the router, each call in the scope of its principal (found by
+/// `A`, then read from the connection).
+#[derive(Clone)]
+pub struct WithPrincipal<S, A = ByConnection> {
+    inner: S,
+    authenticate: A,
+}
+
+impl<S> WithPrincipal<S> {
+    /// Wraps `inner`: the connection names each call's principal.
+    pub fn new(inner: S) -> WithPrincipal<S> {
+        WithPrincipal { inner, authenticate: ByConnection }
+    }
+}
+
+impl<S, A: Authenticate> WithPrincipal<S, A> {
+    /// Wraps `inner`: `authenticate` runs first on each call.
+    pub fn authenticated(inner: S, authenticate: A) -> WithPrincipal<S, A> {
+        WithPrincipal { inner, authenticate }
+    }
+}
+
+impl<S: NamedService, A> NamedService for WithPrincipal<S, A> {
     const NAME: &'static str = S::NAME;
 }
 
-impl<S> Service<http::Request<Body>> for WithPrincipal<S>
+impl<S, A> Service<http::Request<Body>> for WithPrincipal<S, A>
 where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible>,
+    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible> + Clone + Send + 'static,
     S::Future: Send + 'static,
+    A: Authenticate,
 {
     type Response = http::Response<Body>;
     type Error = Infallible;
@@ -68,8 +97,17 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: http::Request<Body>) -> Self::Future {
-        Box::pin(CURRENT.scope(principal_of(&request), self.inner.call(request)))
+    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
+        // The service made ready is the one called; its clone waits for the next call.
+        let ready = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready);
+        let authenticate = self.authenticate.clone();
+        Box::pin(async move {
+            if let Err(status) = authenticate.authenticate(&mut request).await {
+                return Ok(status.into_http());
+            }
+            CURRENT.scope(principal_of(&request), inner.call(request)).await
+        })
     }
 }
 

@@ -6,23 +6,20 @@
 //! made from a version); the ACL changes go to placement as the caller's own `ChangeAcl` and
 //! `ChangeAclGroup`, so only an administrator of `/` changes etcd's users and roles.
 //!
-//! [`Guarded`] wraps every etcd service: a call whose `token` metadata is a token of
+//! Every etcd service runs behind [`EtcdAuth::guard`]: a call whose `token` metadata is a token of
 //! `Authenticate` (auth enabled) is served as its user's principal, so Warden's ACL judges
 //! it at the router and at every node, as any principal's call. Auth needs TLS on the
 //! router: without it Warden checks no permission at all, and `AuthEnable` is refused.
 
 mod record;
 
-use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tonic::body::Body;
-use tonic::codegen::{http, Service};
-use tonic::server::NamedService;
+use tonic::codegen::http;
 use tonic::transport::Channel;
 use tonic::{Request, Response, Status};
 use warden_placement::acl;
@@ -37,6 +34,7 @@ use warden_proto::v1::warden_error::Code;
 
 use self::record::{AuthRecord, Role, User};
 use super::{etcd_status, invalid, CLUSTER_ID};
+use crate::principal::{Authenticate, WithPrincipal};
 use crate::Upstreams;
 
 /// The metadata key etcd clients send their token in.
@@ -47,7 +45,7 @@ const RECORD_MAX_AGE: Duration = Duration::from_secs(1);
 /// Attempts of a change that lost the race to another router's change (each reads again).
 const CHANGE_ATTEMPTS_MAX: usize = 8;
 
-/// The `Auth` service of one router, and what its [`Guarded`] services ask of it.
+/// The `Auth` service of one router, and the token check of every etcd call.
 #[derive(Clone)]
 pub struct EtcdAuth {
     inner: Arc<Inner>,
@@ -70,9 +68,9 @@ impl EtcdAuth {
         EtcdAuth { inner: Arc::new(Inner { upstreams, timeout, secure, member_id, cached: tokio::sync::Mutex::new(None) }) }
     }
 
-    /// `service` behind the token check (outside its [`crate::principal::WithPrincipal`]).
-    pub fn guard<S>(&self, service: S) -> Guarded<S> {
-        Guarded { auth: self.clone(), inner: service }
+    /// `service`, each call's principal named by its token (if any) or its connection.
+    pub fn guard<S>(&self, service: S) -> WithPrincipal<S, EtcdAuth> {
+        WithPrincipal::authenticated(service, self.clone())
     }
 
     fn header(&self, version: u64) -> Option<ResponseHeader> {
@@ -212,6 +210,18 @@ impl EtcdAuth {
     }
 
     /// Refuses a caller who may not administer `/` (with TLS; without it everyone may).
+    /// An administrator's read of the record (the newest): `answer` makes the reply from it
+    /// and the header naming its version.
+    async fn read<T, R>(
+        &self,
+        request: &Request<T>,
+        answer: impl FnOnce(&AuthRecord, Option<ResponseHeader>) -> Result<R, Status>,
+    ) -> Result<Response<R>, Status> {
+        self.require_admin(request)?;
+        let (record, version) = self.record(Duration::ZERO).await?;
+        answer(&record, self.header(version)).map(Response::new)
+    }
+
     fn require_admin<T>(&self, request: &Request<T>) -> Result<(), Status> {
         match warden_proto::tls::caller(request).map_err(etcd_status)? {
             Caller::Principal(principal) if !self.inner.upstreams.acl().get().allows(&principal, "/", acl::ADMIN) => {
@@ -394,16 +404,15 @@ impl Auth for EtcdAuth {
     }
 
     async fn user_get(&self, request: Request<AuthUserGetRequest>) -> Result<Response<AuthUserGetResponse>, Status> {
-        self.require_admin(&request)?;
-        let (record, version) = self.record(Duration::ZERO).await?;
-        let user = record.users.get(&request.get_ref().name).ok_or_else(|| failed("user name not found"))?;
-        Ok(Response::new(AuthUserGetResponse { header: self.header(version), roles: user.roles.iter().cloned().collect() }))
+        self.read(&request, |record, header| {
+            let user = record.users.get(&request.get_ref().name).ok_or_else(|| failed("user name not found"))?;
+            Ok(AuthUserGetResponse { header, roles: user.roles.iter().cloned().collect() })
+        })
+        .await
     }
 
     async fn user_list(&self, request: Request<AuthUserListRequest>) -> Result<Response<AuthUserListResponse>, Status> {
-        self.require_admin(&request)?;
-        let (record, version) = self.record(Duration::ZERO).await?;
-        Ok(Response::new(AuthUserListResponse { header: self.header(version), users: record.users.keys().cloned().collect() }))
+        self.read(&request, |record, header| Ok(AuthUserListResponse { header, users: record.users.keys().cloned().collect() })).await
     }
 
     async fn user_delete(&self, request: Request<AuthUserDeleteRequest>) -> Result<Response<AuthUserDeleteResponse>, Status> {
@@ -500,21 +509,20 @@ impl Auth for EtcdAuth {
     }
 
     async fn role_get(&self, request: Request<AuthRoleGetRequest>) -> Result<Response<AuthRoleGetResponse>, Status> {
-        self.require_admin(&request)?;
-        let (record, version) = self.record(Duration::ZERO).await?;
-        let role = record.roles.get(&request.get_ref().role).ok_or_else(|| failed("role name not found"))?;
-        let perm = role
-            .permissions
-            .iter()
-            .map(|((key, range_end), kind)| Permission { perm_type: *kind, key: key.clone(), range_end: range_end.clone() })
-            .collect();
-        Ok(Response::new(AuthRoleGetResponse { header: self.header(version), perm }))
+        self.read(&request, |record, header| {
+            let role = record.roles.get(&request.get_ref().role).ok_or_else(|| failed("role name not found"))?;
+            let perm = role
+                .permissions
+                .iter()
+                .map(|((key, range_end), kind)| Permission { perm_type: *kind, key: key.clone(), range_end: range_end.clone() })
+                .collect();
+            Ok(AuthRoleGetResponse { header, perm })
+        })
+        .await
     }
 
     async fn role_list(&self, request: Request<AuthRoleListRequest>) -> Result<Response<AuthRoleListResponse>, Status> {
-        self.require_admin(&request)?;
-        let (record, version) = self.record(Duration::ZERO).await?;
-        Ok(Response::new(AuthRoleListResponse { header: self.header(version), roles: record.roles.keys().cloned().collect() }))
+        self.read(&request, |record, header| Ok(AuthRoleListResponse { header, roles: record.roles.keys().cloned().collect() })).await
     }
 
     async fn role_delete(&self, request: Request<AuthRoleDeleteRequest>) -> Result<Response<AuthRoleDeleteResponse>, Status> {
@@ -586,51 +594,17 @@ impl Auth for EtcdAuth {
     }
 }
 
-/// An etcd service behind the token check: a call with a `token` of an enabled record is
-/// served as its user's principal (the connection's identity replaced before the principal
-/// is read from it); a token naming nobody is refused as etcd does.
-#[derive(Clone)]
-pub struct Guarded<S> {
-    auth: EtcdAuth,
-    inner: S,
-}
-
-impl<S: NamedService> NamedService for Guarded<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S> Service<http::Request<Body>> for Guarded<S>
-where
-    S: Service<http::Request<Body>, Response = http::Response<Body>, Error = Infallible> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-{
-    type Response = http::Response<Body>;
-    type Error = Infallible;
-    type Future = BoxFuture<'static, Result<http::Response<Body>, Infallible>>;
-
-    fn poll_ready(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<Result<(), Infallible>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut request: http::Request<Body>) -> Self::Future {
-        // The service made ready is the one called; its clone waits for the next call.
-        let ready = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready);
-        let token = request.headers().get(TOKEN_HEADER).and_then(|value| value.to_str().ok()).map(str::to_string);
-        let auth = self.auth.clone();
-        Box::pin(async move {
-            if let Some(token) = token {
-                match auth.user_of(&token).await {
-                    Ok(Some(user)) => {
-                        if let Some(peer) = request.extensions_mut().get_mut::<PeerInfo>() {
-                            peer.identity = Some(Identity::client(&record::principal(&user)));
-                        }
-                    }
-                    Ok(None) => {}
-                    Err(status) => return Ok(status.into_http()),
-                }
+/// The token check before every etcd call's principal is read: a call with a `token` of an
+/// enabled record is served as its user's principal (the connection's identity replaced);
+/// a token naming nobody is refused as etcd does.
+impl Authenticate for EtcdAuth {
+    async fn authenticate(&self, request: &mut http::Request<Body>) -> Result<(), Status> {
+        let Some(token) = request.headers().get(TOKEN_HEADER).and_then(|value| value.to_str().ok()) else { return Ok(()) };
+        if let Some(user) = self.user_of(token).await? {
+            if let Some(peer) = request.extensions_mut().get_mut::<PeerInfo>() {
+                peer.identity = Some(Identity::client(&record::principal(&user)));
             }
-            inner.call(request).await
-        })
+        }
+        Ok(())
     }
 }

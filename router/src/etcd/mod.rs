@@ -39,7 +39,6 @@ use warden_proto::v1::warden_error::Code;
 
 use warden_proto::tls::{Admit, Tls};
 
-use crate::principal::WithPrincipal;
 use crate::service::REQUEST_BYTES_MAX;
 use crate::{RouterService, Upstreams};
 
@@ -83,16 +82,16 @@ pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstream
     let service = EtcdService::new(RouterService::new(upstreams, timeout), client_url);
     let incoming = warden_proto::tls::incoming(listener, tls, Admit::Clients);
     let served = tonic::transport::Server::builder()
-        .add_service(auth.guard(WithPrincipal::new(kv_server::KvServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX))))
-        .add_service(auth.guard(WithPrincipal::new(lease_server::LeaseServer::new(service.clone()))))
-        .add_service(auth.guard(WithPrincipal::new(watch_server::WatchServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX))))
-        .add_service(auth.guard(WithPrincipal::new(maintenance_server::MaintenanceServer::new(service.clone()))))
-        .add_service(auth.guard(WithPrincipal::new(lock_server::LockServer::new(service.clone()))))
+        .add_service(auth.guard(kv_server::KvServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
+        .add_service(auth.guard(lease_server::LeaseServer::new(service.clone())))
+        .add_service(auth.guard(watch_server::WatchServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
+        .add_service(auth.guard(maintenance_server::MaintenanceServer::new(service.clone())))
+        .add_service(auth.guard(lock_server::LockServer::new(service.clone())))
         .add_service(
-            auth.guard(WithPrincipal::new(election_server::ElectionServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX))),
+            auth.guard(election_server::ElectionServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)),
         )
-        .add_service(auth.guard(WithPrincipal::new(auth_server::AuthServer::new(auth.clone()))))
-        .add_service(auth.guard(WithPrincipal::new(cluster_server::ClusterServer::new(service))))
+        .add_service(auth.guard(auth_server::AuthServer::new(auth.clone())))
+        .add_service(auth.guard(cluster_server::ClusterServer::new(service)))
         .serve_with_incoming(incoming)
         .await;
     if let Err(error) = served {
