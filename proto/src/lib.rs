@@ -100,8 +100,16 @@ pub fn parse_grpc_timeout(value: &str) -> Option<std::time::Duration> {
     })
 }
 
+/// The type URL of a Warden error packed as a `google.protobuf.Any` in the details of a
+/// `google.rpc.Status`.
+pub const WARDEN_ERROR_TYPE_URL: &str = "type.googleapis.com/warden.v1.WardenError";
+
 /// The gRPC status for a Warden error, with the error as its structured detail (DESIGN.md
-/// rule 9). Shard-nodes and routers both answer this way.
+/// rule 9): `grpc-status-details-bin` holds a `google.rpc.Status` (the status's code and
+/// message again, as gRPC's rich error model has it) whose one detail is the error packed
+/// as `Any`, so every language's standard helpers read it (Python's
+/// `grpc_status.rpc_status.from_call`, Go's `status.FromError`). Shard-nodes and routers
+/// both answer this way.
 pub fn status(error: v1::WardenError) -> tonic::Status {
     use prost::Message as _;
     use tonic::Code as GrpcCode;
@@ -128,7 +136,9 @@ pub fn status(error: v1::WardenError) -> tonic::Status {
         .quota
         .map(|quota| Box::new(v1::QuotaExceeded { prefix: quote(&quota.prefix, QUOTED_PATH_BYTES_MAX + QUOTE_SUFFIX_BYTES_MAX), ..*quota }));
     let error = v1::WardenError { path, message, quota, ..error };
-    tonic::Status::with_details(grpc, error.message.clone(), error.encode_to_vec().into())
+    let detail = prost_types::Any { type_url: WARDEN_ERROR_TYPE_URL.to_string(), value: error.encode_to_vec() };
+    let rich = tonic_types::pb::Status { code: grpc as i32, message: error.message.clone(), details: vec![detail] };
+    tonic::Status::with_details(grpc, error.message, rich.encode_to_vec().into())
 }
 
 /// How users name what a quota limits (`warden admin quota set --nodes …`, error messages).
@@ -164,10 +174,12 @@ pub fn quote(text: &str, max: usize) -> String {
     format!("{}… ({} bytes)", &text[..end], text.len())
 }
 
-/// The Warden error a status carries as its detail, if any.
+/// The Warden error a status carries as its detail ([`status`]), if any.
 pub fn error_of(status: &tonic::Status) -> Option<v1::WardenError> {
     use prost::Message as _;
-    v1::WardenError::decode(status.details()).ok().filter(|e| e.code != v1::warden_error::Code::Unknown as i32 || !e.message.is_empty())
+    let rich = tonic_types::pb::Status::decode(status.details()).ok()?;
+    let detail = rich.details.iter().find(|detail| detail.type_url == WARDEN_ERROR_TYPE_URL)?;
+    v1::WardenError::decode(detail.value.as_slice()).ok()
 }
 
 /// A Warden error with `code`, `message` and the `path` it concerns (may be empty).
@@ -231,5 +243,29 @@ mod tests {
         let status = status(v1::WardenError { message: "x".repeat(100_000), ..error });
         assert!(status.message().len() < QUOTED_MESSAGE_BYTES_MAX + 2 * QUOTE_SUFFIX_BYTES_MAX);
         assert!(status.details().len() < 2 * (QUOTED_MESSAGE_BYTES_MAX + QUOTED_PATH_BYTES_MAX));
+    }
+
+    #[test]
+    fn an_error_travels_as_a_google_rpc_status_whose_one_detail_is_the_warden_error() {
+        use prost::Message as _;
+        let error = warden_error(v1::warden_error::Code::NoNode, "/a/b", "no node /a/b");
+        let answer = status(error.clone());
+        let rich = tonic_types::pb::Status::decode(answer.details()).expect("the detail is a google.rpc.Status");
+        assert_eq!((rich.code, rich.message.as_str()), (tonic::Code::NotFound as i32, answer.message()), "the status's own code and message");
+        assert_eq!(rich.details.len(), 1);
+        assert_eq!(rich.details[0].type_url, "type.googleapis.com/warden.v1.WardenError");
+        assert_eq!(v1::WardenError::decode(rich.details[0].value.as_slice()).ok().as_ref(), Some(&error));
+        assert_eq!(error_of(&answer), Some(error.clone()));
+
+        let raw = tonic::Status::with_details(tonic::Code::NotFound, "no node", error.encode_to_vec().into());
+        assert_eq!(error_of(&raw), None, "bare error bytes are no google.rpc.Status");
+        let other = tonic_types::pb::Status {
+            code: tonic::Code::NotFound as i32,
+            message: "no node".into(),
+            details: vec![prost_types::Any { type_url: "type.googleapis.com/google.rpc.ErrorInfo".into(), value: error.encode_to_vec() }],
+        };
+        let foreign = tonic::Status::with_details(tonic::Code::NotFound, "no node", other.encode_to_vec().into());
+        assert_eq!(error_of(&foreign), None, "a detail of another type is not read as a Warden error");
+        assert_eq!(error_of(&tonic::Status::not_found("no node")), None);
     }
 }
