@@ -107,6 +107,11 @@ pub enum AdminCommand {
         /// Client (principal) names to issue certificates for.
         #[arg(long, value_delimiter = ',')]
         clients: Vec<String>,
+        /// DNS names and IP addresses the nodes and routers are reached at, for clients that
+        /// check the name they connect to (every certificate also names localhost,
+        /// 127.0.0.1 and ::1).
+        #[arg(long, value_delimiter = ',')]
+        hosts: Vec<String>,
     },
     /// Give the existing subtree at PREFIX, with its data, locks and ephemerals, to a new
     /// shard group while clients use it: writes to the subtree pause while it moves
@@ -632,7 +637,7 @@ pub async fn run(command: AdminCommand, out: Output, tls: &crate::tls_args::TlsA
             let how = if merge { " with its data" } else { "" };
             println!("group {} removed; {prefix} is served by group {}{how} now", answer.group_id, answer.parent_group_id);
         }
-        AdminCommand::Certs { dir, nodes, routers, clients } => {
+        AdminCommand::Certs { dir, nodes, routers, clients, hosts } => {
             let authority = Authority::load_or_create(&dir, "warden cluster CA")?;
             let identities = nodes
                 .iter()
@@ -641,7 +646,7 @@ pub async fn run(command: AdminCommand, out: Output, tls: &crate::tls_args::TlsA
                 .chain(clients.iter().map(|name| Identity::client(name)));
             println!("CA: {}", dir.join("ca.pem").display());
             for identity in identities {
-                let files = authority.issue_files(&dir, &identity)?;
+                let files = authority.issue_files_for(&dir, &identity, &hosts)?;
                 println!("{identity}: --ca {} --cert {} --key {}", files.ca.display(), files.cert.display(), files.key.display());
             }
         }

@@ -65,7 +65,9 @@ struct DevTls {
 }
 
 impl DevTls {
-    fn make(data_dir: &std::path::Path) -> anyhow::Result<DevTls> {
+    /// The CA and certificates under `data_dir/tls`; the router's names `hosts` (where it
+    /// listens) beside loopback's.
+    fn make(data_dir: &std::path::Path, hosts: &[String]) -> anyhow::Result<DevTls> {
         let dir = data_dir.join("tls");
         let authority = Authority::load_or_create(&dir, "warden dev CA")?;
         // The token of `root`, made once: the router's token file holds its hash.
@@ -78,7 +80,7 @@ impl DevTls {
         }
         let root_token = std::fs::read_to_string(&token_file)?.trim().to_string();
         let tokens = warden_proto::tls::Tokens::load(&tokens_file)?;
-        let router = Tls::load_with_tokens(authority.issue_files(&dir, &Identity::router("dev"))?, Some(tokens))?;
+        let router = Tls::load_with_tokens(authority.issue_files_for(&dir, &Identity::router("dev"), hosts)?, Some(tokens))?;
         let client = authority.issue_files(&dir, &Identity::client("root"))?;
         Ok(DevTls { dir, router, client, root_token })
     }
@@ -96,7 +98,11 @@ pub async fn run(args: DevArgs) -> anyhow::Result<()> {
         std::fs::remove_dir_all(&args.data_dir)?;
     }
     std::fs::create_dir_all(&args.data_dir)?;
-    let tls = args.secure.then(|| DevTls::make(&args.data_dir)).transpose()?;
+    // The addresses clients are told to connect to: a client that checks the name it asked
+    // for (any standard TLS client) finds them in the router's certificate. (An unspecified
+    // address is no name; loopback's are always in.)
+    let hosts: Vec<String> = [args.router.ip(), args.etcd_listen.ip()].iter().filter(|ip| !ip.is_unspecified()).map(|ip| ip.to_string()).collect();
+    let tls = args.secure.then(|| DevTls::make(&args.data_dir, &hosts)).transpose()?;
     let client_base_port = match args.secure {
         true => Some(args.base_port.checked_add(100).ok_or_else(|| anyhow::anyhow!("--base-port too high for client ports"))?),
         false => None,

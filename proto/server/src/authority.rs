@@ -18,6 +18,11 @@ pub struct Authority {
     issuer: Issuer<'static, KeyPair>,
 }
 
+/// The hosts every certificate [`Authority::issue_files`] makes names: loopback's, by name
+/// and by address, so a standard TLS client connecting to `localhost:PORT`,
+/// `127.0.0.1:PORT` or `[::1]:PORT` verifies the name it asked for.
+pub const LOOPBACK_HOSTS: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
 fn failed(error: rcgen::Error) -> TlsError {
     TlsError::Config(format!("certificate: {error}"))
 }
@@ -82,14 +87,15 @@ impl Authority {
     }
 
     /// A certificate (PEM) and its new key (PEM) for `identity`, usable to serve and to
-    /// connect (a node is both), with `dns_names` beside the identity for tools that check
-    /// host names.
-    pub fn issue(&self, identity: &Identity, dns_names: &[String]) -> Result<(String, String), TlsError> {
+    /// connect (a node is both), with `hosts` beside the identity for clients that check
+    /// the name they connect to (each a DNS name, or an IP address: an IP address entry).
+    /// Warden's own processes verify the identity, not the name.
+    pub fn issue(&self, identity: &Identity, hosts: &[String]) -> Result<(String, String), TlsError> {
         if !identity.is_valid() {
             return Err(TlsError::Identity(format!("{identity} cannot be named in a certificate")));
         }
         let key = KeyPair::generate().map_err(failed)?;
-        let mut params = CertificateParams::new(dns_names.to_vec()).map_err(failed)?;
+        let mut params = CertificateParams::new(hosts.to_vec()).map_err(failed)?;
         params.distinguished_name.push(DnType::CommonName, identity.uri());
         let uri = rcgen::string::Ia5String::try_from(identity.uri()).map_err(failed)?;
         params.subject_alt_names.push(SanType::URI(uri));
@@ -100,9 +106,22 @@ impl Authority {
     }
 
     /// Issues a certificate for `identity` into `dir` (`ROLE-NAME.pem`, `ROLE-NAME.key`,
-    /// beside `ca.pem`), and returns the files a process started as `identity` uses.
+    /// beside `ca.pem`) naming loopback's hosts ([`LOOPBACK_HOSTS`]), and returns the files a
+    /// process started as `identity` uses.
     pub fn issue_files(&self, dir: &Path, identity: &Identity) -> Result<TlsFiles, TlsError> {
-        let (certificate, key) = self.issue(identity, &["localhost".to_string()])?;
+        self.issue_files_for(dir, identity, &[])
+    }
+
+    /// [`Authority::issue_files`] naming `hosts` (DNS names or IP addresses the holder is
+    /// reached at) beside loopback's.
+    pub fn issue_files_for(&self, dir: &Path, identity: &Identity, hosts: &[String]) -> Result<TlsFiles, TlsError> {
+        let mut names: Vec<String> = LOOPBACK_HOSTS.iter().map(|host| host.to_string()).collect();
+        for host in hosts {
+            if !names.contains(host) {
+                names.push(host.clone());
+            }
+        }
+        let (certificate, key) = self.issue(identity, &names)?;
         let files = Authority::files(dir, identity);
         std::fs::create_dir_all(dir).map_err(|source| TlsError::Read { path: dir.to_path_buf(), source })?;
         write(&files.ca, &self.certificate_pem)?;

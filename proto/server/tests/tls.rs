@@ -24,6 +24,35 @@ fn a_certificate_names_its_identity() {
     assert_eq!(Identity::of_certificate(&der).expect("identity"), Identity::router("r1"));
 }
 
+/// A standard TLS client checks that the server's certificate names the host it connected
+/// to (Warden's own processes check the identity instead): certificates name loopback's
+/// hosts by name and by address, and the hosts they were issued for, and no other.
+#[test]
+fn a_certificate_names_the_hosts_a_standard_client_connects_to() {
+    use rustls::client::danger::ServerCertVerifier as _;
+    use rustls_pki_types::{ServerName, UnixTime};
+    let dir = tempfile::tempdir().expect("tempdir");
+    let authority = Authority::create("cluster").expect("ca");
+    let hosts = ["10.1.2.3".to_string(), "warden.example".to_string(), "localhost".to_string()];
+    let files = authority.issue_files_for(dir.path(), &Identity::router("r1"), &hosts).expect("issue");
+    let mut roots = rustls::RootCertStore::empty();
+    roots.add(CertificateDer::from_pem_file(&files.ca).expect("the CA's certificate")).expect("a root");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let verifier = rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider).build().expect("a verifier");
+    let leaf = CertificateDer::from_pem_file(&files.cert).expect("the certificate");
+    let verifies = |host: &str| {
+        let name = ServerName::try_from(host.to_string()).expect("a server name");
+        verifier.verify_server_cert(&leaf, &[], &name, &[], UnixTime::now()).is_ok()
+    };
+    for host in ["localhost", "127.0.0.1", "::1", "10.1.2.3", "warden.example"] {
+        assert!(verifies(host), "the certificate must name {host}");
+    }
+    for host in ["10.1.2.4", "other.example", "warden"] {
+        assert!(!verifies(host), "the certificate must not name {host}");
+    }
+    assert_eq!(Identity::of_certificate(&leaf).expect("identity"), Identity::router("r1"), "the identity is named as before");
+}
+
 struct Fixture {
     dir: tempfile::TempDir,
     ca: Authority,
