@@ -28,6 +28,7 @@
 //! ("election: not leader", "election: no leader").
 
 use std::pin::Pin;
+use std::sync::Arc;
 
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -329,10 +330,12 @@ impl pb::election_server::Election for EtcdService {
         let session_id = session_of(request.lease)?;
         let election = Election::of(&request.name)?;
         let mine = self.candidacy(&call, &election, session_id, &request.value).await?;
+        // Shared with the clean-up, which detaches its own copy only if it runs.
+        let call = Arc::new(call);
         let cleanup = {
-            let (service, detached, mine) = (self.clone(), call.detached(), mine.clone());
+            let (service, call, mine) = (self.clone(), call.clone(), mine.clone());
             Cleanup::new(async move {
-                if let Err(status) = service.withdraw(&detached, &mine).await {
+                if let Err(status) = service.withdraw(&call.detached(), &mine).await {
                     tracing::debug!(%status, "withdrawing the candidate of an etcd Campaign");
                 }
             })

@@ -23,6 +23,8 @@
 //!   error) abandons its waiter: the same request as a try-lock removes it, or finds it
 //!   holding and then unlocks it.
 
+use std::sync::Arc;
+
 use tonic::{Request, Response, Status};
 use warden_proto::etcd::v3lockpb as pb;
 use warden_proto::v1 as w;
@@ -108,9 +110,12 @@ impl pb::lock_server::Lock for EtcdService {
         let (call, request) = Call::of(request);
         let session_id = session_of(request.lease)?;
         let native = native_lock(path_of(&request.name)?, session_id);
+        // Shared with the clean-up, which detaches its own copy only if it runs: most calls
+        // end holding the lock, and copying the call's metadata for each would be waste.
+        let call = Arc::new(call);
         let cleanup = {
-            let (service, detached, native) = (self.clone(), call.detached(), native.clone());
-            Cleanup::new(async move { service.abandon(&detached, native).await })
+            let (service, call, native) = (self.clone(), call.clone(), native.clone());
+            Cleanup::new(async move { service.abandon(&call.detached(), native).await })
         };
         loop {
             let answer = Warden::lock(&self.router, call.request(native.clone())?).await.map_err(etcd_status)?.into_inner();
