@@ -87,9 +87,7 @@ pub async fn serve(listener: Arc<std::net::TcpListener>, upstreams: Arc<Upstream
         .add_service(auth.guard(watch_server::WatchServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
         .add_service(auth.guard(maintenance_server::MaintenanceServer::new(service.clone())))
         .add_service(auth.guard(lock_server::LockServer::new(service.clone())))
-        .add_service(
-            auth.guard(election_server::ElectionServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)),
-        )
+        .add_service(auth.guard(election_server::ElectionServer::new(service.clone()).max_decoding_message_size(REQUEST_BYTES_MAX)))
         .add_service(auth.guard(auth_server::AuthServer::new(auth.clone())))
         .add_service(auth.guard(cluster_server::ClusterServer::new(service)))
         .serve_with_incoming(incoming)
