@@ -8,7 +8,9 @@ use etcd_client::{
     Client, Compare, CompareOp, DeleteOptions, EventType, GetOptions, PutOptions, Txn, TxnOp, TxnOpResponse, WatchOptions, WatchStream,
 };
 
-use crate::support::routed::{cluster_with_groups, create_group, start_router_with_etcd, start_stale_router_with_etcd, TIMEOUT};
+use warden_proto::placement::GetRoutingTableRequest;
+
+use crate::support::routed::{at_placement_leader, cluster_with_groups, create_group, start_router_with_etcd, start_stale_router_with_etcd, TIMEOUT};
 
 async fn etcd_client(addr: std::net::SocketAddr) -> Client {
     Client::connect([format!("http://{addr}")], None).await.expect("etcd client connects")
@@ -159,7 +161,8 @@ fn seen(kind: &'static str, key: &str, value: &str, previous: Option<&str>) -> S
 /// A prefix watch sees every put and delete of its keys once, in order, with previous
 /// values, from both groups serving the prefix and from the escaped keys' subtree; parents made for a key are no events, a
 /// key emptied into a parent is deleted; a watch started at a revision gets exactly the
-/// events from it on; a cancelled watch ends.
+/// events from it on; a watch goes on when the replica it reads from dies; a cancelled
+/// watch ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_watches_see_each_change_of_their_keys_once_in_order_and_resume_from_a_revision() {
     let cluster = cluster_with_groups(&["/app/g"]).await;
@@ -203,6 +206,18 @@ async fn etcd_watches_see_each_change_of_their_keys_once_in_order_and_resume_fro
     assert!(tokio::time::timeout(TIMEOUT, resumed.message()).await.expect("created").expect("stream").expect("response").created());
     let again = next_events(&mut resumed, 3).await;
     assert_eq!(again, [seen("PUT", "/app/y", "1", None), seen("PUT", "/app/y", "2", None), seen("DELETE", "/app/y", "", None)]);
+
+    // The replica the watches read the root group from dies (the router reads a group from
+    // the first of its replicas it reaches, in the descriptor's order): the watch goes on
+    // from where it was, as an etcd watch does when a member dies: no cancel, nothing lost
+    // or repeated.
+    let table = at_placement_leader(&cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table");
+    let root = table.groups.iter().filter_map(|g| g.descriptor.as_ref()).find(|d| d.prefix == "/").expect("the root group");
+    cluster.kill(root.replicas[0]);
+    etcd.put("/app/after", "1", None).await.expect("put after the kill");
+    etcd.put("/app/after", "2", None).await.expect("put again");
+    let after = next_events(&mut stream, 2).await;
+    assert_eq!(after, [seen("PUT", "/app/after", "1", None), seen("PUT", "/app/after", "2", Some("1"))], "the watch went on");
 
     stream.cancel(created.watch_id()).await.expect("cancel");
     let ended = loop {

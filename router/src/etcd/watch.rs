@@ -13,7 +13,12 @@
 //!   picks them. Native ids are this stream's own and never reused, so what comes late for
 //!   a part of an ended watch is dropped, even when its etcd id is in use again.
 //! - An etcd watch is created when all its parts are, and ends when its first part ends
-//!   (the others are cancelled).
+//!   (the others are cancelled) — except where etcd would go on: a part the router ended
+//!   because its replica went away, fell behind or its subtree moved (UNAVAILABLE,
+//!   NOT_LEADER, SLOW_WATCHER, MOVED) is created again from the revisions it gives, so
+//!   the client sees every event once and no cancel, as when an etcd member dies. A part
+//!   that keeps failing without any answer in between ends the watch after
+//!   [`RESUMES_WITHOUT_PROGRESS_MAX`] attempts (about the router's request timeout).
 //! - Revisions are per group: a watch of keys in one group is exact (start revision,
 //!   resume, ordering); a watch spanning groups starts every group at `start_revision` and
 //!   each response's revision is its group's (docs/etcd.md).
@@ -28,6 +33,7 @@
 use std::collections::{BTreeSet, HashMap};
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::time::Duration;
 
 use futures::{Stream, StreamExt};
 use tokio::sync::mpsc;
@@ -52,6 +58,16 @@ const RESPONSES_QUEUED_MAX: usize = 64;
 /// Native watches one etcd watch is made of, at most: a range beyond it watches the whole
 /// tree in one part (ranges have one or two subtrees: their plain and their escaped keys).
 const PARTS_MAX: usize = 4;
+/// Attempts to create a part again in a row with no answer from it in between (created,
+/// an event, a progress notice) before the etcd watch is ended instead: with the pauses
+/// below, about 6 s, past the router's request timeout.
+const RESUMES_WITHOUT_PROGRESS_MAX: u32 = 8;
+/// The pause before a part is created again, doubled after each attempt without progress
+/// up to [`RESUME_PAUSE_MAX`]: a replica that just went away has its successor elected or
+/// found within a few hundred milliseconds.
+const RESUME_PAUSE_MIN: Duration = Duration::from_millis(50);
+/// The longest pause between two attempts.
+const RESUME_PAUSE_MAX: Duration = Duration::from_secs(1);
 
 /// What one etcd watch passes on.
 #[derive(Clone, Debug)]
@@ -77,8 +93,12 @@ struct EtcdWatch {
     filter: Filter,
     /// Its parts' native ids.
     native_ids: Vec<u64>,
-    /// Parts not answered `created` yet.
+    /// Each part's create (by native id), to create it again from where it ended.
+    creates: HashMap<u64, w::WatchCreate>,
+    /// Parts not answered `created` yet (the client is told once, when none is left).
     uncreated: usize,
+    /// Parts created again in a row with no answer from any part in between.
+    resumes_without_progress: u32,
 }
 
 /// The live watches of one stream.
@@ -95,13 +115,52 @@ impl Watches {
     /// Registers watch `etcd_id` with `filter` and parts `creates` (their ids set here).
     fn add(&mut self, etcd_id: i64, filter: Filter, creates: &mut [w::WatchCreate]) {
         let mut native_ids = Vec::with_capacity(creates.len());
+        let mut kept = HashMap::with_capacity(creates.len());
         for create in creates.iter_mut() {
-            self.last_native_id += 1;
-            create.watch_id = self.last_native_id;
+            create.watch_id = self.next_native_id();
             native_ids.push(create.watch_id);
+            kept.insert(create.watch_id, create.clone());
             self.etcd_id_of.insert(create.watch_id, etcd_id);
         }
-        self.by_etcd_id.insert(etcd_id, EtcdWatch { filter, uncreated: native_ids.len(), native_ids });
+        let watch = EtcdWatch { filter, uncreated: native_ids.len(), native_ids, creates: kept, resumes_without_progress: 0 };
+        self.by_etcd_id.insert(etcd_id, watch);
+    }
+
+    /// A native id never used on this stream.
+    fn next_native_id(&mut self) -> u64 {
+        self.last_native_id += 1;
+        self.last_native_id
+    }
+
+    /// Part `native_id` of watch `etcd_id` ended as `canceled` says; when it may go on (see
+    /// [`resumable`]) it is registered again under a new native id, and its create and the
+    /// pause to make before sending it are answered. `None`: the watch ends.
+    fn resume(&mut self, etcd_id: i64, native_id: u64, canceled: &w::WatchCanceled) -> Option<(w::WatchCreate, Duration)> {
+        let moved_to_group = resumable(canceled)?;
+        let watch = self.by_etcd_id.get_mut(&etcd_id)?;
+        if watch.resumes_without_progress >= RESUMES_WITHOUT_PROGRESS_MAX {
+            return None;
+        }
+        let ended = watch.creates.remove(&native_id)?;
+        let pause = RESUME_PAUSE_MIN.saturating_mul(1 << watch.resumes_without_progress.min(16)).min(RESUME_PAUSE_MAX);
+        watch.resumes_without_progress += 1;
+        // Every event before the resume revisions was delivered (or passed over by the
+        // filter); a part that never started resumes where it was asked to start.
+        let mut group_start_revisions = canceled.resume_revisions.clone();
+        if let Some(group) = moved_to_group {
+            // Nothing in a moved subtree changed between the move's revision in the old
+            // group and the new group's first: the new group resumes from it too.
+            group_start_revisions.entry(group).or_insert(canceled.resume_revision);
+        }
+        let start_revision = if canceled.resume_revision > 0 { canceled.resume_revision } else { ended.start_revision };
+        let create = w::WatchCreate { watch_id: self.next_native_id(), start_revision, group_start_revisions, ..ended };
+        let watch = self.by_etcd_id.get_mut(&etcd_id)?;
+        watch.native_ids.retain(|id| *id != native_id);
+        watch.native_ids.push(create.watch_id);
+        watch.creates.insert(create.watch_id, create.clone());
+        self.etcd_id_of.remove(&native_id);
+        self.etcd_id_of.insert(create.watch_id, etcd_id);
+        Some((create, pause))
     }
 
     /// Ends watch `etcd_id`: what comes later for its parts is dropped.
@@ -126,6 +185,19 @@ fn lowest_free(taken: &BTreeSet<i64>) -> i64 {
         id += 1;
     }
     id
+}
+
+/// Whether a part ended as `canceled` says may be created again from its resume revisions
+/// (the router ended it: its replica went away or fell behind, or its subtree moved), and
+/// for MOVED the group the subtree moved to. `None`: it may not (the client cancelled it,
+/// a compacted start, a refusal), and the etcd watch ends.
+fn resumable(canceled: &w::WatchCanceled) -> Option<Option<u64>> {
+    let error = canceled.error.as_ref()?;
+    match Code::try_from(error.code).ok()? {
+        Code::Unavailable | Code::NotLeader | Code::SlowWatcher => Some(None),
+        Code::Moved => Some(Some(error.moved_to_group).filter(|group| *group != 0)),
+        _ => None,
+    }
 }
 
 /// An etcd response that ends watch `watch_id` with `reason`.
@@ -212,13 +284,32 @@ fn etcd_event(filter: &Filter, event: w::WatchEvent) -> Option<Event> {
     Some(Event { r#type: EventType::Delete as i32, kv: Some(kv), prev_kv })
 }
 
-/// The etcd response for native response `response`, if any, and the native ids of the
-/// parts to cancel (those of a watch whose other part the server ended).
-fn etcd_response(service: &EtcdService, watches: &Shared, response: w::WatchResponse) -> (Option<pb::WatchResponse>, Vec<u64>) {
+/// What a native response makes the stream do.
+#[derive(Debug, Default)]
+struct Outcome {
+    /// The etcd response for the client, if any.
+    answer: Option<pb::WatchResponse>,
+    /// Native ids of parts to cancel (those of a watch whose other part the server ended).
+    to_cancel: Vec<u64>,
+    /// A part to create again, after the pause.
+    to_resume: Option<(w::WatchCreate, Duration)>,
+}
+
+impl Outcome {
+    fn answer(answer: Option<pb::WatchResponse>) -> Outcome {
+        Outcome { answer, ..Outcome::default() }
+    }
+}
+
+/// What native response `response` makes the stream do.
+fn etcd_response(service: &EtcdService, watches: &Shared, response: w::WatchResponse) -> Outcome {
     let header = service.header(response.header.as_ref().map_or(0, |h| h.revision));
-    let Ok(mut watches) = watches.lock() else { return (None, Vec::new()) };
-    let Some(&watch_id) = watches.etcd_id_of.get(&response.watch_id) else { return (None, Vec::new()) };
+    let Ok(mut watches) = watches.lock() else { return Outcome::default() };
+    let Some(&watch_id) = watches.etcd_id_of.get(&response.watch_id) else { return Outcome::default() };
     if let Some(canceled) = response.canceled {
+        if let Some(resume) = watches.resume(watch_id, response.watch_id, &canceled) {
+            return Outcome { to_resume: Some(resume), ..Outcome::default() };
+        }
         let others: Vec<u64> = watches.remove(watch_id).map(|watch| watch.native_ids).unwrap_or_default();
         let others = others.into_iter().filter(|id| *id != response.watch_id).collect();
         let answer = match canceled.error {
@@ -230,20 +321,24 @@ fn etcd_response(service: &EtcdService, watches: &Shared, response: w::WatchResp
             },
             Some(error) => cancel(watch_id, header, format!("etcdserver: {}", error.message)),
         };
-        return (Some(answer), others);
+        return Outcome { answer: Some(answer), to_cancel: others, to_resume: None };
     }
-    let Some(watch) = watches.by_etcd_id.get_mut(&watch_id) else { return (None, Vec::new()) };
+    let Some(watch) = watches.by_etcd_id.get_mut(&watch_id) else { return Outcome::default() };
+    watch.resumes_without_progress = 0;
     if response.created.is_some() {
-        watch.uncreated = watch.uncreated.saturating_sub(1);
+        // A part created again after it ended: the client was told long ago.
+        if watch.uncreated == 0 {
+            return Outcome::default();
+        }
+        watch.uncreated -= 1;
         let created = (watch.uncreated == 0).then(|| pb::WatchResponse { header, watch_id, created: true, ..pb::WatchResponse::default() });
-        return (created, Vec::new());
+        return Outcome::answer(created);
     }
     if response.progress {
-        return (Some(pb::WatchResponse { header, watch_id, ..pb::WatchResponse::default() }), Vec::new());
+        return Outcome::answer(Some(pb::WatchResponse { header, watch_id, ..pb::WatchResponse::default() }));
     }
     let events: Vec<Event> = response.events.into_iter().filter_map(|event| etcd_event(&watch.filter, event)).collect();
-    let answer = (!events.is_empty()).then(|| pb::WatchResponse { header, watch_id, events, ..pb::WatchResponse::default() });
-    (answer, Vec::new())
+    Outcome::answer((!events.is_empty()).then(|| pb::WatchResponse { header, watch_id, events, ..pb::WatchResponse::default() }))
 }
 
 impl EtcdService {
@@ -362,14 +457,21 @@ impl pb::watch_server::Watch for EtcdService {
                 let Some(response) = response else { return };
                 let answer = match response {
                     Ok(response) => {
-                        let (answer, to_cancel) = etcd_response(&service, &watches, response);
-                        if !to_cancel.is_empty() {
+                        let Outcome { answer, to_cancel, to_resume } = etcd_response(&service, &watches, response);
+                        let mut requests: Vec<w::WatchRequest> = to_cancel.into_iter().map(native_cancel).collect();
+                        let mut pause = Duration::ZERO;
+                        if let Some((create, resume_pause)) = to_resume {
+                            requests.push(w::WatchRequest { request: Some(NativeRequest::Create(create)) });
+                            pause = resume_pause;
+                        }
+                        if !requests.is_empty() {
                             // Not awaited here: the proxy may be waiting for this task to
                             // read its next response before it takes another request.
                             let native = native.clone();
                             tokio::spawn(async move {
-                                for native_id in to_cancel {
-                                    if native.send(native_cancel(native_id)).await.is_err() {
+                                tokio::time::sleep(pause).await;
+                                for request in requests {
+                                    if native.send(request).await.is_err() {
                                         return;
                                     }
                                 }
@@ -415,6 +517,50 @@ mod tests {
             prev_stat,
             prev_data: Bytes::from_static(b"old"),
         }
+    }
+
+    fn ended(code: Code, resume_revision: u64, moved_to_group: u64) -> w::WatchCanceled {
+        let error = w::WardenError { moved_to_group, ..warden_proto::warden_error(code, "/a", "ended") };
+        w::WatchCanceled { error: Some(error), resume_revision, resume_revisions: [(7, 12)].into() }
+    }
+
+    #[test]
+    fn a_part_the_router_ended_is_created_again_from_its_resume_revisions() {
+        let mut watches = Watches::default();
+        let mut creates = vec![w::WatchCreate { path: "/a".into(), recursive: true, start_revision: 5, ..w::WatchCreate::default() }];
+        watches.add(3, filter(RangeSpec::Single(b"/a".to_vec())), &mut creates);
+        let first = creates[0].watch_id;
+
+        let (again, pause) = watches.resume(3, first, &ended(Code::Unavailable, 9, 0)).expect("a replica gone: resumed");
+        assert_ne!(again.watch_id, first);
+        assert_eq!((again.path.as_str(), again.recursive, again.start_revision, pause), ("/a", true, 9, RESUME_PAUSE_MIN));
+        assert_eq!(again.group_start_revisions, [(7, 12)].into());
+        assert_eq!(watches.etcd_id_of.get(&first), None, "what comes late for the ended part is dropped");
+        assert_eq!(watches.etcd_id_of.get(&again.watch_id), Some(&3));
+        assert_eq!(watches.by_etcd_id[&3].native_ids, [again.watch_id]);
+
+        let (moved, pause) = watches.resume(3, again.watch_id, &ended(Code::Moved, 11, 4)).expect("a moved subtree: resumed");
+        assert_eq!((moved.start_revision, pause), (11, RESUME_PAUSE_MIN * 2));
+        assert_eq!(moved.group_start_revisions, [(7, 12), (4, 11)].into(), "the new group resumes from the move's revision");
+        let (unstarted, _) = watches.resume(3, moved.watch_id, &ended(Code::NotLeader, 0, 0)).expect("resumed");
+        assert_eq!(unstarted.start_revision, 11, "a part that never started again resumes where its last create asked");
+    }
+
+    #[test]
+    fn a_part_that_keeps_failing_or_was_refused_ends_its_watch() {
+        let mut watches = Watches::default();
+        let mut creates = vec![w::WatchCreate { path: "/a".into(), ..w::WatchCreate::default() }];
+        watches.add(0, filter(RangeSpec::Single(b"/a".to_vec())), &mut creates);
+        let mut part = creates[0].watch_id;
+        for _ in 0..RESUMES_WITHOUT_PROGRESS_MAX {
+            part = watches.resume(0, part, &ended(Code::SlowWatcher, 9, 0)).expect("resumed").0.watch_id;
+        }
+        assert!(watches.resume(0, part, &ended(Code::SlowWatcher, 9, 0)).is_none(), "no answer in between: the watch ends");
+        watches.by_etcd_id.get_mut(&0).expect("the watch").resumes_without_progress = 0;
+        assert!(watches.resume(0, part, &ended(Code::Compacted, 9, 0)).is_none(), "a compacted start is the client's to handle");
+        assert!(watches.resume(0, part, &ended(Code::PermissionDenied, 9, 0)).is_none(), "a refusal ends it");
+        assert!(watches.resume(0, part, &w::WatchCanceled::default()).is_none(), "cancelled by the client");
+        assert!(watches.resume(0, part, &ended(Code::Unavailable, 9, 0)).is_some(), "after an answer, it resumes again");
     }
 
     #[test]
