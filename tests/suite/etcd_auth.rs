@@ -2,13 +2,16 @@
 //! port), driven by Debian's `etcdctl` as etcd's documentation sets auth up: a root user and
 //! role, a role with a key prefix, a user holding it; once auth is enabled, the user's
 //! password names its principal, whose writes inside its prefix are served and outside it
-//! are denied, a wrong password is refused, and root turns auth off again.
+//! are denied, a wrong password is refused, and root turns auth off again. etcd's Rust
+//! client (`etcd-client`), over a channel with Warden's TLS connector, logs in the same way.
 
 use std::process::Output;
 use std::sync::Arc;
 use std::time::Duration;
 
-use warden_proto::tls::{Identity, Tls, TlsFiles};
+use etcd_client::{ConnectOptions, PermissionType};
+use tonic::transport::Endpoint;
+use warden_proto::tls::{connect_channel, Expected, Identity, Tls, TlsFiles};
 use warden_server_kit::authority::Authority;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
@@ -66,6 +69,21 @@ impl Etcdctl {
     }
 }
 
+/// etcd's Rust client logged in as `user` with `password` over TLS to the router's etcd port
+/// at `addr`, presenting the client certificate of `tls`: the channel is Warden's own TLS
+/// connector (which checks that the server is a router), handed to the client as a raw
+/// channel. Answers the client, or why its login failed.
+async fn etcd_client_as(addr: std::net::SocketAddr, tls: &Arc<Tls>, user: &str, password: &str) -> Result<etcd_client::Client, etcd_client::Error> {
+    let endpoint = Endpoint::from_shared(format!("http://{addr}")).expect("uri").connect_timeout(TIMEOUT).timeout(TIMEOUT);
+    let channel = connect_channel(endpoint, Some(tls), Expected::Router).await.expect("a TLS connection to the router's etcd port");
+    etcd_client::Client::from_channel(etcd_client::Channel::Tonic(channel), Some(ConnectOptions::new().with_user(user, password))).await
+}
+
+/// etcd's auth as an operator sets it up with `etcdctl`, and as programs then use it through
+/// etcd's Rust client: a user's password names its principal; it reads and writes inside
+/// its role's prefix and is denied outside it; a wrong password is refused at login; the
+/// root user lists users and reads roles (with the permission as granted); root turns auth
+/// off and the certificate's principal is judged again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -101,6 +119,30 @@ async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled(
     assert!(denied.contains("etcdserver: permission denied"), "outside her prefix: {denied}");
     let wrong = etcdctl.refused(&["--user", "alice:wrong", "put", "/alice/x", "2"]).await;
     assert!(wrong.contains("authentication failed, invalid user ID or password"), "a wrong password: {wrong}");
+
+    // A program's own certificate (no administrator): the password decides who it is.
+    let app = Tls::load(authority.issue_files(&dir.path().join("app"), &Identity::client("app")).expect("issue")).expect("load");
+    let mut alice = etcd_client_as(etcd_addr, &app, "alice", "alicepw").await.expect("alice logs in");
+    alice.put("/alice/rust", "2", None).await.expect("alice puts inside her prefix");
+    let got = alice.get("/alice/rust", None).await.expect("alice gets inside her prefix");
+    assert_eq!(got.kvs().iter().map(|kv| kv.value()).collect::<Vec<_>>(), [b"2"], "alice reads what she put");
+    let got = alice.get("/alice/x", None).await.expect("alice gets etcdctl's key");
+    assert_eq!(got.kvs().iter().map(|kv| kv.value()).collect::<Vec<_>>(), [b"1"], "alice reads what etcdctl put as her");
+    let denied = alice.put("/bob/rust", "2", None).await.expect_err("a put outside her prefix").to_string();
+    assert!(denied.contains("etcdserver: permission denied"), "alice's put outside her prefix: {denied}");
+    let denied = alice.get("/bob/x", None).await.expect_err("a get outside her prefix").to_string();
+    assert!(denied.contains("etcdserver: permission denied"), "alice's get outside her prefix: {denied}");
+    let wrong = etcd_client_as(etcd_addr, &app, "alice", "wrong").await.err().expect("a wrong password is refused at login").to_string();
+    assert!(wrong.contains("authentication failed, invalid user ID or password"), "a wrong password: {wrong}");
+    let mut root = etcd_client_as(etcd_addr, &app, "root", "rootpw").await.expect("root logs in");
+    let mut users = root.user_list().await.expect("root lists users").users().to_vec();
+    users.sort();
+    assert_eq!(users, ["alice", "root"], "the users etcdctl added");
+    let team = root.role_get("team").await.expect("root reads a role");
+    let granted: Vec<_> = team.permissions().iter().map(|p| (p.key().to_vec(), p.range_end().to_vec(), p.get_type())).collect();
+    assert_eq!(granted, [(b"/alice/".to_vec(), b"/alice0".to_vec(), PermissionType::Readwrite as i32)], "the permission as granted");
+    let refused = alice.user_list().await.expect_err("a user without the root role lists users").to_string();
+    assert!(refused.contains("permission denied"), "alice lists users: {refused}");
 
     assert!(etcdctl.ok(&["--user", "root:rootpw", "auth", "disable"]).await.contains("Authentication Disabled"));
     // The certificate's principal again: Warden's administrator writes anywhere.
