@@ -42,3 +42,17 @@ if ! PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python python3 -c "$etcd3_ready" >/d
   echo "setup: installing the python packages etcd3==0.12.0 tenacity==6.3.1"
   python3 -m pip install --quiet etcd3==0.12.0 tenacity==6.3.1
 fi
+# The Python client (client/python, tests/suite/python_client.rs): grpcio, grpcio-status and
+# its googleapis-common-protos at run time; grpcio-tools, setuptools and wheel to build it
+# (its stubs are generated at build time, and the test installs it with
+# --no-build-isolation, so they must be here); pytest for its suite. Pinned for Python 3.11:
+# grpcio-tools 1.85 needs protobuf >= 7.35.1 and setuptools >= 77, and protobuf stays at the
+# 7.36.2 that etcd3's pure-Python protobuf use above is tested with.
+client_pins="grpcio==1.85.3 grpcio-tools==1.85.1 grpcio-status==1.85.3 googleapis-common-protos==1.76.0 protobuf==7.36.2 pytest==8.4.2 setuptools==80.9.0 wheel==0.45.1"
+client_ready="import importlib.metadata as m, sys; sys.exit(any(m.version(n) != v for n, v in (p.split('==') for p in sys.argv[1:])))"
+# shellcheck disable=SC2086
+if ! python3 -c "$client_ready" $client_pins >/dev/null 2>&1; then
+  echo "setup: installing the python packages $client_pins"
+  # shellcheck disable=SC2086
+  python3 -m pip install --quiet $client_pins
+fi
