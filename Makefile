@@ -6,7 +6,7 @@
 CARGO_TARGET_DIR ?= $(HOME)/.cache/warden-target
 export CARGO_TARGET_DIR
 
-.PHONY: setup dev test lint bench build compare torture
+.PHONY: setup dev test lint bench build compare compare-python torture
 
 setup:
 	@bash scripts/setup.sh
@@ -43,6 +43,14 @@ bench: build
 # of `make test`: it installs servers and takes a while. ARGS=--quick tries it in short runs.
 compare: setup
 	bash scripts/bench-vs $(ARGS)
+
+# Put, get and lock+unlock at 1, 16 and 64 threads through each service's usual Python client
+# (client/python/bench/bench.py): `warden` against `warden dev`, etcd3 against the 5-member etcd
+# and kazoo against the 5-server ZooKeeper of `make compare`, each system alone, into
+# benchmarks/results/<UTC date>-python-clients/ (docs/python.md, "Benchmark"). Builds nothing
+# (ARGS=--build builds warden first); BENCH_DURATION_S=2 BENCH_THREADS=1,16 tries it.
+compare-python: setup
+	bash scripts/bench-python $(ARGS)
 
 # The long torture run (tests/suite/torture): HISTORIES seeded histories (default 100) of
 # five node processes on test hosts under partitions, pauses and kills, each checked; files
