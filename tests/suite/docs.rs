@@ -10,13 +10,14 @@
 //!   that run until Ctrl-C): counted and listed. Other tags (`text`, `json`, …) are not
 //!   commands.
 //! - `docs/api.md` is generated from the `.proto` comments; the test fails if the file
-//!   differs (`WARDEN_UPDATE_DOCS=1` rewrites it).
+//!   differs (`WARDEN_UPDATE_DOCS=1` rewrites it), and another if any service, message, enum,
+//!   rpc, field or value in it has no description.
 
-use std::io::Read;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
+
+use crate::support::child::{self, Group};
 
 const BIN: &str = env!("CARGO_BIN_EXE_warden");
 /// The repository root (this package's directory).
@@ -168,65 +169,11 @@ fn missing_lines(step: &Step, output: &str) -> Vec<String> {
     step.expected.iter().filter(|want| !lines.iter().any(|line| matches(&squeeze(want), line))).cloned().collect()
 }
 
-/// A child process in its own process group, killed with its group when dropped.
-struct Group(Child);
-
-impl Drop for Group {
-    fn drop(&mut self) {
-        // SAFETY: kill(2) of the process group this test created (the child's pid).
-        unsafe { libc::kill(-(self.0.id() as libc::pid_t), libc::SIGKILL) };
-        let _ = self.0.wait();
-    }
-}
-
-/// Spawns `command` in a process group of its own that dies with this test process.
-fn spawn_group(command: &mut Command) -> Group {
-    // SAFETY: prctl in the forked child before exec: it dies with this test process even if
-    // that is killed without unwinding.
-    unsafe {
-        command.pre_exec(|| {
-            libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
-            Ok(())
-        });
-    }
-    Group(command.process_group(0).spawn().expect("spawn"))
-}
-
-/// What a finished command did.
-struct Ran {
-    code: Option<i32>,
-    /// stdout, then stderr.
-    output: String,
-}
-
-/// Runs `command` to completion (its stdout and stderr read by threads); `None` past
-/// `deadline`, its process group killed.
-fn run_within(command: &mut Command, deadline: Duration) -> Option<Ran> {
-    let mut child = spawn_group(command.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()));
-    let reader = |pipe: Option<Box<dyn Read + Send>>| {
-        std::thread::spawn(move || {
-            let mut bytes = Vec::new();
-            if let Some(mut pipe) = pipe {
-                let _ = pipe.read_to_end(&mut bytes);
-            }
-            String::from_utf8_lossy(&bytes).into_owned()
-        })
-    };
-    let stdout = reader(child.0.stdout.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let stderr = reader(child.0.stderr.take().map(|p| Box::new(p) as Box<dyn Read + Send>));
-    let end = Instant::now() + deadline;
-    let status = loop {
-        if let Some(status) = child.0.try_wait().expect("try_wait") {
-            break status;
-        }
-        if Instant::now() > end {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    drop(child);
-    let output = format!("{}{}", stdout.join().expect("stdout reader"), stderr.join().expect("stderr reader"));
-    Some(Ran { code: status.code(), output })
+/// Runs `command` to completion: its exit code and its stdout then stderr; `None` past
+/// `deadline` (its process group killed).
+fn run_within(command: &mut Command, deadline: Duration) -> Option<(Option<i32>, String)> {
+    let ran = child::run_within(command, deadline).expect("spawn");
+    ran.status.is_some().then(|| (ran.code(), format!("{}{}", ran.stdout, ran.stderr)))
 }
 
 /// The `warden dev` the documented commands run against, and their scratch directory.
@@ -249,7 +196,7 @@ impl Dev {
         let data = dir.path().join("data");
         let mut command = Command::new(BIN);
         command.args(["dev", "--fresh", "--data-dir"]).arg(&data).stdout(log.try_clone().expect("dev log")).stderr(log).env_remove("RUST_LOG");
-        let dev = Dev { _dev: spawn_group(&mut command), dir };
+        let dev = Dev { _dev: child::spawn_group(&mut command).expect("spawn"), dir };
         dev.wait_healthy();
         dev
     }
@@ -262,7 +209,7 @@ impl Dev {
         let log = self.dir.path().join("dev.log");
         while Instant::now() < end {
             let started = std::fs::read_to_string(&log).is_ok_and(|text| text.contains("Ctrl-C stops"));
-            if started && run_within(&mut self.shell("warden status"), COMMAND_DEADLINE).is_some_and(|ran| ran.code == Some(0)) {
+            if started && run_within(&mut self.shell("warden status"), COMMAND_DEADLINE).is_some_and(|(code, _)| code == Some(0)) {
                 return;
             }
             std::thread::sleep(Duration::from_millis(200));
@@ -287,14 +234,14 @@ impl Dev {
 
     /// Runs one documented command; a description of what went wrong, if anything did.
     fn check(&self, step: &Step) -> Option<String> {
-        let Some(ran) = run_within(&mut self.shell(&step.command), COMMAND_DEADLINE) else {
+        let Some((code, output)) = run_within(&mut self.shell(&step.command), COMMAND_DEADLINE) else {
             return Some(format!("{}: `{}` ran longer than {COMMAND_DEADLINE:?}", step.place, step.command));
         };
-        let missing = missing_lines(step, &ran.output);
-        match (ran.code, missing.is_empty()) {
+        let missing = missing_lines(step, &output);
+        match (code, missing.is_empty()) {
             (Some(0), true) => None,
             (code, _) => {
-                Some(format!("{}: `{}` exited {code:?}; expected lines not printed: {missing:?}; output:\n{}", step.place, step.command, ran.output))
+                Some(format!("{}: `{}` exited {code:?}; expected lines not printed: {missing:?}; output:\n{}", step.place, step.command, output))
             }
         }
     }
@@ -516,7 +463,9 @@ mod api {
             "# API reference\n\nGenerated by `tests/suite/docs.rs` from the comments of `proto/proto/warden.proto` (the public client API, \
              served by routers and nodes) and `proto/proto/placement.proto` (placement and administration, served by the nodes \
              holding a placement replica). Do not edit: change the `.proto` comments and run \
-             `WARDEN_UPDATE_DOCS=1 cargo test --release --test suite docs::api_reference`.\n\n",
+             `WARDEN_UPDATE_DOCS=1 cargo test --release --test suite docs::api_reference`. What a client in any language does \
+             besides sending these messages (routers and failover, deadlines, errors and retries, sessions, locks, watches, \
+             TLS and tokens, limits) is in [clients.md](clients.md).\n\n",
         );
         for (file, text) in files {
             Proto::read(text).render(file, &mut out);
@@ -525,15 +474,52 @@ mod api {
         out.push('\n');
         out
     }
+
+    /// What a reference made by [`reference`] leaves undescribed, in its order: every file,
+    /// service, message or enum without its paragraph, and every table row (rpc, field or
+    /// value) whose description is empty (a `oneof` mark alone says nothing: empty too).
+    pub fn undescribed(reference: &str) -> Vec<String> {
+        let lines: Vec<&str> = reference.lines().collect();
+        let mut missing = Vec::new();
+        let mut section = String::new();
+        let mut in_table = false;
+        for (index, line) in lines.iter().enumerate() {
+            if let Some(heading) = line.strip_prefix("### ").or_else(|| line.strip_prefix("## ")) {
+                section = heading.to_owned();
+                let next = lines[index + 1..].iter().find(|next| !next.trim().is_empty());
+                if next.is_none_or(|next| next.starts_with('|') || next.starts_with('#')) {
+                    missing.push(format!("{section}: no paragraph"));
+                }
+            } else if line.starts_with("|---") {
+                in_table = true;
+            } else if !line.starts_with('|') {
+                in_table = false;
+            } else if in_table {
+                let row = line.strip_suffix(" |").unwrap_or(line);
+                // Cells are separated by ` | `; a `|` inside a description is escaped (`\|`).
+                let description = row.rsplit_once(" | ").map_or("", |(_, description)| description);
+                let description = match description.strip_prefix("(oneof `").and_then(|rest| rest.split_once("`)")) {
+                    Some((_, rest)) => rest,
+                    None => description,
+                };
+                if description.trim().is_empty() {
+                    let name = row.trim_start_matches("| ").split(" | ").next().unwrap_or_default();
+                    missing.push(format!("{section}: {name} has no description"));
+                }
+            }
+        }
+        missing
+    }
+}
+
+/// The `.proto` files of the API reference, with their text.
+fn api_protos() -> Vec<(&'static str, String)> {
+    API_PROTOS.iter().map(|name| (*name, std::fs::read_to_string(Path::new(ROOT).join("proto/proto").join(name)).expect("read a .proto"))).collect()
 }
 
 #[test]
 fn api_reference_is_generated_from_the_proto_comments() {
-    let protos: Vec<(&str, String)> = API_PROTOS
-        .iter()
-        .map(|name| (*name, std::fs::read_to_string(Path::new(ROOT).join("proto/proto").join(name)).expect("read a .proto")))
-        .collect();
-    let generated = api::reference(&protos);
+    let generated = api::reference(&api_protos());
     let path: PathBuf = Path::new(ROOT).join(API_DOC);
     if std::env::var_os("WARDEN_UPDATE_DOCS").is_some() {
         std::fs::write(&path, &generated).expect("write docs/api.md");
@@ -565,4 +551,39 @@ fn the_api_reference_reads_services_messages_enums_and_oneofs() {
         assert!(doc.contains(want), "{want:?} missing from:\n{doc}");
     }
     assert!(!doc.contains("reserved"), "{doc}");
+}
+
+#[test]
+fn every_service_message_enum_field_and_value_of_the_api_reference_is_described() {
+    let missing = api::undescribed(&api::reference(&api_protos()));
+    assert!(
+        missing.is_empty(),
+        "{} parts of {API_DOC} have no description: describe each in a `//` comment on the line(s) just above it in its .proto \
+         (what it means to a client, its unit, default and limits, which calls use it), then refresh {API_DOC}:\n  {}",
+        missing.len(),
+        missing.join("\n  ")
+    );
+}
+
+#[test]
+fn the_description_check_names_every_undescribed_part() {
+    let proto = "// The file.\nsyntax = \"proto3\";\npackage p.v1;\n\n// Calls.\nservice S {\n  // Does it.\n  rpc Do(DoRequest) returns (DoResponse);\n  rpc Undo(DoRequest) returns (DoResponse);\n}\n\n// A request.\nmessage DoRequest {\n  // The path, with a | in it.\n  string path = 1;\n  uint64 count = 2;\n  oneof op {\n    // Fast.\n    bool fast = 3;\n    bool slow = 4;\n  }\n}\nmessage DoResponse {\n  // Done.\n  bool done = 1;\n}\n// How.\nenum Mode {\n  // Quick.\n  QUICK = 0;\n  CAREFUL = 1;\n}\n// Nothing.\nmessage Empty {}\nmessage Bare {}\n";
+    let doc = api::reference(&[("p.proto", proto.to_owned())]);
+    assert_eq!(
+        api::undescribed(&doc),
+        [
+            "service `S`: `Undo` has no description",
+            "message `DoRequest`: `count` = 2 has no description",
+            "message `DoRequest`: `slow` = 4 has no description",
+            "message `DoResponse`: no paragraph",
+            "enum `Mode`: `CAREFUL` has no description",
+            "message `Bare`: no paragraph",
+        ],
+        "{doc}"
+    );
+    let described = "// The file.\nsyntax = \"proto3\";\npackage p.v1;\n\n// A request.\nmessage DoRequest {\n  // The path.\n  string path = 1;\n  oneof op {\n    // Fast.\n    bool fast = 3;\n  }\n}\n// Nothing.\nmessage Empty {}\n";
+    let doc = api::reference(&[("p.proto", described.to_owned())]);
+    assert_eq!(api::undescribed(&doc), Vec::<String>::new(), "{doc}");
+    let headless = "syntax = \"proto3\";\npackage p.v1;\n\n// A.\nmessage A {}\n";
+    assert_eq!(api::undescribed(&api::reference(&[("p.proto", headless.to_owned())])), ["`p.proto` (package `p.v1`): no paragraph"]);
 }

@@ -30,6 +30,7 @@ mod namespace_api;
 mod operations;
 mod placement;
 mod processes;
+mod python_client;
 mod quota;
 mod recipes;
 mod router;

@@ -1,7 +1,9 @@
-//! Helpers shared by the integration tests: clusters with the namespace API, fleets of
-//! processes, histories and their checks, routed clusters, watch streams, workloads.
+//! Helpers shared by the integration tests: clusters with the namespace API, child processes
+//! in process groups of their own, fleets of processes, histories and their checks, routed
+//! clusters, watch streams, workloads.
 
 pub mod api;
+pub mod child;
 pub mod etcdctl;
 pub mod fleet;
 pub mod history;
