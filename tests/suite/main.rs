@@ -17,6 +17,7 @@ mod engine;
 mod engine_faults;
 mod etcd_api;
 mod etcd_auth;
+mod etcd_concurrency;
 mod etcd_locks;
 mod etcd_python;
 mod etcdctl_vs_etcd;
