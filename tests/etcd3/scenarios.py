@@ -19,38 +19,7 @@ import grpc
 import etcd3
 from etcd3.events import DeleteEvent, PutEvent
 
-# How long any one wait may take (an event, a thread, a watch being created).
-DEADLINE = 20.0
-
-
-class Failed(Exception):
-    """A check that did not hold."""
-
-
-def check(condition, message):
-    if not condition:
-        raise Failed(message)
-
-
-def equal(actual, expected, what):
-    check(actual == expected, "%s: expected %r, got %r" % (what, expected, actual))
-
-
-def connect(endpoint):
-    host, port = endpoint.rsplit(":", 1)
-    # Every unary call, and the creation of each watch, gets this deadline.
-    return etcd3.client(host=host, port=int(port), timeout=DEADLINE)
-
-
-def take(q, what):
-    """The next item of `q` within the deadline; an exception put there is raised."""
-    try:
-        item = q.get(timeout=DEADLINE)
-    except queue.Empty:
-        raise Failed("nothing came within %.0f s: %s" % (DEADLINE, what))
-    if isinstance(item, Exception):
-        raise Failed("%s: the watch failed: %r" % (what, item))
-    return item
+from common import DEADLINE, Failed, check, connect, described_failure, equal, grpc_code, take
 
 
 def event_queue(client, key, **kwargs):
@@ -72,15 +41,6 @@ def described(event):
     """An event as (PUT or DELETE, key, value)."""
     kind = "PUT" if isinstance(event, PutEvent) else "DELETE" if isinstance(event, DeleteEvent) else type(event).__name__
     return (kind, event.key.decode(), event.value.decode())
-
-
-def grpc_code(error):
-    """The gRPC status code of `error` or of the error it was raised from (etcd3 translates some)."""
-    while error is not None:
-        if isinstance(error, grpc.RpcError):
-            return error.code(), error.details()
-        error = error.__context__
-    return None, None
 
 
 def kv(client, endpoint):
@@ -370,9 +330,7 @@ def main():
             print("ok: %s" % scenario.__name__)
         except Exception as error:
             failed.append(scenario.__name__)
-            code, details = grpc_code(error)
-            extra = " (gRPC %s: %s)" % (code, details) if code is not None else ""
-            print("FAILED: %s: %s%s" % (scenario.__name__, str(error) or type(error).__name__, extra), file=sys.stderr)
+            print("FAILED: %s: %s" % (scenario.__name__, described_failure(error)), file=sys.stderr)
             traceback.print_exc()
     if failed:
         sys.exit("failed scenarios: %s" % ", ".join(failed))
