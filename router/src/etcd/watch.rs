@@ -12,7 +12,9 @@
 //! - Watch ids: the client's, or for a create asking 0 the lowest unused from 0, as etcd
 //!   picks them. Native ids are this stream's own and never reused, so what comes late for
 //!   a part of an ended watch is dropped, even when its etcd id is in use again.
-//! - An etcd watch is created when all its parts are, and ends when its first part ends
+//! - An etcd watch is created when all its parts are (events of a part created earlier are
+//!   held until then, as etcd's clients drop events of a watch not answered created), and
+//!   ends when its first part ends
 //!   (the others are cancelled) — except where etcd would go on: a part the router ended
 //!   because its replica went away, fell behind or its subtree moved (UNAVAILABLE,
 //!   NOT_LEADER, SLOW_WATCHER, MOVED) is created again from the revisions it gives, so
@@ -68,6 +70,9 @@ const RESUMES_WITHOUT_PROGRESS_MAX: u32 = 8;
 const RESUME_PAUSE_MIN: Duration = Duration::from_millis(50);
 /// The longest pause between two attempts.
 const RESUME_PAUSE_MAX: Duration = Duration::from_secs(1);
+/// Responses of events one etcd watch holds at most while some of its parts are not created
+/// yet; past it the watch is ended (created and cancelled at once), as a watcher too slow.
+const HELD_RESPONSES_MAX: usize = 256;
 
 /// What one etcd watch passes on.
 #[derive(Clone, Debug)]
@@ -97,6 +102,9 @@ struct EtcdWatch {
     creates: HashMap<u64, w::WatchCreate>,
     /// Parts not answered `created` yet (the client is told once, when none is left).
     uncreated: usize,
+    /// Responses of events that came while parts were not created, in order (at most
+    /// [`HELD_RESPONSES_MAX`]): sent right after `created`.
+    held: Vec<pb::WatchResponse>,
     /// Parts created again in a row with no answer from any part in between.
     resumes_without_progress: u32,
 }
@@ -122,7 +130,7 @@ impl Watches {
             kept.insert(create.watch_id, create.clone());
             self.etcd_id_of.insert(create.watch_id, etcd_id);
         }
-        let watch = EtcdWatch { filter, uncreated: native_ids.len(), native_ids, creates: kept, resumes_without_progress: 0 };
+        let watch = EtcdWatch { filter, uncreated: native_ids.len(), native_ids, creates: kept, resumes_without_progress: 0, held: Vec::new() };
         self.by_etcd_id.insert(etcd_id, watch);
     }
 
@@ -287,8 +295,8 @@ fn etcd_event(filter: &Filter, event: w::WatchEvent) -> Option<Event> {
 /// What a native response makes the stream do.
 #[derive(Debug, Default)]
 struct Outcome {
-    /// The etcd response for the client, if any.
-    answer: Option<pb::WatchResponse>,
+    /// The etcd responses for the client, in order.
+    answers: Vec<pb::WatchResponse>,
     /// Native ids of parts to cancel (those of a watch whose other part the server ended).
     to_cancel: Vec<u64>,
     /// A part to create again, after the pause.
@@ -297,13 +305,13 @@ struct Outcome {
 
 impl Outcome {
     fn answer(answer: Option<pb::WatchResponse>) -> Outcome {
-        Outcome { answer, ..Outcome::default() }
+        Outcome { answers: answer.into_iter().collect(), ..Outcome::default() }
     }
 }
 
-/// What native response `response` makes the stream do.
-fn etcd_response(service: &EtcdService, watches: &Shared, response: w::WatchResponse) -> Outcome {
-    let header = service.header(response.header.as_ref().map_or(0, |h| h.revision));
+/// What native response `response` makes the stream do; `header` is the etcd header of
+/// its revision.
+fn etcd_response(header: Option<pb::ResponseHeader>, watches: &Shared, response: w::WatchResponse) -> Outcome {
     let Ok(mut watches) = watches.lock() else { return Outcome::default() };
     let Some(&watch_id) = watches.etcd_id_of.get(&response.watch_id) else { return Outcome::default() };
     if let Some(canceled) = response.canceled {
@@ -321,7 +329,7 @@ fn etcd_response(service: &EtcdService, watches: &Shared, response: w::WatchResp
             },
             Some(error) => cancel(watch_id, header, format!("etcdserver: {}", error.message)),
         };
-        return Outcome { answer: Some(answer), to_cancel: others, to_resume: None };
+        return Outcome { answers: vec![answer], to_cancel: others, to_resume: None };
     }
     let Some(watch) = watches.by_etcd_id.get_mut(&watch_id) else { return Outcome::default() };
     watch.resumes_without_progress = 0;
@@ -331,14 +339,33 @@ fn etcd_response(service: &EtcdService, watches: &Shared, response: w::WatchResp
             return Outcome::default();
         }
         watch.uncreated -= 1;
-        let created = (watch.uncreated == 0).then(|| pb::WatchResponse { header, watch_id, created: true, ..pb::WatchResponse::default() });
-        return Outcome::answer(created);
+        if watch.uncreated > 0 {
+            return Outcome::default();
+        }
+        let mut answers = vec![pb::WatchResponse { header, watch_id, created: true, ..pb::WatchResponse::default() }];
+        answers.append(&mut watch.held);
+        return Outcome { answers, ..Outcome::default() };
     }
     if response.progress {
-        return Outcome::answer(Some(pb::WatchResponse { header, watch_id, ..pb::WatchResponse::default() }));
+        // Before the watch is created there is nothing to say progress on.
+        return Outcome::answer((watch.uncreated == 0).then(|| pb::WatchResponse { header, watch_id, ..pb::WatchResponse::default() }));
     }
     let events: Vec<Event> = response.events.into_iter().filter_map(|event| etcd_event(&watch.filter, event)).collect();
-    Outcome::answer((!events.is_empty()).then(|| pb::WatchResponse { header, watch_id, events, ..pb::WatchResponse::default() }))
+    if events.is_empty() {
+        return Outcome::default();
+    }
+    let answer = pb::WatchResponse { header, watch_id, events, ..pb::WatchResponse::default() };
+    if watch.uncreated == 0 {
+        return Outcome::answer(Some(answer));
+    }
+    if watch.held.len() < HELD_RESPONSES_MAX {
+        watch.held.push(answer);
+        return Outcome::default();
+    }
+    let to_cancel = watches.remove(watch_id).map(|watch| watch.native_ids).unwrap_or_default();
+    let created = pb::WatchResponse { header, watch_id, created: true, ..pb::WatchResponse::default() };
+    let reason = format!("etcdserver: the watch's groups took too long to start ({HELD_RESPONSES_MAX} responses waited)");
+    Outcome { answers: vec![created, cancel(watch_id, header, reason)], to_cancel, to_resume: None }
 }
 
 impl EtcdService {
@@ -455,9 +482,10 @@ impl pb::watch_server::Watch for EtcdService {
                     () = answers.closed() => None,
                 };
                 let Some(response) = response else { return };
-                let answer = match response {
+                let answers_now = match response {
                     Ok(response) => {
-                        let Outcome { answer, to_cancel, to_resume } = etcd_response(&service, &watches, response);
+                        let header = service.header(response.header.as_ref().map_or(0, |h| h.revision));
+                        let Outcome { answers: answers_now, to_cancel, to_resume } = etcd_response(header, &watches, response);
                         let mut requests: Vec<w::WatchRequest> = to_cancel.into_iter().map(native_cancel).collect();
                         let mut pause = Duration::ZERO;
                         if let Some((create, resume_pause)) = to_resume {
@@ -477,15 +505,14 @@ impl pb::watch_server::Watch for EtcdService {
                                 }
                             });
                         }
-                        match answer {
-                            Some(answer) => Ok(answer),
-                            None => continue,
-                        }
+                        answers_now.into_iter().map(Ok).collect()
                     }
-                    Err(status) => Err(status),
+                    Err(status) => vec![Err(status)],
                 };
-                if answers.send(answer).await.is_err() {
-                    return;
+                for answer in answers_now {
+                    if answers.send(answer).await.is_err() {
+                        return;
+                    }
                 }
             }
         }));
@@ -561,6 +588,55 @@ mod tests {
         assert!(watches.resume(0, part, &ended(Code::PermissionDenied, 9, 0)).is_none(), "a refusal ends it");
         assert!(watches.resume(0, part, &w::WatchCanceled::default()).is_none(), "cancelled by the client");
         assert!(watches.resume(0, part, &ended(Code::Unavailable, 9, 0)).is_some(), "after an answer, it resumes again");
+    }
+
+    #[test]
+    fn events_of_a_part_created_first_wait_until_the_whole_watch_is_created() {
+        let watches: Shared = Arc::default();
+        let mut creates = vec![w::WatchCreate { path: "/a".into(), ..w::WatchCreate::default() }, w::WatchCreate::default()];
+        let all = filter(RangeSpec::Interval(KeyInterval { from: b"/a/".to_vec(), to: Some(b"/a0".to_vec()) }));
+        watches.lock().expect("watches").add(5, all, &mut creates);
+        let (first, second) = (creates[0].watch_id, creates[1].watch_id);
+        let created = |watch_id| w::WatchResponse { watch_id, created: Some(w::WatchCreated::default()), ..w::WatchResponse::default() };
+        let put = w::WatchResponse {
+            watch_id: first,
+            events: vec![native(NativeType::Created, "/a/x", stat(w::NodeKind::Persistent, 0), None)],
+            ..w::WatchResponse::default()
+        };
+
+        assert!(etcd_response(None, &watches, created(first)).answers.is_empty(), "one part of two created: not yet");
+        assert!(etcd_response(None, &watches, put.clone()).answers.is_empty(), "an event before the watch is created is held");
+        let progress = w::WatchResponse { watch_id: first, progress: true, ..w::WatchResponse::default() };
+        assert!(etcd_response(None, &watches, progress).answers.is_empty(), "no progress before creation");
+        let answers = etcd_response(None, &watches, created(second)).answers;
+        assert_eq!(answers.len(), 2, "created, then the held event: {answers:?}");
+        assert!(answers[0].created && answers[0].events.is_empty() && answers[0].watch_id == 5);
+        assert_eq!(answers[1].events.len(), 1);
+        assert_eq!(answers[1].events[0].kv.as_ref().map(|kv| kv.key.as_slice()), Some(b"/a/x".as_slice()));
+        let after = etcd_response(None, &watches, put).answers;
+        assert_eq!((after.len(), after[0].created), (1, false), "once created, events pass at once");
+        assert!(etcd_response(None, &watches, created(first)).answers.is_empty(), "a part created again says nothing");
+    }
+
+    #[test]
+    fn a_watch_whose_parts_take_too_long_to_start_ends_once_it_holds_its_bound() {
+        let watches: Shared = Arc::default();
+        let mut creates = vec![w::WatchCreate::default(), w::WatchCreate::default()];
+        watches.lock().expect("watches").add(0, filter(RangeSpec::Single(b"/a".to_vec())), &mut creates);
+        let first = creates[0].watch_id;
+        let put = w::WatchResponse {
+            watch_id: first,
+            events: vec![native(NativeType::Changed, "/a", stat(w::NodeKind::Persistent, 1), stat(w::NodeKind::Persistent, 0))],
+            ..w::WatchResponse::default()
+        };
+        for _ in 0..HELD_RESPONSES_MAX {
+            assert!(etcd_response(None, &watches, put.clone()).answers.is_empty());
+        }
+        let ended = etcd_response(None, &watches, put);
+        assert_eq!(ended.answers.len(), 2);
+        assert!(ended.answers[0].created && ended.answers[1].canceled, "{:?}", ended.answers);
+        assert_eq!(ended.to_cancel.len(), 2, "both parts are cancelled");
+        assert!(watches.lock().expect("watches").by_etcd_id.is_empty());
     }
 
     #[test]
