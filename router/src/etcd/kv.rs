@@ -94,15 +94,39 @@ struct Gathered {
     kvs: Vec<KeyValue>,
     count: u64,
     more: bool,
-    revision: u64,
+    /// The highest revision of the parts that held keys of the range.
+    revision_of_keys: Option<u64>,
+    /// The highest revision of the parts of plain keys (not under `/_etcd`).
+    revision_of_plain: Option<u64>,
+    /// The highest revision of every part.
+    revision_of_all: u64,
 }
 
 impl Gathered {
-    fn add(&mut self, answer: w::RangeResponse) {
+    /// Adds the answer of the part at `scope`.
+    fn add(&mut self, scope: &str, answer: w::RangeResponse) {
+        let revision = answer.header.map_or(0, |h| h.revision);
+        let raise = |slot: &mut Option<u64>| *slot = Some(slot.map_or(revision, |held| held.max(revision)));
+        if answer.count > 0 {
+            raise(&mut self.revision_of_keys);
+        }
+        if !warden_paths::is_at_or_below(scope, keys::ESCAPED_PREFIX) {
+            raise(&mut self.revision_of_plain);
+        }
+        self.revision_of_all = self.revision_of_all.max(revision);
         self.count += answer.count;
         self.more |= answer.more;
-        self.revision = self.revision.max(answer.header.map_or(0, |h| h.revision));
         self.kvs.extend(answer.nodes.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))));
+    }
+
+    /// The revision the answer's header names: that of the groups whose parts held keys, or
+    /// when none did, of the groups of the plain keys' parts. A range whose keys live in one
+    /// group so answers that group's own revision, which a watch of its keys from that
+    /// revision needs (etcd's lock and election recipes watch so): a group with no key in
+    /// the range, ahead of it (the root group, serving the escaped keys under `/_etcd`),
+    /// would make that watch start past the keys' next changes.
+    fn revision(&self) -> u64 {
+        self.revision_of_keys.or(self.revision_of_plain).unwrap_or(self.revision_of_all)
     }
 
     /// The etcd answer to `request`: filtered, sorted, cut to its limit.
@@ -137,7 +161,7 @@ impl Gathered {
         if request.count_only {
             self.kvs.clear();
         }
-        check_revision(request.revision, self.revision)?;
+        check_revision(request.revision, self.revision())?;
         Ok(pb::RangeResponse { header: None, kvs: self.kvs, more: self.more, count: i64::try_from(self.count).unwrap_or(i64::MAX) })
     }
 }
@@ -183,6 +207,7 @@ impl EtcdService {
         for _ in 0..RANGE_PLANS_MAX {
             let table = self.table().await?;
             let parts = parts_of(&table, &request.key, &request.range_end)?;
+            let scopes: Vec<String> = parts.iter().map(|part| part.scope.clone()).collect();
             let calls = parts.into_iter().map(|part| {
                 let range = w::RangeRequest {
                     path: part.scope,
@@ -202,10 +227,10 @@ impl EtcdService {
                 continue;
             }
             let mut gathered = Gathered::default();
-            for answer in answers {
-                gathered.add(answer.map_err(etcd_status)?.into_inner());
+            for (scope, answer) in scopes.iter().zip(answers) {
+                gathered.add(scope, answer.map_err(etcd_status)?.into_inner());
             }
-            let revision = gathered.revision;
+            let revision = gathered.revision();
             let mut answer = gathered.answer(request, &shape)?;
             answer.header = self.header(revision);
             return Ok(answer);
@@ -529,7 +554,8 @@ fn op_answer(op: &pb::RequestOp, results: Vec<w::TxnOpResult>) -> Result<pb::Res
             let mut gathered = Gathered::default();
             for result in results {
                 match result.result {
-                    Some(Answer::Range(answer)) => gathered.add(answer),
+                    // One group answers every part of a transaction: one revision.
+                    Some(Answer::Range(answer)) => gathered.add("/", answer),
                     _ => return Err(mismatch()),
                 }
             }
