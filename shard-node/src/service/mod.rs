@@ -8,6 +8,7 @@ mod remote_sessions;
 mod watch;
 
 pub use remote_sessions::RemoteSessionMetrics;
+use remote_sessions::WhenEnded;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -232,7 +233,7 @@ impl WardenService {
             Some(Op::Put(put)) if !put.keep_owner => Some(put.session_id),
             _ => None,
         });
-        self.ensure_remote_sessions(group, owners, !principal.is_empty(), timeout).await?;
+        self.ensure_remote_sessions(group, owners, !principal.is_empty(), WhenEnded::LeaveToApply, timeout).await?;
         match self.propose(group, CommandOp::Txn(request), principal, timeout).await? {
             (CommandOutcome::Txn(response), header) => Ok(TxnResponse { header: Some(header), ..response }),
             _ => Err(internal("mismatched result".into())),
@@ -718,7 +719,7 @@ impl Warden for WardenService {
             return Err(status(error(Code::InvalidArgument, &request.path, "timeout_ms is at most 300000")));
         }
         let group = group_of(request.routing.as_ref());
-        self.ensure_remote_sessions(group, [request.session_id], !principal.is_empty(), rpc_timeout).await?;
+        self.ensure_remote_sessions(group, [request.session_id], !principal.is_empty(), WhenEnded::Refuse, rpc_timeout).await?;
         let acquire = AcquireLock {
             path: request.path.clone(),
             session_id: request.session_id,
@@ -793,7 +794,7 @@ impl Warden for WardenService {
             // The waiter's session must be known here with its owner, as for Lock, or apply
             // cannot tell whether the caller may release it.
             let session = self.waiter_session(group, &sequencer, timeout).await?;
-            self.ensure_remote_sessions(group, session, true, timeout).await?;
+            self.ensure_remote_sessions(group, session, true, WhenEnded::Refuse, timeout).await?;
         }
         let header = self.release(group, sequencer, 0, &principal, timeout).await?;
         Ok(Response::new(UnlockResponse { header: Some(header) }))

@@ -65,6 +65,19 @@ struct RoundOutcome {
     unconfirmed_sessions: u64,
 }
 
+/// What [`WardenService::ensure_remote_sessions`] does with a session its home group says
+/// is not alive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum WhenEnded {
+    /// Refuse the call SESSION_EXPIRED: the session is used whatever happens.
+    Refuse,
+    /// Record the others and go on: a transaction uses a session only in the branch it
+    /// takes, and apply refuses an ephemeral of a session this group does not record
+    /// (SESSION_EXPIRED), so a put of an ended session in the branch not taken changes
+    /// nothing, as in etcd.
+    LeaveToApply,
+}
+
 /// Groups `session_ids` by home group.
 fn by_home(session_ids: &[u64]) -> BTreeMap<u64, Vec<u64>> {
     let mut homes: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
@@ -76,13 +89,15 @@ fn by_home(session_ids: &[u64]) -> BTreeMap<u64, Vec<u64>> {
 
 impl WardenService {
     /// Makes sure `group` records every session of `sessions` homed elsewhere, confirming
-    /// each new one with its home group first. SESSION_EXPIRED if a home group says one is
-    /// not alive; UNAVAILABLE if a home group cannot be asked.
+    /// each new one with its home group first. A session a home group says is not alive is
+    /// refused SESSION_EXPIRED or left unrecorded, as `when_ended` says; UNAVAILABLE if a
+    /// home group cannot be asked.
     pub(super) async fn ensure_remote_sessions(
         &self,
         group: u64,
         sessions: impl IntoIterator<Item = u64>,
         owners_needed: bool,
+        when_ended: WhenEnded,
         timeout: Duration,
     ) -> Result<(), Status> {
         let mut remote: Vec<u64> = sessions.into_iter().filter(|id| *id != 0 && home_group(*id) != group).collect();
@@ -113,10 +128,15 @@ impl WardenService {
         for (home, ids) in by_home(&remote) {
             self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
             let alive = self.links.check_sessions(group, home, &ids, deadline).await?;
-            if let Some(dead) = ids.iter().find(|id| !alive.iter().any(|(alive, _)| alive == *id)) {
+            let ended: Vec<u64> = ids.iter().copied().filter(|id| !alive.iter().any(|(alive, _)| alive == id)).collect();
+            if let (Some(dead), WhenEnded::Refuse) = (ended.first(), when_ended) {
                 return Err(status(error(Code::SessionExpired, "", &format!("session {dead} has expired or was closed (home group {home})"))));
             }
+            remote.retain(|id| !ended.contains(id));
             owners.extend(alive);
+        }
+        if remote.is_empty() {
+            return Ok(());
         }
         // 3. Recorded, with their owners (a command using one is checked against it):
         //    ephemerals of these sessions may now be created here.
