@@ -451,7 +451,6 @@ async fn the_leader_proclaims_values_observers_see_and_a_non_leader_is_refused()
 /// group than the election's keys (Warden picks a lease's home group at random; the test
 /// grants until one is), where a transaction naming a remote session checks it first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect, fixed next: a transaction refuses an ended lease named by a put of the branch it does not take (docs/etcd.md, known defects)"]
 async fn a_proclaim_after_the_leader_lease_ended_fails_with_not_leader() {
     let f = Fixture::start().await;
     let election_group = f.group_of(GROUP).await;
@@ -504,7 +503,6 @@ async fn a_resigning_leader_hands_over_and_the_last_leaves_no_leader() {
 /// `/conc/resume//<lease in hex>`, escaped keys living under `/_etcd`) and the resumed
 /// election's is that prefix as given.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect, fixed next: a range spanning groups answers the highest group's revision, and a watch from it can skip the keys' own group's events (docs/etcd.md, known defects)"]
 async fn a_resumed_election_observes_the_next_leader() {
     const PREFIX: &str = "/conc/resume/";
     let f = Fixture::start().await;
@@ -595,7 +593,6 @@ async fn a_leader_restarting_its_session_on_the_same_lease_keeps_leading() {
 /// revision is ahead (as traffic elsewhere makes it): the waiter must still see the holder's
 /// unlock and hold the lock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect, fixed next: a range spanning groups answers the highest group's revision, and a watch from it can skip the keys' own group's events (docs/etcd.md, known defects)"]
 async fn a_lock_is_handed_on_while_the_root_group_revision_is_ahead_of_the_lock_group() {
     let f = Fixture::start().await;
     let (first, second) = (f.session(SESSION_TTL_S).await, f.session(SESSION_TTL_S).await);
@@ -620,7 +617,6 @@ async fn a_lock_is_handed_on_while_the_root_group_revision_is_ahead_of_the_lock_
 /// root group's revision ahead of the election's group, an observer must still see what the
 /// leader proclaims.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect, fixed next: a range spanning groups answers the highest group's revision, and a watch from it can skip the keys' own group's events (docs/etcd.md, known defects)"]
 async fn an_observer_sees_proclaims_while_the_root_group_revision_is_ahead_of_the_election_group() {
     let f = Fixture::start().await;
     let session = f.session(SESSION_TTL_S).await;
@@ -641,7 +637,6 @@ async fn an_observer_sees_proclaims_while_the_root_group_revision_is_ahead_of_th
 /// group) may have events from that revision on. Here one does: the watch's first response
 /// must still be its creation, then the event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "known defect, fixed next: a watch across groups can answer a part's events before it answers created (docs/etcd.md, known defects)"]
 async fn a_watch_of_a_prefix_across_groups_answers_created_before_its_events() {
     let f = Fixture::start().await;
     let mut etcd = f.etcd.clone();
