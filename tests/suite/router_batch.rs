@@ -203,7 +203,9 @@ async fn a_node_refuses_an_oversize_or_unknown_item_typed_and_answers_the_rest()
         Some(ItemOutcome::Error(error)) => error.clone(),
         other => panic!("item {} answered {other:?}", index + 1),
     };
-    let too_large = warden_proto::v1::WardenError::decode(error(0).details).expect("a typed refusal");
+    let refused = error(0);
+    let refusal = tonic::Status::with_details(tonic::Code::from_i32(refused.code), refused.message, refused.details);
+    let too_large = warden_proto::error_of(&refusal).expect("a typed refusal");
     assert_eq!(too_large.code, Code::TooLarge as i32);
     assert_eq!(too_large.limit, 3 << 19);
     assert_eq!(error(1).code, tonic::Code::Unimplemented as i32);
