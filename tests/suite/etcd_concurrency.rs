@@ -56,6 +56,17 @@ struct Fixture {
 }
 
 impl Fixture {
+    /// Starts `waiter` locking [`LOCK`] in a task of its own and waits (`what`) until its key
+    /// is queued behind the holder's; the task answers the mutex once it holds.
+    async fn queue_behind_holder(&self, waiter: Mutex, what: &str) -> tokio::task::JoinHandle<Result<Mutex, Error>> {
+        let waiting = tokio::spawn(async move {
+            let mut waiter = waiter;
+            waiter.lock().await.map(|()| waiter)
+        });
+        warden_testkit::wait_until(what, TIMEOUT, async || self.keys(LOCK).await.len() == 2).await;
+        waiting
+    }
+
     async fn start() -> Fixture {
         let cluster = cluster_with_groups(&[GROUP]).await;
         let (router, etcd_addr) = start_router_with_etcd(&cluster);
@@ -233,11 +244,7 @@ async fn a_lock_passes_to_its_waiter_when_the_holder_lease_is_revoked_or_expires
     holder.lock().await.expect("lock");
 
     let waiter = Mutex::new(&second, LOCK);
-    let waiting = tokio::spawn(async move {
-        let mut waiter = waiter;
-        waiter.lock().await.map(|()| waiter)
-    });
-    warden_testkit::wait_until("the second locker waits", TIMEOUT, async || f.keys(LOCK).await.len() == 2).await;
+    let waiting = f.queue_behind_holder(waiter, "the second locker waits").await;
     assert!(!waiting.is_finished(), "the second locker must wait while the first holds the lock");
     first.close().await.expect("revoke the holder's lease");
     let second_holder = tokio::time::timeout(TIMEOUT, waiting).await.expect("the waiter holds in time").expect("task").expect("lock");
@@ -246,11 +253,7 @@ async fn a_lock_passes_to_its_waiter_when_the_holder_lease_is_revoked_or_expires
 
     // The second holder's session stops renewing: its lease expires and the lock passes on.
     let waiter = Mutex::new(&third, LOCK);
-    let waiting = tokio::spawn(async move {
-        let mut waiter = waiter;
-        waiter.lock().await.map(|()| waiter)
-    });
-    warden_testkit::wait_until("the third locker waits", TIMEOUT, async || f.keys(LOCK).await.len() == 2).await;
+    let waiting = f.queue_behind_holder(waiter, "the third locker waits").await;
     second.orphan();
     let mut third_holder = tokio::time::timeout(TIMEOUT, waiting).await.expect("the waiter holds in time").expect("task").expect("lock");
     assert!(!f.exists(second_holder.key()).await, "the expired lease's key is gone");
@@ -602,11 +605,7 @@ async fn a_lock_is_handed_on_while_the_root_group_revision_is_ahead_of_the_lock_
     let mut holder = Mutex::new(&first, LOCK);
     holder.lock().await.expect("lock");
     let waiter = Mutex::new(&second, LOCK);
-    let waiting = tokio::spawn(async move {
-        let mut waiter = waiter;
-        waiter.lock().await.map(|()| waiter)
-    });
-    warden_testkit::wait_until("the second locker waits", TIMEOUT, async || f.keys(LOCK).await.len() == 2).await;
+    let waiting = f.queue_behind_holder(waiter, "the second locker waits").await;
     holder.unlock().await.expect("unlock");
     let mut waiter = tokio::time::timeout(TIMEOUT, waiting).await.expect("the waiter holds the lock after the unlock").expect("task").expect("lock");
     waiter.unlock().await.expect("unlock");
