@@ -167,6 +167,22 @@ impl KeyInterval {
         self.to.as_ref().is_some_and(|to| *to <= self.from)
     }
 
+    /// The longest byte string every byte string in the interval starts with (a prefix
+    /// range's prefix; empty when the interval is unbounded or spans several first bytes).
+    fn shared_prefix(&self) -> &[u8] {
+        let Some(to) = &self.to else { return &[] };
+        // Every string from a prefix of `from` up to that prefix's end starts with it.
+        (0..=self.from.len())
+            .rev()
+            .map(|len| &self.from[..len])
+            .find(|prefix| {
+                let end = prefix_end(prefix);
+                // `[0]`: no end (the prefix is all 0xff bytes, which every later string starts with).
+                end == [0] || end.as_slice() >= to.as_slice()
+            })
+            .unwrap_or(&[])
+    }
+
     /// The non-empty parts of the interval outside `[cut_from, cut_to)`, in order.
     fn without(&self, cut_from: &[u8], cut_to: &[u8]) -> impl Iterator<Item = KeyInterval> {
         let below_to = match &self.to {
@@ -239,6 +255,10 @@ pub fn path_intervals(interval: &KeyInterval) -> Vec<KeyInterval> {
     for (cut_from, cut_to) in &cuts {
         intervals = intervals.iter().flat_map(|part| part.without(cut_from, cut_to)).collect();
     }
+    // A plain part whose every byte string starts with what no path can (`/e//` of the keys
+    // of an election at `/e/`) holds no plain key: scanning it would only add a group
+    // answering nothing, whose revision an empty range's header could name.
+    intervals.retain(|part| !no_path_starts_with(part.shared_prefix()));
     let escaped_end = match &interval.to {
         Some(to) => escaped_path(to).into_bytes(),
         None => format!("{ESCAPED_PREFIX}0").into_bytes(),
@@ -248,6 +268,14 @@ pub fn path_intervals(interval: &KeyInterval) -> Vec<KeyInterval> {
         intervals.push(escaped);
     }
     intervals
+}
+
+/// Whether no valid path starts with `prefix` (`warden_placement::validate_path`): it holds
+/// an empty segment, a `.` or `..` segment, or a control character. Conservative: `false`
+/// when unsure.
+fn no_path_starts_with(prefix: &[u8]) -> bool {
+    let segment_invalid = [b"//".as_slice(), b"/./", b"/../"].iter().any(|bad| prefix.windows(bad.len()).any(|window| window == *bad));
+    segment_invalid || prefix.iter().any(|&byte| byte < 0x20 || byte == 0x7f)
 }
 
 #[cfg(test)]
@@ -353,6 +381,23 @@ mod tests {
         let RangeSpec::Interval(backwards) = etcd_range(b"c", b"a") else { panic!("an interval") };
         assert!(backwards.is_empty());
         assert!(path_intervals(&backwards).is_empty());
+    }
+
+    #[test]
+    fn a_prefix_no_path_starts_with_is_scanned_only_among_the_escaped_keys() {
+        // An election at `/e/` puts its candidates at `/e//<lease>`: escaped keys.
+        let election = interval(b"/e//", Some(&prefix_end(b"/e//")));
+        assert_eq!(path_intervals(&election), [interval(b"/_etcd/!2fe!2f!2f", Some(b"/_etcd/!2fe!2f0"))]);
+        for no_path in [&b"/e/./"[..], b"/e/../", b"/e", b"/e/"] {
+            let scanned = path_intervals(&interval(no_path, Some(&prefix_end(no_path))));
+            assert_eq!(scanned.len(), 1, "{no_path:?}: {scanned:?}");
+            assert!(scanned[0].from.starts_with(b"/_etcd/"), "{no_path:?}: {scanned:?}");
+        }
+        // An election at `/e` puts them at `/e/<lease>`: plain keys, and `/e/` itself escaped.
+        let plain = interval(b"/e/", Some(&prefix_end(b"/e/")));
+        assert_eq!(path_intervals(&plain), [interval(b"/e/", Some(b"/e0")), interval(b"/_etcd/!2fe!2f", Some(b"/_etcd/!2fe0"))]);
+        // A segment that only begins like `.` may still be a path's (`/e/.x`).
+        assert_eq!(path_intervals(&interval(b"/e/.", Some(b"/e/0"))).len(), 2);
     }
 
     #[test]
