@@ -14,7 +14,7 @@ use warden_placement::home_group;
 use warden_proto::channel::{ChannelCache, ChannelSettings};
 use warden_proto::follow::{bounded, CallKind, Fault, Follow};
 use warden_proto::namespace::session_check_client::SessionCheckClient;
-use warden_proto::namespace::CheckSessionsRequest;
+use warden_proto::namespace::{CheckSessionsRequest, EndSessionsRequest};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{GetRoutingTableRequest, RequestQuotaRequest, RoutingTable};
 use warden_proto::tls::Tls;
@@ -89,19 +89,61 @@ impl GroupLinks {
     }
 
     /// Asks `home` (linearizably) which of `session_ids`, all homed there, are alive, with
-    /// their owners; on
-    /// behalf of group `from`. None is alive when no group `home` exists. Fails UNAVAILABLE
-    /// when `home` cannot be reached by `deadline`.
-    pub async fn check_sessions(&self, from: u64, home: u64, session_ids: &[u64], deadline: Instant) -> Result<Vec<(u64, String)>, Status> {
-        if self.faults.group_link_cut(from, home) {
-            return Err(Status::unavailable(format!("group {from} is cut off from group {home}")));
+    /// their owners, on behalf of group `from`; with `note_holder`, `home` also notes `from`
+    /// as holding the live ones (so closing one ends it in `from` at once). None is alive
+    /// when no group `home` exists. Fails UNAVAILABLE when `home` cannot be reached by
+    /// `deadline`.
+    pub async fn check_sessions(
+        &self,
+        from: u64,
+        home: u64,
+        session_ids: &[u64],
+        note_holder: bool,
+        deadline: Instant,
+    ) -> Result<Vec<(u64, String)>, Status> {
+        if session_ids.is_empty() {
+            return Ok(Vec::new());
         }
-        let Some(first) = session_ids.first() else { return Ok(Vec::new()) };
         debug_assert!(session_ids.iter().all(|id| home_group(*id) == home), "sessions of one home group");
+        let holder_group = if note_holder { from } else { 0 };
+        let answer = self
+            .call_session_check(from, home, deadline, |mut client, routing| {
+                let request = CheckSessionsRequest { session_ids: session_ids.to_vec(), holder_group, routing: Some(routing) };
+                async move { client.check_sessions(bounded(request, deadline)).await }
+            })
+            .await?;
+        // No such group, or it answered that the sessions are gone: none is alive.
+        let Some(response) = answer else { return Ok(Vec::new()) };
+        let mut owners = response.owners.into_iter();
+        Ok(response.alive.into_iter().map(|id| (id, owners.next().unwrap_or_default())).collect())
+    }
+
+    /// Tells group `holder` that `session_ids`, homed in group `from`, were closed: it ends
+    /// its records of them. A group that no longer exists has none.
+    pub async fn end_sessions(&self, from: u64, holder: u64, session_ids: &[u64], deadline: Instant) -> Result<(), Status> {
+        self.call_session_check(from, holder, deadline, |mut client, routing| {
+            let request = EndSessionsRequest { session_ids: session_ids.to_vec(), routing: Some(routing) };
+            async move { client.end_sessions(bounded(request, deadline)).await }
+        })
+        .await
+        .map(drop)
+    }
+
+    /// Makes `call` to the `SessionCheck` service of group `to`'s leader, on behalf of
+    /// group `from`, by `deadline`: following NOT_LEADER hints, reading the routing table
+    /// again when it is stale. `None`: no group `to` exists, or it answered SESSION_EXPIRED.
+    async fn call_session_check<T, Call, Answer>(&self, from: u64, to: u64, deadline: Instant, call: Call) -> Result<Option<T>, Status>
+    where
+        Call: Fn(SessionCheckClient<tonic::transport::Channel>, Routing) -> Answer,
+        Answer: std::future::Future<Output = Result<tonic::Response<T>, Status>>,
+    {
+        if self.faults.group_link_cut(from, to) {
+            return Err(Status::unavailable(format!("group {from} is cut off from group {to}")));
+        }
         let mut follow = Follow::new(CallKind::Idempotent, deadline);
         loop {
-            // The routing table (fresh) has no such group: it has no sessions.
-            let Some((group, table)) = self.group(home_group(*first), deadline).await? else { return Ok(Vec::new()) };
+            // The routing table (fresh) has no such group.
+            let Some((group, table)) = self.group(to, deadline).await? else { return Ok(None) };
             let replicas = &group.replicas;
             let turn = follow.turn();
             let Some(fallback) = replicas.get(turn.attempt % replicas.len().max(1)) else {
@@ -110,15 +152,8 @@ impl GroupLinks {
             let node = turn.hint.filter(|id| replicas.contains(id)).unwrap_or(*fallback);
             let addr = table.nodes.iter().find(|entry| entry.id == node).map(|entry| entry.addr.clone()).unwrap_or_default();
             let routing = Routing { group_id: group.group_id, conf_ver: group.conf_ver, version: group.version };
-            let request = CheckSessionsRequest { session_ids: session_ids.to_vec(), routing: Some(routing) };
-            let mut group_client = SessionCheckClient::new(self.channel(&addr)?);
-            let call = group_client.check_sessions(bounded(request, deadline));
-            let status = match tokio::time::timeout_at(deadline, call).await {
-                Ok(Ok(response)) => {
-                    let response = response.into_inner();
-                    let mut owners = response.owners.into_iter();
-                    return Ok(response.alive.into_iter().map(|id| (id, owners.next().unwrap_or_default())).collect());
-                }
+            let status = match tokio::time::timeout_at(deadline, call(SessionCheckClient::new(self.channel(&addr)?), routing)).await {
+                Ok(Ok(response)) => return Ok(Some(response.into_inner())),
                 Ok(Err(status)) => status,
                 Err(_) => {
                     let message = format!("no answer from group {} before the deadline", group.group_id);
@@ -126,8 +161,8 @@ impl GroupLinks {
                 }
             };
             let retried = match Fault::of(&status) {
-                // The session's group is gone: so are its sessions.
-                Fault::Answer { code: Some(Code::SessionExpired) } => return Ok(Vec::new()),
+                // The group is gone (merged away): so are its sessions.
+                Fault::Answer { code: Some(Code::SessionExpired) } => return Ok(None),
                 Fault::Answer { code: Some(Code::WrongGroup) } => {
                     // The table is stale: read it again, and judge the group on the new one.
                     self.refresh(deadline).await?;

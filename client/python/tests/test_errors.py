@@ -82,9 +82,7 @@ def test_each_error_code_is_its_own_exception(endpoint: str, prefix: str) -> Non
         too_large = pytest.raises(warden.TooLargeError, client.create, f"{prefix}/big", b"x" * ((1 << 20) + 1))
         assert too_large.value.limit == 1 << 20
 
-        # Homed in the group of its nodes: another group would take a closed session's
-        # ephemeral for up to a remote-session check (about a second) after the close.
-        with client.session(ttl_s=5, path_hint=prefix) as session:
+        with client.session(ttl_s=5) as session:
             client.create(f"{prefix}/eph", session=session)
             with pytest.raises(warden.NoChildrenForEphemeralsError):
                 client.create(f"{prefix}/eph/child")

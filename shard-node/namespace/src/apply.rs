@@ -69,6 +69,7 @@ impl Properties {
             | CommandOp::ExpireSessions(_)
             | CommandOp::AddRemoteSessions(_)
             | CommandOp::EndRemoteSessions(_)
+            | CommandOp::NoteRemoteHolders(_)
             | CommandOp::LockDelayEnded(_)
             | CommandOp::FreezeSubtree(_) => system,
             CommandOp::SetDescriptor(set) => Properties { revision_floor: set.revision_floor, ..system },
@@ -101,6 +102,8 @@ pub(super) struct Effects {
     pub quota_removed: Option<String>,
     /// The lock call's attempt on its waiter (0: none), for the service's wait.
     pub lock_attempt: u64,
+    /// A closed session's remote holders, for the service to end it there.
+    pub remote_holders: Vec<u64>,
 }
 
 /// The answer of a command that changes nodes but has nothing to say but its revision.
@@ -164,10 +167,11 @@ impl NamespaceStateMachine {
             CommandOp::Txn(request) => txn.run(&request).map(CommandOutcome::Txn),
             CommandOp::ExpireTtl(ExpireTtl { path, mod_revision }) => txn.expire_ttl(&path, mod_revision).map(|_| done()),
             CommandOp::CreateSession(create) => sessions::apply_create(self, &mut txn, &create),
-            CommandOp::CloseSession(close) => sessions::apply_close(&mut txn, close.session_id),
+            CommandOp::CloseSession(close) => sessions::apply_close(&mut txn, close.session_id, &mut effects),
             CommandOp::ExpireSessions(expire) => sessions::apply_expire(&mut txn, &expire.session_ids),
             CommandOp::AddRemoteSessions(add) => txn.add_remote_sessions(self.group, &add.session_ids, &add.owners).map(|()| done()),
             CommandOp::EndRemoteSessions(end) => sessions::apply_end_remote(&mut txn, &end.session_ids),
+            CommandOp::NoteRemoteHolders(note) => txn.note_remote_holders(self.group, note.group_id, &note.session_ids).map(CommandOutcome::Sessions),
             CommandOp::AcquireLock(acquire) => locks::apply_acquire(&mut txn, &acquire, &mut effects),
             CommandOp::ReleaseLock(release) => txn.release_lock(&release.sequencer.unwrap_or_default(), release.attempt).map(|()| done()),
             CommandOp::LockDelayEnded(ended) => txn.end_lock_delay(&ended.path).map(|()| done()),
@@ -250,8 +254,8 @@ impl NamespaceStateMachine {
             CommandOutcome::CreateSession(created) => CommandOutcome::CreateSession(CreateSessionResponse { header, ..created }),
             CommandOutcome::CloseSession(closed) => CommandOutcome::CloseSession(CloseSessionResponse { header, ..closed }),
             CommandOutcome::Lock(lock) => CommandOutcome::Lock(LockResponse { header, ..lock }),
-            other @ (CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) | CommandOutcome::Limits(_)) => other,
+            other @ (CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) | CommandOutcome::Limits(_) | CommandOutcome::Sessions(_)) => other,
         };
-        Ok(CommandResult { result: Some(response), lock_attempt: effects.lock_attempt })
+        Ok(CommandResult { result: Some(response), lock_attempt: effects.lock_attempt, remote_holders: effects.remote_holders })
     }
 }

@@ -156,14 +156,14 @@ impl Harness {
         self.apply_full(op).map(|(outcome, _)| outcome)
     }
 
-    /// Applies `op`; its outcome and the lock attempt it reported.
-    fn apply_full(&mut self, op: CommandOp) -> Outcome<(CommandOutcome, u64)> {
+    /// Applies `op`; its outcome and what it reported beside it (`result` taken out).
+    fn apply_full(&mut self, op: CommandOp) -> Outcome<(CommandOutcome, CommandResult)> {
         let command = Command { now_ms: self.now_ms, principal: String::new(), op: Some(op) };
         let output = self.apply_bytes(&command.encode_to_vec()).map_err(engine)?;
-        let result = CommandResult::decode(output.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
-        match result.result {
+        let mut result = CommandResult::decode(output.as_slice()).map_err(|e| engine(EngineError::Invalid(e.to_string())))?;
+        match result.result.take() {
             Some(CommandOutcome::Error(error)) => Err(error),
-            Some(outcome) => Ok((outcome, result.lock_attempt)),
+            Some(outcome) => Ok((outcome, result)),
             None => Err(engine(EngineError::Invalid("empty result".into()))),
         }
     }
@@ -284,9 +284,24 @@ impl Harness {
 
     /// Closes a session.
     pub fn close_session(&mut self, session_id: u64) -> Outcome<CloseSessionResponse> {
+        self.close_session_noted(session_id).map(|(response, _)| response)
+    }
+
+    /// Closes a session; answers also the groups its record noted as holding it remotely.
+    pub fn close_session_noted(&mut self, session_id: u64) -> Outcome<(CloseSessionResponse, Vec<u64>)> {
         let op = CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id });
+        match self.apply_full(op)? {
+            (CommandOutcome::CloseSession(response), result) => Ok((response, result.remote_holders)),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
+    /// Notes group `holder` as about to record `session_ids` as remote
+    /// (`NoteRemoteHolders`); answers the live ones.
+    pub fn note_remote_holders(&mut self, holder: u64, session_ids: &[u64]) -> Outcome<Vec<u64>> {
+        let op = CommandOp::NoteRemoteHolders(warden_proto::namespace::NoteRemoteHolders { session_ids: session_ids.to_vec(), group_id: holder });
         match self.apply_result(op)? {
-            CommandOutcome::CloseSession(response) => Ok(response),
+            CommandOutcome::Sessions(alive) => Ok(alive.session_ids),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }
@@ -334,7 +349,7 @@ impl Harness {
     /// The same, with the call's attempt on its waiter (what a release of the call names).
     pub fn lock_attempt(&mut self, request: AcquireLock) -> Outcome<(LockResponse, u64)> {
         match self.apply_full(CommandOp::AcquireLock(request))? {
-            (CommandOutcome::Lock(response), attempt) => Ok((response, attempt)),
+            (CommandOutcome::Lock(response), result) => Ok((response, result.lock_attempt)),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }

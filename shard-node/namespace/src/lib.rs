@@ -458,6 +458,9 @@ impl StateMachine for NamespaceStateMachine {
             Some(CommandOp::SetDescriptor(set)) if set.revision_floor > REVISION_FLOOR_MAX => {
                 Err(EngineError::Invalid(format!("revision floor {} is above {REVISION_FLOOR_MAX}", set.revision_floor)))
             }
+            Some(CommandOp::NoteRemoteHolders(note)) if note.session_ids.len() > sessions::SESSION_IDS_PER_CHECK_MAX => {
+                Err(EngineError::Invalid(format!("more than {} sessions noted at once", sessions::SESSION_IDS_PER_CHECK_MAX)))
+            }
             Some(CommandOp::AddRemoteSessions(add)) if add.session_ids.len() > self.limits.txn_ops_max => {
                 Err(EngineError::Invalid(format!("more than {} sessions added at once", self.limits.txn_ops_max)))
             }
@@ -489,6 +492,7 @@ impl StateMachine for NamespaceStateMachine {
                 | CommandOp::ExpireSessions(_)
                 | CommandOp::AddRemoteSessions(_)
                 | CommandOp::EndRemoteSessions(_)
+                | CommandOp::NoteRemoteHolders(_)
                 | CommandOp::AcquireLock(_)
                 | CommandOp::ReleaseLock(_)
                 | CommandOp::LockDelayEnded(_)

@@ -10,12 +10,12 @@ use warden_proto::namespace::SessionRecord;
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::WardenError;
 
-use super::apply::done;
+use super::apply::{done, Effects};
 use super::error::{error, invalid, session_expired, Failure};
 use super::txn::{Deleter, SessionChange, Txn};
 use super::NamespaceStateMachine;
 use warden_proto::namespace::command_result::Result as CommandOutcome;
-use warden_proto::namespace::CreateSession;
+use warden_proto::namespace::{CreateSession, SessionIds};
 use warden_proto::v1::{CloseSessionResponse, CreateSessionResponse};
 
 pub use warden_placement::{home_group, session_id, SESSION_SEQUENCE_BITS};
@@ -26,6 +26,10 @@ pub const REMOTE_SESSIONS_PAGE_MAX: usize = 4096;
 pub const SESSIONS_LIST_PAGE_MAX: usize = 10_000;
 /// Session ids one `Sessions` query or `CheckSessions` call may name.
 pub const SESSION_IDS_PER_CHECK_MAX: usize = 4096;
+/// Groups a session notes as holding it remotely (`SessionRecord.remote_holders`): a close
+/// ends it in these at once, and a session used in more groups is ended in the others by
+/// their next check (each noted group costs the close one call).
+pub const REMOTE_HOLDERS_MAX: usize = 64;
 
 /// Who may use a session, as its record here says (a session is its opener's).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -196,10 +200,16 @@ pub(super) fn apply_create(sm: &NamespaceStateMachine, txn: &mut Txn<'_, '_>, cr
     txn.create_session(sm.group, create.ttl_ms, &create.owner, &create.scope).map(CommandOutcome::CreateSession)
 }
 
-/// Applies a client's `CloseSession` (refused SESSION_EXPIRED when it does not exist).
-pub(super) fn apply_close(txn: &mut Txn<'_, '_>, session: u64) -> Result<CommandOutcome, Failure> {
+/// Applies a client's `CloseSession` (refused SESSION_EXPIRED when it does not exist); the
+/// groups that recorded the session as remote go to `effects`, for the service to end it
+/// there.
+pub(super) fn apply_close(txn: &mut Txn<'_, '_>, session: u64, effects: &mut Effects) -> Result<CommandOutcome, Failure> {
+    let holders = txn.view.session(session)?.map(|record| record.remote_holders).unwrap_or_default();
     match txn.close_session(session)? {
-        Some(deleted) => Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted })),
+        Some(deleted) => {
+            effects.remote_holders = holders;
+            Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted }))
+        }
         None => Err(Failure::Refused(session_expired(session, ""))),
     }
 }
@@ -256,6 +266,7 @@ impl Txn<'_, '_> {
             owner: owner.to_string(),
             scope: scope.to_string(),
             owner_known: true,
+            remote_holders: Vec::new(),
         };
         self.view.put_session(&record);
         self.session_changes.push(SessionChange::Added(session_id, granted));
@@ -314,6 +325,29 @@ impl Txn<'_, '_> {
             }
         }
         Ok(())
+    }
+
+    /// Group `holder` (another group) is about to record sessions homed here as remote:
+    /// each live one of `ids` notes it (at most [`REMOTE_HOLDERS_MAX`] groups per session).
+    /// Answers the live ones with their owners, as a `Sessions` query does.
+    pub fn note_remote_holders(&mut self, group: u64, holder: u64, ids: &[u64]) -> Result<SessionIds, Failure> {
+        if holder == 0 || holder == group {
+            return Err(invalid("", format!("group {holder} cannot hold this group's sessions as remote")).into());
+        }
+        let mut alive = SessionIds::default();
+        for id in ids {
+            let Some(mut record) = self.view.session(*id)?.filter(|record| !record.remote) else { continue };
+            if !record.remote_holders.contains(&holder) && record.remote_holders.len() < REMOTE_HOLDERS_MAX {
+                record.remote_holders.push(holder);
+                self.view.put_session(&record);
+            }
+            if owner(&record) == Owner::Unknown {
+                alive.owners_unknown.push(*id);
+            }
+            alive.session_ids.push(*id);
+            alive.owners.push(record.owner);
+        }
+        Ok(alive)
     }
 
     /// Ends remote sessions whose home groups said they ended: their ephemerals are deleted

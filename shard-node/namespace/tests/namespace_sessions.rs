@@ -212,3 +212,36 @@ fn remote_sessions_are_kept_until_their_home_group_ends_them() {
     assert!(ns.remote_sessions().expect("list").is_empty());
     assert_eq!(ns.sessions_known(&[local]).expect("known"), vec![local], "a local session is not ended by a remote verdict");
 }
+
+/// A session's home group notes each group about to record it as remote (the group's
+/// confirmation, `NoteRemoteHolders`): once, at most `REMOTE_HOLDERS_MAX` groups, as
+/// replicated state. Closing the session answers those groups, for the service to end it
+/// there before the close is answered. A session that is not alive here (ended, or only a
+/// remote record) is neither noted nor answered.
+#[test]
+fn a_closed_session_names_the_groups_that_record_it_as_remote() {
+    use warden_namespace::sessions::{session_id, REMOTE_HOLDERS_MAX};
+    let mut ns = leading_harness();
+    let session = ns.create_session(10_000).expect("session").session_id;
+    let busy = ns.create_session(10_000).expect("session").session_id;
+    let remote = session_id(2, 5);
+    ns.add_remote_sessions(&[remote]).expect("recorded");
+    assert_eq!(code(ns.note_remote_holders(1, &[session])), Code::InvalidArgument, "a group holds its own sessions");
+    assert_eq!(code(ns.note_remote_holders(0, &[session])), Code::InvalidArgument, "group 0 names none");
+    let never = session_id(1, 999);
+    assert_eq!(ns.note_remote_holders(7, &[session, never, remote]).expect("noted"), vec![session], "only live sessions homed here");
+    assert_eq!(ns.note_remote_holders(7, &[session]).expect("noted"), vec![session], "noted again: still once");
+    ns.note_remote_holders(8, &[session]).expect("noted");
+    for holder in 100..100 + REMOTE_HOLDERS_MAX as u64 {
+        ns.note_remote_holders(holder, &[busy]).expect("noted");
+    }
+    assert_eq!(ns.note_remote_holders(99, &[busy]).expect("answered"), vec![busy], "alive past the bound, only not noted");
+
+    // Replicated state: the notes survive a reload.
+    ns.reopen().expect("reopen");
+    ns.set_leading(true, 0);
+    assert_eq!(ns.close_session_noted(session).expect("closed").1, vec![7, 8]);
+    let holders = ns.close_session_noted(busy).expect("closed").1;
+    assert_eq!(holders, (100..100 + REMOTE_HOLDERS_MAX as u64).collect::<Vec<_>>(), "the first groups, not the one past the bound");
+    assert!(ns.note_remote_holders(7, &[session]).expect("answered").is_empty(), "a closed session is not alive");
+}

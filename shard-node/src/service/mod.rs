@@ -157,22 +157,22 @@ impl WardenService {
         self.propose_command(group, op, principal, timeout).await.map(|(outcome, header, _)| (outcome, header))
     }
 
-    /// As [`propose`](Self::propose), with the lock attempt the command reported
-    /// (`CommandResult.lock_attempt`).
+    /// As [`propose`](Self::propose), with what the command reported beside its outcome
+    /// (`CommandResult.lock_attempt`, `remote_holders`; its `result` taken out).
     async fn propose_command(
         &self,
         group: u64,
         op: CommandOp,
         principal: &str,
         timeout: Duration,
-    ) -> Result<(CommandOutcome, ResponseHeader, u64), Status> {
+    ) -> Result<(CommandOutcome, ResponseHeader, CommandResult), Status> {
         let now_ms = warden_engine::wall_clock::now_ms();
         let command = Command { now_ms, principal: principal.to_string(), op: Some(op) }.encode_to_vec();
         let deadline = tokio::time::Instant::now() + timeout;
         let mut attempts = 0;
         // A graceful stop waits for this answer before the node goes.
         let _in_flight = self.node.activity().propose();
-        let result = loop {
+        let mut result = loop {
             let output = self.node.propose(group, command.clone(), timeout).await.map_err(|e| self.engine_status(group, e))?;
             let result = CommandResult::decode(output.as_slice()).map_err(|e| internal(format!("command result: {e}")))?;
             // Refused by the group's share of a quota with room elsewhere: ask placement for
@@ -184,7 +184,7 @@ impl WardenService {
             }
         };
         let revision = |header: &Option<ResponseHeader>| header.as_ref().map_or(0, |h| h.revision);
-        match result.result {
+        match result.result.take() {
             Some(CommandOutcome::Error(error)) => Err(status(error)),
             Some(outcome) => {
                 let at = match &outcome {
@@ -192,9 +192,9 @@ impl WardenService {
                     CommandOutcome::CreateSession(r) => revision(&r.header),
                     CommandOutcome::CloseSession(r) => revision(&r.header),
                     CommandOutcome::Lock(r) => revision(&r.header),
-                    CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) | CommandOutcome::Limits(_) => 0,
+                    CommandOutcome::Error(_) | CommandOutcome::QuotaShare(_) | CommandOutcome::Limits(_) | CommandOutcome::Sessions(_) => 0,
                 };
-                Ok((outcome, self.header(group, at), result.lock_attempt))
+                Ok((outcome, self.header(group, at), result))
             }
             None => Err(internal("empty command result".into())),
         }
@@ -281,7 +281,7 @@ impl WardenService {
         timeout: Duration,
     ) -> Result<(LockResponse, u64, ResponseHeader), Status> {
         match self.propose_command(group, CommandOp::AcquireLock(acquire), principal, timeout).await? {
-            (CommandOutcome::Lock(response), header, attempt) => Ok((response, attempt, header)),
+            (CommandOutcome::Lock(response), header, result) => Ok((response, result.lock_attempt, header)),
             _ => Err(internal("mismatched result".into())),
         }
     }
@@ -685,8 +685,13 @@ impl Warden for WardenService {
         let request = request.into_inner();
         let group = Self::session_group(request.routing.as_ref(), &[request.session_id])?;
         let op = CommandOp::CloseSession(warden_proto::namespace::CloseSession { session_id: request.session_id });
-        match self.propose(group, op, &principal, timeout).await? {
-            (CommandOutcome::CloseSession(response), header) => Ok(Response::new(CloseSessionResponse { header: Some(header), ..response })),
+        match self.propose_command(group, op, &principal, timeout).await? {
+            (CommandOutcome::CloseSession(response), header, result) => {
+                // The groups that recorded the session end it before the close is answered,
+                // so no call made after the close can use it there.
+                self.end_at_holders(group, request.session_id, &result.remote_holders, timeout).await;
+                Ok(Response::new(CloseSessionResponse { header: Some(header), ..response }))
+            }
             _ => Err(internal("mismatched result".into())),
         }
     }

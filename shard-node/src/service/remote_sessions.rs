@@ -2,9 +2,13 @@
 //! names it). Another group may hold its ephemeral nodes and lock waiters:
 //!
 //! - Before such a group creates the first one, the service here confirms with the home
-//!   group that the session is alive (`CheckSessions`, linearizable there) and proposes
-//!   `AddRemoteSessions`: the group now records the session as remote. Apply refuses an
-//!   ephemeral of a session the group has no record of (SESSION_EXPIRED).
+//!   group that the session is alive (`CheckSessions`: the home group notes the asking group
+//!   in the session's record, a write) and proposes `AddRemoteSessions`: the group now
+//!   records the session as remote. Apply refuses an ephemeral of a session the group has no
+//!   record of (SESSION_EXPIRED).
+//! - Closing a session at home ends it in every group its record notes
+//!   ([`WardenService::end_at_holders`], `EndSessions`) before the close is answered: no
+//!   call made after the close can use the session anywhere.
 //! - The leader of every group checks its remote sessions every `remote_session_check_ms`
 //!   ([`WardenService::run_session_checks`]): one `CheckSessions` call per pair of groups
 //!   (batches of at most `SESSION_IDS_PER_CHECK_MAX`), and proposes `EndRemoteSessions` for
@@ -15,7 +19,10 @@
 //!
 //! A confirmation can race with the end of the session (confirmed, then expired at home,
 //! then recorded here): the next check finds it dead and deletes what it created, so such an
-//! ephemeral lives at most one check interval.
+//! ephemeral lives at most one check interval. So do the ephemerals of an expired session
+//! (an expiry is the home leader's own entry, with no service call to tell the others), of
+//! a closed one in a group its record could not note (past `REMOTE_HOLDERS_MAX`, or given
+//! the ephemerals by a subtree move), or in a group the close could not reach in time.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -25,17 +32,25 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use warden_placement::PLACEMENT_GROUP_ID;
 use warden_proto::namespace::command::Op as CommandOp;
+use warden_proto::namespace::command_result::Result as CommandOutcome;
 use warden_proto::namespace::leader_request::Request as LeaderRequestKind;
 use warden_proto::namespace::leader_response::Response as LeaderResponseKind;
 use warden_proto::namespace::query::Query as QueryKind;
 use warden_proto::namespace::query_result::Result as QueryOutcome;
 use warden_proto::namespace::session_check_server::{SessionCheck, SessionCheckServer};
-use warden_proto::namespace::{AddRemoteSessions, CheckSessionsRequest, CheckSessionsResponse, EndRemoteSessions, RemoteSessionsPage, SessionIds};
+use warden_proto::namespace::{
+    AddRemoteSessions, CheckSessionsRequest, CheckSessionsResponse, EndRemoteSessions, EndSessionsRequest, EndSessionsResponse, NoteRemoteHolders,
+    RemoteSessionsPage, SessionIds,
+};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::Consistency;
 
 use super::{error, internal, status, WardenService};
 use warden_namespace::sessions::{home_group, REMOTE_SESSIONS_PAGE_MAX, SESSION_IDS_PER_CHECK_MAX};
+
+/// Longest a close waits for the groups that recorded its session to end it there (a group
+/// out of reach ends it at its next check instead).
+const END_AT_HOLDERS_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Remote sessions one group's check looks at per round at most (the rest wait a round).
 const REMOTE_SESSIONS_PER_ROUND_MAX: usize = 64 * REMOTE_SESSIONS_PAGE_MAX;
@@ -127,7 +142,7 @@ impl WardenService {
         let mut owners: HashMap<u64, String> = HashMap::new();
         for (home, ids) in by_home(&remote) {
             self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
-            let alive = self.links.check_sessions(group, home, &ids, deadline).await?;
+            let alive = self.links.check_sessions(group, home, &ids, true, deadline).await?;
             let ended: Vec<u64> = ids.iter().copied().filter(|id| !alive.iter().any(|(alive, _)| alive == id)).collect();
             if let (Some(dead), WhenEnded::Refuse) = (ended.first(), when_ended) {
                 return Err(status(error(Code::SessionExpired, "", &format!("session {dead} has expired or was closed (home group {home})"))));
@@ -202,7 +217,7 @@ impl WardenService {
         let calls = homes.iter().flat_map(|(home, ids)| ids.chunks(SESSION_IDS_PER_CHECK_MAX).map(move |batch| (*home, batch))).map(
             |(home, batch)| async move {
                 self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
-                (home, batch, self.links.check_sessions(group, home, batch, deadline).await)
+                (home, batch, self.links.check_sessions(group, home, batch, false, deadline).await)
             },
         );
         let mut dead = Vec::new();
@@ -235,6 +250,19 @@ impl WardenService {
         outcome
     }
 
+    /// Ends the closed `session` (homed in `home`) in each group of `holders` (those that
+    /// recorded it as remote), all at once, within [`END_AT_HOLDERS_TIMEOUT`] (or `timeout`
+    /// when shorter). A group that cannot be reached ends it at its next check.
+    pub(super) async fn end_at_holders(&self, home: u64, session: u64, holders: &[u64], timeout: Duration) {
+        let deadline = Instant::now() + timeout.min(END_AT_HOLDERS_TIMEOUT);
+        let ends = holders.iter().map(|holder| async move { (holder, self.links.end_sessions(home, *holder, &[session], deadline).await) });
+        for (holder, ended) in futures::future::join_all(ends).await {
+            if let Err(error) = ended {
+                tracing::warn!(home, holder, session, %error, "a closed session is ended in this group at its next check instead");
+            }
+        }
+    }
+
     /// The `SessionCheck` service (home side) over this service.
     pub fn session_check_server(self) -> SessionCheckServer<WardenService> {
         SessionCheckServer::new(self)
@@ -252,6 +280,17 @@ impl SessionCheck for WardenService {
         if request.session_ids.iter().any(|id| home_group(*id) != group) {
             return Err(status(error(Code::InvalidArgument, "", "every session checked must be homed in the routed group")));
         }
+        if request.holder_group != 0 {
+            // The asking group is about to record the live ones: noted in their records (a
+            // write, so linearizable too), a close ends them there.
+            let note = CommandOp::NoteRemoteHolders(NoteRemoteHolders { session_ids: request.session_ids, group_id: request.holder_group });
+            return match self.propose(group, note, "", timeout).await? {
+                (CommandOutcome::Sessions(alive), header) => {
+                    Ok(Response::new(CheckSessionsResponse { header: Some(header), alive: alive.session_ids, owners: alive.owners }))
+                }
+                _ => Err(internal("mismatched result".into())),
+            };
+        }
         let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids, ..SessionIds::default() });
         match self.read_group(group, Consistency::Linearizable as i32, query, timeout).await? {
             (QueryOutcome::Sessions(alive), header) => {
@@ -259,6 +298,22 @@ impl SessionCheck for WardenService {
             }
             _ => Err(internal("mismatched result".into())),
         }
+    }
+
+    async fn end_sessions(&self, request: Request<EndSessionsRequest>) -> Result<Response<EndSessionsResponse>, Status> {
+        // Only the node of a session's home group tells (with TLS on: a node).
+        warden_proto::tls::calling_node(&request)?;
+        let timeout = self.timeout(&request);
+        let request = request.into_inner();
+        let group = request.routing.as_ref().map_or(0, |r| r.group_id);
+        if request.session_ids.len() > self.limits(group).sessions_per_expiry_max {
+            return Err(status(error(Code::TooLarge, "", "more sessions than one expiry ends")));
+        }
+        // Only remote records end (apply skips the group's own sessions): a session id
+        // names one session forever, so ending a closed one is always right.
+        let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: request.session_ids });
+        let (_, header) = self.propose(group, op, "", timeout).await?;
+        Ok(Response::new(EndSessionsResponse { header: Some(header) }))
     }
 }
 
