@@ -294,22 +294,32 @@ fn canceled(watch_id: u64, code: Code, message: String, resume_revision: u64) ->
 }
 
 /// The groups a watch of `create.path` spans: the serving group first, then (for a
-/// PERSISTENT recursive watch) every ready group below the path.
-async fn spanned_groups(upstreams: &Upstreams, create: &WatchCreate) -> Result<Vec<GroupRoute>, Status> {
+/// PERSISTENT recursive watch) every ready group below the path. Refused UNAVAILABLE while
+/// no group serves the path (retried), TOO_LARGE past [`WATCH_GROUPS_MAX`] (not retried:
+/// watch smaller subtrees).
+async fn spanned_groups(upstreams: &Upstreams, create: &WatchCreate) -> Result<Vec<GroupRoute>, WardenError> {
+    let path = warden_proto::quote(&create.path, warden_proto::QUOTED_PATH_BYTES_MAX);
+    let unavailable = |message: String| warden_proto::warden_error(Code::Unavailable, "", message);
     let mut table = upstreams.table();
     if table.route(&create.path).is_none() {
-        table = upstreams.refresh().await?;
+        table = upstreams.refresh().await.map_err(|status| unavailable(status.message().to_string()))?;
     }
-    let path = warden_proto::quote(&create.path, warden_proto::QUOTED_PATH_BYTES_MAX);
-    let owner = table.route(&create.path).cloned().ok_or_else(|| Status::unavailable(format!("no group serves {path}")))?;
+    let owner = table.route(&create.path).cloned().ok_or_else(|| unavailable(format!("no group serves {path}")))?;
     let mut groups = vec![owner];
     if create.recursive && create.kind == Kind::Persistent as i32 {
         groups.extend(table.groups_below(&create.path).into_iter().cloned());
     }
-    if groups.len() > WATCH_GROUPS_MAX {
-        return Err(Status::resource_exhausted(format!("{path} spans {} groups; at most {WATCH_GROUPS_MAX}", groups.len())));
-    }
+    check_span(&path, groups.len())?;
     Ok(groups)
+}
+
+/// Refuses a watch of `path` spanning `groups` groups past [`WATCH_GROUPS_MAX`].
+fn check_span(path: &str, groups: usize) -> Result<(), WardenError> {
+    if groups > WATCH_GROUPS_MAX {
+        let message = format!("{path} spans {groups} groups; a watch spans at most {WATCH_GROUPS_MAX}: watch smaller subtrees");
+        return Err(WardenError { limit: WATCH_GROUPS_MAX as u64, ..warden_proto::warden_error(Code::TooLarge, "", message) });
+    }
+    Ok(())
 }
 
 /// The upstream create of one part: the group's own routing, and for a group below the
@@ -461,9 +471,11 @@ impl Proxy {
                 ..WatchResponse::default()
             });
         }
-        let groups = spanned_groups(&self.upstreams, &create)
-            .await
-            .map_err(|status| canceled(watch_id, Code::Unavailable, status.message().to_string(), 0))?;
+        let groups = spanned_groups(&self.upstreams, &create).await.map_err(|error| WatchResponse {
+            watch_id,
+            canceled: Some(WatchCanceled { error: Some(error), ..WatchCanceled::default() }),
+            ..WatchResponse::default()
+        })?;
         let mut streams = Vec::new();
         for route in &groups {
             let stream = match self.streams.get(&route.id()).filter(|(_, s)| !s.is_closed()) {
@@ -639,6 +651,13 @@ mod tests {
 
     fn events(revision: u64) -> WatchResponse {
         WatchResponse { watch_id: 90, events: vec![WatchEvent { revision, ..WatchEvent::default() }], ..WatchResponse::default() }
+    }
+
+    #[test]
+    fn a_watch_spanning_more_groups_than_the_bound_is_refused_too_large() {
+        assert!(check_span("/t", WATCH_GROUPS_MAX).is_ok());
+        let refused = check_span("/t", WATCH_GROUPS_MAX + 1).expect_err("past the bound");
+        assert_eq!((refused.code, refused.limit), (Code::TooLarge as i32, WATCH_GROUPS_MAX as u64), "not retried: {refused:?}");
     }
 
     #[test]
