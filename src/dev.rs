@@ -13,7 +13,7 @@ use warden_proto::channel::{self, ChannelSettings};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::CreateGroupRequest;
 use warden_proto::tls::{Expected, Identity, Tls, TlsFiles};
-use warden_server_kit::authority::Authority;
+use warden_server_kit::authority::{write_atomically, Authority};
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
 
@@ -75,8 +75,10 @@ impl DevTls {
         let tokens_file = dir.join("tokens");
         if !token_file.exists() {
             let token = warden_proto::tls::tokens::generate()?;
-            std::fs::write(&tokens_file, format!("{}\n", warden_proto::tls::tokens::line("root", &token)))?;
-            std::fs::write(&token_file, &token)?;
+            // Secrets, each written in one step: the token last, so a crash between leaves
+            // no token and the next start makes both again.
+            write_atomically(&tokens_file, &format!("{}\n", warden_proto::tls::tokens::line("root", &token)), 0o600)?;
+            write_atomically(&token_file, &token, 0o600)?;
         }
         let root_token = std::fs::read_to_string(&token_file)?.trim().to_string();
         let tokens = warden_proto::tls::Tokens::load(&tokens_file)?;

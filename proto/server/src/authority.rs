@@ -27,17 +27,30 @@ fn failed(error: rcgen::Error) -> TlsError {
     TlsError::Config(format!("certificate: {error}"))
 }
 
-fn write(path: &Path, contents: &str) -> Result<(), TlsError> {
-    std::fs::write(path, contents).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })
+/// Writes `contents` to `path` in one step: into a new file beside it (with the permission
+/// bits `mode`), synced, then renamed over `path`. A reader, or a restart after a crash,
+/// finds the old file or the new one, never a part of one (a certificate, key or token
+/// file read half-written would refuse every connection).
+pub fn write_atomically(path: &Path, contents: &str, mode: u32) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::PermissionsExt;
+    let dir = path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or(Path::new("."));
+    let mut file = tempfile::NamedTempFile::new_in(dir)?;
+    file.as_file().set_permissions(std::fs::Permissions::from_mode(mode))?;
+    file.write_all(contents.as_bytes())?;
+    file.as_file().sync_all()?;
+    file.persist(path).map_err(|persist| persist.error)?;
+    Ok(())
 }
 
-/// Writes `contents` to `path` readable by its owner only (a private key).
+/// Writes `contents` to `path` (a certificate: anyone may read it), in one step.
+fn write(path: &Path, contents: &str) -> Result<(), TlsError> {
+    write_atomically(path, contents, 0o644).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })
+}
+
+/// Writes `contents` to `path` readable by its owner only (a private key), in one step.
 fn write_private(path: &Path, contents: &str) -> Result<(), TlsError> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let io = |source| TlsError::Read { path: path.to_path_buf(), source };
-    let mut file = std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path).map_err(io)?;
-    file.write_all(contents.as_bytes()).map_err(io)
+    write_atomically(path, contents, 0o600).map_err(|source| TlsError::Read { path: path.to_path_buf(), source })
 }
 
 fn read(path: &Path) -> Result<String, TlsError> {
@@ -142,5 +155,27 @@ impl Authority {
 impl std::fmt::Debug for Authority {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Authority").finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn a_file_written_atomically_is_whole_with_its_mode_and_leaves_nothing_beside_it() {
+        let dir = tempfile::tempdir().expect("a directory");
+        let path = dir.path().join("root.token");
+        write_atomically(&path, "first", 0o600).expect("written");
+        write_atomically(&path, "second, longer", 0o600).expect("written over");
+        assert_eq!(std::fs::read_to_string(&path).expect("read"), "second, longer");
+        assert_eq!(std::fs::metadata(&path).expect("metadata").permissions().mode() & 0o777, 0o600, "a secret stays private");
+        let names: Vec<_> = std::fs::read_dir(dir.path()).expect("list").map(|entry| entry.expect("entry").file_name()).collect();
+        assert_eq!(names, ["root.token"], "no temporary file is left");
+        write_atomically(&dir.path().join("ca.pem"), "certificate", 0o644).expect("written");
+        assert_eq!(std::fs::metadata(dir.path().join("ca.pem")).expect("metadata").permissions().mode() & 0o777, 0o644);
+        let missing = dir.path().join("no-such-dir").join("x");
+        assert!(write_atomically(&missing, "x", 0o600).is_err(), "a directory that does not exist is an error, not a panic");
     }
 }
