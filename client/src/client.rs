@@ -404,7 +404,8 @@ impl Client {
         }
     }
 
-    /// Ends a session now; returns how many ephemerals went with it.
+    /// Ends a session now, in every group (before it answers); returns how many ephemerals
+    /// went with it in its home group.
     pub async fn close_session(&self, id: SessionId) -> Result<u64> {
         let request = pb::CloseSessionRequest { session_id: id.0, routing: None };
         let response = self.unary(CallKind::Write, self.request_timeout(), None, request, |mut c, r| async move { c.close_session(r).await }).await?;

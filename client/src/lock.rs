@@ -60,7 +60,8 @@ pub struct LockOptions {
     /// Exclusive or shared.
     pub mode: LockMode,
     /// Chubby's lock-delay: if this hold's session expires (rather than unlocking), nobody new
-    /// gets the lock for this long (at most 60 s; holders sharing the lock keep their holds).
+    /// gets the lock for this long (at most the cluster's `lock_delay_ms_max`, 60 s by
+    /// default; holders sharing the lock keep their holds).
     pub lock_delay: Duration,
     /// How long to wait for the lock (zero: only if it is free now).
     pub wait: Duration,

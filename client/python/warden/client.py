@@ -631,7 +631,8 @@ class AsyncClient:
                     renewal.answer.set_exception(TransportError("the keepalive sender of this client stopped"))
 
     async def close_session(self, session_id: int) -> int:
-        """Ends a session now; returns how many ephemerals went with it."""
+        """Ends a session now, in every group (before it answers); returns how many
+        ephemerals went with it in its home group."""
         request = pb.CloseSessionRequest(session_id=_convert.session_id_of(session_id))
         response = await self._unary("CloseSession", request, CallKind.WRITE)
         return int(response.deleted)

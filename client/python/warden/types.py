@@ -203,7 +203,8 @@ class SessionInfo:
 
     #: The lease.
     lease: SessionLease
-    #: Ephemeral nodes the session owns (lock waiters included).
+    #: Ephemeral nodes the session owns in its home group (lock waiters included; other
+    #: groups count their own).
     ephemerals: int
 
 
