@@ -11,7 +11,8 @@ use crate::support::routed::{start_secure_router, TIMEOUT};
 use tonic::transport::{Channel, Endpoint};
 use tonic::Code;
 use warden_placement::acl;
-use warden_proto::namespace::SetQuotaShare;
+use warden_proto::namespace::session_check_client::SessionCheckClient;
+use warden_proto::namespace::{EndSessionsRequest, SetQuotaShare};
 use warden_proto::placement::placement_client::PlacementClient;
 use warden_proto::placement::{
     ChangeAclRequest, CreateReplicaRequest, GetRoutingTableRequest, HeartbeatRequest, RequestQuotaRequest, SetQuotaRequest, SetQuotaShareRequest,
@@ -20,7 +21,7 @@ use warden_proto::tls::{lazy_channel, Expected, Identity, Tls};
 use warden_proto::transport::raft_transport_client::RaftTransportClient;
 use warden_proto::transport::RaftBatch;
 use warden_proto::v1::warden_client::WardenClient;
-use warden_proto::v1::{CreateRequest, GetRequest};
+use warden_proto::v1::{CreateRequest, GetRequest, Routing};
 use warden_server_kit::authority::Authority;
 use warden_shard_node::cluster::{Cluster, ClusterConfig};
 use warden_shard_node::placement::ShardNodeFactory;
@@ -223,6 +224,9 @@ async fn peer_ports_admit_the_clusters_nodes_and_routers_only_and_a_node_speaks_
     assert_eq!(code(as_router.set_quota_share(share.clone()).await), Code::PermissionDenied, "a router setting a group's quota share");
     let router_raft = raft_stream(Secure::channel(node_1, Some(&router), Expected::Node(1)), raft_batch(1, 1, 1)).await;
     assert_eq!(code(router_raft), Code::PermissionDenied, "a router sending raft messages");
+    let mut router_sessions = SessionCheckClient::new(Secure::channel(node_1, Some(&router), Expected::Node(1)));
+    let end = EndSessionsRequest { session_ids: vec![1 << 40], routing: Some(Routing { group_id: 1, ..Routing::default() }) };
+    assert_eq!(code(router_sessions.end_sessions(end).await), Code::PermissionDenied, "a router ending a group's remote sessions");
 
     // Node 2 as node 1: its heartbeat (which would move node 1's address) and its raft
     // messages are refused; as itself it is heard.

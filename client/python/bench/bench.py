@@ -148,7 +148,24 @@ class Warden:
         self.client.close()
 
 
-class Etcd:
+class AcquireRelease:
+    """The lock cycle of libraries whose lock objects acquire with a timeout and release
+    (python-etcd3's `Lock`, kazoo's `Lock`, which raises `LockTimeout` past the deadline);
+    the lock object is kept between cycles and needs no closing."""
+
+    deadline_s: float
+
+    def lock_once(self, lock: Any, name: str) -> None:
+        if not lock.acquire(timeout=self.deadline_s):
+            raise BenchError(f"lock {name} not acquired within {self.deadline_s}s")
+        if not lock.release():
+            raise BenchError(f"lock {name} was no longer held at its release")
+
+    def lock_close(self, lock: Any) -> None:
+        pass
+
+
+class Etcd(AcquireRelease):
     """etcd through python-etcd3 (`etcd3.client`): 0.12 talks to one endpoint, the first of
     --endpoints (its members forward what needs the leader)."""
 
@@ -180,20 +197,11 @@ class Etcd:
         # etcd3's Lock keys are /locks/<name>.
         return self.client.lock(name.lstrip("/"), ttl=SESSION_TTL_S)
 
-    def lock_once(self, lock: Any, name: str) -> None:
-        if not lock.acquire(timeout=self.deadline_s):
-            raise BenchError(f"lock {name} not acquired within {self.deadline_s}s")
-        if not lock.release():
-            raise BenchError(f"lock {name} was no longer held at its release")
-
-    def lock_close(self, lock: Any) -> None:
-        pass
-
     def close(self) -> None:
         self.client.close()
 
 
-class ZooKeeper:
+class ZooKeeper(AcquireRelease):
     """ZooKeeper through kazoo (`KazooClient` with every server of --endpoints; it connects to
     one of them, chosen at random)."""
 
@@ -228,16 +236,6 @@ class ZooKeeper:
 
     def lock_open(self, name: str) -> Any:
         return self.lock_class(self.client, name)
-
-    def lock_once(self, lock: Any, name: str) -> None:
-        # acquire raises LockTimeout when the deadline passes.
-        if not lock.acquire(timeout=self.deadline_s):
-            raise BenchError(f"lock {name} not acquired within {self.deadline_s}s")
-        if not lock.release():
-            raise BenchError(f"lock {name} was not held at its release")
-
-    def lock_close(self, lock: Any) -> None:
-        pass
 
     def close(self) -> None:
         self.client.stop()

@@ -4,6 +4,7 @@ states with their callbacks when the session's only router stops answering: jeop
 the local lease lapses, expiry by the server (heard once the router answers again) or by
 the grace period (without hearing anything)."""
 
+import asyncio
 import queue
 import time
 from typing import List, Tuple
@@ -12,7 +13,7 @@ import pytest
 
 import warden
 from cluster import ProcessCluster, wait_until
-from warden import Client, SessionState
+from warden import AsyncClient, Client, SessionState
 
 
 def test_ttl_keepalives_ephemerals_and_close(endpoint: str, prefix: str) -> None:
@@ -115,3 +116,29 @@ def test_jeopardy_then_expiry_by_the_server_or_by_the_grace_period(cluster: Proc
         with pytest.raises(warden.SessionExpiredError):
             patient.close()
     extra.kill()
+
+
+def test_a_session_in_jeopardy_whose_keepalive_then_succeeds_is_safe(endpoint: str, prefix: str) -> None:
+    """A session whose local lease lapsed (here made to lapse now, as a link slower than the
+    TTL would) is in JEOPARDY: its lock guard reports the lock as lost. Its next keepalive
+    reaches the live server, so it is SAFE: live again, its listeners told in order, the
+    guard valid again; the server kept the session and its lock all along."""
+
+    async def body() -> None:
+        async with AsyncClient.connect([endpoint]) as client:
+            heard: List[SessionState] = []
+            session = await client.session(ttl_s=3, grace_period_s=30, on_jeopardy=heard.append, on_safe=heard.append)
+            await client.create(f"{prefix}/safe", b"", create_parents=True)
+            guard = await session.lock(f"{prefix}/safe/lock")
+            loop = asyncio.get_running_loop()
+            session._lease_deadline = loop.time()  # the local lease lapses now
+            session._lapse(loop.time())
+            assert session.state == SessionState.JEOPARDY and not guard.is_valid()
+            assert await session.wait_for(SessionState.SAFE, timeout_s=10) == SessionState.SAFE
+            assert session.state.is_live and guard.is_valid()
+            assert heard == [SessionState.JEOPARDY, SessionState.SAFE]
+            assert session.lease_until > loop.time(), "the keepalive's answer moved the lease on"
+            assert await guard.check(), "the server never let the lock go"
+            await session.close()
+
+    asyncio.run(body())

@@ -1,5 +1,6 @@
 """Small helpers shared by the asyncio API: an operation that is both awaitable and an async
-context manager, and background tasks kept alive until they end."""
+context manager, what is held until given up, and background tasks kept alive until they
+end."""
 
 import asyncio
 import logging
@@ -8,6 +9,7 @@ from typing import Any, AsyncContextManager, Coroutine, Generator, Generic, Opti
 LOG = logging.getLogger("warden")
 
 T = TypeVar("T", bound=AsyncContextManager[Any])
+H = TypeVar("H", bound="AsyncHeld")
 
 
 class Pending(Generic[T]):
@@ -31,6 +33,28 @@ class Pending(Generic[T]):
     async def __aexit__(self, kind: Optional[Type[BaseException]], error: Optional[BaseException], trace: Any) -> Optional[bool]:
         assert self._resource is not None
         return await self._resource.__aexit__(kind, error, trace)
+
+
+class AsyncHeld:
+    """Something held until given up (a lock, a leadership, a membership, a permit): given
+    up on leaving `async with`, where a failure to give it up is raised unless the block
+    itself failed (then it is logged, and the block's error goes on)."""
+
+    async def _give_up(self) -> None:
+        raise NotImplementedError
+
+    async def __aenter__(self: H) -> H:
+        return self
+
+    async def __aexit__(self, kind: Optional[Type[BaseException]], error: Optional[BaseException], trace: Any) -> None:
+        from warden.errors import WardenError  # errors imports the generated stubs; loaded late
+
+        try:
+            await self._give_up()
+        except WardenError:
+            if error is None:
+                raise
+            LOG.debug("giving up %r after an error in its block", self, exc_info=True)
 
 
 class Tasks:

@@ -16,11 +16,12 @@ outcome is unknown (in the background).
 
 import asyncio
 import logging
-from typing import TYPE_CHECKING, Any, Optional
+from typing import TYPE_CHECKING, Optional
 
 from warden import _convert
 from warden._proto import warden_pb2 as pb
 from warden._retry import is_transient
+from warden._util import AsyncHeld
 from warden.errors import InvalidArgumentError, WardenError
 from warden.types import LockMode, Sequencer
 
@@ -38,7 +39,7 @@ LOCK_WAIT_PER_CALL_MAX_S = 300.0
 LOCK_DELAY_MAX_S = 60.0
 
 
-class AsyncLockGuard:
+class AsyncLockGuard(AsyncHeld):
     """A held lock. Released by :meth:`unlock` (or on leaving `async with`); lost if its
     session ends. Send :attr:`fencing_token` with every write the lock protects, and have
     the resource refuse stale tokens (:class:`warden.FenceGuard`)."""
@@ -84,16 +85,8 @@ class AsyncLockGuard:
             return  # the hold went with the session
         await self._session.client.unlock(self._sequencer)
 
-    async def __aenter__(self) -> "AsyncLockGuard":
-        return self
-
-    async def __aexit__(self, kind: Any, error: Any, trace: Any) -> None:
-        try:
-            await self.unlock()
-        except WardenError:
-            if error is None:
-                raise
-            LOG.debug("unlocking %s after an error in its block", self.path, exc_info=True)
+    async def _give_up(self) -> None:
+        await self.unlock()
 
 
 def _request(

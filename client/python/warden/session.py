@@ -164,8 +164,9 @@ class AsyncSession:
         """Acquires the lock on `path`, waiting as long as it takes (for as long as the
         session lives) in its FIFO place in the queue; raises :class:`SessionExpiredError` if
         the session ends first. `mode` SHARED shares it with other shared holders.
-        `lock_delay_s` (at most 60 s) is Chubby's lock-delay: if this session expires while
-        holding (rather than unlocking), nobody new gets the lock for that long.
+        `lock_delay_s` (at most the cluster's `lock_delay_ms_max`, 60 s by default) is
+        Chubby's lock-delay: if this session expires while holding (rather than unlocking),
+        nobody new gets the lock for that long.
 
         Await the result for the guard, or use it in `async with` (unlocked on exit)."""
         return Pending(self._lock(path, mode, lock_delay_s))

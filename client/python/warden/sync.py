@@ -170,6 +170,27 @@ class _Held(_Facade[A]):
             LOG.debug("giving up %r after an error in its block", self, exc_info=True)
 
 
+class _Fenced(_Held[A]):
+    """A blocking handle on something held with a fencing token (a lock hold, a leadership,
+    a semaphore permit)."""
+
+    @property
+    def fencing_token(self) -> int:
+        """The fencing token to send with every action the hold protects: it grows from each
+        holder to the next, so a resource can refuse a stale holder."""
+        return self._async.fencing_token  # type: ignore[attr-defined, no-any-return]
+
+    @property
+    def path(self) -> str:
+        """The node held: the lock, the candidate or the lease."""
+        return self._async.path  # type: ignore[attr-defined, no-any-return]
+
+    def is_valid(self) -> bool:
+        """Whether the hold can be relied on (false once given up, or once the session is in
+        jeopardy or has ended)."""
+        return self._async.is_valid()  # type: ignore[attr-defined, no-any-return]
+
+
 class Client:
     """A blocking connection to a Warden cluster through its routers: the methods of
     :class:`AsyncClient`, each waiting for its answer. Connects at construction (see
@@ -480,29 +501,14 @@ class Session:
             pass  # what the block held is gone already; the callbacks said so
 
 
-class LockGuard(_Held[AsyncLockGuard]):
+class LockGuard(_Fenced[AsyncLockGuard]):
     """A held lock (see :class:`AsyncLockGuard`); unlocked by :meth:`unlock` or on leaving
     `with`."""
-
-    @property
-    def fencing_token(self) -> int:
-        """The fencing token to send with every write the lock protects."""
-        return self._async.fencing_token
 
     @property
     def sequencer(self) -> Sequencer:
         """The hold's sequencer."""
         return self._async.sequencer
-
-    @property
-    def path(self) -> str:
-        """The lock's path."""
-        return self._async.path
-
-    def is_valid(self) -> bool:
-        """Whether the hold can be relied on (false once released, or once the session is in
-        jeopardy or has ended)."""
-        return self._async.is_valid()
 
     def check(self) -> bool:
         """Whether the server says the hold still holds."""

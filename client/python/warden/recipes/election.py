@@ -20,12 +20,12 @@ from typing import Any, AsyncIterator, Iterator, Optional
 
 from warden import _convert
 from warden._retry import within
-from warden._util import Pending
+from warden._util import AsyncHeld, Pending
 from warden.client import AsyncClient
 from warden.errors import NoNodeError, SessionExpiredError, UnavailableError, WardenError
 from warden.recipes._common import await_existence, create_sequential, delete_if_present, queue, watch_ended, while_alive
 from warden.session import AsyncSession
-from warden.sync import Session, _Facade, _Held, _Runner
+from warden.sync import Session, _Facade, _Fenced, _Runner
 from warden.types import Data
 from warden.watch import AsyncWatcher
 
@@ -128,7 +128,7 @@ class AsyncElection:
         return self._notifications[0]
 
 
-class AsyncLeadership:
+class AsyncLeadership(AsyncHeld):
     """Leadership of an election, won by :meth:`AsyncElection.campaign`."""
 
     def __init__(self, session: AsyncSession, path: str, token: int, version: int) -> None:
@@ -171,15 +171,8 @@ class AsyncLeadership:
         if not self._session.state.has_ended:
             await delete_if_present(self._session.client, self._path)
 
-    async def __aenter__(self) -> "AsyncLeadership":
-        return self
-
-    async def __aexit__(self, kind: Any, error: Any, trace: Any) -> None:
-        try:
-            await self.resign()
-        except WardenError:
-            if error is None:
-                raise
+    async def _give_up(self) -> None:
+        await self.resign()
 
 
 class AsyncLeaderObserver:
@@ -255,23 +248,8 @@ class Election:
         return self._async.watch_notifications
 
 
-class Leadership(_Held[AsyncLeadership]):
+class Leadership(_Fenced[AsyncLeadership]):
     """The blocking facade of :class:`AsyncLeadership`."""
-
-
-    @property
-    def fencing_token(self) -> int:
-        """The fencing token to send with every action taken as leader."""
-        return self._async.fencing_token
-
-    @property
-    def path(self) -> str:
-        """The candidate node."""
-        return self._async.path
-
-    def is_valid(self) -> bool:
-        """Whether the leadership can be relied on."""
-        return self._async.is_valid()
 
     def proclaim(self, value: Data) -> None:
         """Publishes a new value as leader (see :meth:`AsyncLeadership.proclaim`)."""
@@ -286,7 +264,6 @@ class Leadership(_Held[AsyncLeadership]):
 
 class LeaderObserver(_Facade[AsyncLeaderObserver]):
     """The blocking facade of :class:`AsyncLeaderObserver`: iterate it, or call :meth:`next`."""
-
 
     def next(self, timeout_s: Optional[float] = None) -> Optional[Leader]:
         """The leader the first time, then the next different one."""

@@ -9,9 +9,9 @@ from typing import Any, AsyncIterator, Dict, Iterator, List, Optional, Tuple
 
 from warden import _convert
 from warden._retry import within
-from warden._util import Pending
+from warden._util import AsyncHeld, Pending
 from warden.client import AsyncClient
-from warden.errors import NoNodeError, WardenError
+from warden.errors import NoNodeError
 from warden.recipes._common import check_name, delete_if_present, ensure_node, join, parent_of, watch_ended
 from warden.session import AsyncSession
 from warden.sync import Client, Session, _Facade, _Held
@@ -53,7 +53,7 @@ def _listed(members: Dict[str, Node]) -> List[Member]:
     return [Member(member_id, node.data) for member_id, node in sorted(members.items())]
 
 
-class AsyncMembership:
+class AsyncMembership(AsyncHeld):
     """This session's membership of a group. It ends with :meth:`leave` (or on leaving
     `async with`), or when the session ends; in jeopardy it may already have ended
     (:meth:`is_valid`)."""
@@ -105,15 +105,8 @@ class AsyncMembership:
         if not self._session.state.has_ended:
             await delete_if_present(self._session.client, self._node)
 
-    async def __aenter__(self) -> "AsyncMembership":
-        return self
-
-    async def __aexit__(self, kind: Any, error: Any, trace: Any) -> None:
-        try:
-            await self.leave()
-        except WardenError:
-            if error is None:
-                raise
+    async def _give_up(self) -> None:
+        await self.leave()
 
 
 class AsyncMembersWatch:
@@ -191,7 +184,6 @@ class AsyncMembersWatch:
 class Membership(_Held[AsyncMembership]):
     """The blocking facade of :class:`AsyncMembership`: join with :meth:`Membership.join`."""
 
-
     @staticmethod
     def join(session: Session, path: str, member_id: str, data: Data = b"") -> "Membership":
         """Joins the group at `path` as `member_id` (see :meth:`AsyncMembership.join`); use
@@ -225,7 +217,6 @@ class Membership(_Held[AsyncMembership]):
 
 class MembersWatch(_Facade[AsyncMembersWatch]):
     """The blocking facade of :class:`AsyncMembersWatch`."""
-
 
     @staticmethod
     def open(client: Client, path: str) -> "MembersWatch":

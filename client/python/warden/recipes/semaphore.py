@@ -14,15 +14,14 @@ So the number of leases never exceeds `permits`, and a release wakes one process
 """
 
 import logging
-from typing import Any
 
 from warden import _convert
-from warden._util import Pending
+from warden._util import AsyncHeld, Pending
 from warden.errors import InvalidArgumentError, ProtocolError, SessionExpiredError, WardenError
 from warden.lock import AsyncLockGuard
 from warden.recipes._common import children, delete_if_present, ensure_node, join, watch_ended, while_alive
 from warden.session import AsyncSession
-from warden.sync import Session, _Held, _Runner
+from warden.sync import Session, _Fenced, _Runner
 from warden.txn import Compare, Txn, TxnOp
 from warden.types import Created, EventKind
 
@@ -90,7 +89,7 @@ class AsyncSemaphore:
         return AsyncPermit(self._session, lease.path, lease.stat.create_revision)
 
 
-class AsyncPermit:
+class AsyncPermit(AsyncHeld):
     """A permit of a semaphore: an ephemeral lease node. Released by :meth:`release` (or on
     leaving `async with`), or when the session ends; while the session is in jeopardy it may
     already be gone (:meth:`is_valid` is false)."""
@@ -123,15 +122,8 @@ class AsyncPermit:
         if not self._session.state.has_ended:
             await delete_if_present(self._session.client, self._path)
 
-    async def __aenter__(self) -> "AsyncPermit":
-        return self
-
-    async def __aexit__(self, kind: Any, error: Any, trace: Any) -> None:
-        try:
-            await self.release()
-        except WardenError:
-            if error is None:
-                raise
+    async def _give_up(self) -> None:
+        await self.release()
 
 
 class Semaphore:
@@ -152,23 +144,8 @@ class Semaphore:
         return Permit(self._runner, self._runner.run(self._async._acquire()))
 
 
-class Permit(_Held[AsyncPermit]):
+class Permit(_Fenced[AsyncPermit]):
     """The blocking facade of :class:`AsyncPermit`."""
-
-
-    @property
-    def fencing_token(self) -> int:
-        """The lease's create revision."""
-        return self._async.fencing_token
-
-    @property
-    def path(self) -> str:
-        """The lease node."""
-        return self._async.path
-
-    def is_valid(self) -> bool:
-        """Whether the permit can be relied on."""
-        return self._async.is_valid()
 
     def release(self) -> None:
         """Gives the permit back."""
