@@ -245,6 +245,10 @@ fn write_files(dir: &Path, planned: &[Planned], checked: &Checked, verdict: &Ver
             let (group, revision, received_ns) = (event.group, event.revision, event.received_ns);
             lines.push(serde_json::json!({ "type": "watch-event", "watcher": log.name, "group": group, "revision": revision, "value": value, "received_ns": received_ns }));
         }
+        for error in &log.errors {
+            let resume: BTreeMap<String, u64> = error.resume_revisions.iter().map(|(group, next)| (group.to_string(), *next)).collect();
+            lines.push(serde_json::json!({ "type": "watch-error", "watcher": log.name, "at_ns": error.at_ns, "error": error.error, "resume_revisions": resume }));
+        }
         for gap in &log.gaps {
             lines.push(serde_json::json!({ "type": "watch-gap", "watcher": log.name, "after_events": gap.after, "reopened_ns": gap.reopened_ns, "error": gap.error }));
         }

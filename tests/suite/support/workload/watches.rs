@@ -40,6 +40,42 @@ const CATCH_UP_WITHIN: Duration = Duration::from_secs(30);
 /// Pause before calling a watcher again after an error (it reconnects by itself).
 const RETRY_AFTER: Duration = Duration::from_millis(100);
 
+/// Errors a watcher logs at most (the last one is always in `last_error`).
+const ERRORS_LOGGED_MAX: usize = 200;
+/// A following watcher with no event for this long notes where it would resume.
+const IDLE_NOTED_AFTER: Duration = Duration::from_secs(1);
+
+/// An error a watcher's call answered.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WatchError {
+    /// When (ns of the history's clock).
+    pub at_ns: u64,
+    pub error: String,
+    /// The watcher's resume revisions after it (empty: no watcher was open).
+    pub resume_revisions: BTreeMap<u64, u64>,
+}
+
+impl WatchLog {
+    /// Notes that no event came for [`IDLE_NOTED_AFTER`] (as an error entry "idle"), when the
+    /// resume revisions differ from the last noted.
+    fn note_idle(&mut self, at_ns: u64, resume_revisions: &BTreeMap<u64, u64>) {
+        if self.errors.last().is_some_and(|last| last.error == "idle" && last.resume_revisions == *resume_revisions) {
+            return;
+        }
+        if self.errors.len() < ERRORS_LOGGED_MAX {
+            self.errors.push(WatchError { at_ns, error: "idle".into(), resume_revisions: resume_revisions.clone() });
+        }
+    }
+
+    /// Notes `error`, answered at `at_ns` with the watcher then holding `resume_revisions`.
+    fn note_error(&mut self, at_ns: u64, error: &Error, resume_revisions: BTreeMap<u64, u64>) {
+        self.last_error = Some(error.to_string());
+        if self.errors.len() < ERRORS_LOGGED_MAX {
+            self.errors.push(WatchError { at_ns, error: error.to_string(), resume_revisions });
+        }
+    }
+}
+
 /// One event a watcher delivered.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Delivered {
@@ -75,6 +111,9 @@ pub struct WatchLog {
     pub resumes: usize,
     /// The last error a call of the watcher answered, for a stall's report.
     pub last_error: Option<String>,
+    /// The first [`ERRORS_LOGGED_MAX`] errors, each with when (ns) and the resume revisions
+    /// the watcher held after it (group → next revision), for the history's files.
+    pub errors: Vec<WatchError>,
     /// Why it did not keep up: it ended, or missed the final value's deadline.
     pub stalled: Option<String>,
 }
@@ -173,7 +212,7 @@ async fn watch_register(client: Client, register: &'static str, from_revision: u
                     start_revision = 0;
                     compacted = Some(error.clone());
                 }
-                log.lock().expect("watch log").last_error = Some(error.to_string());
+                log.lock().expect("watch log").note_error(clock.now(), &error, BTreeMap::new());
                 tokio::time::sleep(RETRY_AFTER).await;
                 continue;
             }
@@ -196,7 +235,15 @@ async fn watch_register(client: Client, register: &'static str, from_revision: u
                     Ok(next) => next,
                     Err(_) => break,
                 },
-                None => watcher.next().await,
+                // Idle seconds are noted with where the watcher would resume (a stall's
+                // story in the history's files); `next` is cancel-safe.
+                None => match tokio::time::timeout(IDLE_NOTED_AFTER, watcher.next()).await {
+                    Ok(next) => next,
+                    Err(_) => {
+                        log.lock().expect("watch log").note_idle(clock.now(), watcher.resume_revisions());
+                        continue;
+                    }
+                },
             };
             match next {
                 Ok(Some(event)) => {
@@ -211,14 +258,14 @@ async fn watch_register(client: Client, register: &'static str, from_revision: u
                     return;
                 }
                 Err(error @ Error::Compacted { .. }) => {
-                    log.lock().expect("watch log").last_error = Some(error.to_string());
+                    log.lock().expect("watch log").note_error(clock.now(), &error, watcher.resume_revisions().clone());
                     (start_revision, compacted) = (0, Some(error));
                     break;
                 }
                 Err(error) => {
                     // Transient (the watcher tries again on the next call) or final (the
                     // next call answers `None`).
-                    log.lock().expect("watch log").last_error = Some(error.to_string());
+                    log.lock().expect("watch log").note_error(clock.now(), &error, watcher.resume_revisions().clone());
                     tokio::time::sleep(RETRY_AFTER).await;
                 }
             }
