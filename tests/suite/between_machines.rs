@@ -194,14 +194,22 @@ async fn a_leader_cut_off_from_every_machine_is_replaced_and_no_acknowledged_wri
 const CREATION_WITH_A_NODE_CUT_MAX: Duration = Duration::from_secs(6);
 
 /// Creates a group serving `prefix` through the placement leader (retrying while there is
-/// none or it changes); answers the new group's id.
+/// none or it changes); answers the new group's id. A creation whose answer was lost may
+/// have taken effect: the routing table then lists the group, which a retry would be
+/// refused for.
 async fn create_group_at_placement_leader(cluster: &ProcessCluster, prefix: &str) -> u64 {
     let clients = cluster.placement_clients(WRITE_TIMEOUT);
     wait_until(&format!("a group for {prefix}"), STEP_TIMEOUT, async || {
         let leader = placement_leader_among(&clients, None).await?;
         let (_, placement) = clients.iter().find(|(id, _)| *id == leader)?;
-        let created = placement.clone().create_group(CreateGroupRequest { prefix: prefix.into() }).await.ok()?;
-        created.into_inner().group.and_then(|g| g.descriptor).map(|d| d.group_id)
+        match placement.clone().create_group(CreateGroupRequest { prefix: prefix.into() }).await {
+            Ok(created) => created.into_inner().group.and_then(|g| g.descriptor).map(|d| d.group_id),
+            Err(_) => {
+                let table = placement.clone().get_routing_table(GetRoutingTableRequest {}).await.ok()?.into_inner();
+                let mut groups = table.groups.into_iter().filter_map(|entry| entry.descriptor);
+                groups.find(|descriptor| descriptor.prefix == prefix).map(|descriptor| descriptor.group_id)
+            }
+        }
     })
     .await
 }
