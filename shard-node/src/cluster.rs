@@ -22,6 +22,9 @@ use warden_engine::state_machine::ApplyOutput;
 use warden_engine::store_writer::StoreMetricsSnapshot;
 use warden_engine::transport::{NetFaults, PeerDirectory};
 
+/// Longest a restart waits for a killed node's store to be let go.
+const STORE_RELEASE_WAIT: Duration = Duration::from_secs(10);
+
 /// Pause between retries of a request that found no leader.
 const RETRY_PAUSE: Duration = Duration::from_millis(20);
 
@@ -259,13 +262,25 @@ impl Cluster {
         }
     }
 
-    /// Restarts node `id` on its old directory and address.
+    /// Restarts node `id` on its old directory and address. A task of the killed node that
+    /// outlived its runtime's shutdown may hold the store open a moment longer (RocksDB
+    /// refuses a second open in one process): the start is tried again until the store is
+    /// let go, for at most [`STORE_RELEASE_WAIT`].
     pub fn restart(&self, id: u64) -> Result<(), NodeError> {
         let addr = *self.addrs.get(&id).ok_or_else(|| NodeError::Config(format!("no node {id}")))?;
         self.kill(id);
-        let peer = rebind(addr)?;
-        let client = self.client_addr(id).map(rebind).transpose()?;
-        self.start_node(id, Listeners { peer, client })
+        let deadline = Instant::now() + STORE_RELEASE_WAIT;
+        loop {
+            let peer = rebind(addr)?;
+            let client = self.client_addr(id).map(rebind).transpose()?;
+            match self.start_node(id, Listeners { peer, client }) {
+                Err(NodeError::Storage(error)) if error.to_string().contains("lock hold by current process") && Instant::now() < deadline => {
+                    tracing::debug!(id, %error, "the killed node's store is still open; starting again");
+                    std::thread::sleep(Duration::from_millis(50));
+                }
+                started => return started,
+            }
+        }
     }
 
     /// Creates `group` with a replica on each of `voters` and has one of them campaign, so
