@@ -204,9 +204,8 @@ pub(super) fn apply_create(sm: &NamespaceStateMachine, txn: &mut Txn<'_, '_>, cr
 /// groups that recorded the session as remote go to `effects`, for the service to end it
 /// there.
 pub(super) fn apply_close(txn: &mut Txn<'_, '_>, session: u64, effects: &mut Effects) -> Result<CommandOutcome, Failure> {
-    let holders = txn.view.session(session)?.map(|record| record.remote_holders).unwrap_or_default();
     match txn.close_session(session)? {
-        Some(deleted) => {
+        Some((deleted, holders)) => {
             effects.remote_holders = holders;
             Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted }))
         }
@@ -273,14 +272,16 @@ impl Txn<'_, '_> {
         Ok(CreateSessionResponse { header: None, session_id, granted_ttl_ms: granted, ttl_adjusted: granted != ttl_ms })
     }
 
-    /// Closes a session of this group (a client's CloseSession); `None` if it does not
-    /// exist. A remote session is refused: only its home group may end it (DESIGN.md rule 7).
-    pub fn close_session(&mut self, session: u64) -> Result<Option<u64>, Failure> {
+    /// Closes a session of this group (a client's CloseSession): answers the nodes deleted
+    /// and the groups its record noted as holding it remotely; `None` if it does not exist.
+    /// A remote session is refused: only its home group may end it (DESIGN.md rule 7).
+    pub fn close_session(&mut self, session: u64) -> Result<Option<(u64, Vec<u64>)>, Failure> {
         self.check_owner(session, "")?;
-        if self.view.session(session)?.is_some_and(|record| record.remote) {
+        let Some(record) = self.view.session(session)? else { return Ok(None) };
+        if record.remote {
             return Err(invalid("", format!("session {session} is homed in group {}: close it there", home_group(session))).into());
         }
-        self.end_session(session, false)
+        Ok(self.end_session(session, false)?.map(|deleted| (deleted, record.remote_holders)))
     }
 
     /// Ends sessions of this group whose lease ran out (the leader's expiry): remote

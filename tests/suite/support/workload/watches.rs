@@ -59,19 +59,21 @@ impl WatchLog {
     /// Notes that no event came for [`IDLE_NOTED_AFTER`] (as an error entry "idle"), when the
     /// resume revisions differ from the last noted.
     fn note_idle(&mut self, at_ns: u64, resume_revisions: &BTreeMap<u64, u64>) {
-        if self.errors.last().is_some_and(|last| last.error == "idle" && last.resume_revisions == *resume_revisions) {
-            return;
-        }
-        if self.errors.len() < ERRORS_LOGGED_MAX {
-            self.errors.push(WatchError { at_ns, error: "idle".into(), resume_revisions: resume_revisions.clone() });
+        if !self.errors.last().is_some_and(|last| last.error == "idle" && last.resume_revisions == *resume_revisions) {
+            self.keep(WatchError { at_ns, error: "idle".into(), resume_revisions: resume_revisions.clone() });
         }
     }
 
     /// Notes `error`, answered at `at_ns` with the watcher then holding `resume_revisions`.
     fn note_error(&mut self, at_ns: u64, error: &Error, resume_revisions: BTreeMap<u64, u64>) {
         self.last_error = Some(error.to_string());
+        self.keep(WatchError { at_ns, error: error.to_string(), resume_revisions });
+    }
+
+    /// Keeps `entry` unless [`ERRORS_LOGGED_MAX`] are kept already.
+    fn keep(&mut self, entry: WatchError) {
         if self.errors.len() < ERRORS_LOGGED_MAX {
-            self.errors.push(WatchError { at_ns, error: error.to_string(), resume_revisions });
+            self.errors.push(entry);
         }
     }
 }
