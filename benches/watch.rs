@@ -35,7 +35,16 @@ fn register(hub: &Arc<WatchHub>, limits: &WatchLimits) -> Vec<Arc<WatchStream>> 
         let revision = hub.revision();
         let start_revision = revision + 1;
         let phase = Phase::CatchingUp { next_revision: start_revision };
-        let watch = StreamWatch { group: GROUP, path: Arc::from(WATCHED), spec, phase, progress_notify: false, active: false, charge: None };
+        let watch = StreamWatch {
+            group: GROUP,
+            path: Arc::from(WATCHED),
+            spec,
+            phase,
+            progress_notify: false,
+            active: false,
+            charge: None,
+            resume_revisions: Arc::default(),
+        };
         let created = Box::new(WatchCreated { start_revision, ..WatchCreated::default() });
         stream.add(watch_id, watch, Outgoing::Created { watch_id, group: GROUP, revision, created });
         assert_eq!(hub.catch_up(stream, watch_id, usize::MAX), CatchUp::Live);

@@ -291,7 +291,7 @@ pub(crate) fn lock_info(response: pb::LockInfoResponse) -> Result<LockInfo> {
 }
 
 /// The creation of a persistent watch of `options` from `start_revision` (in the group serving
-/// its path) and `group_start_revisions` (in other groups).
+/// its path) and `group_start_revisions` (per group, that serving the path included).
 pub(crate) fn watch_create(options: &WatchOptions, start_revision: u64, group_start_revisions: HashMap<u64, u64>) -> pb::WatchCreate {
     pb::WatchCreate {
         path: options.path.clone(),

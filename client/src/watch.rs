@@ -193,8 +193,11 @@ impl Watcher {
     /// Opens a stream and registers the watch from the resume revisions, within `timeout`.
     async fn connect(&mut self, timeout: Duration) -> Result<()> {
         let start_revision = self.next_revisions.get(&self.owner).copied().unwrap_or(self.options.start_revision);
-        let others = self.next_revisions.iter().filter(|(group, _)| **group != self.owner).map(|(g, r)| (*g, *r)).collect();
-        let create = convert::watch_create(&self.options, start_revision, others);
+        // Every group's, the owner's included: the path may be served by another group now,
+        // and a group the watched subtree moved into checks that none of its events in the
+        // group it came from were missed.
+        let groups = self.next_revisions.iter().map(|(group, revision)| (*group, *revision)).collect();
+        let create = convert::watch_create(&self.options, start_revision, groups);
         let (stream, started) = self
             .client
             .retrying(CallKind::Idempotent, timeout, |client, _deadline| {

@@ -78,6 +78,8 @@ pub const WATCH_GROUPS_MAX: usize = 64;
 #[derive(Default)]
 struct Part {
     stream: u64,
+    /// The version of the group's descriptor the part was created with (its route then).
+    routing_version: u64,
     next_revision: u64,
     created: Option<WatchCreated>,
     /// The header of the group's `created` (the client takes the serving group's as the
@@ -161,6 +163,7 @@ impl Watches {
         if let Some(ended) = response.canceled {
             let Some(mut watch) = self.remove(upstream_id) else { return Step::Hold };
             let others = watch.parts.keys().copied().filter(|g| *g != group).map(|g| (g, upstream_id)).collect();
+            let routing_version = watch.parts.get(&group).map_or(0, |part| part.routing_version);
             let header = response.header;
             let moved_to = ended.error.as_ref().filter(|e| e.code == Code::Moved as i32).map(|e| e.moved_to_group);
             if moved_to.is_some() {
@@ -175,7 +178,7 @@ impl Watches {
             if let (Some(group), Some(canceled)) = (moved_to.filter(|g| *g != 0), end.canceled.as_mut()) {
                 canceled.resume_revisions.entry(group).or_insert(ended.resume_revision);
             }
-            return Step::End(Box::new(end), others);
+            return Step::End(Box::new(end), others, routing_version);
         }
         if let Some(created) = &response.created {
             let Some(part) = watch.parts.get_mut(&group) else { return Step::Hold };
@@ -214,7 +217,8 @@ impl Watches {
                     message: "too many events before every group's watch was created".into(),
                     ..WardenError::default()
                 };
-                return Step::End(Box::new(watch.canceled(Some(error))), watch.parts.keys().map(|g| (*g, upstream_id)).collect());
+                let parts = watch.parts.keys().map(|g| (*g, upstream_id)).collect();
+                return Step::End(Box::new(watch.canceled(Some(error))), parts, 0);
             }
             self.held_bytes += bytes;
             watch.held.push((group, response));
@@ -233,8 +237,9 @@ impl Watches {
 enum Step {
     /// Send these on, in order.
     Send(Vec<WatchResponse>),
-    /// The watch ended: send this, and cancel the parts (group, upstream id) in the list.
-    End(Box<WatchResponse>, Vec<(u64, u64)>),
+    /// The watch ended: send this, and cancel the parts (group, upstream id) in the list;
+    /// the ended part's routing version (see [`Proxy::await_routed`]).
+    End(Box<WatchResponse>, Vec<(u64, u64)>, u64),
     /// Nothing to send now.
     Hold,
 }
@@ -323,20 +328,27 @@ fn check_span(path: &str, groups: usize) -> Result<(), WardenError> {
 }
 
 /// The upstream create of one part: the group's own routing, and for a group below the
-/// path, its prefix as the path and its own start revision (and no read).
+/// path, its prefix as the path (and no read). Each part starts from the client's resume
+/// revision for its group ([`part_start`]) and carries every group's, which a node checks a
+/// subtree that moved into its group against.
 fn part_create(create: &WatchCreate, upstream_id: u64, route: &GroupRoute, owner: bool) -> WatchCreate {
     let routing = Some(Routing { group_id: route.id(), conf_ver: route.descriptor.conf_ver, version: route.descriptor.version });
+    let start_revision = part_start(create, route.id(), owner);
     if owner {
-        return WatchCreate { watch_id: upstream_id, routing, group_start_revisions: HashMap::new(), ..create.clone() };
+        return WatchCreate { watch_id: upstream_id, start_revision, routing, ..create.clone() };
     }
-    WatchCreate {
-        watch_id: upstream_id,
-        path: route.descriptor.prefix.clone(),
-        start_revision: create.group_start_revisions.get(&route.id()).copied().unwrap_or(0),
-        read: false,
-        routing,
-        group_start_revisions: HashMap::new(),
-        ..create.clone()
+    WatchCreate { watch_id: upstream_id, path: route.descriptor.prefix.clone(), start_revision, read: false, routing, ..create.clone() }
+}
+
+/// Where `group`'s part starts: its entry in `group_start_revisions`; for the group serving
+/// the path without one, `start_revision` (a new watch's, or the client's resume revision
+/// in the group it last knew serving the path, which a node judges as above); for another
+/// group without one, now.
+fn part_start(create: &WatchCreate, group: u64, owner: bool) -> u64 {
+    match create.group_start_revisions.get(&group) {
+        Some(revision) => *revision,
+        None if owner => create.start_revision,
+        None => 0,
     }
 }
 
@@ -499,9 +511,9 @@ impl Proxy {
             .iter()
             .zip(&streams)
             .map(|(route, stream)| {
-                let next_revision =
-                    if route.id() == owner { create.start_revision } else { create.group_start_revisions.get(&route.id()).copied().unwrap_or(0) };
-                (route.id(), Part { stream: *stream, next_revision, created: None, created_header: None })
+                let next_revision = part_start(&create, route.id(), route.id() == owner);
+                let part = Part { stream: *stream, routing_version: route.descriptor.version, next_revision, created: None, created_header: None };
+                (route.id(), part)
             })
             .collect();
         let one_shot = create.kind != Kind::Persistent as i32;
@@ -535,11 +547,11 @@ impl Proxy {
         }
         let out = match self.watches.step(group, stream, response) {
             Step::Send(out) => out,
-            Step::End(response, others) => {
+            Step::End(response, others, routing_version) => {
                 self.cancel_parts(others);
                 let moved = response.canceled.as_ref().and_then(|c| c.error.as_ref()).filter(|e| e.code == Code::Moved as i32);
-                if let Some((group, path)) = moved.map(|e| (e.moved_to_group, e.path.clone())) {
-                    self.await_routed(group, &path).await;
+                if let Some(path) = moved.map(|e| e.path.clone()) {
+                    self.await_routed(&path, group, routing_version).await;
                 }
                 vec![*response]
             }
@@ -553,15 +565,18 @@ impl Proxy {
         true
     }
 
-    /// Waits (at most [`MOVED_ROUTE_WAIT`]) until the routing table routes the moved subtree
-    /// at `path` to `group`: it is routed to its new group (a split's new one, a merge's
-    /// parent) a moment after the old one let it go, and a watch re-created before this
-    /// router knows the new route would not span it (or would span the old group).
-    async fn await_routed(&self, group: u64, path: &str) {
+    /// Waits (at most [`MOVED_ROUTE_WAIT`]) until the routing table no longer routes the
+    /// moved subtree at `path` as when the part that ended was created (to `left_group` at
+    /// descriptor version `left_version`): it is routed to its new group (a split's new one,
+    /// a merge's parent) a moment after the old one let it go, and a watch re-created before
+    /// this router knows would not span it (or would span the old group). The route it
+    /// waits for may be another than the MOVED named: the subtree may have moved on (or back)
+    /// meanwhile, and a node ends a watch that would skip a group's events COMPACTED.
+    async fn await_routed(&self, path: &str, left_group: u64, left_version: u64) {
         let deadline = tokio::time::Instant::now() + MOVED_ROUTE_WAIT;
         loop {
             let table = self.upstreams.table();
-            let routed = table.route(path).is_some_and(|r| r.id() == group);
+            let routed = table.route(path).is_some_and(|r| r.id() != left_group || r.descriptor.version > left_version);
             if routed || tokio::time::Instant::now() >= deadline {
                 return;
             }
@@ -707,7 +722,7 @@ mod tests {
         assert!(matches!(watches.step(2, 2, events(12)), Step::Send(_)));
         let ended = WatchResponse { watch_id: 90, canceled: Some(WatchCanceled::default()), ..WatchResponse::default() };
         match watches.step(1, 1, ended) {
-            Step::End(response, others) => {
+            Step::End(response, others, _) => {
                 assert_eq!(others, vec![(2, 90)], "the other part is cancelled upstream");
                 assert_eq!(response.watch_id, 9);
                 assert_eq!(response.canceled.expect("canceled").resume_revisions, HashMap::from([(1, 0), (2, 13)]));
@@ -742,7 +757,7 @@ mod tests {
             assert!(matches!(watches.step(2, 2, big(revision)), Step::Hold));
         }
         match watches.step(2, 2, big(10)) {
-            Step::End(response, others) => {
+            Step::End(response, others, _) => {
                 let error = response.canceled.and_then(|c| c.error).expect("an error");
                 assert_eq!(error.code, Code::SlowWatcher as i32);
                 assert_eq!(others.len(), 2, "both parts are cancelled upstream");

@@ -270,3 +270,56 @@ async fn a_watch_spanning_a_merge_keeps_the_parent_groups_events() {
     }
     assert_eq!(seen, written, "every write of the parent's group seen once, in order");
 }
+
+/// A watcher that did not read while its subtree was split off, written in its new group and
+/// merged back never skips the new group's writes: the merged group is gone, so the group
+/// serving the path again cannot give them, and the watch ends COMPACTED (the client then
+/// reads and watches again) instead of going on from that group's later writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_resumed_after_its_subtree_moved_away_and_back_ends_compacted_rather_than_skip_writes() {
+    const MOVING: &str = "/h";
+    const REGISTER: &str = "/h/r";
+    let cluster = cluster_with_groups(&[]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    let root_group = group_serving(&mut router, "/").await;
+    router.create(CreateRequest { path: MOVING.into(), ..CreateRequest::default() }).await.expect("subtree root");
+    router.create(CreateRequest { path: REGISTER.into(), ..CreateRequest::default() }).await.expect("register");
+    let library = ::warden_client::Client::connect(::warden_client::ClientConfig::new([router_process.addr.to_string()])).await.expect("client");
+    let mut watcher = library.watch(::warden_client::WatchOptions::new(REGISTER)).await.expect("watch");
+    let set = |router: &mut warden_proto::v1::warden_client::WardenClient<_>, value: &'static str| {
+        let mut router = router.clone();
+        async move { router.set(SetRequest { path: REGISTER.into(), data: value.into(), ..SetRequest::default() }).await.expect("write") }
+    };
+    set(&mut router, "before").await;
+    let first = tokio::time::timeout(TIMEOUT, watcher.next()).await.expect("the first write's event").expect("watch").expect("not ended");
+    assert_eq!(first.node.data, b"before");
+
+    // Nothing is read from the watch from here until the subtree is back.
+    let split =
+        at_placement_leader(&cluster, |mut c| async move { c.split_group(CreateGroupRequest { prefix: MOVING.into() }).await }).await.expect("split");
+    let split_group = split.group.and_then(|g| g.descriptor).expect("descriptor").group_id;
+    assert_eq!(group_serving(&mut router, REGISTER).await, split_group);
+    set(&mut router, "in the split group").await;
+    at_placement_leader(&cluster, |mut c| async move { c.merge_group(RemoveGroupRequest { prefix: MOVING.into() }).await }).await.expect("merge");
+    assert_eq!(group_serving(&mut router, REGISTER).await, root_group);
+    set(&mut router, "after").await;
+
+    let mut seen = Vec::new();
+    loop {
+        match tokio::time::timeout(TIMEOUT, watcher.next()).await.unwrap_or_else(|_| panic!("the watch answers after {seen:?}")) {
+            Ok(Some(event)) => {
+                seen.push(String::from_utf8_lossy(&event.node.data).into_owned());
+                if event.node.data == b"after" {
+                    break;
+                }
+            }
+            Err(::warden_client::Error::Compacted { .. }) => break,
+            other => panic!("the watch goes on or ends COMPACTED, not {other:?} (after {seen:?})"),
+        }
+    }
+    assert!(
+        seen.is_empty() || seen == ["in the split group", "after"],
+        "every write after the first delivered in order, or none before COMPACTED: {seen:?}"
+    );
+}

@@ -92,7 +92,7 @@ class WatchOptions:
 
     def create(self, start_revision: int, group_start_revisions: Dict[int, int]) -> pb.WatchCreate:
         """The creation of this watch from `start_revision` (in the group serving its path)
-        and `group_start_revisions` (in other groups)."""
+        and `group_start_revisions` (per group, that serving the path included)."""
         return pb.WatchCreate(
             path=self.path,
             kind="PERSISTENT",
@@ -301,8 +301,10 @@ class AsyncWatcher(_Resumable):
 
     def _create(self) -> pb.WatchCreate:
         start = self._next_revisions.get(self._owner, self._options.start_revision)
-        others = {group: revision for group, revision in self._next_revisions.items() if group != self._owner}
-        return self._options.create(start, others)
+        # Every group's, the owner's included: the path may be served by another group now,
+        # and a group the watched subtree moved into checks that none of its events in the
+        # group it came from were missed.
+        return self._options.create(start, dict(self._next_revisions))
 
     async def next(self, timeout_s: Optional[float] = None) -> Optional[WatchEvent]:
         """The next event; None once the watch ended (cancelled) without an error. Waits as

@@ -94,8 +94,8 @@ pub(super) struct Effects {
     pub split: Option<SplitState>,
     /// The replicated limits from now on: `(record version, limits)`.
     pub limits: Option<(u64, Limits)>,
-    /// A subtree handed to another group: `(prefix, group, revision)` (its watches end MOVED).
-    pub moved: Option<(String, u64, u64)>,
+    /// A subtree handed to another group (its watches end MOVED), or taken from one.
+    pub moved: Option<crate::watch::hub::Transfer>,
     /// Quota shares changed or counted.
     pub quota_shares: Vec<QuotaShare>,
     /// The quota share removed, by prefix.

@@ -16,6 +16,7 @@ use super::apply::{done, Effects};
 use super::error::{error, invalid, invalid_path, Failure};
 use super::path;
 use super::txn::Txn;
+use super::watch::hub::{Direction, Transfer};
 use super::NamespaceStateMachine;
 
 /// Whether `descriptor` (none: every path) serves `path`.
@@ -83,7 +84,13 @@ pub(super) fn apply_set(
         )));
     }
     let descriptor = txn.set_descriptor(sm.group, sm.descriptor.as_ref(), set.descriptor)?;
-    effects.split = txn.settle_incoming(&descriptor)?;
+    if let Some((state, prefix, from_group)) = txn.settle_incoming(&descriptor)? {
+        // The subtree's events before this revision are in the group it came from, which
+        // handed it over by the floor (placement passes the hand-over's revision).
+        let direction = Direction::In { from_group, handed_at: set.revision_floor };
+        effects.moved = Some(Transfer { prefix, revision: txn.revision, direction });
+        effects.split = Some(state);
+    }
     effects.descriptor = Some(descriptor);
     Ok(done())
 }

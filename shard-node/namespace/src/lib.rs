@@ -159,9 +159,9 @@ pub struct NamespaceStateMachine {
     hub: Arc<WatchHub>,
     /// Events of revisions applied but not yet in the store (published by `publish`).
     unpublished: Vec<EventBatch>,
-    /// A subtree handed over to another group, not yet told to the hub: `(prefix, group,
-    /// revision)` (its watches end with MOVED once the hand-over is in the store).
-    unpublished_move: Option<(String, u64, u64)>,
+    /// A subtree handed over to another group or taken from one, not yet told to the hub
+    /// (the watches of one handed over end with MOVED once the hand-over is in the store).
+    unpublished_move: Option<watch::hub::Transfer>,
     /// The limits apply checks: the replicated ones from the group's record (replicated
     /// state, rebuilt from disk), the local ones from the factory.
     limits: Limits,
@@ -376,8 +376,8 @@ impl StateMachine for NamespaceStateMachine {
     fn publish(&mut self) {
         self.publish_counts();
         self.hub.publish(std::mem::take(&mut self.unpublished), self.revision);
-        if let Some((prefix, group, revision)) = self.unpublished_move.take() {
-            self.hub.moved(&prefix, group, revision);
+        if let Some(transfer) = self.unpublished_move.take() {
+            self.hub.transferred(transfer);
         }
     }
 

@@ -29,6 +29,7 @@ use super::path;
 use super::sessions;
 use super::store::{self, parse_subtree_key, SubtreeKey, TxnView};
 use super::txn::{SessionChange, TtlChange, Txn};
+use super::watch::hub::{Direction, Transfer};
 use super::NamespaceStateMachine;
 use warden_engine::error::StorageError;
 use warden_engine::state_machine::SmReader;
@@ -507,6 +508,7 @@ impl Txn<'_, '_> {
     /// in pages after this entry (never served here, its root is in no parent's index), and
     /// the operation is settled.
     fn discard_incoming(&mut self, state: &mut SplitState) {
+        state.incoming_source = 0;
         let prefix = std::mem::take(&mut state.incoming_prefix);
         if !prefix.is_empty() {
             state.purging.push(prefix);
@@ -517,20 +519,22 @@ impl Txn<'_, '_> {
 
     /// Target: `served` (just set) serves the prefix of the operation being ingested, so the
     /// ingested subtree is the group's own from now on: its root joins its parent, later
-    /// pages are refused. Answers the new split state when that happened.
-    pub fn settle_incoming(&mut self, served: &GroupDescriptor) -> Result<Option<SplitState>, Failure> {
+    /// pages are refused. Answers, when that happened, the new split state and the subtree
+    /// that moved in: its prefix and the group it came from.
+    pub fn settle_incoming(&mut self, served: &GroupDescriptor) -> Result<Option<(SplitState, String, u64)>, Failure> {
         let mut state = self.view.split()?;
         if state.incoming_operation == 0 || !descriptor::serves(Some(served), &state.incoming_prefix) {
             return Ok(None);
         }
         let prefix = std::mem::take(&mut state.incoming_prefix);
+        let source = std::mem::take(&mut state.incoming_source);
         if self.view.node(&prefix)?.is_some() {
             self.link_to_parent(&prefix, true)?;
         }
         state.settled_through = state.settled_through.max(state.incoming_operation);
         state.incoming_operation = 0;
         self.view.put_split(&state);
-        Ok(Some(state))
+        Ok(Some((state, prefix, source)))
     }
 
     /// Target: writes a page of the source's export (see `namespace.proto`). Refused once the
@@ -559,6 +563,7 @@ impl Txn<'_, '_> {
         if state.incoming_operation != operation {
             state.incoming_operation = operation;
             state.incoming_prefix = prefix.to_string();
+            state.incoming_source = ingest.source_group;
             self.view.put_split(&state);
         } else if state.incoming_prefix != prefix {
             return Err(invalid(prefix, format!("the operation {operation} moves {}", state.incoming_prefix)).into());
@@ -683,7 +688,7 @@ pub(super) fn apply_hand(
     };
     let (state, descriptor) = txn.hand_subtree(sm.group, sm.descriptor.as_ref(), hand)?;
     if descriptor.is_some() {
-        effects.moved = Some((prefix, target, txn.revision));
+        effects.moved = Some(Transfer { prefix, revision: txn.revision, direction: Direction::Out { to_group: target } });
     }
     effects.split = Some(state);
     effects.descriptor = descriptor;

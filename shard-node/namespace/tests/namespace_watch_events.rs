@@ -53,6 +53,7 @@ fn open_watch(hub: &WatchHub, start: u64) -> (Arc<WatchStream>, CatchUp) {
         phase: Phase::CatchingUp { next_revision: start },
         progress_notify: false,
         active: false,
+        resume_revisions: Arc::default(),
     };
     let created = Outgoing::Created { watch_id: WATCH_ID, group: hub.group(), revision: start - 1, created: Default::default() };
     stream.add(WATCH_ID, watch, created);

@@ -127,16 +127,9 @@ impl RunSpec {
 /// The short run of `make test`: two histories, fault kinds drawn from a seed that changes
 /// per run (printed; `WARDEN_TORTURE_SEED` repeats one). Each history must do enough for its
 /// checks to mean something, and none may show an anomaly.
-///
-/// Known defect, set aside here until fixed (docs/torture.md): a watch that falls behind a
-/// split and merge of its path in quick succession can miss events (the router waits for a
-/// route that came and went, then resumes the watch in the group serving the path now with
-/// another group's revision). So the short run leaves split-merge out; `make torture` runs
-/// every kind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn seeded_histories_under_partitions_pauses_and_kills_show_no_anomaly() {
-    let kinds: Vec<FaultKind> = FaultKind::ALL.into_iter().filter(|kind| *kind != FaultKind::SplitMerge).collect();
-    let verdicts = RunSpec::from_knobs(2, 25, &kinds).run().await;
+    let verdicts = RunSpec::from_knobs(2, 25, &FaultKind::ALL).run().await;
     for verdict in &verdicts {
         assert!(!verdict.faults.is_empty(), "seed {}: no fault was applied", verdict.seed);
         assert!(verdict.register_ops > 100, "seed {}: {} register operations are too few to check", verdict.seed, verdict.register_ops);

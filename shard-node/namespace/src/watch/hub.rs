@@ -7,9 +7,12 @@
 //! lock, so it sees every revision exactly once.
 //!
 //! A subtree that moves to another group (a split) produces no events here: its watches end
-//! with MOVED at the move's revision instead ([`WatchHub::moved`]), live ones at once and
-//! catching-up ones once they have every event up to it, so a watch resumed at the new group
-//! from the revision after misses nothing and repeats nothing.
+//! with MOVED at the move's revision instead ([`WatchHub::transferred`]), live ones at once
+//! and catching-up ones once they have every event up to it, so a watch resumed at the new
+//! group from the revision after misses nothing and repeats nothing. A subtree that moves in
+//! has its earlier events in the group it came from: a watch starting before the move-in
+//! starts here only if its creator received every event of that group up to the hand-over
+//! (its resume revisions say so), else it ends COMPACTED rather than skip them.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -45,34 +48,58 @@ struct HubState {
     recursive: usize,
     /// The replica is gone: no watch starts or goes on here.
     closed: bool,
-    /// The latest subtrees moved away (at most [`MOVES_REMEMBERED`]), for watches still
-    /// catching up from before a move.
-    moves: VecDeque<Move>,
+    /// The latest subtrees moved out or in (at most [`TRANSFERS_REMEMBERED`]), oldest first,
+    /// for watches still catching up from before one.
+    transfers: VecDeque<Transfer>,
+    /// The revision of the latest transfer forgotten: a watch from at or before it may have
+    /// missed one, and ends COMPACTED.
+    transfers_forgotten_through: u64,
 }
 
-/// Moves a hub remembers: a watch catching up from before an older one (a move's history is
-/// bounded like every other) ends COMPACTED instead.
-const MOVES_REMEMBERED: usize = 16;
+/// Transfers a hub remembers (a transfer's history is bounded like every other).
+const TRANSFERS_REMEMBERED: usize = 16;
 
-/// A subtree that left the group.
-struct Move {
-    prefix: String,
-    to_group: u64,
-    /// The revision of the hand-over: the last one whose events this hub has for it.
-    revision: u64,
+/// A subtree that left the group or came into it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Transfer {
+    /// The subtree's root.
+    pub prefix: String,
+    /// This group's revision of the hand-over (out), or of the descriptor that made the group
+    /// serve the subtree (in): the subtree's events here are before it (out), after it (in).
+    pub revision: u64,
+    /// Which way, and with which group.
+    pub direction: Direction,
 }
 
-impl Move {
-    /// Whether a watch of `path` with `spec` watches into the moved subtree.
+/// Which way a subtree moved.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Direction {
+    /// Handed to `to_group`.
+    Out {
+        /// The group serving it from now on.
+        to_group: u64,
+    },
+    /// Taken from `from_group`, which handed it over at its revision `handed_at` or before
+    /// (the descriptor's revision floor).
+    In {
+        /// The group that served it before (0: not known).
+        from_group: u64,
+        /// The revision of `from_group` by which it had handed the subtree over.
+        handed_at: u64,
+    },
+}
+
+impl Transfer {
+    /// Whether a watch of `path` with `spec` watches into the subtree.
     fn concerns(&self, path: &str, spec: WatchSpec) -> bool {
         warden_placement::is_at_or_below(path, &self.prefix) || (spec.is_recursive() && warden_placement::is_strictly_below(&self.prefix, path))
     }
 
-    /// The cancellation of a watch it concerns.
-    fn error(&self) -> WardenError {
+    /// The cancellation of a watch of a subtree that moved out to `to_group`.
+    fn moved_error(&self, to_group: u64) -> WardenError {
         WardenError {
-            moved_to_group: self.to_group,
-            ..error(Code::Moved, &self.prefix, format!("{} moved to group {}: watch again from the resume revision", self.prefix, self.to_group))
+            moved_to_group: to_group,
+            ..error(Code::Moved, &self.prefix, format!("{} moved to group {to_group}: watch again from the resume revision", self.prefix))
         }
     }
 }
@@ -113,7 +140,8 @@ impl WatchHub {
                 watchers: HashMap::new(),
                 recursive: 0,
                 closed: false,
-                moves: VecDeque::new(),
+                transfers: VecDeque::new(),
+                transfers_forgotten_through: 0,
             }),
             watch_limits: Mutex::default(),
             counters: std::sync::OnceLock::new(),
@@ -261,20 +289,53 @@ impl WatchHub {
             stream.cancel(watch_id, Some(replica_gone()), next_revision);
             return CatchUp::Ended;
         }
-        if next_revision <= state.compact_revision {
+        if next_revision <= state.compact_revision || next_revision <= state.transfers_forgotten_through {
+            let compact_revision = state.compact_revision.max(state.transfers_forgotten_through);
             let error = WardenError {
-                compact_revision: state.compact_revision,
+                compact_revision,
                 ..error(Code::Compacted, "", format!("revision {next_revision} is no longer in this replica's event history"))
             };
             stream.cancel(watch_id, Some(error), next_revision);
             return CatchUp::Ended;
         }
-        // A move this watch has not passed yet: it catches up to the move, then ends MOVED.
-        let pending_move = state.moves.iter().find(|m| m.revision >= next_revision && m.concerns(&watch.path, watch.spec));
-        let (stop_at, move_error) = match pending_move {
-            Some(m) => (m.revision, Some((m.error(), m.revision + 1))),
-            None => (u64::MAX, None),
-        };
+        let concerning = || state.transfers.iter().filter(|t| t.concerns(&watch.path, watch.spec));
+        // 1. A move out this watch has not passed yet: it catches up to the move, then ends
+        //    MOVED.
+        let pending_move = concerning().find_map(|t| match t.direction {
+            Direction::Out { to_group } if t.revision >= next_revision => Some((t.revision, t.moved_error(to_group))),
+            _ => None,
+        });
+        // 2. A move in before that: the subtree's earlier events are in the group it came
+        //    from. Unless the watch's creator received all of them, starting here would skip
+        //    them.
+        let stop_at = pending_move.as_ref().map_or(u64::MAX, |(revision, _)| *revision);
+        let unseen = concerning().find_map(|t| match t.direction {
+            Direction::In { from_group, handed_at }
+                if (next_revision..stop_at).contains(&t.revision)
+                    && watch.resume_revisions.get(&from_group).is_none_or(|next| *next <= handed_at) =>
+            {
+                Some((t, from_group))
+            }
+            _ => None,
+        });
+        if let Some((t, from)) = unseen {
+            let message = format!(
+                "{} moved here from group {from} at revision {}, after revision {next_revision}: this watch's events before it are in that group, and not all were received",
+                t.prefix, t.revision
+            );
+            stream.cancel(watch_id, Some(WardenError { compact_revision: t.revision, ..error(Code::Compacted, &t.prefix, message) }), next_revision);
+            return CatchUp::Ended;
+        }
+        // 3. The watched path left the group before the watch's start and did not come back
+        //    (its creation read the path just before the hand-over): it ends MOVED at once.
+        if pending_move.is_none() {
+            let last = concerning().rfind(|t| warden_placement::is_at_or_below(&watch.path, &t.prefix));
+            if let Some(t @ Transfer { direction: Direction::Out { to_group }, .. }) = last {
+                stream.cancel(watch_id, Some(t.moved_error(*to_group)), next_revision.max(t.revision + 1));
+                return CatchUp::Ended;
+            }
+        }
+        let move_error = pending_move.map(|(revision, error)| (error, revision + 1));
         let first = state.history.partition_point(|batch| batch.revision < next_revision);
         let mut batches = Vec::new();
         let mut bytes = 0;
@@ -384,31 +445,36 @@ impl WatchHub {
         state.revision = revision;
     }
 
-    /// The subtree at `prefix` moved to `to_group` at `revision` (published already): every
-    /// live watch into it ends with MOVED, to resume from `revision + 1` — in `to_group` for
-    /// paths in the subtree, here for the rest (the subtree did not change between this
-    /// group's move revision and the new group's first one).
-    pub fn moved(&self, prefix: &str, to_group: u64, revision: u64) {
+    /// A subtree moved out or in at `transfer.revision` (published already). Moving out to
+    /// a group, every live watch into it ends with MOVED, to resume from the revision after
+    /// — in that group for paths in the subtree, here for the rest (the subtree did not
+    /// change between this group's move revision and the new group's first one). Either way
+    /// the transfer is remembered for watches still catching up from before it.
+    pub fn transferred(&self, transfer: Transfer) {
         let mut state = self.lock();
-        let m = Move { prefix: prefix.to_string(), to_group, revision };
-        let error = m.error();
-        let mut removed_recursive = 0;
-        state.watchers.retain(|path, watchers| {
-            watchers.retain(|watcher| {
-                if !m.concerns(path, watcher.spec) {
-                    return true;
-                }
-                removed_recursive += usize::from(watcher.spec.is_recursive());
-                watcher.stream.cancel(watcher.watch_id, Some(error.clone()), (revision + 1).max(watcher.from_revision));
-                false
+        if let Direction::Out { to_group } = transfer.direction {
+            let error = transfer.moved_error(to_group);
+            let revision = transfer.revision;
+            let mut removed_recursive = 0;
+            state.watchers.retain(|path, watchers| {
+                watchers.retain(|watcher| {
+                    if !transfer.concerns(path, watcher.spec) {
+                        return true;
+                    }
+                    removed_recursive += usize::from(watcher.spec.is_recursive());
+                    watcher.stream.cancel(watcher.watch_id, Some(error.clone()), (revision + 1).max(watcher.from_revision));
+                    false
+                });
+                !watchers.is_empty()
             });
-            !watchers.is_empty()
-        });
-        state.recursive -= removed_recursive;
-        if state.moves.len() == MOVES_REMEMBERED {
-            state.moves.pop_front();
+            state.recursive -= removed_recursive;
         }
-        state.moves.push_back(m);
+        if state.transfers.len() == TRANSFERS_REMEMBERED {
+            if let Some(forgotten) = state.transfers.pop_front() {
+                state.transfers_forgotten_through = forgotten.revision;
+            }
+        }
+        state.transfers.push_back(transfer);
     }
 
     /// The replica is gone: every watch ends with UNAVAILABLE (resume elsewhere).
@@ -451,6 +517,43 @@ mod tests {
     }
 
     fn add(stream: &Arc<WatchStream>, watch_id: u64, path: &str, kind: WatchKind, recursive: bool, start: u64) {
+        add_watch(stream, watch_id, path, kind, recursive, start, std::collections::BTreeMap::new());
+    }
+
+    /// A persistent watch whose creator received every event of each listed group before
+    /// its revision there.
+    fn add_resuming(stream: &Arc<WatchStream>, watch_id: u64, path: &str, recursive: bool, start: u64, resume_revisions: &[(u64, u64)]) {
+        add_watch(stream, watch_id, path, WatchKind::Persistent, recursive, start, resume_revisions.iter().copied().collect());
+    }
+
+    fn out(prefix: &str, to_group: u64, revision: u64) -> Transfer {
+        Transfer { prefix: prefix.into(), revision, direction: Direction::Out { to_group } }
+    }
+
+    fn moved_in(prefix: &str, from_group: u64, handed_at: u64, revision: u64) -> Transfer {
+        Transfer { prefix: prefix.into(), revision, direction: Direction::In { from_group, handed_at } }
+    }
+
+    /// The code of the error that ended each cancelled watch, by watch id.
+    fn cancel_codes(stream: &WatchStream) -> Vec<(u64, Code)> {
+        let mut out = Vec::new();
+        while let Some(outgoing) = stream.try_next() {
+            if let Outgoing::Canceled { watch_id, error: Some(error), .. } = outgoing {
+                out.push((watch_id, Code::try_from(error.code).unwrap_or(Code::Unknown)));
+            }
+        }
+        out
+    }
+
+    fn add_watch(
+        stream: &Arc<WatchStream>,
+        watch_id: u64,
+        path: &str,
+        kind: WatchKind,
+        recursive: bool,
+        start: u64,
+        resume_revisions: std::collections::BTreeMap<u64, u64>,
+    ) {
         let watch = StreamWatch {
             group: 1,
             path: Arc::from(path),
@@ -459,6 +562,7 @@ mod tests {
             progress_notify: false,
             active: false,
             charge: None,
+            resume_revisions: Arc::new(resume_revisions),
         };
         stream.add(watch_id, watch, Outgoing::Created { watch_id, group: 1, revision: start, created: Box::default() });
     }
@@ -559,7 +663,7 @@ mod tests {
             assert_eq!(hub.catch_up(&stream, live, 1 << 20), CatchUp::Live);
         }
         hub.publish(Vec::new(), 5);
-        hub.moved("/t", 9, 5);
+        hub.transferred(out("/t", 9, 5));
         let moved = |watch_id: u64| (watch_id, vec![0, 6]);
         let mut cancelled = drain(&stream);
         cancelled.sort();
@@ -577,6 +681,62 @@ mod tests {
         let mut delivered = drain(&stream);
         delivered.sort();
         assert_eq!(delivered, vec![(3, vec![6]), (5, vec![6])]);
+    }
+
+    /// A subtree that moved in at revision 10 from group 9 (handed over there at 7): a watch
+    /// into it from before 10 starts only if its creator received group 9's events through
+    /// 7; else it ends COMPACTED rather than skip them. One from after 10 needs nothing.
+    #[test]
+    fn a_watch_from_before_its_subtree_moved_in_starts_only_if_the_old_groups_events_were_received() {
+        let hub = WatchHub::new(1, limits());
+        hub.publish(vec![batch(3, &["/u"])], 9);
+        hub.publish(Vec::new(), 10);
+        hub.transferred(moved_in("/t", 9, 7, 10));
+        hub.publish(vec![batch(11, &["/t/a"])], 11);
+        let stream = WatchStream::new(stream_limit());
+        add_resuming(&stream, 1, "/t/a", false, 4, &[]);
+        add_resuming(&stream, 2, "/t/a", false, 4, &[(9, 7)]);
+        add_resuming(&stream, 3, "/", true, 4, &[(1, 4), (9, 6)]);
+        add_resuming(&stream, 4, "/t/a", false, 4, &[(9, 8)]);
+        add_resuming(&stream, 5, "/", true, 4, &[(1, 4), (9, 8)]);
+        add_resuming(&stream, 6, "/t/a", false, 11, &[]);
+        add_resuming(&stream, 7, "/u", false, 3, &[]);
+        for missed in 1..=3 {
+            assert_eq!(hub.catch_up(&stream, missed, 1 << 20), CatchUp::Ended);
+        }
+        assert_eq!(cancel_codes(&stream), vec![(1, Code::Compacted), (2, Code::Compacted), (3, Code::Compacted)]);
+        for seen in 4..=7 {
+            assert_eq!(hub.catch_up(&stream, seen, 1 << 20), CatchUp::Live, "watch {seen}");
+        }
+        assert_eq!(drain(&stream), vec![(4, vec![11]), (5, vec![11]), (6, vec![11]), (7, vec![3])]);
+    }
+
+    /// A watch whose path left the group before its start (created just as the hand-over
+    /// applied) ends MOVED rather than wait here for events that never come; once the path
+    /// is back, a watch of it goes live. A watch of the path from before a transfer the hub
+    /// no longer remembers ends COMPACTED.
+    #[test]
+    fn a_watch_of_a_path_that_left_before_its_start_ends_moved() {
+        let hub = WatchHub::new(1, limits());
+        hub.publish(Vec::new(), 5);
+        hub.transferred(out("/t", 9, 5));
+        let stream = WatchStream::new(stream_limit());
+        add_resuming(&stream, 1, "/t/a", false, 7, &[]);
+        add_resuming(&stream, 2, "/u", true, 7, &[]);
+        assert_eq!(hub.catch_up(&stream, 1, 1 << 20), CatchUp::Ended);
+        assert_eq!(hub.catch_up(&stream, 2, 1 << 20), CatchUp::Live, "a path beside it is served");
+        assert_eq!(drain(&stream), vec![(1, vec![0, 7])]);
+        hub.publish(Vec::new(), 8);
+        hub.transferred(moved_in("/t", 9, 7, 8));
+        add_resuming(&stream, 3, "/t/a", false, 9, &[]);
+        assert_eq!(hub.catch_up(&stream, 3, 1 << 20), CatchUp::Live, "back here");
+        for n in 0..TRANSFERS_REMEMBERED as u64 {
+            hub.publish(Vec::new(), 10 + n);
+            hub.transferred(out(&format!("/x{n}"), 9, 10 + n));
+        }
+        add_resuming(&stream, 4, "/u", false, 8, &[]);
+        assert_eq!(hub.catch_up(&stream, 4, 1 << 20), CatchUp::Ended);
+        assert_eq!(cancel_codes(&stream), vec![(4, Code::Compacted)]);
     }
 
     #[test]

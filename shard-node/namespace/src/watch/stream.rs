@@ -9,7 +9,7 @@
 //! the client's next request only while the queue has room, so they overflow it by at most
 //! one request's answers; periodic progress is queued only when it fits.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use tokio::sync::Notify;
@@ -46,6 +46,10 @@ pub struct StreamWatch {
     pub active: bool,
     /// Its place under the watch quotas covering it (given back when it ends).
     pub charge: Option<Arc<super::WatchCharge>>,
+    /// Per group, the revision before which its creator received every event of this watch
+    /// (`WatchCreate.group_start_revisions`): a subtree that moved in after its start is
+    /// checked against it.
+    pub resume_revisions: Arc<BTreeMap<u64, u64>>,
 }
 
 /// A queued response, turned into a `WatchResponse` by the sender.
@@ -372,6 +376,7 @@ mod tests {
             progress_notify: true,
             active: false,
             charge: None,
+            resume_revisions: Arc::default(),
         }
     }
 

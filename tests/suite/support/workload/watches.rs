@@ -10,7 +10,9 @@
 //! A watch can legitimately lose its place: a replica's event history starts over when it
 //! restarts or installs a snapshot (`shard-node/namespace/src/watch/hub.rs`, `reset`), and a
 //! watch resumed there from before that point ends COMPACTED (the kill fault restarts
-//! nodes). The watcher then does what `Error::Compacted` tells a user to do: it watches again
+//! nodes); so does a watch of `/a/r0` that never reached the group `/a` was split into before
+//! it merged back (that group's events are gone with it). The watcher then does what
+//! `Error::Compacted` tells a user to do: it watches again
 //! from now. The writes that may fall in that gap (see [`RegisterWrites::excused`]) are not
 //! required; every other acknowledged write still is, and the gap is counted.
 
