@@ -94,8 +94,8 @@ pub(super) struct Effects {
     pub split: Option<SplitState>,
     /// The replicated limits from now on: `(record version, limits)`.
     pub limits: Option<(u64, Limits)>,
-    /// A subtree handed to another group (its watches end MOVED), or taken from one.
-    pub moved: Option<crate::watch::hub::Transfer>,
+    /// Subtrees handed to another group (their watches end MOVED), or taken from one.
+    pub moved: Vec<crate::watch::hub::Transfer>,
     /// Quota shares changed or counted.
     pub quota_shares: Vec<QuotaShare>,
     /// The quota share removed, by prefix.
@@ -232,9 +232,7 @@ impl NamespaceStateMachine {
             if let Some((version, limits)) = effects.limits {
                 self.set_limits(version, limits);
             }
-            if effects.moved.is_some() {
-                self.unpublished_move = effects.moved;
-            }
+            self.unpublished_moves.extend(effects.moved);
             self.quotas.update(effects.quota_shares, effects.quota_removed);
             if properties.paces_quota_count {
                 self.count_pacing.applied();

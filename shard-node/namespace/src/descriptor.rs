@@ -84,15 +84,36 @@ pub(super) fn apply_set(
         )));
     }
     let descriptor = txn.set_descriptor(sm.group, sm.descriptor.as_ref(), set.descriptor)?;
-    if let Some((state, prefix, from_group)) = txn.settle_incoming(&descriptor)? {
-        // The subtree's events before this revision are in the group it came from, which
-        // handed it over by the floor (placement passes the hand-over's revision).
-        let direction = Direction::In { from_group, handed_at: set.revision_floor };
-        effects.moved = Some(Transfer { prefix, revision: txn.revision, direction });
+    // A subtree served from now on has its events before this revision in the group that
+    // served it, which handed it over by the floor (placement passes the hand-over's
+    // revision): the one ingested names that group; one given back by a removed group
+    // (empty, with no ingest) does not.
+    let settled = txn.settle_incoming(&descriptor)?;
+    let from = |prefix: &str| settled.as_ref().filter(|(_, settled, _)| settled == prefix).map_or(0, |(_, _, source)| *source);
+    for prefix in newly_served(sm.descriptor.as_ref(), &descriptor) {
+        let direction = Direction::In { from_group: from(&prefix), handed_at: set.revision_floor };
+        effects.moved.push(Transfer { prefix, revision: txn.revision, direction });
+    }
+    if let Some((state, prefix, from_group)) = settled {
+        if !effects.moved.iter().any(|t| t.prefix == prefix) {
+            let direction = Direction::In { from_group, handed_at: set.revision_floor };
+            effects.moved.push(Transfer { prefix, revision: txn.revision, direction });
+        }
         effects.split = Some(state);
     }
     effects.descriptor = Some(descriptor);
     Ok(done())
+}
+
+/// The prefixes `new` serves that `old` excluded (a merged or removed group's prefix given
+/// back), and `new`'s own prefix when `old` did not serve it (a split's new group).
+fn newly_served(old: Option<&GroupDescriptor>, new: &GroupDescriptor) -> Vec<String> {
+    let Some(old) = old else { return Vec::new() };
+    let mut prefixes: Vec<String> = old.excluded.iter().filter(|e| serves(Some(new), e)).cloned().collect();
+    if !serves(Some(old), &new.prefix) && serves(Some(new), &new.prefix) && !prefixes.contains(&new.prefix) {
+        prefixes.push(new.prefix.clone());
+    }
+    prefixes
 }
 
 impl Txn<'_, '_> {
@@ -202,5 +223,16 @@ mod tests {
         assert!(check_childless_kind(Some(&descriptor("/", &["/t/p"])), "/t/p/x", "a lock").is_ok());
         assert_eq!(root(Some(&a)), "/a");
         assert_eq!(root(None), "/");
+    }
+
+    /// What a group starts serving with a new descriptor (its watches from before need the
+    /// events of the group that served it): a prefix given back, or its own prefix when it
+    /// served nothing; never one given away or kept.
+    #[test]
+    fn a_prefix_given_back_or_first_served_is_newly_served() {
+        assert_eq!(newly_served(Some(&descriptor("/", &["/a", "/b"])), &descriptor("/", &["/b"])), vec!["/a".to_string()]);
+        assert!(newly_served(Some(&descriptor("/", &["/a"])), &descriptor("/", &["/a", "/c"])).is_empty());
+        assert_eq!(newly_served(Some(&descriptor("/a", &["/a"])), &descriptor("/a", &[])), vec!["/a".to_string()]);
+        assert!(newly_served(None, &descriptor("/a", &[])).is_empty(), "no descriptor served every path");
     }
 }

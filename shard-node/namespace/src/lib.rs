@@ -115,7 +115,7 @@ impl StateMachineFactory for NamespaceFactory {
             hubs: self.hubs.clone(),
             hub,
             unpublished: Vec::new(),
-            unpublished_move: None,
+            unpublished_moves: Vec::new(),
             // The replicated limits are the record's, once `reload` has read it.
             limits: self.limits.with_record(None),
             limits_version: 0,
@@ -159,9 +159,9 @@ pub struct NamespaceStateMachine {
     hub: Arc<WatchHub>,
     /// Events of revisions applied but not yet in the store (published by `publish`).
     unpublished: Vec<EventBatch>,
-    /// A subtree handed over to another group or taken from one, not yet told to the hub
+    /// Subtrees handed over to another group or taken from one, not yet told to the hub
     /// (the watches of one handed over end with MOVED once the hand-over is in the store).
-    unpublished_move: Option<watch::hub::Transfer>,
+    unpublished_moves: Vec<watch::hub::Transfer>,
     /// The limits apply checks: the replicated ones from the group's record (replicated
     /// state, rebuilt from disk), the local ones from the factory.
     limits: Limits,
@@ -376,7 +376,7 @@ impl StateMachine for NamespaceStateMachine {
     fn publish(&mut self) {
         self.publish_counts();
         self.hub.publish(std::mem::take(&mut self.unpublished), self.revision);
-        if let Some(transfer) = self.unpublished_move.take() {
+        for transfer in std::mem::take(&mut self.unpublished_moves) {
             self.hub.transferred(transfer);
         }
     }
@@ -388,7 +388,7 @@ impl StateMachine for NamespaceStateMachine {
         let record = store::read_limits(reader)?;
         self.set_limits(record.as_ref().map_or(0, |r| r.version), self.limits.with_record(record.as_ref()));
         self.unpublished.clear();
-        self.unpublished_move = None;
+        self.unpublished_moves.clear();
         self.writes.clear();
         self.hub.reset(self.revision);
         self.ttl.clear();

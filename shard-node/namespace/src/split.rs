@@ -688,7 +688,7 @@ pub(super) fn apply_hand(
     };
     let (state, descriptor) = txn.hand_subtree(sm.group, sm.descriptor.as_ref(), hand)?;
     if descriptor.is_some() {
-        effects.moved = Some(Transfer { prefix, revision: txn.revision, direction: Direction::Out { to_group: target } });
+        effects.moved.push(Transfer { prefix, revision: txn.revision, direction: Direction::Out { to_group: target } });
     }
     effects.split = Some(state);
     effects.descriptor = descriptor;
