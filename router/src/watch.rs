@@ -675,6 +675,25 @@ mod tests {
         assert_eq!((refused.code, refused.limit), (Code::TooLarge as i32, WATCH_GROUPS_MAX as u64), "not retried: {refused:?}");
     }
 
+    /// Each part starts from the client's own resume revision for its group, the serving
+    /// group's without one from `start_revision` (the group the client last knew serving the
+    /// path), another group's without one from now; every part carries every group's.
+    #[test]
+    fn a_part_starts_from_the_clients_resume_revision_for_its_group() {
+        let resumed =
+            WatchCreate { path: "/t".into(), start_revision: 30, group_start_revisions: HashMap::from([(1, 12), (5, 30)]), ..WatchCreate::default() };
+        let route = |id: u64, prefix: &str| GroupRoute {
+            descriptor: GroupDescriptor { group_id: id, prefix: prefix.into(), version: 3, ..GroupDescriptor::default() },
+        };
+        let serving_known = part_create(&resumed, 7, &route(1, "/"), true);
+        assert_eq!((serving_known.start_revision, serving_known.watch_id), (12, 7), "not the other group's 30");
+        assert_eq!(serving_known.group_start_revisions, resumed.group_start_revisions, "the node checks moves in against them");
+        assert_eq!(part_create(&resumed, 7, &route(6, "/"), true).start_revision, 30);
+        let below = part_create(&resumed, 7, &route(6, "/t/u"), false);
+        assert_eq!((below.start_revision, below.path.as_str()), (0, "/t/u"));
+        assert_eq!(part_create(&resumed, 7, &route(5, "/t/v"), false).start_revision, 30);
+    }
+
     #[test]
     fn a_watch_spanning_groups_is_created_once_every_part_is_and_events_wait_for_it() {
         let mut watches = two_parts();
