@@ -105,9 +105,11 @@ fn snapshot(s: &PeerStorage, request: u64, to: u64) -> raft::Result<Snapshot> {
         }
     };
     let first = raft::Storage::snapshot(s, request, to);
-    if !s.building_snapshot() {
+    if first.is_ok() {
         return first;
     }
+    // The first ask may have started a build that has already ended by now (its thread can
+    // finish before this one looks), so the second ask comes after waiting either way.
     wait_for_build();
     let second = raft::Storage::snapshot(s, request, to);
     wait_for_build();
