@@ -189,6 +189,24 @@ pub fn warden_error(code: v1::warden_error::Code, path: &str, message: impl Into
     v1::WardenError { code: code as i32, path: quote(path, QUOTED_PATH_BYTES_MAX), message, ..v1::WardenError::default() }
 }
 
+/// Groups' start revisions one watch creation names at most
+/// (`WatchCreate.group_start_revisions`): a client's map grows by one per group its watch
+/// passed through, so this bounds what a node keeps per watch while it catches up.
+pub const WATCH_GROUP_START_REVISIONS_MAX: usize = 1024;
+
+/// Refuses a watch creation naming more than [`WATCH_GROUP_START_REVISIONS_MAX`] groups'
+/// start revisions, TOO_LARGE (not retried): a router checks it before fanning the watch out
+/// to its groups, a node again for clients that reach it directly.
+pub fn check_group_start_revisions(create: &v1::WatchCreate) -> Result<(), v1::WardenError> {
+    let named = create.group_start_revisions.len();
+    if named > WATCH_GROUP_START_REVISIONS_MAX {
+        let message = format!("the watch names {named} groups' start revisions; at most {WATCH_GROUP_START_REVISIONS_MAX}");
+        let error = warden_error(v1::warden_error::Code::TooLarge, &create.path, message);
+        return Err(v1::WardenError { limit: WATCH_GROUP_START_REVISIONS_MAX as u64, ..error });
+    }
+    Ok(())
+}
+
 /// Encoded `FileDescriptorSet` of every Warden proto, for gRPC server reflection.
 pub const FILE_DESCRIPTOR_SET: &[u8] = tonic::include_file_descriptor_set!("warden_descriptor");
 

@@ -301,8 +301,10 @@ fn canceled(watch_id: u64, code: Code, message: String, resume_revision: u64) ->
 /// The groups a watch of `create.path` spans: the serving group first, then (for a
 /// PERSISTENT recursive watch) every ready group below the path. Refused UNAVAILABLE while
 /// no group serves the path (retried), TOO_LARGE past [`WATCH_GROUPS_MAX`] (not retried:
-/// watch smaller subtrees).
+/// watch smaller subtrees) or when it names too many groups' start revisions
+/// ([`warden_proto::check_group_start_revisions`]: refused here, before any group sees it).
 async fn spanned_groups(upstreams: &Upstreams, create: &WatchCreate) -> Result<Vec<GroupRoute>, WardenError> {
+    warden_proto::check_group_start_revisions(create)?;
     let path = warden_proto::quote(&create.path, warden_proto::QUOTED_PATH_BYTES_MAX);
     let unavailable = |message: String| warden_proto::warden_error(Code::Unavailable, "", message);
     let mut table = upstreams.table();

@@ -131,7 +131,8 @@ async fn a_router_restarted_mid_stream_loses_nothing() {
 /// Through a router, a recursive watch of `/t` spans the groups serving `/t/x` and `/t/y`
 /// (each response says its group; each group's revisions grow), and a recursive delete of
 /// `/t` clears all three groups, keeping the groups' roots, with a revision per group.
-/// Resuming from the per-group start revisions replays exactly the same events.
+/// Resuming from the per-group start revisions replays exactly the same events; a resume
+/// naming more groups' start revisions than the bound is refused TOO_LARGE.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_recursive_watch_and_a_recursive_delete_span_the_groups_below() {
     recursive_watch_and_delete(Security::Off).await;
@@ -202,6 +203,15 @@ async fn recursive_watch_and_delete(security: Security) {
     replayed.sort();
     original.sort();
     assert_eq!(replayed, original);
+    // A resume naming more groups' start revisions than a node keeps is refused by the router
+    // before any group sees it, and the stream carries on.
+    let bound = warden_proto::WATCH_GROUP_START_REVISIONS_MAX as u64;
+    let too_many = WatchCreate { watch_id: 7, group_start_revisions: (1..=bound + 1).map(|group| (group, 1)).collect(), ..persistent("/t", true, 0) };
+    let answer = again.create(too_many).await.expect("an answer");
+    let error = answer.canceled.and_then(|c| c.error).expect("refused");
+    assert_eq!((error.code, error.limit), (warden_error::Code::TooLarge as i32, bound), "{error:?}");
+    let at_bound = WatchCreate { watch_id: 8, group_start_revisions: (1..=bound).map(|group| (group, 1)).collect(), ..persistent("/t", true, 0) };
+    assert!(again.create(at_bound).await.expect("an answer").created.is_some(), "the bound itself is taken");
 
     if let Some(outsider) = fleet.reach_as("outsider") {
         let mut refused = WatchConn::over(outsider.raw()).await.expect("watch stream");

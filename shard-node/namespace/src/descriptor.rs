@@ -89,17 +89,18 @@ pub(super) fn apply_set(
     // revision): the one ingested names that group; one given back by a removed group
     // (empty, with no ingest) does not.
     let settled = txn.settle_incoming(&descriptor)?;
-    let from = |prefix: &str| settled.as_ref().filter(|(_, settled, _)| settled == prefix).map_or(0, |(_, _, source)| *source);
-    for prefix in newly_served(sm.descriptor.as_ref(), &descriptor) {
-        let direction = Direction::In { from_group: from(&prefix), handed_at: set.revision_floor };
-        effects.moved.push(Transfer { prefix, revision: txn.revision, direction });
-    }
-    if let Some((state, prefix, from_group)) = settled {
-        if !effects.moved.iter().any(|t| t.prefix == prefix) {
-            let direction = Direction::In { from_group, handed_at: set.revision_floor };
-            effects.moved.push(Transfer { prefix, revision: txn.revision, direction });
-        }
+    let settled = settled.map(|(state, prefix, source)| {
         effects.split = Some(state);
+        (prefix, source)
+    });
+    let mut prefixes = newly_served(sm.descriptor.as_ref(), &descriptor);
+    if let Some((prefix, _)) = settled.as_ref().filter(|(prefix, _)| !prefixes.contains(prefix)) {
+        prefixes.push(prefix.clone());
+    }
+    for prefix in prefixes {
+        let from_group = settled.as_ref().filter(|(settled, _)| *settled == prefix).map_or(0, |(_, source)| *source);
+        let direction = Direction::In { from_group, handed_at: set.revision_floor };
+        effects.moved.push(Transfer { prefix, revision: txn.revision, direction });
     }
     effects.descriptor = Some(descriptor);
     Ok(done())

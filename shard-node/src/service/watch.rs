@@ -26,9 +26,6 @@ use warden_namespace::watch::hub::CatchUp;
 use warden_namespace::watch::stream::{Outgoing, Phase, StreamWatch};
 use warden_namespace::watch::{WatchHubs, WatchSpec};
 
-/// Groups' start revisions one watch creation may name (`WatchCreate.group_start_revisions`).
-const GROUP_START_REVISIONS_MAX: usize = 1024;
-
 /// The responses of one `Watch` call.
 pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
 
@@ -237,10 +234,7 @@ impl Driver {
         if create.read && create.start_revision != 0 {
             return Err(invalid("a watch with a read starts at the read: start_revision must be 0"));
         }
-        if create.group_start_revisions.len() > GROUP_START_REVISIONS_MAX {
-            let message = format!("a watch names at most {GROUP_START_REVISIONS_MAX} groups' start revisions");
-            return Err(WardenError { limit: GROUP_START_REVISIONS_MAX as u64, ..error(Code::TooLarge, &create.path, message) });
-        }
+        warden_proto::check_group_start_revisions(&create)?;
         let hub = self.hubs.get(self.node_id, group).ok_or_else(|| super::not_hosted(group))?;
         let timeout = self.service.timeout;
         let (revision, read) = if create.read {

@@ -372,10 +372,8 @@ impl WatchHub {
                     CatchUp::Ended
                 }
                 Pushed::Fired | Pushed::Gone => CatchUp::Ended,
-                Pushed::Full => {
-                    stream.push_events(watch_id, self.group, Vec::new(), Some(Phase::CatchingUp { next_revision }));
-                    CatchUp::More
-                }
+                // The queue is full and the watch stays where it was: try again later.
+                Pushed::Full => CatchUp::More,
             };
         }
         let phase = if exhausted { Phase::Live } else { Phase::CatchingUp { next_revision: next } };
@@ -389,12 +387,9 @@ impl WatchHub {
             }
             Pushed::Queued => CatchUp::More,
             Pushed::Fired | Pushed::Gone => CatchUp::Ended,
-            Pushed::Full => {
-                // The budget is taken from the free space, so this is a race with another
-                // group's hub filling the queue: try again later from the same place.
-                stream.push_events(watch_id, self.group, Vec::new(), Some(Phase::CatchingUp { next_revision }));
-                CatchUp::More
-            }
+            // The budget is taken from the free space, so this is a race with another group's
+            // hub filling the queue: the watch stays where it was, to try again later.
+            Pushed::Full => CatchUp::More,
         }
     }
 

@@ -52,6 +52,18 @@ pub struct StreamWatch {
     pub resume_revisions: Arc<BTreeMap<u64, u64>>,
 }
 
+impl StreamWatch {
+    /// Moves the watch to `phase`. A live watch gets each revision as it is published and
+    /// never catches up again, so it lets go of its resume revisions (only catch-up reads
+    /// them; a stream may carry thousands of watches).
+    fn enter(&mut self, phase: Phase) {
+        if phase == Phase::Live {
+            self.resume_revisions = Arc::default();
+        }
+        self.phase = phase;
+    }
+}
+
 /// A queued response, turned into a `WatchResponse` by the sender.
 #[derive(Debug)]
 pub enum Outgoing {
@@ -247,25 +259,27 @@ impl WatchStream {
     }
 
     /// Queues events for a watch (called by its hub, under the hub's lock). `next` moves a
-    /// catching-up watch on (`Some(Phase)`); live watches pass `None` and must be live.
+    /// catching-up watch on (`Some(Phase)`); live watches pass `None` and must be live. A full
+    /// queue leaves the watch where it was, so its hub can try again from the same place.
     pub fn push_events(&self, watch_id: u64, group: u64, batches: Vec<(Arc<EventBatch>, Vec<u32>)>, next: Option<Phase>) -> Pushed {
         let mut state = self.lock();
-        let Some(watch) = state.watches.get_mut(&watch_id).filter(|w| w.group == group) else { return Pushed::Gone };
-        match next {
-            None if watch.phase != Phase::Live => return Pushed::Gone,
-            None => {}
-            Some(phase) => watch.phase = phase,
-        }
-        if batches.is_empty() {
-            return Pushed::Queued;
+        let Some(watch) = state.watches.get(&watch_id).filter(|w| w.group == group) else { return Pushed::Gone };
+        if next.is_none() && watch.phase != Phase::Live {
+            return Pushed::Gone;
         }
         let (spec, with_prev) = (watch.spec, watch.spec.wants_prev());
-        watch.active = true;
-        let outgoing = Outgoing::Events { watch_id, group, batches, with_prev };
+        let outgoing = (!batches.is_empty()).then(|| Outgoing::Events { watch_id, group, batches, with_prev });
         // An empty queue takes any one response, so no event is too large to deliver.
-        if state.queued_bytes + outgoing.size_bytes() > self.queue_bytes_max && !state.queue.is_empty() {
+        if outgoing.as_ref().is_some_and(|o| state.queued_bytes + o.size_bytes() > self.queue_bytes_max && !state.queue.is_empty()) {
             return Pushed::Full;
         }
+        // Still there: the stream's lock was held throughout.
+        let Some(watch) = state.watches.get_mut(&watch_id) else { return Pushed::Gone };
+        if let Some(phase) = next {
+            watch.enter(phase);
+        }
+        let Some(outgoing) = outgoing else { return Pushed::Queued };
+        watch.active = true;
         let fired = spec.is_one_shot();
         if fired {
             state.watches.remove(&watch_id);
@@ -402,6 +416,28 @@ mod tests {
         assert!(matches!(stream.next().await, Some(Outgoing::Events { .. })));
         assert_eq!(stream.push_events(1, 1, batch(4, 5_000), None), Pushed::Queued, "an empty queue takes any one response");
         assert_eq!(stream.push_events(1, 1, batch(5, 1), None), Pushed::Full);
+    }
+
+    #[tokio::test]
+    async fn a_catching_up_watch_stays_put_on_a_full_queue_and_forgets_its_resume_revisions_once_live() {
+        let stream = WatchStream::new(1_000);
+        let resume_revisions = Arc::new(std::collections::BTreeMap::from([(2, 9)]));
+        let catching_up = StreamWatch { phase: Phase::CatchingUp { next_revision: 2 }, resume_revisions, ..watch(WatchKind::Persistent) };
+        stream.add(1, catching_up, created(1));
+        let at = |next_revision| Some(Phase::CatchingUp { next_revision });
+        assert_eq!(stream.push_events(1, 1, batch(2, 500), at(3)), Pushed::Queued);
+        assert_eq!(stream.push_events(1, 1, batch(3, 500), Some(Phase::Live)), Pushed::Full);
+        let kept = stream.watch(1).expect("the watch is still there");
+        assert_eq!(kept.phase, Phase::CatchingUp { next_revision: 3 }, "a refused push does not move the watch on");
+        assert_eq!(kept.resume_revisions.get(&2), Some(&9), "nor does it drop what catch-up still reads");
+        assert_eq!(stream.push_events(1, 1, batch(3, 1), None), Pushed::Gone, "a catching-up watch takes no live events");
+        assert!(matches!(stream.next().await, Some(Outgoing::Created { .. })));
+        assert!(matches!(stream.next().await, Some(Outgoing::Events { .. })));
+        assert_eq!(stream.push_events(1, 1, batch(3, 500), Some(Phase::Live)), Pushed::Queued);
+        let live = stream.watch(1).expect("the watch is still there");
+        assert_eq!(live.phase, Phase::Live);
+        assert!(live.resume_revisions.is_empty(), "a live watch never catches up again");
+        assert_eq!(stream.push_events(1, 1, batch(4, 1), None), Pushed::Queued);
     }
 
     #[tokio::test]
