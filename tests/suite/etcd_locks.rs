@@ -93,6 +93,54 @@ async fn etcd_locks_are_held_in_turn_with_growing_fencing_tokens() {
     assert_eq!(lock_queue(&mut native, LOCK).await, (vec![], vec![]));
 }
 
+/// A holder's own Lock called again (a client library retrying after UNAVAILABLE, a call
+/// with a short deadline, one cancelled) shares the lease's hold; when such a call ends
+/// without its answer, its clean-up must not release the hold an earlier call was answered
+/// with, or the next waiter would be granted while the holder still holds. The real etcd
+/// keeps the holder's lock through any number of such calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holders_repeated_lock_that_ends_early_keeps_its_hold() {
+    use warden_proto::etcd::v3lockpb::{lock_client::LockClient, LockRequest};
+    const LOCK: &str = "/locks/repeated";
+    /// Calls of each kind: the defect let the waiter in after three to five.
+    const CALLS: u64 = 40;
+    let cluster = cluster_with_groups(&[]).await;
+    let (router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut native = client(router.addr);
+    let mut etcd = etcd_client(etcd_addr).await;
+    let a = etcd.lease_grant(60, None).await.expect("grant").id();
+    let b = etcd.lease_grant(60, None).await.expect("grant").id();
+    let first = etcd.lock(LOCK, Some(LockOptions::new().with_lease(a))).await.expect("lock");
+    let mut waiting = etcd.clone();
+    let second = tokio::spawn(async move { waiting.lock(LOCK, Some(LockOptions::new().with_lease(b))).await });
+    warden_testkit::wait_until("the second locker waits", TIMEOUT, async || lock_queue(&mut native, LOCK).await == (vec![a], vec![b])).await;
+
+    let raw = LockClient::new(Channel::from_shared(format!("http://{etcd_addr}")).expect("uri").connect_lazy());
+    let request = || LockRequest { name: LOCK.into(), lease: a };
+    for call in 0..CALLS {
+        // Deadlines from 1 ms: most end before the router's answer, some get it.
+        let mut short = tonic::Request::new(request());
+        short.set_timeout(Duration::from_millis(1 + call % 8));
+        let _ = raw.clone().lock(short).await;
+        // A call its client gives up on while it is under way.
+        let mut cancelled = raw.clone();
+        let _ = tokio::time::timeout(Duration::from_millis(call % 4), cancelled.lock(request())).await;
+        assert!(!second.is_finished(), "the waiter was granted while the holder held the lock (after {} early ends)", 2 * call + 2);
+    }
+    // The clean-ups run after their calls ended: the queue must stay as it is meanwhile.
+    let watched_until = Instant::now() + Duration::from_secs(2);
+    while Instant::now() < watched_until {
+        assert_eq!(lock_queue(&mut native, LOCK).await, (vec![a], vec![b]), "the holder keeps its lock, the waiter waits");
+        tokio::task::yield_now().await;
+    }
+    assert!(!second.is_finished(), "the waiter must wait while the holder holds the lock");
+    let again = etcd.lock(LOCK, Some(LockOptions::new().with_lease(a))).await.expect("lock again");
+    assert_eq!((again.key(), token(&again)), (first.key(), token(&first)), "the hold is the one first answered");
+    etcd.unlock(first.key()).await.expect("unlock");
+    let second = tokio::time::timeout(TIMEOUT, second).await.expect("the waiter holds in time").expect("task").expect("lock");
+    assert!(token(&second) > token(&first), "fencing tokens grow: {} after {}", token(&second), token(&first));
+}
+
 /// The next leader `observed` reports (within [`TIMEOUT`]): its key and value.
 async fn next_leader(observed: &mut ObserveStream) -> (Vec<u8>, String) {
     let answer = tokio::time::timeout(TIMEOUT, observed.message()).await.expect("a leader in time").expect("observing").expect("an answer");

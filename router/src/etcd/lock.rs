@@ -20,8 +20,9 @@
 //!   timeout, and keeps its waiter queued when that wait ends (`keep_queued`); the call asks
 //!   again with the same request id, keeping its place, until it holds or its deadline
 //!   passes. A call that ends without the lock (its client hung up, its deadline passed, an
-//!   error) abandons its waiter: the same request as a try-lock removes it, or finds it
-//!   holding and then unlocks it.
+//!   error) abandons its waiter: the same request as a try-lock removes it if it does not
+//!   hold. A hold is never released by a clean-up: another Lock call of the lease may have
+//!   been answered with it.
 
 use std::sync::Arc;
 
@@ -84,22 +85,25 @@ fn native_lock(path: String, session_id: u64) -> w::LockRequest {
 }
 
 impl EtcdService {
-    /// Makes sure the waiter of `request` (a Lock that ended without the lock) does not stay
-    /// behind: the same request as a try-lock removes it if it does not hold, and answers
-    /// its hold if it does, which is then released. Best effort (the waiter goes with its
-    /// lease anyway).
+    /// Makes sure the waiter of `request` (a Lock that ended without its answer) does not
+    /// stay queued: the same request as a try-lock removes it if it does not hold. A hold
+    /// it finds is left alone: every Lock of the lease shares that waiter, and an earlier
+    /// call may have been answered with it (a holder's retried or cancelled Lock must not
+    /// hand its lock to the next waiter). A hold granted just as this call ended stays the
+    /// lease's, as an answered one would: the lease's next Lock answers it at once, and an
+    /// Unlock or the lease's end releases it. Best effort (the waiter goes with its lease
+    /// anyway).
     async fn abandon(&self, call: &Call, mut request: w::LockRequest) {
         request.wait = false;
         request.keep_queued = false;
-        let abandoned = async {
-            let answer = Warden::lock(&self.router, call.request(request)?).await?.into_inner();
-            if let Some(sequencer) = answer.sequencer.filter(|_| answer.acquired) {
-                Warden::unlock(&self.router, call.request(w::UnlockRequest { sequencer: Some(sequencer), routing: None })?).await?;
-            }
-            Ok::<(), Status>(())
+        let answer = match call.request(request) {
+            Ok(request) => Warden::lock(&self.router, request).await,
+            Err(status) => Err(status),
         };
-        if let Err(status) = abandoned.await {
-            tracing::debug!(%status, "abandoning the waiter of an etcd Lock");
+        match answer {
+            Ok(answer) if answer.get_ref().acquired => tracing::debug!("an ended etcd Lock left its lease's hold in place"),
+            Ok(_) => {}
+            Err(status) => tracing::debug!(%status, "abandoning the waiter of an etcd Lock"),
         }
     }
 }
