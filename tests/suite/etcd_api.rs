@@ -10,7 +10,9 @@ use etcd_client::{
 
 use warden_proto::placement::GetRoutingTableRequest;
 
-use crate::support::routed::{at_placement_leader, cluster_with_groups, create_group, start_router_with_etcd, start_stale_router_with_etcd, TIMEOUT};
+use crate::support::routed::{
+    at_placement_leader, cluster_of, cluster_with_groups, create_group, start_router_with_etcd, start_stale_router_with_etcd, TIMEOUT,
+};
 
 async fn etcd_client(addr: std::net::SocketAddr) -> Client {
     Client::connect([format!("http://{addr}")], None).await.expect("etcd client connects")
@@ -227,6 +229,47 @@ async fn etcd_watches_see_each_change_of_their_keys_once_in_order_and_resume_fro
         }
     };
     assert_eq!(ended.watch_id(), created.watch_id());
+}
+
+/// A watch from a revision the group no longer holds events for is cancelled as etcd
+/// cancels a compacted one, with `compact_revision` the oldest revision it can watch from:
+/// a client that watches again from there (as clientv3 users do) gets every later event.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compacted_etcd_watch_names_a_revision_it_can_watch_from_again() {
+    use warden_namespace::watch::{WatchHubs, WatchLimits};
+    /// Revisions each replica keeps events of.
+    const KEPT: usize = 16;
+    let limits = WatchLimits { history_revisions_max: KEPT, ..WatchLimits::default() };
+    let namespace = warden_namespace::NamespaceFactory { hubs: WatchHubs::new(limits), ..warden_namespace::NamespaceFactory::default() };
+    let cluster = cluster_of(warden_shard_node::placement::ShardNodeFactory { namespace, ..Default::default() }, &[]).await;
+    let (_router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut etcd = etcd_client(etcd_addr).await;
+    let mut put_revisions = Vec::new();
+    for n in 0..3 * KEPT {
+        put_revisions.push(etcd.put("/h", n.to_string(), None).await.expect("put").header().expect("header").revision());
+    }
+    let (first, last) = (put_revisions[0], put_revisions[put_revisions.len() - 1]);
+
+    let mut stream = etcd.watch("/h", Some(WatchOptions::new().with_start_revision(first))).await.expect("watch");
+    let compacted = loop {
+        let response = tokio::time::timeout(TIMEOUT, stream.message()).await.expect("an answer in time").expect("stream").expect("response");
+        if response.canceled() {
+            break response;
+        }
+        assert!(response.events().is_empty(), "no event of a compacted start: {response:?}");
+    };
+    let compact_revision = compacted.compact_revision();
+    assert!(compact_revision > first && compact_revision <= last, "compacted at {compact_revision}: the start {first} is gone, {last} is kept");
+
+    let mut again = etcd.watch("/h", Some(WatchOptions::new().with_start_revision(compact_revision))).await.expect("watch again");
+    let mut revisions = Vec::new();
+    while revisions.last() != Some(&last) {
+        let response = tokio::time::timeout(TIMEOUT, again.message()).await.expect("an answer in time").expect("stream").expect("response");
+        assert!(!response.canceled(), "watching from the compact revision is served: {response:?}");
+        revisions.extend(response.events().iter().filter_map(|event| event.kv()).map(|kv| kv.mod_revision()));
+    }
+    let expected: Vec<i64> = put_revisions.into_iter().filter(|revision| *revision >= compact_revision).collect();
+    assert_eq!(revisions, expected, "every put from the compact revision on, once each, in order");
 }
 
 /// A lease is a session homed in one group; its keys may live in any group (here in both,

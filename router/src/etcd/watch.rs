@@ -25,8 +25,9 @@
 //!   resume, ordering); a watch spanning groups starts every group at `start_revision` and
 //!   each response's revision is its group's (docs/etcd.md).
 //! - A start revision the replica no longer holds events for is answered as etcd answers
-//!   a compacted one: the watch is cancelled with `compact_revision` set, from which the
-//!   client reads again and watches on.
+//!   a compacted one: the watch is cancelled with `compact_revision` set to the oldest
+//!   revision it can watch from (the native error's newest revision gone, plus one), from
+//!   which the client reads again and watches on.
 //!
 //! Two tasks per stream: one turns etcd requests into native ones, one turns native
 //! responses into etcd ones; they share the watches. Neither waits on the other, so a
@@ -322,9 +323,10 @@ fn etcd_response(header: Option<pb::ResponseHeader>, watches: &Shared, response:
         let others = others.into_iter().filter(|id| *id != response.watch_id).collect();
         let answer = match canceled.error {
             None => pb::WatchResponse { header, watch_id, canceled: true, ..pb::WatchResponse::default() },
-            // etcd's clients read again from `compact_revision` and watch on from there.
+            // etcd's clients read again and watch on from `compact_revision`, the oldest
+            // revision etcd still serves; Warden's error names the newest it no longer does.
             Some(error) if error.code == Code::Compacted as i32 => pb::WatchResponse {
-                compact_revision: etcd_revision(canceled.resume_revision.max(1)),
+                compact_revision: etcd_revision(error.compact_revision.saturating_add(1)),
                 ..cancel(watch_id, header, "etcdserver: mvcc: required revision has been compacted")
             },
             Some(error) => cancel(watch_id, header, format!("etcdserver: {}", error.message)),
@@ -637,6 +639,20 @@ mod tests {
         assert!(ended.answers[0].created && ended.answers[1].canceled, "{:?}", ended.answers);
         assert_eq!(ended.to_cancel.len(), 2, "both parts are cancelled");
         assert!(watches.lock().expect("watches").by_etcd_id.is_empty());
+    }
+
+    #[test]
+    fn a_compacted_watch_names_the_oldest_revision_it_can_watch_from_not_its_start() {
+        let watches: Shared = Arc::default();
+        let mut creates = vec![w::WatchCreate { path: "/a".into(), start_revision: 3, ..w::WatchCreate::default() }];
+        watches.lock().expect("watches").add(2, filter(RangeSpec::Single(b"/a".to_vec())), &mut creates);
+        let error = w::WardenError { compact_revision: 40, ..warden_proto::warden_error(Code::Compacted, "", "gone") };
+        let canceled = w::WatchCanceled { error: Some(error), resume_revision: 3, ..w::WatchCanceled::default() };
+        let response = w::WatchResponse { watch_id: creates[0].watch_id, canceled: Some(canceled), ..w::WatchResponse::default() };
+        let answers = etcd_response(None, &watches, response).answers;
+        assert_eq!(answers.len(), 1, "{answers:?}");
+        assert!(answers[0].canceled && answers[0].cancel_reason.contains("compacted"), "{answers:?}");
+        assert_eq!(answers[0].compact_revision, 41, "revisions up to 40 are gone: 41 is the oldest to watch from");
     }
 
     #[test]

@@ -20,8 +20,13 @@ pub const TIMEOUT: Duration = Duration::from_secs(20);
 
 /// A cluster of 5 nodes with placement on nodes 1-3, the root group, and a group per prefix.
 pub async fn cluster_with_groups(prefixes: &[&str]) -> Arc<Cluster> {
+    cluster_of(ShardNodeFactory::default(), prefixes).await
+}
+
+/// [`cluster_with_groups`] with the state machines `factory` makes (other limits).
+pub async fn cluster_of(factory: ShardNodeFactory, prefixes: &[&str]) -> Arc<Cluster> {
     let config = ClusterConfig { serve_api: true, ..ClusterConfig::default() };
-    let cluster = Arc::new(Cluster::start(config, Arc::new(ShardNodeFactory::default())).expect("cluster starts"));
+    let cluster = Arc::new(Cluster::start(config, Arc::new(factory)).expect("cluster starts"));
     cluster.bootstrap_placement(&[1, 2, 3]).await.expect("bootstrap");
     for prefix in prefixes {
         create_group(&cluster, prefix).await;
