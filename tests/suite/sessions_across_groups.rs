@@ -146,6 +146,55 @@ async fn a_group_cut_off_from_the_home_group_keeps_the_lock_until_the_verdict_ar
     assert_eq!(leader_metrics(&cluster, group_b).await.unreachable_homes.load(Ordering::Relaxed), 0);
 }
 
+/// A group that already records a session homed elsewhere grants it nothing new without
+/// asking the home group in the same call: while the home group is out of reach a new lock
+/// or ephemeral is refused (what the session holds stays), and once the home group ended the
+/// session neither is granted, even before the group's own check ends its record.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_ended_at_home_takes_no_new_lock_or_ephemeral_in_another_group() {
+    /// How long one refused call may retry in the router before its client gives up.
+    const REFUSED_WITHIN: Duration = Duration::from_secs(2);
+    let cluster = cluster_with_groups(&["/a", "/b"]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    let (group_a, group_b) = (group_serving(&mut router, "/a").await, group_serving(&mut router, "/b").await);
+    let session = session_homed_at(&mut router, "/a", TTL_MS).await;
+    let renewals = keep_alive(router.clone(), session);
+    assert!(lock(&mut router, "/b/held", session).await.expect("lock in B").acquired, "B now records the session");
+
+    // Granted nothing new in B without the home group's word in the call.
+    let refused_use = async |router: &mut WardenClient<Channel>, what: &str| {
+        let mut request = tonic::Request::new(LockRequest { path: format!("/b/{what}-lock"), session_id: session, ..LockRequest::default() });
+        request.set_timeout(REFUSED_WITHIN);
+        let locked = router.lock(request).await;
+        assert!(locked.as_ref().is_err(), "{what}: a lock was granted: {locked:?}");
+        let mut request = tonic::Request::new(CreateRequest { path: format!("/b/{what}-e"), session_id: session, ..CreateRequest::default() });
+        request.set_timeout(REFUSED_WITHIN);
+        let created = router.create(request).await;
+        assert!(created.as_ref().is_err(), "{what}: an ephemeral was created: {created:?}");
+        assert!(holders(router, &format!("/b/{what}-lock")).await.is_empty(), "{what}: nobody holds the new lock");
+        let exists = router.exists(ExistsRequest { path: format!("/b/{what}-e"), ..ExistsRequest::default() }).await.expect("exists").into_inner();
+        assert!(exists.stat.is_none(), "{what}: nothing was created");
+        (locked.err().map(|s| s.code()), created.err().map(|s| s.code()))
+    };
+    cluster.faults().cut_group_link(group_b, group_a);
+    let (locked, created) = refused_use(&mut router, "unconfirmed").await;
+    assert!(matches!(locked, Some(tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)), "{locked:?}");
+    assert!(matches!(created, Some(tonic::Code::Unavailable | tonic::Code::DeadlineExceeded)), "{created:?}");
+    assert_eq!(holders(&mut router, "/b/held").await, vec![session], "what the session holds stays");
+
+    // The client dies and the home group expires the session; B cannot hear it yet.
+    renewals.abort();
+    warden_testkit::wait_until("the home group expires the session", TIMEOUT, async || !alive(&mut router, session).await).await;
+    refused_use(&mut router, "expired").await;
+
+    // B reaches the home group again: the session is refused as ended.
+    cluster.faults().heal();
+    let refused = lock(&mut router, "/b/after", session).await.expect_err("the session ended at home");
+    assert_eq!(warden_proto::error_of(&refused).map(|e| e.code), Some(warden_error::Code::SessionExpired as i32), "{refused}");
+    assert!(holders(&mut router, "/b/after").await.is_empty());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ephemerals_of_ended_sessions_are_refused_and_sessions_spread_over_groups() {
     let cluster = cluster_with_groups(&["/a", "/b"]).await;

@@ -6,6 +6,11 @@
 //!   in the session's record, a write) and proposes `AddRemoteSessions`: the group now
 //!   records the session as remote. Apply refuses an ephemeral of a session the group has no
 //!   record of (SESSION_EXPIRED).
+//! - Every later call that creates an ephemeral or takes a lock for it asks the home group
+//!   again (`CheckSessions` as a linearizable read there): a session its home group ended is
+//!   ended here at once and refused, and while the home group cannot be asked nothing new
+//!   is granted (UNAVAILABLE); what the session already holds stays
+//!   (docs/design/remote-sessions.md).
 //! - Closing a session at home ends it in every group its record notes
 //!   ([`WardenService::end_at_holders`], `EndSessions`) before the close is answered: no
 //!   call made after the close can use the session anywhere.
@@ -103,16 +108,44 @@ fn by_home(session_ids: &[u64]) -> BTreeMap<u64, Vec<u64>> {
 }
 
 impl WardenService {
-    /// Makes sure `group` records every session of `sessions` homed elsewhere, confirming
-    /// each new one with its home group first. A session a home group says is not alive is
-    /// refused SESSION_EXPIRED or left unrecorded, as `when_ended` says; UNAVAILABLE if a
-    /// home group cannot be asked.
+    /// Makes sure `group` records every session of `sessions` homed elsewhere, and that each
+    /// is alive at its home group during this call: a new one is confirmed and noted there
+    /// (a write at home), one already recorded here is asked again (a linearizable read at
+    /// home), so a group never grants a new hold or creates an ephemeral for a session its
+    /// home group already ended (docs/design/remote-sessions.md). A session the home group
+    /// reports ended is ended here too (its verdict, rule 7), then refused SESSION_EXPIRED or
+    /// left to apply, as `when_ended` says; UNAVAILABLE if a home group cannot be asked.
+    /// With `only_unrecorded` (a call that uses no session anew: an Unlock naming the
+    /// waiter's) sessions already recorded here are not asked again.
     pub(super) async fn ensure_remote_sessions(
         &self,
         group: u64,
         sessions: impl IntoIterator<Item = u64>,
         owners_needed: bool,
         when_ended: WhenEnded,
+        timeout: Duration,
+    ) -> Result<(), Status> {
+        self.confirm_remote_sessions(group, sessions, owners_needed, when_ended, false, timeout).await
+    }
+
+    /// [`ensure_remote_sessions`](Self::ensure_remote_sessions) for a call that only names
+    /// its sessions (an Unlock): those recorded here are not asked again.
+    pub(super) async fn ensure_remote_sessions_named(
+        &self,
+        group: u64,
+        sessions: impl IntoIterator<Item = u64>,
+        timeout: Duration,
+    ) -> Result<(), Status> {
+        self.confirm_remote_sessions(group, sessions, true, WhenEnded::Refuse, true, timeout).await
+    }
+
+    async fn confirm_remote_sessions(
+        &self,
+        group: u64,
+        sessions: impl IntoIterator<Item = u64>,
+        owners_needed: bool,
+        when_ended: WhenEnded,
+        only_unrecorded: bool,
         timeout: Duration,
     ) -> Result<(), Status> {
         let mut remote: Vec<u64> = sessions.into_iter().filter(|id| *id != 0 && home_group(*id) != group).collect();
@@ -133,28 +166,45 @@ impl WardenService {
             }
             _ => return Err(internal("mismatched result".into())),
         };
-        remote.retain(|id| !known.contains(id));
-        if remote.is_empty() {
-            return Ok(());
-        }
-        // 2. Each home group confirms its sessions are alive, before anything is recorded.
+        // 2. Each home group says which are alive: the unrecorded ones are noted there (so a
+        //    close ends them here), the recorded ones only read, all homes at once. Nothing
+        //    is recorded before every answer is in.
         let deadline = Instant::now() + timeout;
-        let mut owners: HashMap<u64, String> = HashMap::new();
-        for (home, ids) in by_home(&remote) {
+        let asked: Vec<u64> = if only_unrecorded { remote.iter().copied().filter(|id| !known.contains(id)).collect() } else { remote.clone() };
+        let calls = by_home(&asked).into_iter().flat_map(|(home, ids)| {
+            let (recorded, unrecorded): (Vec<u64>, Vec<u64>) = ids.into_iter().partition(|id| known.contains(id));
+            [(home, unrecorded, true), (home, recorded, false)].into_iter().filter(|(_, ids, _)| !ids.is_empty())
+        });
+        let answers = futures::future::join_all(calls.map(|(home, ids, note)| async move {
             self.remote_metrics.checks.fetch_add(1, Ordering::Relaxed);
-            let alive = self.links.check_sessions(group, home, &ids, true, deadline).await?;
-            let ended: Vec<u64> = ids.iter().copied().filter(|id| !alive.iter().any(|(alive, _)| alive == id)).collect();
-            if let (Some(dead), WhenEnded::Refuse) = (ended.first(), when_ended) {
-                return Err(status(error(Code::SessionExpired, "", &format!("session {dead} has expired or was closed (home group {home})"))));
-            }
-            remote.retain(|id| !ended.contains(id));
+            let alive = self.links.check_sessions(group, home, &ids, note, deadline).await;
+            (home, ids, alive)
+        }))
+        .await;
+        let mut owners: HashMap<u64, String> = HashMap::new();
+        let mut ended: Vec<(u64, u64)> = Vec::new();
+        for (home, ids, alive) in answers {
+            let alive = alive?;
+            ended.extend(ids.iter().copied().filter(|id| !alive.iter().any(|(alive, _)| alive == id)).map(|id| (id, home)));
             owners.extend(alive);
         }
+        // 3. Those their home group ended, recorded here, end here now (the home group's
+        //    verdict), so apply refuses them whatever branch uses them.
+        let ended_here: Vec<u64> = ended.iter().map(|(id, _)| *id).filter(|id| known.contains(id)).collect();
+        if !ended_here.is_empty() {
+            let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: ended_here.clone(), closed: false });
+            self.propose(group, op, "", timeout).await?;
+            self.remote_metrics.ended.fetch_add(ended_here.len() as u64, Ordering::Relaxed);
+        }
+        if let (Some((dead, home)), WhenEnded::Refuse) = (ended.first(), when_ended) {
+            return Err(status(error(Code::SessionExpired, "", &format!("session {dead} has expired or was closed (home group {home})"))));
+        }
+        // 4. The new ones alive are recorded, with their owners (a command using one is
+        //    checked against it): ephemerals of these sessions may now be created here.
+        remote.retain(|id| !known.contains(id) && !ended.iter().any(|(dead, _)| dead == id));
         if remote.is_empty() {
             return Ok(());
         }
-        // 3. Recorded, with their owners (a command using one is checked against it):
-        //    ephemerals of these sessions may now be created here.
         let owners = remote.iter().map(|id| owners.remove(id).unwrap_or_default()).collect();
         let op = CommandOp::AddRemoteSessions(AddRemoteSessions { session_ids: remote, owners });
         self.propose(group, op, "", timeout).await.map(|_| ())
@@ -236,7 +286,7 @@ impl WardenService {
         outcome.unreachable_homes = unreachable.len() as u64;
         // 3. End the dead ones, in bounded entries.
         for batch in dead.chunks(self.limits(group).sessions_per_expiry_max) {
-            let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: batch.to_vec() });
+            let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: batch.to_vec(), closed: false });
             match self.propose(group, op, "", timeout).await {
                 Ok(_) => {
                     self.remote_metrics.ended.fetch_add(batch.len() as u64, Ordering::Relaxed);
@@ -310,8 +360,9 @@ impl SessionCheck for WardenService {
             return Err(status(error(Code::TooLarge, "", "more sessions than one expiry ends")));
         }
         // Only remote records end (apply skips the group's own sessions): a session id
-        // names one session forever, so ending a closed one is always right.
-        let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: request.session_ids });
+        // names one session forever, so ending a closed one is always right. A close starts
+        // no lock-delay here, as none at home (`CloseSession`).
+        let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: request.session_ids, closed: true });
         let (_, header) = self.propose(group, op, "", timeout).await?;
         Ok(Response::new(EndSessionsResponse { header: Some(header) }))
     }
