@@ -136,7 +136,7 @@ impl NamespaceStateMachine {
             Err(Failure::Refused(error)) => return Ok(refused(error)),
             Err(Failure::Storage(error)) => return Err(error),
         }
-        if let Some(CommandOp::ExpireSessions(ExpireSessions { session_ids }) | CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids })) =
+        if let Some(CommandOp::ExpireSessions(ExpireSessions { session_ids }) | CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids, .. })) =
             command.op.as_mut()
         {
             *session_ids = split::deferred(&self.split, &view, session_ids)?;
@@ -170,7 +170,7 @@ impl NamespaceStateMachine {
             CommandOp::CloseSession(close) => sessions::apply_close(&mut txn, close.session_id, &mut effects),
             CommandOp::ExpireSessions(expire) => sessions::apply_expire(&mut txn, &expire.session_ids),
             CommandOp::AddRemoteSessions(add) => txn.add_remote_sessions(self.group, &add.session_ids, &add.owners).map(|()| done()),
-            CommandOp::EndRemoteSessions(end) => sessions::apply_end_remote(&mut txn, &end.session_ids),
+            CommandOp::EndRemoteSessions(end) => sessions::apply_end_remote(&mut txn, &end.session_ids, end.closed),
             CommandOp::NoteRemoteHolders(note) => txn.note_remote_holders(self.group, note.group_id, &note.session_ids).map(CommandOutcome::Sessions),
             CommandOp::AcquireLock(acquire) => locks::apply_acquire(&mut txn, &acquire, &mut effects),
             CommandOp::ReleaseLock(release) => txn.release_lock(&release.sequencer.unwrap_or_default(), release.attempt).map(|()| done()),

@@ -313,9 +313,11 @@ impl Harness {
         self.apply(CommandOp::AddRemoteSessions(warden_proto::namespace::AddRemoteSessions { session_ids: session_ids.to_vec(), owners })).map(drop)
     }
 
-    /// Ends remote sessions on their home group's verdict (`EndRemoteSessions`).
-    pub fn end_remote_sessions(&mut self, session_ids: &[u64]) -> Outcome<()> {
-        self.apply(CommandOp::EndRemoteSessions(warden_proto::namespace::EndRemoteSessions { session_ids: session_ids.to_vec() })).map(drop)
+    /// Ends remote sessions on their home group's verdict (`EndRemoteSessions`): `closed` by
+    /// their client (no lock-delay), or expired.
+    pub fn end_remote_sessions(&mut self, session_ids: &[u64], closed: bool) -> Outcome<()> {
+        let end = warden_proto::namespace::EndRemoteSessions { session_ids: session_ids.to_vec(), closed };
+        self.apply(CommandOp::EndRemoteSessions(end)).map(drop)
     }
 
     /// The remote sessions the leader lists.

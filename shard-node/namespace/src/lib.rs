@@ -450,7 +450,7 @@ impl StateMachine for NamespaceStateMachine {
         let command = Command::decode(command).map_err(|e| EngineError::Invalid(format!("namespace command: {e}")))?;
         match command.op {
             Some(CommandOp::Txn(request)) => txn::check_request(&request, &self.limits).map_err(|e| EngineError::Invalid(e.message)),
-            Some(CommandOp::ExpireSessions(ExpireSessions { session_ids }) | CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids }))
+            Some(CommandOp::ExpireSessions(ExpireSessions { session_ids }) | CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids, .. }))
                 if session_ids.len() > self.limits.sessions_per_expiry_max =>
             {
                 Err(EngineError::Invalid(format!("more than {} sessions in one expiry", self.limits.sessions_per_expiry_max)))

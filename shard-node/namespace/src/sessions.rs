@@ -220,9 +220,9 @@ pub(super) fn apply_expire(txn: &mut Txn<'_, '_>, ids: &[u64]) -> Result<Command
 }
 
 /// Applies `EndRemoteSessions` (the home groups' verdicts): at most the limit's per entry.
-pub(super) fn apply_end_remote(txn: &mut Txn<'_, '_>, ids: &[u64]) -> Result<CommandOutcome, Failure> {
+pub(super) fn apply_end_remote(txn: &mut Txn<'_, '_>, ids: &[u64], closed: bool) -> Result<CommandOutcome, Failure> {
     let ids = &ids[..ids.len().min(txn.limits.sessions_per_expiry_max)];
-    txn.end_remote_sessions(ids).map(|()| done())
+    txn.end_remote_sessions(ids, closed).map(|()| done())
 }
 
 impl NamespaceStateMachine {
@@ -354,10 +354,10 @@ impl Txn<'_, '_> {
     /// Ends remote sessions whose home groups said they ended: their ephemerals are deleted
     /// as an expiry's would be (locks they held enter their lock-delay). Ids that are not
     /// remote records here are skipped.
-    pub fn end_remote_sessions(&mut self, ids: &[u64]) -> Result<(), Failure> {
+    pub fn end_remote_sessions(&mut self, ids: &[u64], closed: bool) -> Result<(), Failure> {
         for id in ids {
             if self.view.session(*id)?.is_some_and(|record| record.remote) {
-                self.end_session(*id, true)?;
+                self.end_session(*id, !closed)?;
             }
         }
         Ok(())

@@ -73,6 +73,26 @@ fn retries_with_the_same_request_id_are_idempotent() {
     assert_eq!(ns.lock_info("/l").expect("info").waiters.len(), 1);
 }
 
+/// A session homed elsewhere holding a lock here: its home group's close ends it here with
+/// no lock-delay (a close at home starts none), its expiry with the lock-delay asked for.
+#[test]
+fn a_remote_holder_closed_at_home_starts_no_lock_delay_an_expired_one_does() {
+    use warden_namespace::sessions::session_id;
+    for (closed, delayed) in [(true, false), (false, true)] {
+        let mut ns = leading_harness();
+        let remote = session_id(2, 5);
+        ns.add_remote_sessions(&[remote]).expect("recorded");
+        let next = ns.create_session(600_000).expect("session").session_id;
+        let held = ns.lock(AcquireLock { lock_delay_ms: 5_000, ..acquire("/job", remote, LockMode::Exclusive) }).expect("lock");
+        let waiting = ns.lock(acquire("/job", next, LockMode::Exclusive)).expect("lock");
+        assert!(held.acquired && !waiting.acquired);
+        ns.end_remote_sessions(&[remote], closed).expect("ended by the home group's verdict");
+        let info = ns.lock_info("/job").expect("info");
+        assert_eq!(info.blocked_until_ms > 0, delayed, "closed {closed}: {info:?}");
+        assert_eq!(ns.check_sequencer(&sequencer(&waiting)).expect("check"), !delayed, "closed {closed}: the next waiter holds at once");
+    }
+}
+
 #[test]
 fn an_expired_holder_triggers_lock_delay_a_clean_unlock_does_not() {
     let mut ns = leading_harness();

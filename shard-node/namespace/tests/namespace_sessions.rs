@@ -207,7 +207,7 @@ fn remote_sessions_are_kept_until_their_home_group_ends_them() {
 
     // The home group's verdict ends it: its ephemerals go with it.
     let local = ns.create_session(10_000).expect("session").session_id;
-    ns.end_remote_sessions(&[local, remote]).expect("ended");
+    ns.end_remote_sessions(&[local, remote], false).expect("ended");
     assert!(ns.exists("/e").expect("exists").is_none());
     assert!(ns.remote_sessions().expect("list").is_empty());
     assert_eq!(ns.sessions_known(&[local]).expect("known"), vec![local], "a local session is not ended by a remote verdict");

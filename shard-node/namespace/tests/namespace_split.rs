@@ -206,7 +206,7 @@ fn a_split_moves_data_stat_locks_and_ephemerals_exactly() {
 
     // The home group's verdict still ends the moved ephemerals, and the waiter's session
     // going makes nobody else hold.
-    target.end_remote_sessions(&[team.own_session]).expect("ended at home");
+    target.end_remote_sessions(&[team.own_session], false).expect("ended at home");
     assert!(target.exists("/team/a/own-e").expect("exists").is_none());
     let info = target.lock_info("/team/a/lock").expect("lock info");
     assert_eq!(info.holders.iter().map(|h| h.token).collect::<Vec<_>>(), vec![team.waiter.token], "the waiter holds now");
@@ -413,7 +413,7 @@ fn what_the_parents_group_would_change_in_an_ingested_subtree_waits_until_it_ser
     // so no event of the subtree comes before the revision watchers resume from.
     let revision = parent.revision().expect("revision");
     parent.leader_scan(10_000_000).expect("scan: the TTL node and the session are long due");
-    parent.end_remote_sessions(&[team.remote_session]).expect("ended at its home");
+    parent.end_remote_sessions(&[team.remote_session], false).expect("ended at its home");
     assert_eq!(code(parent.close_session(team.own_session)), Code::Unavailable, "it owns a node that is moving here");
     for path in ["/team/a/ttl", "/team/a/own-e", "/team/a/remote-e"] {
         assert!(present(&parent, path), "{path} changed before the group served it");
@@ -423,7 +423,7 @@ fn what_the_parents_group_would_change_in_an_ingested_subtree_waits_until_it_ser
     let handed_at = hand(&mut merging, MERGE, descriptor(TARGET, "/team/a", &["/team/a"], 2)).expect("hand over");
     parent.set_descriptor(descriptor(SOURCE, "/", &[], 3), handed_at).expect("serves it");
     parent.leader_scan(20_000_000).expect("scan once served");
-    parent.end_remote_sessions(&[team.remote_session]).expect("ended at its home");
+    parent.end_remote_sessions(&[team.remote_session], false).expect("ended at its home");
     for path in ["/team/a/ttl", "/team/a/own-e", "/team/a/remote-e"] {
         assert!(parent.exists(path).expect("exists").is_none(), "{path} ends once served");
     }
