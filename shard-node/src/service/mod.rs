@@ -490,6 +490,23 @@ impl Drop for ReleaseOnDrop {
     }
 }
 
+/// A Lock's failure after its waiter was written (it may still be queued, or even hold): a
+/// refusal the retry rule reads as "nothing done" (NOT_LEADER, UNAVAILABLE, a replica no
+/// longer here) is answered OUTCOME_UNKNOWN instead, so a Lock without a request id is not
+/// sent again to queue a second waiter behind its first. A retry with the request id finds
+/// the same waiter, as OUTCOME_UNKNOWN allows for idempotent calls.
+fn after_queued(path: &str, failure: Status) -> Status {
+    let nothing_done = match warden_proto::error_of(&failure) {
+        Some(error) => [Code::NotLeader, Code::Unavailable, Code::WrongGroup].into_iter().any(|code| error.code == code as i32),
+        None => true,
+    };
+    if !nothing_done {
+        return failure;
+    }
+    let message = format!("the lock's waiter was queued, then the wait failed ({}): it may still be queued or hold", failure.message());
+    status(error(Code::OutcomeUnknown, path, &message))
+}
+
 /// The group a sequencer is checked or released in: the one the caller routed to (a router
 /// routes by the lock's path, which a split may have moved since the sequencer was issued),
 /// else the group that issued it.
@@ -758,8 +775,10 @@ impl Warden for WardenService {
             if remaining.is_zero() {
                 break;
             }
-            let notified = self.node.register_await(group, key.clone(), remaining).map_err(|e| self.engine_status(group, e))?;
-            let (state, at) = self.waiter_state(group, &sequencer, request.session_id, remaining).await?;
+            let notified =
+                self.node.register_await(group, key.clone(), remaining).map_err(|e| after_queued(&request.path, self.engine_status(group, e)))?;
+            let (state, at) =
+                self.waiter_state(group, &sequencer, request.session_id, remaining).await.map_err(|s| after_queued(&request.path, s))?;
             header = at;
             if state.holds {
                 guard.disarm();
@@ -785,7 +804,7 @@ impl Warden for WardenService {
         }
         // The wait is over: the waiter goes (the guard would do it too, but an answer should
         // come after the cleanup).
-        let header = self.release(group, sequencer, attempt, &principal, self.timeout).await?;
+        let header = self.release(group, sequencer, attempt, &principal, self.timeout).await.map_err(|s| after_queued(&request.path, s))?;
         answer(false, None, header)
     }
 
@@ -799,7 +818,7 @@ impl Warden for WardenService {
             // The waiter's session must be known here with its owner, as for Lock, or apply
             // cannot tell whether the caller may release it.
             let session = self.waiter_session(group, &sequencer, timeout).await?;
-            self.ensure_remote_sessions(group, session, true, WhenEnded::Refuse, timeout).await?;
+            self.ensure_remote_sessions_named(group, session, timeout).await?;
         }
         let header = self.release(group, sequencer, 0, &principal, timeout).await?;
         Ok(Response::new(UnlockResponse { header: Some(header) }))
@@ -858,5 +877,24 @@ mod tests {
         assert!(!is_not_hosted(&status(elsewhere)));
         assert!(!is_not_hosted(&status(warden_error(Code::Unavailable, "no leader yet".into()))));
         assert!(!is_not_hosted(&Status::unavailable("connection refused")));
+    }
+
+    /// A Lock whose waiter was written is never answered as "nothing done" (a retry without
+    /// a request id would queue a second waiter of the session behind the first).
+    #[test]
+    fn a_lock_failing_after_its_waiter_was_queued_answers_an_unknown_outcome() {
+        let code_of = |failure: Status| warden_proto::error_of(&failure).map(|error| error.code);
+        for nothing_done in [
+            status(warden_error(Code::NotLeader, "not the leader".into())),
+            status(warden_error(Code::Unavailable, "stopped".into())),
+            status(not_hosted(7)),
+            Status::unavailable("connection reset"),
+        ] {
+            let failure = after_queued("/l", nothing_done);
+            assert_eq!(code_of(failure.clone()), Some(Code::OutcomeUnknown as i32), "{failure:?}");
+            assert!(!warden_proto::follow::Fault::of(&failure).retried(warden_proto::follow::CallKind::Write), "never resent without a request id");
+        }
+        let expired = status(error(Code::SessionExpired, "/l", "ended"));
+        assert_eq!(code_of(after_queued("/l", expired)), Some(Code::SessionExpired as i32), "an answer stays the answer");
     }
 }
