@@ -74,8 +74,9 @@ impl RouterService {
     }
 
     /// Refuses, before anything is forwarded, a call its caller may not make (the node
-    /// serving the path judges again: it is the authority, this only fails fast).
-    fn admit<R: Access>(&self, request: &Request<R>) -> Result<(), Status> {
+    /// serving the path judges again: it is the authority, this only fails fast). The etcd
+    /// API also judges every part of an operation spanning groups here before any part runs.
+    pub(crate) fn admit<R: Access>(&self, request: &Request<R>) -> Result<(), Status> {
         self.admit_caller(request).map(|_| ())
     }
 

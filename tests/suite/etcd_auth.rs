@@ -112,10 +112,10 @@ async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled(
     assert!(refused.contains("Warden grants by path prefix"), "an interval that is no prefix: {refused}");
     assert!(etcdctl.ok(&["auth", "enable"]).await.contains("Authentication Enabled"));
 
-    let alice = ["--user", "alice:alicepw"];
-    etcdctl.eventually(&[&alice[..], &["put", "/alice/x", "1"]].concat()).await;
-    assert_eq!(etcdctl.ok(&[&alice[..], &["get", "/alice/x", "--print-value-only"]].concat()).await.trim(), "1");
-    let denied = etcdctl.refused(&[&alice[..], &["put", "/bob/x", "1"]].concat()).await;
+    let alice_user = ["--user", "alice:alicepw"];
+    etcdctl.eventually(&[&alice_user[..], &["put", "/alice/x", "1"]].concat()).await;
+    assert_eq!(etcdctl.ok(&[&alice_user[..], &["get", "/alice/x", "--print-value-only"]].concat()).await.trim(), "1");
+    let denied = etcdctl.refused(&[&alice_user[..], &["put", "/bob/x", "1"]].concat()).await;
     assert!(denied.contains("etcdserver: permission denied"), "outside her prefix: {denied}");
     let wrong = etcdctl.refused(&["--user", "alice:wrong", "put", "/alice/x", "2"]).await;
     assert!(wrong.contains("authentication failed, invalid user ID or password"), "a wrong password: {wrong}");
@@ -141,6 +141,11 @@ async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled(
     let team = root.role_get("team").await.expect("root reads a role");
     let granted: Vec<_> = team.permissions().iter().map(|p| (p.key().to_vec(), p.range_end().to_vec(), p.get_type())).collect();
     assert_eq!(granted, [(b"/alice/".to_vec(), b"/alice0".to_vec(), PermissionType::Readwrite as i32)], "the permission as granted");
+    // A delete of her prefix spans the plain keys (granted) and the escaped ones under
+    // `/_etcd` (not granted): judged whole before any part runs, it deletes nothing.
+    let denied = etcdctl.refused(&[&alice_user[..], &["del", "--prefix", "/alice/"]].concat()).await;
+    assert!(denied.contains("etcdserver: permission denied"), "a delete spanning a part she may not delete: {denied}");
+    assert_eq!(etcdctl.ok(&[&alice_user[..], &["get", "/alice/x", "--print-value-only"]].concat()).await.trim(), "1", "nothing was deleted");
     let refused = alice.user_list().await.expect_err("a user without the root role lists users").to_string();
     assert!(refused.contains("permission denied"), "alice lists users: {refused}");
 

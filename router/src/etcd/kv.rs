@@ -252,9 +252,16 @@ impl EtcdService {
         let mut prev_kvs = Vec::new();
         for _ in 0..RANGE_PLANS_MAX {
             let table = self.table().await?;
-            for part in parts_of(&table, &request.key, &request.range_end)? {
-                let delete =
-                    w::DeleteRangeRequest { path: part.scope, from: part.from, to: part.to, return_previous: request.prev_kv, routing: None };
+            let deletes: Vec<w::DeleteRangeRequest> = parts_of(&table, &request.key, &request.range_end)?
+                .into_iter()
+                .map(|part| w::DeleteRangeRequest { path: part.scope, from: part.from, to: part.to, return_previous: request.prev_kv, routing: None })
+                .collect();
+            // Judged whole before any part runs: a part the caller may not delete must not
+            // leave the others deleted and the whole reported as refused.
+            for delete in &deletes {
+                self.router.admit(&inner(metadata, extensions, delete.clone())).map_err(etcd_status)?;
+            }
+            for delete in deletes {
                 let answer = Warden::delete_range(&self.router, inner(metadata, extensions, delete)).await.map_err(etcd_status)?.into_inner();
                 deleted += answer.deleted;
                 revision = revision.max(answer.header.map_or(0, |h| h.revision));
