@@ -169,6 +169,7 @@ pub(crate) fn txn_request(txn: &Txn) -> pb::TxnRequest {
         compares: txn.compares.iter().map(compare).collect(),
         then: txn.then.iter().map(txn_op).collect(),
         r#else: txn.otherwise.iter().map(txn_op).collect(),
+        raise_to: 0,
         routing: None,
     }
 }

@@ -95,7 +95,7 @@ async fn one_op(leader: &mut WardenClient<Channel>, op: &str, client: usize, seq
                 Compare { path: key.clone(), target: Target::Value as i32, op: CmpOp::Equal as i32, value: value.clone(), ..Compare::default() };
             let set = TxnOp { op: Some(Op::Set(SetRequest { path: key.clone(), data: value, ..SetRequest::default() })) };
             let get = TxnOp { op: Some(Op::Get(GetRequest { path: key, ..GetRequest::default() })) };
-            leader.txn(TxnRequest { compares: vec![compare], then: vec![set, get], r#else: Vec::new(), routing }).await.map(drop)
+            leader.txn(TxnRequest { compares: vec![compare], then: vec![set, get], r#else: Vec::new(), raise_to: 0, routing }).await.map(drop)
         }
     }
 }

@@ -231,6 +231,37 @@ async fn etcd_watches_see_each_change_of_their_keys_once_in_order_and_resume_fro
     assert_eq!(ended.watch_id(), created.watch_id());
 }
 
+/// The list-then-watch pattern (Kubernetes' informers, clientv3's recipes) across groups:
+/// a range's revision is valid for every group it read, so a watch from the next revision
+/// sees every later change of the range's keys, whichever group they live in, and none from
+/// before the list (a group behind the range's revision was raised to it, so its next write
+/// lands above it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_from_a_ranges_revision_sees_every_later_change_in_every_group() {
+    let cluster = cluster_with_groups(&["/teams/payments"]).await;
+    let (_router, etcd_addr) = start_router_with_etcd(&cluster);
+    let mut etcd = etcd_client(etcd_addr).await;
+    // The root group runs far ahead of the payments group.
+    for n in 0..50 {
+        etcd.put("foo", n.to_string(), None).await.expect("put in the root group");
+    }
+    etcd.put("/teams/x", "1", None).await.expect("put");
+    etcd.put("/teams/payments/old", "1", None).await.expect("put in the payments group");
+    let listed = etcd.get("/teams/", Some(GetOptions::new().with_prefix())).await.expect("list");
+    assert_eq!(keys(&listed), ["/teams/payments/old", "/teams/x"]);
+    let revision = listed.header().expect("header").revision();
+
+    let mut stream = etcd.watch("/teams/", Some(WatchOptions::new().with_prefix().with_start_revision(revision + 1))).await.expect("watch");
+    let created = tokio::time::timeout(TIMEOUT, stream.message()).await.expect("created in time").expect("stream").expect("response");
+    assert!(created.created() && !created.canceled());
+    let put = etcd.put("/teams/payments/k", "p", None).await.expect("put in the payments group");
+    assert!(put.header().expect("header").revision() > revision, "the payments group's next write lands above the list's revision");
+    etcd.put("/teams/x", "2", None).await.expect("put in the root group");
+    let mut events = next_events(&mut stream, 2).await;
+    events.sort();
+    assert_eq!(events, [seen("PUT", "/teams/payments/k", "p", None), seen("PUT", "/teams/x", "2", None)], "both changes, nothing from before");
+}
+
 /// A watch from a revision the group no longer holds events for is cancelled as etcd
 /// cancels a compacted one, with `compact_revision` the oldest revision it can watch from:
 /// a client that watches again from there (as clientv3 users do) gets every later event.

@@ -90,7 +90,7 @@ async fn histories_under_leader_kills_and_partitions_are_linearizable() {
                             ..Compare::default()
                         };
                         let set = TxnOp { op: Some(Op::Set(SetRequest { path: path.clone(), data: new.clone(), ..SetRequest::default() })) };
-                        let txn = TxnRequest { compares: vec![compare], then: vec![set], r#else: Vec::new(), routing: None };
+                        let txn = TxnRequest { compares: vec![compare], then: vec![set], r#else: Vec::new(), raise_to: 0, routing: None };
                         let result = api
                             .call(CALL_TIMEOUT, false, |mut c| {
                                 let txn = txn.clone();

@@ -203,6 +203,7 @@ impl EtcdService {
             compares: vec![exists],
             then: vec![w::TxnOp { op: Some(Op::Create(candidate.clone())) }],
             r#else: vec![w::TxnOp { op: Some(Op::Create(container)) }, w::TxnOp { op: Some(Op::Create(candidate)) }],
+            raise_to: 0,
             routing: None,
         };
         let answer = Warden::txn(&self.router, call.request(txn)?).await.map_err(etcd_status)?.into_inner();

@@ -19,6 +19,10 @@ use super::{etcd_revision, etcd_status, inner, invalid, plan, EtcdService};
 
 /// Times a range is planned again when the routing table changed under it.
 const RANGE_PLANS_MAX: usize = 4;
+/// Rounds of a linearizable range across groups (each: the groups not at the round's
+/// revision read there in one transaction that raises them to it) before it is answered
+/// UNAVAILABLE instead.
+const ALIGN_ROUNDS_MAX: usize = 6;
 
 /// A node as an etcd key-value (`key` is the node's key).
 pub(super) fn key_value(key: Vec<u8>, node: w::Node) -> KeyValue {
@@ -94,39 +98,17 @@ struct Gathered {
     kvs: Vec<KeyValue>,
     count: u64,
     more: bool,
-    /// The highest revision of the parts that held keys of the range.
-    revision_of_keys: Option<u64>,
-    /// The highest revision of the parts of plain keys (not under `/_etcd`).
-    revision_of_plain: Option<u64>,
-    /// The highest revision of every part.
-    revision_of_all: u64,
+    /// The highest revision of every part: after [`EtcdService::align`], every group's.
+    revision: u64,
 }
 
 impl Gathered {
-    /// Adds the answer of the part at `scope`.
-    fn add(&mut self, scope: &str, answer: w::RangeResponse) {
-        let revision = answer.header.map_or(0, |h| h.revision);
-        let raise = |slot: &mut Option<u64>| *slot = Some(slot.map_or(revision, |held| held.max(revision)));
-        if answer.count > 0 {
-            raise(&mut self.revision_of_keys);
-        }
-        if !warden_paths::is_at_or_below(scope, keys::ESCAPED_PREFIX) {
-            raise(&mut self.revision_of_plain);
-        }
-        self.revision_of_all = self.revision_of_all.max(revision);
+    /// Adds the answer of a part.
+    fn add(&mut self, answer: w::RangeResponse) {
+        self.revision = self.revision.max(answer.header.map_or(0, |h| h.revision));
         self.count += answer.count;
         self.more |= answer.more;
         self.kvs.extend(answer.nodes.into_iter().filter_map(|node| Some(key_value(keys::path_to_key(&node.path)?, node))));
-    }
-
-    /// The revision the answer's header names: that of the groups whose parts held keys, or
-    /// when none did, of the groups of the plain keys' parts. A range whose keys live in one
-    /// group so answers that group's own revision, which a watch of its keys from that
-    /// revision needs (etcd's lock and election recipes watch so): a group with no key in
-    /// the range, ahead of it (the root group, serving the escaped keys under `/_etcd`),
-    /// would make that watch start past the keys' next changes.
-    fn revision(&self) -> u64 {
-        self.revision_of_keys.or(self.revision_of_plain).unwrap_or(self.revision_of_all)
     }
 
     /// The etcd answer to `request`: filtered, sorted, cut to its limit.
@@ -161,7 +143,7 @@ impl Gathered {
         if request.count_only {
             self.kvs.clear();
         }
-        check_revision(request.revision, self.revision())?;
+        check_revision(request.revision, self.revision)?;
         Ok(pb::RangeResponse { header: None, kvs: self.kvs, more: self.more, count: i64::try_from(self.count).unwrap_or(i64::MAX) })
     }
 }
@@ -191,7 +173,8 @@ impl EtcdService {
 
     /// Reads a range: each part from its group, planned again if the routing table
     /// changed meanwhile (a part planned on the old table might miss a group). With
-    /// `owner`, only the keys of that lease (its session's ephemerals).
+    /// `owner`, only the keys of that lease (its session's ephemerals). A linearizable range
+    /// across groups answers one revision valid for each of them ([`EtcdService::align`]).
     pub(super) async fn read_range(
         &self,
         metadata: &MetadataMap,
@@ -206,10 +189,9 @@ impl EtcdService {
         let consistency = if request.serializable { w::Consistency::Stale } else { w::Consistency::Linearizable };
         for _ in 0..RANGE_PLANS_MAX {
             let table = self.table().await?;
-            let parts = parts_of(&table, &request.key, &request.range_end)?;
-            let scopes: Vec<String> = parts.iter().map(|part| part.scope.clone()).collect();
-            let calls = parts.into_iter().map(|part| {
-                let range = w::RangeRequest {
+            let ranges: Vec<w::RangeRequest> = parts_of(&table, &request.key, &request.range_end)?
+                .into_iter()
+                .map(|part| w::RangeRequest {
                     path: part.scope,
                     from: part.from,
                     to: part.to,
@@ -219,23 +201,92 @@ impl EtcdService {
                     consistency: consistency as i32,
                     owner,
                     routing: None,
-                };
-                Warden::range(&self.router, inner(metadata, extensions, range))
-            });
-            let answers = futures::future::join_all(calls).await;
+                })
+                .collect();
+            // A lease's keys (`owner`) are listed for `TimeToLive`, whose revision is the lease's.
+            let answers = self.align(metadata, extensions, &ranges, !request.serializable && owner == 0).await?;
             if self.router.upstreams().table().version != table.version {
                 continue;
             }
             let mut gathered = Gathered::default();
-            for (scope, answer) in scopes.iter().zip(answers) {
-                gathered.add(scope, answer.map_err(etcd_status)?.into_inner());
-            }
-            let revision = gathered.revision();
+            answers.into_iter().for_each(|answer| gathered.add(answer));
+            let revision = gathered.revision;
             let mut answer = gathered.answer(request, &shape)?;
             answer.header = self.header(revision);
             return Ok(answer);
         }
         Err(Status::unavailable("etcdserver: the range's groups kept changing: retry"))
+    }
+
+    /// Reads every part of `ranges`, each from the group serving it; with `aligned` (a
+    /// linearizable range) at one revision R valid for every group read. etcd clients list,
+    /// then watch from the list's revision + 1 (Kubernetes' informers, clientv3's recipes):
+    /// every group must have been read as of R exactly, and take no later write at or below
+    /// R. In rounds, at most [`ALIGN_ROUNDS_MAX`]:
+    ///
+    /// 1. every part read on its own; R is the highest revision read. Parts read at R are
+    ///    done (their groups' later writes take revisions above it);
+    /// 2. each group with a part read below R reads all its parts again in one read-only
+    ///    transaction with `raise_to` R: a group still below R is raised to R and read
+    ///    there, in one step;
+    /// 3. a group that had meanwhile moved past R answers its own revision: R becomes the
+    ///    highest answer plus twice the overshoot (a busy group's writes during a round), and
+    ///    every group not read at it goes through step 2 again.
+    ///
+    /// A range of one group read at one revision, and a serializable one (no point of a
+    /// group's history to hold to), take step 1 only.
+    async fn align(
+        &self,
+        metadata: &MetadataMap,
+        extensions: &Extensions,
+        ranges: &[w::RangeRequest],
+        aligned: bool,
+    ) -> Result<Vec<w::RangeResponse>, Status> {
+        // 1. Every part on its own.
+        let reads = ranges.iter().map(|range| Warden::range(&self.router, inner(metadata, extensions, range.clone())));
+        let mut answers = Vec::with_capacity(ranges.len());
+        for answer in futures::future::join_all(reads).await {
+            answers.push(answer.map_err(etcd_status)?.into_inner());
+        }
+        let at = |answer: &w::RangeResponse| answer.header.as_ref().map_or((0, 0), |h| (h.group_id, h.revision));
+        let mut target = answers.iter().map(|answer| at(answer).1).max().unwrap_or(0);
+        let mut parts_of_group: std::collections::BTreeMap<u64, Vec<usize>> = std::collections::BTreeMap::new();
+        for (index, answer) in answers.iter().enumerate() {
+            parts_of_group.entry(at(answer).0).or_default().push(index);
+        }
+        for round in 0..=ALIGN_ROUNDS_MAX {
+            if !aligned || answers.iter().all(|answer| at(answer).1 == target) {
+                return Ok(answers);
+            }
+            if round == ALIGN_ROUNDS_MAX {
+                break;
+            }
+            // 2. The groups not read at the target, each read there in one transaction.
+            let behind = parts_of_group.values().filter(|parts| parts.iter().any(|index| at(&answers[*index]).1 != target));
+            let txns = behind.map(|parts| {
+                let then = parts.iter().map(|index| w::TxnOp { op: Some(w::txn_op::Op::Range(ranges[*index].clone())) }).collect();
+                let txn = w::TxnRequest { then, raise_to: target, ..w::TxnRequest::default() };
+                async move { (parts, Warden::txn(&self.router, inner(metadata, extensions, txn)).await) }
+            });
+            for (parts, answer) in futures::future::join_all(txns).await {
+                let answer = answer.map_err(etcd_status)?.into_inner();
+                if answer.results.len() != parts.len() {
+                    return Err(Status::internal("a group's transaction answered another number of ranges than it was asked"));
+                }
+                for (index, result) in parts.iter().zip(answer.results) {
+                    let Some(w::txn_op_result::Result::Range(range)) = result.result else {
+                        return Err(Status::internal("a group's transaction answered a range with something else"));
+                    };
+                    answers[*index] = w::RangeResponse { header: answer.header, ..range };
+                }
+            }
+            // 3. A group past the target: a higher one, with room for what moves meanwhile.
+            let highest = answers.iter().map(|answer| at(answer).1).max().unwrap_or(0);
+            if highest > target {
+                target = highest.saturating_add(2 * (highest - target));
+            }
+        }
+        Err(Status::unavailable("etcdserver: the range's groups kept taking writes while it was read: retry"))
     }
 
     /// Deletes a range, group by group (not atomic across groups). When the routing table
@@ -440,7 +491,7 @@ impl Translated {
         let (then, then_shape) = branch(&txn.success)?;
         let (otherwise, otherwise_shape) = branch(&txn.failure)?;
         Ok(Translated {
-            request: w::TxnRequest { compares, then, r#else: otherwise, routing: None },
+            request: w::TxnRequest { compares, then, r#else: otherwise, raise_to: 0, routing: None },
             shape: TxnShape { then: then_shape, otherwise: otherwise_shape },
             elsewhere,
         })
@@ -562,7 +613,7 @@ fn op_answer(op: &pb::RequestOp, results: Vec<w::TxnOpResult>) -> Result<pb::Res
             for result in results {
                 match result.result {
                     // One group answers every part of a transaction: one revision.
-                    Some(Answer::Range(answer)) => gathered.add("/", answer),
+                    Some(Answer::Range(answer)) => gathered.add(answer),
                     _ => return Err(mismatch()),
                 }
             }

@@ -16,7 +16,9 @@
 //!   `Cluster`).
 //!
 //! Revisions are per group: within one group every etcd guarantee holds; a response built
-//! from several groups carries the highest of their revisions.
+//! from several groups carries the highest of their revisions, and a linearizable range
+//! across groups first raises every group it read below that revision to it
+//! ([`kv`], `align`), so its revision is a valid watch start for each.
 
 pub mod auth;
 pub mod cluster;

@@ -23,7 +23,9 @@
 //!   [`RESUMES_WITHOUT_PROGRESS_MAX`] attempts (about the router's request timeout).
 //! - Revisions are per group: a watch of keys in one group is exact (start revision,
 //!   resume, ordering); a watch spanning groups starts every group at `start_revision` and
-//!   each response's revision is its group's (docs/etcd.md).
+//!   each response's revision is its group's (docs/etcd.md). A start right after a
+//!   linearizable range's revision is exact in every group too: the range raised each group
+//!   it read below its revision to it.
 //! - A start revision the replica no longer holds events for is answered as etcd answers
 //!   a compacted one: the watch is cancelled with `compact_revision` set to the oldest
 //!   revision it can watch from (the native error's newest revision gone, plus one), from

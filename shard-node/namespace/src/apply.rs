@@ -60,7 +60,8 @@ impl Properties {
         let client = Properties { client_write: true, ..system.clone() };
         let moving = Properties { moves_records: true, ..system.clone() };
         match op {
-            CommandOp::Txn(_) => client,
+            // The floor makes the revision it takes `raise_to` exactly, from below it.
+            CommandOp::Txn(request) => Properties { revision_floor: request.raise_to.saturating_sub(1), ..client },
             CommandOp::CreateSession(_) => client,
             CommandOp::AcquireLock(acquire) => Properties { lock_path: Some(acquire.path.clone()), ..client },
             CommandOp::ReleaseLock(release) => Properties { lock_path: release.sequencer.as_ref().map(|s| s.path.clone()), ..system },
@@ -164,7 +165,15 @@ impl NamespaceStateMachine {
             principal: &command.principal,
         };
         let outcome = match op {
-            CommandOp::Txn(request) => txn.run(&request).map(CommandOutcome::Txn),
+            CommandOp::Txn(request) => {
+                let answer = txn.run(&request);
+                // A raise of a group below it commits even when nothing else changed: the
+                // revision is then the transaction's only write.
+                if answer.is_ok() && request.raise_to > self.revision {
+                    txn.view.set_revision(txn.revision);
+                }
+                answer.map(CommandOutcome::Txn)
+            }
             CommandOp::ExpireTtl(ExpireTtl { path, mod_revision }) => txn.expire_ttl(&path, mod_revision).map(|_| done()),
             CommandOp::CreateSession(create) => sessions::apply_create(self, &mut txn, &create),
             CommandOp::CloseSession(close) => sessions::apply_close(&mut txn, close.session_id, &mut effects),

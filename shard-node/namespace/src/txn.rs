@@ -112,6 +112,9 @@ pub fn check_request(request: &TxnRequest, limits: &Limits) -> Result<(), Warden
     if ops > limits.txn_ops_max {
         return Err(too_large("", "transaction operations", ops, limits.txn_ops_max));
     }
+    if request.raise_to > crate::REVISION_FLOOR_MAX {
+        return Err(invalid("", format!("raise_to is at most {}", crate::REVISION_FLOOR_MAX)));
+    }
     check_txn(request, limits)
 }
 
@@ -176,6 +179,7 @@ fn check_compare(compare: &Compare) -> Result<(), WardenError> {
 fn check_op(op: &TxnOp, limits: &Limits) -> Result<(), WardenError> {
     match &op.op {
         None => return Err(invalid("", "transaction operation without a body")),
+        Some(Op::Txn(nested)) if nested.raise_to != 0 => return Err(invalid("", "only a transaction's top level raises its revision")),
         Some(Op::Txn(nested)) => check_txn(nested, limits)?,
         Some(Op::Create(create)) => {
             path::validate(&create.path, false).map_err(|e| invalid_path(&create.path, &e))?;

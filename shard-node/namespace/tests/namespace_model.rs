@@ -1253,6 +1253,7 @@ impl Run {
             compares: spec.compares.iter().map(|c| self.compare(c)).collect(),
             then: spec.then.iter().map(|o| self.txn_op(o)).collect(),
             r#else: spec.otherwise.iter().map(|o| self.txn_op(o)).collect(),
+            raise_to: 0,
             routing: None,
         }
     }

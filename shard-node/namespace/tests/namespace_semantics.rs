@@ -214,6 +214,7 @@ fn txn_is_atomic_with_one_revision() {
             op(Op::Get(GetRequest { path: "/k".into(), ..GetRequest::default() })),
         ],
         r#else: vec![op(Op::Get(GetRequest { path: "/lock".into(), ..GetRequest::default() }))],
+        raise_to: 0,
         routing: None,
     };
     let response = ns.txn(txn.clone()).expect("txn");
@@ -333,7 +334,7 @@ fn nested_transactions_take_the_branches_their_compares_chose_before_any_operati
     let mut ns = harness();
     let absent = |path: &str| compare(path, Target::Writes, CmpOp::Equal, 0);
     // The nested compare sees /n/x missing although the outer put before it created it.
-    let nested = TxnRequest { compares: vec![absent("/n/x")], then: vec![put("/n/y", 0)], r#else: vec![put("/n/z", 0)], routing: None };
+    let nested = TxnRequest { compares: vec![absent("/n/x")], then: vec![put("/n/y", 0)], r#else: vec![put("/n/z", 0)], raise_to: 0, routing: None };
     let outer = TxnRequest { compares: vec![absent("/n/x")], then: vec![put("/n/x", 0), op(Op::Txn(nested.clone()))], ..TxnRequest::default() };
     let before = ns.revision().expect("revision");
     let response = ns.txn(outer.clone()).expect("txn");

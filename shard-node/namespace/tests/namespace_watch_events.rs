@@ -461,3 +461,29 @@ fn reopen_starts_the_history_at_the_stored_revision() {
     let (_, outcome) = open_watch(&old_hub, stored + 1);
     assert_eq!(outcome, CatchUp::Ended, "the replaced replica's hub serves nothing");
 }
+
+/// A transaction with `raise_to` reads (and writes) its group as of that revision: raised
+/// from below, it takes exactly that revision even when it changes no node, publishes no
+/// event for the raise, and the group's next write lands above it; a group already at or
+/// past it runs the transaction as without.
+#[test]
+fn a_transaction_raising_the_revision_reads_there_and_the_next_write_lands_above_it() {
+    let mut ns = leading_harness();
+    let write = |ns: &mut Harness, path: &str| {
+        revision_of(ns.txn(TxnRequest { then: vec![create_op(path, b"")], ..TxnRequest::default() }).expect("create").header)
+    };
+    let read = write(&mut ns, "/a");
+    let range = || op(Op::Range(RangeRequest { path: "/".into(), ..RangeRequest::default() }));
+    let raised = ns.txn(TxnRequest { then: vec![range()], raise_to: read + 10, ..TxnRequest::default() }).expect("raise");
+    assert_eq!(revision_of(raised.header), read + 10, "raised to exactly the revision asked");
+    let again = ns.txn(TxnRequest { then: vec![range()], raise_to: read + 5, ..TxnRequest::default() }).expect("raise");
+    assert_eq!(revision_of(again.header), read + 10, "never lowered: a read-only transaction at or past it writes nothing");
+    let next = write(&mut ns, "/b");
+    assert_eq!(next, read + 11, "the next write takes the revision after the raise");
+    let hub = hub(&ns);
+    assert_eq!(summary(&batches_since(&hub, read + 1)), [(read + 11, Created, "/b")], "the raise itself is no event");
+    let nested = TxnRequest { then: vec![op(Op::Txn(TxnRequest { raise_to: 1, ..TxnRequest::default() }))], ..TxnRequest::default() };
+    assert_eq!(code(ns.txn(nested)), Code::InvalidArgument, "only the top level raises");
+    let too_high = TxnRequest { raise_to: warden_namespace::REVISION_FLOOR_MAX + 1, ..TxnRequest::default() };
+    assert_eq!(code(ns.txn(too_high)), Code::InvalidArgument);
+}
