@@ -234,6 +234,23 @@ async fn ephemerals_of_ended_sessions_are_refused_and_sessions_spread_over_group
     let exists = router.exists(ExistsRequest { path: "/b/after-close".into(), ..ExistsRequest::default() }).await.expect("exists").into_inner();
     assert!(exists.stat.is_none(), "nothing was created");
 
+    // A close whose home group cannot tell B in time says so; B ends the session at its
+    // next check, which reaches the home group.
+    let group_a = group_serving(&mut router, "/a").await;
+    let untold = session_homed_at(&mut router, "/a", TTL_MS).await;
+    let create = CreateRequest { path: "/b/untold".into(), session_id: untold, ..CreateRequest::default() };
+    router.create(create).await.expect("ephemeral in B");
+    cluster.faults().cut_group_link(group_a, group_b);
+    let mut close = tonic::Request::new(CloseSessionRequest { session_id: untold, ..CloseSessionRequest::default() });
+    close.set_timeout(Duration::from_secs(3));
+    let closed = router.close_session(close).await.expect("closed at home").into_inner();
+    assert_eq!(closed.not_ended_in, vec![group_b], "the answer names the group it could not tell");
+    cluster.faults().heal();
+    warden_testkit::wait_until("B ends the closed session at its next check", TIMEOUT, async || {
+        router.exists(ExistsRequest { path: "/b/untold".into(), ..ExistsRequest::default() }).await.expect("exists").into_inner().stat.is_none()
+    })
+    .await;
+
     // Without a hint, sessions spread over the groups.
     let mut homes = std::collections::BTreeSet::new();
     for _ in 0..48 {

@@ -207,7 +207,7 @@ pub(super) fn apply_close(txn: &mut Txn<'_, '_>, session: u64, effects: &mut Eff
     match txn.close_session(session)? {
         Some((deleted, holders)) => {
             effects.remote_holders = holders;
-            Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted }))
+            Ok(CommandOutcome::CloseSession(CloseSessionResponse { header: None, deleted, not_ended_in: Vec::new() }))
         }
         None => Err(Failure::Refused(session_expired(session, ""))),
     }

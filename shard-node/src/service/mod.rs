@@ -705,9 +705,10 @@ impl Warden for WardenService {
         match self.propose_command(group, op, &principal, timeout).await? {
             (CommandOutcome::CloseSession(response), header, result) => {
                 // The groups that recorded the session end it before the close is answered,
-                // so no call made after the close can use it there.
-                self.end_at_holders(group, request.session_id, &result.remote_holders, timeout).await;
-                Ok(Response::new(CloseSessionResponse { header: Some(header), ..response }))
+                // so no call made after the close can use it there; those out of reach are
+                // named.
+                let not_ended_in = self.end_at_holders(group, request.session_id, &result.remote_holders, timeout).await;
+                Ok(Response::new(CloseSessionResponse { header: Some(header), not_ended_in, ..response }))
             }
             _ => Err(internal("mismatched result".into())),
         }

@@ -13,7 +13,8 @@
 //!   (docs/design/remote-sessions.md).
 //! - Closing a session at home ends it in every group its record notes
 //!   ([`WardenService::end_at_holders`], `EndSessions`) before the close is answered: no
-//!   call made after the close can use the session anywhere.
+//!   call made after the close can use the session anywhere. A group that cannot be told
+//!   within the call is named in the answer (`not_ended_in`).
 //! - The leader of every group checks its remote sessions every `remote_session_check_ms`
 //!   ([`WardenService::run_session_checks`]): one `CheckSessions` call per pair of groups
 //!   (batches of at most `SESSION_IDS_PER_CHECK_MAX`), and proposes `EndRemoteSessions` for
@@ -53,9 +54,10 @@ use warden_proto::v1::Consistency;
 use super::{error, internal, status, WardenService};
 use warden_namespace::sessions::{home_group, REMOTE_SESSIONS_PAGE_MAX, SESSION_IDS_PER_CHECK_MAX};
 
-/// Longest a close waits for the groups that recorded its session to end it there (a group
-/// out of reach ends it at its next check instead).
-const END_AT_HOLDERS_TIMEOUT: Duration = Duration::from_secs(2);
+/// What a close keeps of its call's time for its answer when it waits for the groups that
+/// recorded its session to end it there (a group out of reach ends it at its next check
+/// instead, and the answer names it).
+const END_AT_HOLDERS_MARGIN: Duration = Duration::from_millis(500);
 
 /// Remote sessions one group's check looks at per round at most (the rest wait a round).
 const REMOTE_SESSIONS_PER_ROUND_MAX: usize = 64 * REMOTE_SESSIONS_PAGE_MAX;
@@ -301,16 +303,20 @@ impl WardenService {
     }
 
     /// Ends the closed `session` (homed in `home`) in each group of `holders` (those that
-    /// recorded it as remote), all at once, within [`END_AT_HOLDERS_TIMEOUT`] (or `timeout`
-    /// when shorter). A group that cannot be reached ends it at its next check.
-    pub(super) async fn end_at_holders(&self, home: u64, session: u64, holders: &[u64], timeout: Duration) {
-        let deadline = Instant::now() + timeout.min(END_AT_HOLDERS_TIMEOUT);
-        let ends = holders.iter().map(|holder| async move { (holder, self.links.end_sessions(home, *holder, &[session], deadline).await) });
+    /// recorded it as remote), all at once, within the call's `timeout` less
+    /// [`END_AT_HOLDERS_MARGIN`] (the answer must still reach its caller). Answers the groups
+    /// that could not be told: each ends it at its next check instead.
+    pub(super) async fn end_at_holders(&self, home: u64, session: u64, holders: &[u64], timeout: Duration) -> Vec<u64> {
+        let deadline = Instant::now() + timeout.saturating_sub(END_AT_HOLDERS_MARGIN).max(END_AT_HOLDERS_MARGIN);
+        let ends = holders.iter().map(|holder| async move { (*holder, self.links.end_sessions(home, *holder, &[session], deadline).await) });
+        let mut not_ended = Vec::new();
         for (holder, ended) in futures::future::join_all(ends).await {
             if let Err(error) = ended {
                 tracing::warn!(home, holder, session, %error, "a closed session is ended in this group at its next check instead");
+                not_ended.push(holder);
             }
         }
+        not_ended
     }
 
     /// The `SessionCheck` service (home side) over this service.
