@@ -117,8 +117,6 @@ impl WardenService {
     /// home group already ended (docs/design/remote-sessions.md). A session the home group
     /// reports ended is ended here too (its verdict, rule 7), then refused SESSION_EXPIRED or
     /// left to apply, as `when_ended` says; UNAVAILABLE if a home group cannot be asked.
-    /// With `only_unrecorded` (a call that uses no session anew: an Unlock naming the
-    /// waiter's) sessions already recorded here are not asked again.
     pub(super) async fn ensure_remote_sessions(
         &self,
         group: u64,
@@ -141,6 +139,8 @@ impl WardenService {
         self.confirm_remote_sessions(group, sessions, true, WhenEnded::Refuse, true, timeout).await
     }
 
+    /// The one sequence behind both: with `only_unrecorded` (a call that uses no session
+    /// anew) sessions already recorded here are not asked again.
     async fn confirm_remote_sessions(
         &self,
         group: u64,
@@ -193,10 +193,10 @@ impl WardenService {
         // 3. Those their home group ended, recorded here, end here now (the home group's
         //    verdict), so apply refuses them whatever branch uses them.
         let ended_here: Vec<u64> = ended.iter().map(|(id, _)| *id).filter(|id| known.contains(id)).collect();
-        if !ended_here.is_empty() {
-            let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: ended_here.clone(), closed: false });
+        for batch in ended_here.chunks(self.limits(group).sessions_per_expiry_max) {
+            let op = CommandOp::EndRemoteSessions(EndRemoteSessions { session_ids: batch.to_vec(), closed: false });
             self.propose(group, op, "", timeout).await?;
-            self.remote_metrics.ended.fetch_add(ended_here.len() as u64, Ordering::Relaxed);
+            self.remote_metrics.ended.fetch_add(batch.len() as u64, Ordering::Relaxed);
         }
         if let (Some((dead, home)), WhenEnded::Refuse) = (ended.first(), when_ended) {
             return Err(status(error(Code::SessionExpired, "", &format!("session {dead} has expired or was closed (home group {home})"))));
