@@ -45,6 +45,9 @@ const SET_UP_CLIENT: usize = usize::MAX;
 /// Fenced lock paths (in two groups) and how many sessions contend for each.
 pub const LOCKS: [&str; 2] = ["/b/locks/x", "/c/locks/y"];
 pub const LOCKERS_PER_LOCK: usize = 2;
+/// Where the sessions of the first lock's lockers are homed in the torture histories: a
+/// group other than the lock's.
+const REMOTE_HOME: &str = "/d";
 pub const REGISTER_CLIENTS: usize = 4;
 /// Writes a holder makes to the fenced resource during one hold.
 pub const WRITES_PER_HOLD: usize = 3;
@@ -201,8 +204,11 @@ impl Workload {
 
     /// [`Self::start`] and the quota clients: the quota on [`quotas::QUOTA_PREFIX`] is set
     /// through the placement leader among `placement` (clients of the placement nodes by id).
+    /// The lockers of the first lock have their sessions homed in another group than the
+    /// lock ([`REMOTE_HOME`]): every grant asks that group first, so the torture histories
+    /// run sessions across groups under their faults.
     pub async fn start_with_quota(router_addr: &str, placement: &[(u64, PlacementClient<Channel>)]) -> Workload {
-        Self::start_with(router_addr, &LOCKS.map(|path| (path, path)), Some(placement)).await
+        Self::start_with(router_addr, &[(LOCKS[0], REMOTE_HOME), (LOCKS[1], LOCKS[1])], Some(placement)).await
     }
 
     async fn start_with(
