@@ -14,7 +14,8 @@ use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{GetRequest, LockInfoRequest};
 
 use crate::support::processes::{self, ProcessCluster, STEP_TIMEOUT};
-use crate::support::routed::{client, cluster_with_groups, start_router_with_etcd, TIMEOUT};
+use crate::support::routed::{client, cluster_with_groups, start_router_with_etcd, Router, TIMEOUT};
+use warden_shard_node::cluster::Cluster;
 
 async fn etcd_client(addr: std::net::SocketAddr) -> Client {
     Client::connect([format!("http://{addr}")], None).await.expect("etcd client connects")
@@ -37,16 +38,38 @@ fn token(answer: &etcd_client::LockResponse) -> i64 {
     answer.header().expect("a header").revision()
 }
 
+/// What the lock tests of the root group start from.
+struct RootGroup {
+    /// Kept running for the test.
+    _cluster: Arc<Cluster>,
+    _router: Router,
+    /// The router's etcd API.
+    etcd_addr: std::net::SocketAddr,
+    /// A native client and an etcd client of the router.
+    native: WardenClient<Channel>,
+    etcd: Client,
+    /// Leases of 60 s.
+    leases: Vec<i64>,
+}
+
+/// A cluster of the root group alone, a router serving etcd's API, and `count` leases.
+async fn root_group_with_leases(count: usize) -> RootGroup {
+    let cluster = cluster_with_groups(&[]).await;
+    let (router, etcd_addr) = start_router_with_etcd(&cluster);
+    let native = client(router.addr);
+    let mut etcd = etcd_client(etcd_addr).await;
+    let mut leases = Vec::with_capacity(count);
+    for _ in 0..count {
+        leases.push(etcd.lease_grant(60, None).await.expect("grant").id());
+    }
+    RootGroup { _cluster: cluster, _router: router, etcd_addr, native, etcd, leases }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_locks_are_held_in_turn_with_growing_fencing_tokens() {
     const LOCK: &str = "/locks/deploy";
-    let cluster = cluster_with_groups(&[]).await;
-    let (router, etcd_addr) = start_router_with_etcd(&cluster);
-    let mut native = client(router.addr);
-    let mut etcd = etcd_client(etcd_addr).await;
-    let a = etcd.lease_grant(60, None).await.expect("grant").id();
-    let b = etcd.lease_grant(60, None).await.expect("grant").id();
-    let c = etcd.lease_grant(60, None).await.expect("grant").id();
+    let RootGroup { _cluster, _router, mut native, mut etcd, leases, .. } = root_group_with_leases(3).await;
+    let [a, b, c] = leases[..] else { unreachable!("three leases") };
     let with = |lease: i64| Some(LockOptions::new().with_lease(lease));
 
     let first = etcd.lock(LOCK, with(a)).await.expect("lock");
@@ -104,12 +127,8 @@ async fn a_holders_repeated_lock_that_ends_early_keeps_its_hold() {
     const LOCK: &str = "/locks/repeated";
     /// Calls of each kind: the defect let the waiter in after three to five.
     const CALLS: u64 = 40;
-    let cluster = cluster_with_groups(&[]).await;
-    let (router, etcd_addr) = start_router_with_etcd(&cluster);
-    let mut native = client(router.addr);
-    let mut etcd = etcd_client(etcd_addr).await;
-    let a = etcd.lease_grant(60, None).await.expect("grant").id();
-    let b = etcd.lease_grant(60, None).await.expect("grant").id();
+    let RootGroup { _cluster, _router, etcd_addr, mut native, mut etcd, leases } = root_group_with_leases(2).await;
+    let [a, b] = leases[..] else { unreachable!("two leases") };
     let first = etcd.lock(LOCK, Some(LockOptions::new().with_lease(a))).await.expect("lock");
     let mut waiting = etcd.clone();
     let second = tokio::spawn(async move { waiting.lock(LOCK, Some(LockOptions::new().with_lease(b))).await });

@@ -14,7 +14,7 @@ use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::*;
 use warden_shard_node::cluster::Cluster;
 
-use crate::support::routed::{client, cluster_with_groups, group_serving, session_homed_at, start_router, TIMEOUT};
+use crate::support::routed::{client, cluster_with_groups, group_serving, session_homed_at, start_router, Router, TIMEOUT};
 
 /// Shortest TTL granted (3 s): what these sessions ask for.
 const TTL_MS: u64 = 3_000;
@@ -105,16 +105,32 @@ async fn a_lock_held_in_another_group_is_released_only_on_the_home_groups_verdic
     assert!(lock(&mut router, "/b/lock", next).await.expect("lock").acquired);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_group_cut_off_from_the_home_group_keeps_the_lock_until_the_verdict_arrives() {
+/// Groups A (`/a`) and B (`/b`) behind a router, and a session homed in A, kept alive,
+/// holding a lock in B (so B records it as remote).
+struct HeldInB {
+    cluster: std::sync::Arc<Cluster>,
+    _router: Router,
+    router: WardenClient<Channel>,
+    group_a: u64,
+    group_b: u64,
+    session: u64,
+    renewals: tokio::task::JoinHandle<()>,
+}
+
+async fn held_in_b(lock_path: &str) -> HeldInB {
     let cluster = cluster_with_groups(&["/a", "/b"]).await;
     let router_process = start_router(&cluster, 0);
     let mut router = client(router_process.addr);
     let (group_a, group_b) = (group_serving(&mut router, "/a").await, group_serving(&mut router, "/b").await);
-
     let session = session_homed_at(&mut router, "/a", TTL_MS).await;
     let renewals = keep_alive(router.clone(), session);
-    assert!(lock(&mut router, "/b/lock", session).await.expect("lock in B").acquired);
+    assert!(lock(&mut router, lock_path, session).await.expect("lock in B").acquired, "B now records the session");
+    HeldInB { cluster, _router: router_process, router, group_a, group_b, session, renewals }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_cut_off_from_the_home_group_keeps_the_lock_until_the_verdict_arrives() {
+    let HeldInB { cluster, _router, mut router, group_a, group_b, session, renewals } = held_in_b("/b/lock").await;
 
     // B can no longer ask A; then the client dies and A expires the session.
     cluster.faults().cut_group_link(group_b, group_a);
@@ -154,13 +170,7 @@ async fn a_group_cut_off_from_the_home_group_keeps_the_lock_until_the_verdict_ar
 async fn a_session_ended_at_home_takes_no_new_lock_or_ephemeral_in_another_group() {
     /// How long one refused call may retry in the router before its client gives up.
     const REFUSED_WITHIN: Duration = Duration::from_secs(2);
-    let cluster = cluster_with_groups(&["/a", "/b"]).await;
-    let router_process = start_router(&cluster, 0);
-    let mut router = client(router_process.addr);
-    let (group_a, group_b) = (group_serving(&mut router, "/a").await, group_serving(&mut router, "/b").await);
-    let session = session_homed_at(&mut router, "/a", TTL_MS).await;
-    let renewals = keep_alive(router.clone(), session);
-    assert!(lock(&mut router, "/b/held", session).await.expect("lock in B").acquired, "B now records the session");
+    let HeldInB { cluster, _router, mut router, group_a, group_b, session, renewals } = held_in_b("/b/held").await;
 
     // Granted nothing new in B without the home group's word in the call.
     let refused_use = async |router: &mut WardenClient<Channel>, what: &str| {
