@@ -38,7 +38,7 @@ fn register(hub: &Arc<WatchHub>, limits: &WatchLimits) -> Vec<Arc<WatchStream>> 
         let watch = StreamWatch {
             group: GROUP,
             path: Arc::from(WATCHED),
-            spec,
+            spec: spec.clone(),
             phase,
             progress_notify: false,
             active: false,

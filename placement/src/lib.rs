@@ -33,6 +33,7 @@ pub mod acl;
 mod command;
 mod error;
 pub mod etcd_auth;
+pub mod etcd_keys;
 mod group;
 pub mod limits;
 mod node;

@@ -80,12 +80,12 @@ async fn etcd_client_as(addr: std::net::SocketAddr, tls: &Arc<Tls>, user: &str, 
 }
 
 /// etcd's auth as an operator sets it up with `etcdctl`, and as programs then use it through
-/// etcd's Rust client: a user's password names its principal; it reads and writes inside
-/// its role's prefix and is denied outside it; a wrong password is refused at login; the
+/// etcd's Rust client: a user's password names its principal; it reads, writes, compares and
+/// deletes inside its role's prefix (its escaped keys too) and is denied outside it; a wrong password is refused at login; the
 /// root user lists users and reads roles (with the permission as granted); root turns auth
 /// off and the certificate's principal is judged again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled() {
+async fn etcd_users_read_write_and_delete_all_of_their_roles_prefixes_and_nothing_else_once_auth_is_enabled() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = ClusterConfig { serve_api: true, tls_dir: Some(dir.path().to_path_buf()), client_base_port: Some(0), ..ClusterConfig::default() };
     let cluster = Arc::new(Cluster::start(config, Arc::new(ShardNodeFactory::default())).expect("cluster starts"));
@@ -104,6 +104,10 @@ async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled(
         &["role", "add", "team"],
         &["role", "grant-permission", "team", "--prefix=true", "readwrite", "/alice/"],
         &["user", "grant-role", "alice", "team"],
+        &["user", "add", "carol:carolpw"],
+        &["role", "add", "everything"],
+        &["role", "grant-permission", "everything", "--prefix=true", "readwrite", "/"],
+        &["user", "grant-role", "carol", "everything"],
     ] {
         etcdctl.ok(args).await;
     }
@@ -117,6 +121,8 @@ async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled(
     assert_eq!(etcdctl.ok(&[&alice_user[..], &["get", "/alice/x", "--print-value-only"]].concat()).await.trim(), "1");
     let denied = etcdctl.refused(&[&alice_user[..], &["put", "/bob/x", "1"]].concat()).await;
     assert!(denied.contains("etcdserver: permission denied"), "outside her prefix: {denied}");
+    // `--prefix /` is Warden's whole namespace: also the keys etcd's `--prefix /` leaves out.
+    etcdctl.eventually(&["--user", "carol:carolpw", "put", "foo", "1"]).await;
     let wrong = etcdctl.refused(&["--user", "alice:wrong", "put", "/alice/x", "2"]).await;
     assert!(wrong.contains("authentication failed, invalid user ID or password"), "a wrong password: {wrong}");
 
@@ -137,15 +143,54 @@ async fn etcd_users_write_only_inside_their_roles_prefixes_once_auth_is_enabled(
     let mut root = etcd_client_as(etcd_addr, &app, "root", "rootpw").await.expect("root logs in");
     let mut users = root.user_list().await.expect("root lists users").users().to_vec();
     users.sort();
-    assert_eq!(users, ["alice", "root"], "the users etcdctl added");
+    assert_eq!(users, ["alice", "carol", "root"], "the users etcdctl added");
     let team = root.role_get("team").await.expect("root reads a role");
     let granted: Vec<_> = team.permissions().iter().map(|p| (p.key().to_vec(), p.range_end().to_vec(), p.get_type())).collect();
     assert_eq!(granted, [(b"/alice/".to_vec(), b"/alice0".to_vec(), PermissionType::Readwrite as i32)], "the permission as granted");
-    // A delete of her prefix spans the plain keys (granted) and the escaped ones under
-    // `/_etcd` (not granted): judged whole before any part runs, it deletes nothing.
-    let denied = etcdctl.refused(&[&alice_user[..], &["del", "--prefix", "/alice/"]].concat()).await;
-    assert!(denied.contains("etcdserver: permission denied"), "a delete spanning a part she may not delete: {denied}");
+    // Her prefix's keys that are no path (`/alice/` itself, `/alice//x`) are escaped under
+    // `/_etcd`, out of the grant's subtree: the grant covers them too, and nothing else there.
+    alice.put("/alice/", "own", None).await.expect("alice puts her prefix's own key");
+    alice.put("/alice//x", "doubled", None).await.expect("alice puts a key with an empty segment");
+    let denied = alice.put("foo", "1", None).await.expect_err("a key escaped outside any of her prefixes").to_string();
+    assert!(denied.contains("etcdserver: permission denied"), "alice's put of foo: {denied}");
+    let listed = etcdctl.ok(&[&alice_user[..], &["get", "--prefix", "/alice/", "--keys-only"]].concat()).await;
+    let listed: Vec<&str> = listed.split_whitespace().collect();
+    assert_eq!(listed, ["/alice/", "/alice//x", "/alice/rust", "/alice/x"], "the whole prefix, plain and escaped keys, in key order");
+    let compared = alice
+        .txn(etcd_client::Txn::new().when([etcd_client::Compare::version("/alice/", etcd_client::CompareOp::Greater, 0).with_range("/alice0")]))
+        .await
+        .expect("a transaction comparing over her prefix");
+    assert!(compared.succeeded(), "every key of her prefix exists");
+    // A watch of her prefix spans its plain and its escaped keys.
+    let mut events = alice.watch("/alice/", Some(etcd_client::WatchOptions::new().with_prefix())).await.expect("alice watches her prefix");
+    let created = tokio::time::timeout(TIMEOUT, events.message()).await.expect("created in time").expect("the watch answers");
+    assert!(created.as_ref().is_some_and(|m| m.created() && !m.canceled()), "her prefix's watch is created: {created:?}");
+    alice.put("/alice//y", "escaped", None).await.expect("an escaped key");
+    alice.put("/alice/z", "plain", None).await.expect("a plain key");
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let message = tokio::time::timeout(TIMEOUT, events.message()).await.expect("events in time").expect("the watch goes on");
+        let Some(message) = message else { panic!("the watch ended after {seen:?}") };
+        assert!(!message.canceled(), "her prefix's watch: {}", message.cancel_reason());
+        seen.extend(message.events().iter().filter_map(|event| event.kv()).map(|kv| String::from_utf8_lossy(kv.key()).into_owned()));
+    }
+    assert_eq!(seen, ["/alice//y", "/alice/z"], "both puts, in order");
+    let refused = match alice.watch("/", Some(etcd_client::WatchOptions::new().with_prefix())).await {
+        Ok(mut every_key) => match tokio::time::timeout(TIMEOUT, every_key.message()).await.expect("an answer in time") {
+            Ok(Some(message)) => message.cancel_reason().to_string(),
+            Ok(None) => "ended".to_string(),
+            Err(error) => error.to_string(),
+        },
+        Err(error) => error.to_string(),
+    };
+    assert!(refused.contains("permission denied"), "a watch of every key is refused: {refused}");
+    // A delete that reaches a part she may not delete is judged whole before any part runs.
+    let denied = etcdctl.refused(&[&alice_user[..], &["del", "/alice/", "/alicf"]].concat()).await;
+    assert!(denied.contains("etcdserver: permission denied"), "a delete reaching past her prefix: {denied}");
     assert_eq!(etcdctl.ok(&[&alice_user[..], &["get", "/alice/x", "--print-value-only"]].concat()).await.trim(), "1", "nothing was deleted");
+    let deleted = etcdctl.ok(&[&alice_user[..], &["del", "--prefix", "/alice/"]].concat()).await;
+    assert_eq!(deleted.trim(), "6", "her whole prefix, plain and escaped keys");
+    assert_eq!(etcdctl.ok(&[&alice_user[..], &["get", "--prefix", "/alice/", "--keys-only"]].concat()).await.trim(), "");
     let refused = alice.user_list().await.expect_err("a user without the root role lists users").to_string();
     assert!(refused.contains("permission denied"), "alice lists users: {refused}");
 

@@ -13,6 +13,7 @@ use tonic::transport::Channel;
 use warden_proto::v1::warden_client::WardenClient;
 use warden_proto::v1::{GetRequest, LockInfoRequest};
 
+use crate::support::etcdctl::RealEtcd;
 use crate::support::processes::{self, ProcessCluster, STEP_TIMEOUT};
 use crate::support::routed::{client, cluster_with_groups, start_router_with_etcd, Router, TIMEOUT};
 use warden_shard_node::cluster::Cluster;
@@ -158,6 +159,46 @@ async fn a_holders_repeated_lock_that_ends_early_keeps_its_hold() {
     etcd.unlock(first.key()).await.expect("unlock");
     let second = tokio::time::timeout(TIMEOUT, second).await.expect("the waiter holds in time").expect("task").expect("lock");
     assert!(token(&second) > token(&first), "fencing tokens grow: {} after {}", token(&second), token(&first));
+}
+
+/// A delete over a held lock's keys (`del --prefix` of the lock's name) is refused whole:
+/// the holder keeps its lock and the waiter waits, since a lock is released by its `Unlock` or
+/// its lease's end, never by a write that could not tell its holder. The real etcd deletes the
+/// keys and hands the lock to the waiter while the holder never unlocked (run side by side
+/// here); docs/etcd.md names the difference.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_delete_over_a_held_locks_keys_is_refused_whole_where_etcd_hands_the_lock_on() {
+    const LOCK: &str = "/locks/deleted";
+    let prefix = || Some(etcd_client::DeleteOptions::new().with_prefix());
+    let RootGroup { _cluster, _router, mut native, mut etcd, leases, .. } = root_group_with_leases(2).await;
+    let [a, b] = leases[..] else { unreachable!("two leases") };
+    let first = etcd.lock(LOCK, Some(LockOptions::new().with_lease(a))).await.expect("lock");
+    let mut waiting = etcd.clone();
+    let second = tokio::spawn(async move { waiting.lock(LOCK, Some(LockOptions::new().with_lease(b))).await });
+    warden_testkit::wait_until("the second locker waits", TIMEOUT, async || lock_queue(&mut native, LOCK).await == (vec![a], vec![b])).await;
+    let listed = etcd.get(format!("{LOCK}/"), Some(GetOptions::new().with_prefix().with_keys_only())).await.expect("get");
+    assert_eq!(listed.count(), 2, "the holder and the waiter are listed as keys");
+    let refused = etcd.delete(format!("{LOCK}/"), prefix()).await.expect_err("a delete over a held lock").to_string();
+    assert!(refused.contains("lock"), "refused for the lock it would release: {refused}");
+    assert_eq!(lock_queue(&mut native, LOCK).await, (vec![a], vec![b]), "nothing deleted: the holder holds, the waiter waits");
+    assert!(!second.is_finished(), "the waiter must wait while the holder holds the lock");
+    etcd.unlock(first.key()).await.expect("unlock");
+    tokio::time::timeout(TIMEOUT, second).await.expect("the waiter holds in time").expect("task").expect("lock");
+
+    let real = RealEtcd::start();
+    let mut etcd = etcd_client(real.addr).await;
+    let (a, b) = (etcd.lease_grant(60, None).await.expect("grant").id(), etcd.lease_grant(60, None).await.expect("grant").id());
+    etcd.lock(LOCK, Some(LockOptions::new().with_lease(a))).await.expect("lock");
+    let mut waiting = etcd.clone();
+    let second = tokio::spawn(async move { waiting.lock(LOCK, Some(LockOptions::new().with_lease(b))).await });
+    let mut lister = etcd.clone();
+    warden_testkit::wait_until("the second locker's key is written", TIMEOUT, async || {
+        lister.get(format!("{LOCK}/"), Some(GetOptions::new().with_prefix().with_count_only())).await.is_ok_and(|answer| answer.count() == 2)
+    })
+    .await;
+    let deleted = etcd.delete(format!("{LOCK}/"), prefix()).await.expect("etcd deletes the lock's keys");
+    assert_eq!(deleted.deleted(), 2, "the holder's key and the waiter's");
+    tokio::time::timeout(TIMEOUT, second).await.expect("etcd hands the lock on").expect("task").expect("lock");
 }
 
 /// The next leader `observed` reports (within [`TIMEOUT`]): its key and value.

@@ -9,54 +9,11 @@ use std::io::BufRead as _;
 use std::net::SocketAddr;
 use std::process::{Child, Stdio};
 use std::sync::mpsc;
-use std::time::Instant;
 
 use serde_json::Value;
 
-use crate::support::etcdctl::etcdctl_command;
+use crate::support::etcdctl::{etcdctl_command, RealEtcd};
 use crate::support::routed::{cluster_with_groups, start_router_with_etcd, TIMEOUT};
-
-/// A single-member etcd on free loopback ports, its data in a temporary directory; killed
-/// when dropped.
-struct RealEtcd {
-    child: Child,
-    addr: SocketAddr,
-    _dir: tempfile::TempDir,
-}
-
-impl RealEtcd {
-    /// Starts it and waits until it answers a linearizable read.
-    fn start() -> RealEtcd {
-        let dir = tempfile::tempdir().expect("tempdir");
-        let base = warden_testkit::free_port_base(&[0, 1]);
-        let (client, peer) = (format!("http://127.0.0.1:{base}"), format!("http://127.0.0.1:{}", base + 1));
-        let log = std::fs::File::create(dir.path().join("etcd.log")).expect("etcd's log");
-        let child = std::process::Command::new("etcd")
-            .args(["--name", "solo", "--data-dir"])
-            .arg(dir.path().join("data"))
-            .args(["--listen-client-urls", &client, "--advertise-client-urls", &client])
-            .args(["--listen-peer-urls", &peer, "--initial-advertise-peer-urls", &peer])
-            .arg(format!("--initial-cluster=solo={peer}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("etcd runs (make setup installs Debian's etcd-server)");
-        let etcd = RealEtcd { child, addr: SocketAddr::from(([127, 0, 0, 1], base)), _dir: dir };
-        let deadline = Instant::now() + TIMEOUT;
-        while !etcdctl_command(etcd.addr, &["get", "ready"]).stdout(Stdio::null()).stderr(Stdio::null()).status().is_ok_and(|s| s.success()) {
-            assert!(Instant::now() < deadline, "etcd did not answer within {TIMEOUT:?}");
-            std::thread::sleep(std::time::Duration::from_millis(100));
-        }
-        etcd
-    }
-}
-
-impl Drop for RealEtcd {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 /// What one `etcdctl` run printed: its exit code, standard output and standard error.
 #[derive(Debug, PartialEq, Eq, Clone)]

@@ -15,8 +15,13 @@
 //! | Lock, Unlock | `lock` at the lock's path |
 //! | CreateSession | `lock` at its path hint; without one, `lock` somewhere (it then counts where the caller's `lock` grants meet, [`Acl::lock_scope`]) |
 //! | KeepAlive, CloseSession, SessionInfo | the session is the caller's (checked by the group) |
-//! | Watch | `watch` at the watched path (a recursive watch: its whole subtree) |
+//! | Watch | `watch` at the watched path (a recursive watch: its whole subtree, within its bounds) |
 //! | Sync | an authenticated caller |
+//!
+//! A range (Range, DeleteRange, a compare's ranges, a bounded Watch) needs its permission at its path, or
+//! only at what its `[from, to)` reaches: the escaped etcd keys of a prefix `P/` (under
+//! `/_etcd`, [`warden_placement::etcd_keys`]) are judged at `P`, where etcd's permission
+//! `--prefix P/` is granted, as is any call on one of them.
 //!
 //! Sessions belong to the principal that opened them: a command that uses one (an
 //! ephemeral's owner, a lock's waiter, an Unlock, a close, a keepalive) is refused by the
@@ -43,15 +48,52 @@ use warden_proto::v1::*;
 /// What one call needs: permission bits at paths, and whether it needs `lock` somewhere.
 #[derive(Debug, Default, PartialEq, Eq)]
 pub struct Needs<'a> {
-    /// `(path, permission bits)`, every one required.
-    pub at: Vec<(&'a str, u32)>,
+    /// Every one required.
+    pub at: Vec<Need<'a>>,
     /// `lock` at some prefix (opening a session, which has no path).
     pub lock_somewhere: bool,
 }
 
+/// Permission bits needed at a path, for the nodes at or below it in `[from, to)`.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Need<'a> {
+    /// The path the call names.
+    pub path: &'a str,
+    /// The first path reached, compared as bytes (empty: `path`).
+    pub from: &'a [u8],
+    /// The first path past those reached (empty: the end of `path`'s subtree).
+    pub to: &'a [u8],
+    /// The permission bits.
+    pub permission: u32,
+}
+
+impl<'a> Need<'a> {
+    /// `permission` at `path` and its subtree.
+    fn at(path: &'a str, permission: u32) -> Need<'a> {
+        Need { path, from: &[], to: &[], permission }
+    }
+
+    /// `permission` over a range request's nodes.
+    fn range(range: &'a RangeRequest, permission: u32) -> Need<'a> {
+        Need { path: &range.path, from: &range.from, to: &range.to, permission }
+    }
+
+    /// The plain path whose grants also hold here: the escaped etcd keys' prefix, when all
+    /// that is reached lies among them.
+    fn escaped_grant_path(&self) -> Option<String> {
+        if !self.path.starts_with(warden_placement::etcd_keys::ESCAPED_PREFIX) {
+            return None;
+        }
+        let end = warden_placement::subtree_end(self.path);
+        let from = self.from.max(self.path.as_bytes());
+        let to = if self.to.is_empty() { end.as_bytes() } else { self.to.min(end.as_bytes()) };
+        warden_placement::etcd_keys::escaped_grant_path(from, to)
+    }
+}
+
 impl<'a> Needs<'a> {
     fn at(path: &'a str, permission: u32) -> Needs<'a> {
-        Needs { at: vec![(path, permission)], lock_somewhere: false }
+        Needs { at: vec![Need::at(path, permission)], lock_somewhere: false }
     }
 }
 
@@ -62,9 +104,9 @@ pub trait Access {
 }
 
 /// `write` at the path, and `lock` too for an ephemeral.
-fn create_needs(create: &CreateRequest) -> (&str, u32) {
+fn create_needs(create: &CreateRequest) -> Need<'_> {
     let lock = if create.session_id != 0 { acl::LOCK } else { 0 };
-    (create.path.as_str(), acl::WRITE | lock)
+    Need::at(&create.path, acl::WRITE | lock)
 }
 
 macro_rules! needs_at_path {
@@ -84,28 +126,37 @@ needs_at_path!(
     LockInfoRequest => acl::READ,
     SetRequest => acl::WRITE,
     DeleteRequest => acl::WRITE,
-    LockRequest => acl::LOCK,
-    // Everything a range answers or deletes is at or below its path.
-    RangeRequest => acl::READ,
-    DeleteRangeRequest => acl::WRITE
+    LockRequest => acl::LOCK
 );
 
+// Everything a range answers or deletes is at or below its path, in `[from, to)`.
+impl Access for RangeRequest {
+    fn needs(&self) -> Needs<'_> {
+        Needs { at: vec![Need::range(self, acl::READ)], lock_somewhere: false }
+    }
+}
+
+impl Access for DeleteRangeRequest {
+    fn needs(&self) -> Needs<'_> {
+        let need = Need { path: &self.path, from: &self.from, to: &self.to, permission: acl::WRITE };
+        Needs { at: vec![need], lock_somewhere: false }
+    }
+}
+
 /// A put may make the node a session's ephemeral, as a create may.
-fn put_needs(put: &PutRequest) -> (&str, u32) {
-    (put.path.as_str(), acl::WRITE | if put.session_id != 0 { acl::LOCK } else { 0 })
+fn put_needs(put: &PutRequest) -> Need<'_> {
+    Need::at(&put.path, acl::WRITE | if put.session_id != 0 { acl::LOCK } else { 0 })
 }
 
 impl Access for PutRequest {
     fn needs(&self) -> Needs<'_> {
-        let (path, permission) = put_needs(self);
-        Needs::at(path, permission)
+        Needs { at: vec![put_needs(self)], lock_somewhere: false }
     }
 }
 
 impl Access for CreateRequest {
     fn needs(&self) -> Needs<'_> {
-        let (path, permission) = create_needs(self);
-        Needs::at(path, permission)
+        Needs { at: vec![create_needs(self)], lock_somewhere: false }
     }
 }
 
@@ -119,20 +170,23 @@ impl Access for TxnRequest {
 
 /// What a transaction's compares (their ranges too) and operations need, those of its
 /// nested transactions included.
-fn txn_needs<'r>(request: &'r TxnRequest, at: &mut Vec<(&'r str, u32)>) {
+fn txn_needs<'r>(request: &'r TxnRequest, at: &mut Vec<Need<'r>>) {
     for compare in &request.compares {
-        at.push((compare.path.as_str(), acl::READ));
-        at.extend(compare.ranges.iter().map(|range| (range.path.as_str(), acl::READ)));
+        // A compare over ranges reads only them; one without compares its path.
+        if compare.ranges.is_empty() {
+            at.push(Need::at(&compare.path, acl::READ));
+        }
+        at.extend(compare.ranges.iter().map(|range| Need::range(range, acl::READ)));
     }
     for op in request.then.iter().chain(&request.r#else).filter_map(|op| op.op.as_ref()) {
         at.push(match op {
             Op::Create(create) => create_needs(create),
-            Op::Set(set) => (set.path.as_str(), acl::WRITE),
-            Op::Delete(delete) => (delete.path.as_str(), acl::WRITE),
-            Op::Get(get) => (get.path.as_str(), acl::READ),
+            Op::Set(set) => Need::at(&set.path, acl::WRITE),
+            Op::Delete(delete) => Need::at(&delete.path, acl::WRITE),
+            Op::Get(get) => Need::at(&get.path, acl::READ),
             Op::Put(put) => put_needs(put),
-            Op::Range(range) => (range.path.as_str(), acl::READ),
-            Op::DeleteRange(delete) => (delete.path.as_str(), acl::WRITE),
+            Op::Range(range) => Need::range(range, acl::READ),
+            Op::DeleteRange(delete) => Need { path: &delete.path, from: &delete.from, to: &delete.to, permission: acl::WRITE },
             Op::Txn(nested) => {
                 txn_needs(nested, at);
                 continue;
@@ -180,15 +234,19 @@ needs_nothing_more!(KeepAliveRequest, CloseSessionRequest, SessionInfoRequest, S
 
 impl Access for WatchCreate {
     fn needs(&self) -> Needs<'_> {
-        Needs::at(&self.path, acl::WATCH)
+        let need = Need { path: &self.path, from: &self.from, to: &self.to, permission: acl::WATCH };
+        Needs { at: vec![need], lock_somewhere: false }
     }
 }
 
 /// Refuses PERMISSION_DENIED a principal missing anything the call needs.
 pub fn authorize(list: &Acl, principal: &str, needs: &Needs<'_>) -> Result<(), Status> {
-    for (path, permission) in &needs.at {
-        if !list.allows(principal, path, *permission) {
-            let message = format!("{principal} may not {} at {path}", acl::permission_words(*permission).replace(',', "+"));
+    for need in &needs.at {
+        let allowed = list.allows(principal, need.path, need.permission)
+            || need.escaped_grant_path().is_some_and(|path| list.allows(principal, &path, need.permission));
+        if !allowed {
+            let (path, permission) = (need.path, need.permission);
+            let message = format!("{principal} may not {} at {path}", acl::permission_words(permission).replace(',', "+"));
             return Err(warden_proto::status(warden_proto::warden_error(Code::PermissionDenied, path, message)));
         }
     }
@@ -285,6 +343,27 @@ mod tests {
         assert!(authorize(&with_lock, "alice", &hinted("/a/leases").needs()).is_ok(), "a hint where she may lock");
         let refused = authorize(&with_lock, "alice", &hinted("/b").needs()).expect_err("a hint where she may not lock");
         assert_eq!(warden_proto::error_of(&refused).map(|e| (e.code, e.path)), Some((Code::PermissionDenied as i32, "/b".to_string())));
+    }
+
+    #[test]
+    fn a_grant_covers_the_escaped_etcd_keys_of_its_prefix_and_no_others() {
+        use warden_placement::etcd_keys::escaped_path;
+        let escaped_range =
+            |from: &[u8], to: &[u8]| RangeRequest { path: "/_etcd".into(), from: from.to_vec(), to: to.to_vec(), ..RangeRequest::default() };
+        let prefix = escaped_path(b"/a/");
+        let own = escaped_range(prefix.as_bytes(), format!("{}!2g", escaped_path(b"/a")).as_bytes());
+        assert!(authorize(&list(), "alice", &own.needs()).is_ok(), "her prefix's escaped keys");
+        assert!(authorize(&list(), "alice", &GetRequest { path: escaped_path(b"/a//x"), ..GetRequest::default() }.needs()).is_ok());
+        let delete = DeleteRangeRequest { path: "/_etcd".into(), from: own.from.clone(), to: own.to.clone(), ..DeleteRangeRequest::default() };
+        assert!(authorize(&list(), "alice", &delete.needs()).is_ok(), "a delete of them");
+        let wider = escaped_range(prefix.as_bytes(), escaped_path(b"/a0").as_bytes());
+        let refused = authorize(&list(), "alice", &wider.needs()).expect_err("reaches past her prefix's escapes");
+        assert_eq!(warden_proto::error_of(&refused).map(|e| (e.code, e.path)), Some((Code::PermissionDenied as i32, "/_etcd".to_string())));
+        assert!(authorize(&list(), "alice", &escaped_range(b"", b"").needs()).is_err(), "every escaped key");
+        assert!(authorize(&list(), "alice", &GetRequest { path: escaped_path(b"/b//x"), ..GetRequest::default() }.needs()).is_err());
+        assert!(authorize(&list(), "alice", &GetRequest { path: escaped_path(b"foo"), ..GetRequest::default() }.needs()).is_err());
+        let compare = Compare { path: "/_etcd".into(), ranges: vec![own.clone()], ..Compare::default() };
+        assert!(authorize(&list(), "alice", &TxnRequest { compares: vec![compare], ..TxnRequest::default() }.needs()).is_ok(), "a compare over them");
     }
 
     #[test]

@@ -29,15 +29,9 @@
 //! and an interval becomes the intervals of path bytes a scan covers ([`path_intervals`]):
 //! the same bytes for plain keys, their escapes under `/_etcd/` for the others.
 
-use warden_paths::is_at_or_below;
-use warden_placement::{validate_path, PATH_BYTES_MAX};
-
-/// The subtree of the paths of keys that are not plain: one escaped segment below it each.
-pub const ESCAPED_PREFIX: &str = "/_etcd";
-
-/// Warden's reserved subtree (the namespace refuses client writes there): keys at or below
-/// it are escaped like any other key that cannot be its own path.
-const RESERVED_PREFIX: &str = "/warden";
+pub use warden_placement::etcd_keys::ESCAPED_PREFIX;
+use warden_placement::etcd_keys::{escaped_path, plain_key_path as plain_path, unescape, RESERVED_PREFIX};
+use warden_placement::PATH_BYTES_MAX;
 
 /// Why a key has no path.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -83,67 +77,9 @@ pub fn path_to_key(path: &str) -> Option<Vec<u8>> {
     if path.len() > PATH_BYTES_MAX {
         return None;
     }
-    let key = unescape(path.strip_prefix(ESCAPED_PREFIX)?.strip_prefix('/')?)?;
+    let key = unescape(path.strip_prefix(ESCAPED_PREFIX)?.strip_prefix('/')?.as_bytes())?;
     // A plain key's path is its own bytes: its escape would be a second path for it.
     (!key.is_empty() && plain_path(&key).is_none()).then_some(key)
-}
-
-/// `key` as a path if it is a plain key (rule 1).
-fn plain_path(key: &[u8]) -> Option<&str> {
-    let path = std::str::from_utf8(key).ok()?;
-    let plain = validate_path(path).is_ok() && path != "/" && !is_at_or_below(path, RESERVED_PREFIX) && !is_at_or_below(path, ESCAPED_PREFIX);
-    plain.then_some(path)
-}
-
-/// `/_etcd/` + escape(`key`), whatever its length.
-fn escaped_path(key: &[u8]) -> String {
-    const HEX: &[u8; 16] = b"0123456789abcdef";
-    let mut path = String::with_capacity(ESCAPED_PREFIX.len() + 1 + 3 * key.len());
-    path.push_str(ESCAPED_PREFIX);
-    path.push('/');
-    for &byte in key {
-        let marker = match byte {
-            0x30..=0x7d => {
-                path.push(char::from(byte));
-                continue;
-            }
-            0x00..=0x2f => '!',
-            0x7e..=0xff => '~',
-        };
-        path.push(marker);
-        path.push(char::from(HEX[usize::from(byte >> 4)]));
-        path.push(char::from(HEX[usize::from(byte & 0xf)]));
-    }
-    path
-}
-
-/// The bytes `segment` is the escape of, if it is a valid escape.
-fn unescape(segment: &str) -> Option<Vec<u8>> {
-    let mut bytes = segment.bytes();
-    let mut key = Vec::with_capacity(segment.len());
-    while let Some(byte) = bytes.next() {
-        key.push(match byte {
-            0x30..=0x7d => byte,
-            b'!' | b'~' => {
-                let value = (hex_digit(bytes.next()?)? << 4) | hex_digit(bytes.next()?)?;
-                // Only the byte classes escape encodes: anything else would be a second
-                // spelling of some key.
-                let escaped = if byte == b'!' { value <= 0x2f } else { value >= 0x7e };
-                escaped.then_some(value)?
-            }
-            _ => return None,
-        });
-    }
-    Some(key)
-}
-
-/// The value of a lowercase hex digit.
-fn hex_digit(digit: u8) -> Option<u8> {
-    match digit {
-        b'0'..=b'9' => Some(digit - b'0'),
-        b'a'..=b'f' => Some(digit - b'a' + 10),
-        _ => None,
-    }
 }
 
 /// The byte strings from `from` (included) to `to` (excluded; `None`: no end), compared
@@ -239,8 +175,9 @@ pub fn prefix_end(prefix: &[u8]) -> Vec<u8> {
 ///   the plain paths found there are exactly the plain keys in the interval; cutting `/_etcd`
 ///   keeps escaped paths, whose keys may lie anywhere, out of it.
 /// - the escaped part: `/_etcd/` + escape(`from`) to `/_etcd/` + escape(`to`) (or the end of
-///   the `/_etcd/` subtree when unbounded): escape preserves order, so the escaped paths
-///   there are exactly those of the keys in the interval. It finds no plain key (rule 3);
+///   the `/_etcd/` subtree when unbounded), cut to the strings starting with the escape of
+///   the prefix every key in the interval shares: escape preserves order and prefixes, so
+///   the escaped paths there are exactly those of the keys in the interval. It finds no plain key (rule 3);
 ///   callers decode what they find with [`path_to_key`] anyway.
 pub fn path_intervals(interval: &KeyInterval) -> Vec<KeyInterval> {
     let mut cuts = vec![(b"/".to_vec(), b"/\0".to_vec())];
@@ -263,6 +200,11 @@ pub fn path_intervals(interval: &KeyInterval) -> Vec<KeyInterval> {
         Some(to) => escaped_path(to).into_bytes(),
         None => format!("{ESCAPED_PREFIX}0").into_bytes(),
     };
+    // Every key in the interval starts with its shared prefix, so every escape with that
+    // prefix's escape: ending there (not at the escape of `to`) leaves out only strings no
+    // key escapes to, and keeps a prefix's escaped part within the grant of the prefix
+    // (`warden_placement::etcd_keys::escaped_grant_path`).
+    let escaped_end = escaped_end.min(prefix_end(escaped_path(interval.shared_prefix()).as_bytes()));
     let escaped = KeyInterval { from: escaped_path(&interval.from).into_bytes(), to: Some(escaped_end) };
     if !escaped.is_empty() {
         intervals.push(escaped);
@@ -283,6 +225,7 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
     use std::collections::BTreeSet;
+    use warden_placement::validate_path;
 
     fn interval(from: &[u8], to: Option<&[u8]>) -> KeyInterval {
         KeyInterval { from: from.to_vec(), to: to.map(<[u8]>::to_vec) }
@@ -387,7 +330,7 @@ mod tests {
     fn a_prefix_no_path_starts_with_is_scanned_only_among_the_escaped_keys() {
         // An election at `/e/` puts its candidates at `/e//<lease>`: escaped keys.
         let election = interval(b"/e//", Some(&prefix_end(b"/e//")));
-        assert_eq!(path_intervals(&election), [interval(b"/_etcd/!2fe!2f!2f", Some(b"/_etcd/!2fe!2f0"))]);
+        assert_eq!(path_intervals(&election), [interval(b"/_etcd/!2fe!2f!2f", Some(b"/_etcd/!2fe!2f!2g"))]);
         for no_path in [&b"/e/./"[..], b"/e/../", b"/e", b"/e/"] {
             let scanned = path_intervals(&interval(no_path, Some(&prefix_end(no_path))));
             assert_eq!(scanned.len(), 1, "{no_path:?}: {scanned:?}");
@@ -395,7 +338,7 @@ mod tests {
         }
         // An election at `/e` puts them at `/e/<lease>`: plain keys, and `/e/` itself escaped.
         let plain = interval(b"/e/", Some(&prefix_end(b"/e/")));
-        assert_eq!(path_intervals(&plain), [interval(b"/e/", Some(b"/e0")), interval(b"/_etcd/!2fe!2f", Some(b"/_etcd/!2fe0"))]);
+        assert_eq!(path_intervals(&plain), [interval(b"/e/", Some(b"/e0")), interval(b"/_etcd/!2fe!2f", Some(b"/_etcd/!2fe!2g"))]);
         // A segment that only begins like `.` may still be a path's (`/e/.x`).
         assert_eq!(path_intervals(&interval(b"/e/.", Some(b"/e/0"))).len(), 2);
     }

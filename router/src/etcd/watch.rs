@@ -238,7 +238,21 @@ fn native_creates(create: &pb::WatchCreateRequest, table: &warden_proto::routing
     };
     let no_put = create.filters.contains(&(FilterType::Noput as i32));
     let no_delete = create.filters.contains(&(FilterType::Nodelete as i32));
+    // The part under `/_etcd` watches only the escapes of the range's keys: no more events
+    // come than are passed on, and its permission is judged over those keys alone (a role
+    // granted a prefix watches the prefix's escaped keys too).
+    let escaped_bounds = match &keys {
+        RangeSpec::Interval(interval) => keys::path_intervals(interval)
+            .into_iter()
+            .find(|part| part.from.starts_with(format!("{}/", keys::ESCAPED_PREFIX).as_bytes()))
+            .map(|part| (part.from, part.to.unwrap_or_default())),
+        RangeSpec::Single(_) => None,
+    };
     let part = |path: String| {
+        let (from, to) = match &escaped_bounds {
+            Some(bounds) if path == keys::ESCAPED_PREFIX => bounds.clone(),
+            _ => (Vec::new(), Vec::new()),
+        };
         // Every group below the watched path starts where the client asked: revisions are
         // the group's own, so this is exact only for the group the range lies in.
         let group_start_revisions = if recursive && start_revision > 0 {
@@ -258,6 +272,8 @@ fn native_creates(create: &pb::WatchCreateRequest, table: &warden_proto::routing
             prev_data: true,
             progress_notify: create.progress_notify,
             group_start_revisions,
+            from,
+            to,
             ..w::WatchCreate::default()
         }
     };
@@ -331,6 +347,8 @@ fn etcd_response(header: Option<pb::ResponseHeader>, watches: &Shared, response:
                 compact_revision: etcd_revision(error.compact_revision.saturating_add(1)),
                 ..cancel(watch_id, header, "etcdserver: mvcc: required revision has been compacted")
             },
+            // etcd's words, which clients match.
+            Some(error) if error.code == Code::PermissionDenied as i32 => cancel(watch_id, header, "etcdserver: permission denied"),
             Some(error) => cancel(watch_id, header, format!("etcdserver: {}", error.message)),
         };
         return Outcome { answers: vec![answer], to_cancel: others, to_resume: None };

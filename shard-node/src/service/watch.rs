@@ -24,7 +24,7 @@ use warden_namespace::error::{error, invalid};
 use warden_namespace::path;
 use warden_namespace::watch::hub::CatchUp;
 use warden_namespace::watch::stream::{Outgoing, Phase, StreamWatch};
-use warden_namespace::watch::{WatchHubs, WatchSpec};
+use warden_namespace::watch::{PathBounds, WatchHubs, WatchSpec};
 
 /// The responses of one `Watch` call.
 pub type Responses = Pin<Box<dyn Stream<Item = Result<WatchResponse, Status>> + Send>>;
@@ -231,6 +231,14 @@ impl Driver {
         if create.recursive && kind != WatchKind::Persistent {
             return Err(invalid("only persistent watches are recursive"));
         }
+        let bounded = !create.from.is_empty() || !create.to.is_empty();
+        if bounded && !create.recursive {
+            return Err(invalid("only recursive watches have bounds"));
+        }
+        let end = warden_placement::subtree_end(&create.path);
+        if (!create.from.is_empty() && create.from.as_slice() < create.path.as_bytes()) || create.to.as_slice() > end.as_bytes() {
+            return Err(invalid("a watch's bounds lie within its path's subtree"));
+        }
         if create.read && create.start_revision != 0 {
             return Err(invalid("a watch with a read starts at the read: start_revision must be 0"));
         }
@@ -272,7 +280,8 @@ impl Driver {
             };
             (revision, None)
         };
-        let spec = WatchSpec::new(kind, create.recursive, create.no_create, create.no_delete, create.no_change, create.prev_data);
+        let bounds = bounded.then(|| PathBounds { from: create.from.clone(), to: create.to.clone() });
+        let spec = WatchSpec::new(kind, create.recursive, create.no_create, create.no_delete, create.no_change, create.prev_data).within(bounds);
         let start_revision = revision + 1;
         let charge = self
             .hubs

@@ -1,5 +1,7 @@
 //! Events and the rule that says which events a watch wants.
 
+use std::sync::Arc;
+
 use prost::bytes::Bytes;
 use warden_proto::v1::watch_create::Kind as WatchKind;
 use warden_proto::v1::{watch_event, NodeKind, Stat, WatchEvent};
@@ -129,10 +131,29 @@ impl Relation {
 }
 
 /// What a watch reports: its kind and filters, packed small (every watch keeps one).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq)]
 pub struct WatchSpec {
     kind: WatchKind,
     flags: u8,
+    /// Only events of paths in `[from, to)` (a recursive watch's bounds), when set.
+    bounds: Option<Arc<PathBounds>>,
+}
+
+/// Byte strings from `from` (included) to `to` (excluded; empty: no end).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PathBounds {
+    /// The first path in the bounds.
+    pub from: Vec<u8>,
+    /// The first path past them (empty: none).
+    pub to: Vec<u8>,
+}
+
+impl PathBounds {
+    /// Whether `path` lies within.
+    fn contains(&self, path: &str) -> bool {
+        let path = path.as_bytes();
+        self.from.as_slice() <= path && (self.to.is_empty() || path < self.to.as_slice())
+    }
 }
 
 const RECURSIVE: u8 = 1;
@@ -150,21 +171,26 @@ impl WatchSpec {
             | flag(no_delete, NO_DELETE)
             | flag(no_change, NO_CHANGE)
             | flag(prev_data, PREV_DATA);
-        WatchSpec { kind, flags }
+        WatchSpec { kind, flags, bounds: None }
+    }
+
+    /// This spec reporting only the events of paths in `bounds` (none: every path).
+    pub fn within(self, bounds: Option<PathBounds>) -> WatchSpec {
+        WatchSpec { bounds: bounds.map(Arc::new), ..self }
     }
 
     /// The watch ends with its first event response.
-    pub fn is_one_shot(self) -> bool {
+    pub fn is_one_shot(&self) -> bool {
         self.kind != WatchKind::Persistent
     }
 
     /// Events below the watched node's children are wanted.
-    pub fn is_recursive(self) -> bool {
+    pub fn is_recursive(&self) -> bool {
         self.kind == WatchKind::Persistent && self.flags & RECURSIVE != 0
     }
 
     /// Events carry the node's previous state.
-    pub fn wants_prev(self) -> bool {
+    pub fn wants_prev(&self) -> bool {
         self.flags & PREV_DATA != 0
     }
 
@@ -172,7 +198,7 @@ impl WatchSpec {
     /// one-shot watch, fires it). ZooKeeper's rules for one-shot watches: a data watch fires
     /// on a change or deletion, an exists watch on anything, a children watch on a child's
     /// creation or deletion or the node's own deletion.
-    pub fn wants(self, relation: Relation, kind: EventKind) -> bool {
+    pub fn wants(&self, relation: Relation, kind: EventKind) -> bool {
         let filtered = match kind {
             EventKind::Created => NO_CREATE,
             EventKind::Deleted => NO_DELETE,
@@ -192,12 +218,13 @@ impl WatchSpec {
     }
 
     /// Indexes of the events of `batch` this watch of `path` wants, in order.
-    pub fn select(self, path: &str, batch: &EventBatch) -> Vec<u32> {
+    pub fn select(&self, path: &str, batch: &EventBatch) -> Vec<u32> {
         batch
             .events
             .iter()
             .enumerate()
             .filter(|(_, event)| Relation::of(path, &event.path).is_some_and(|relation| self.wants(relation, event.kind)))
+            .filter(|(_, event)| self.bounds.as_ref().is_none_or(|bounds| bounds.contains(&event.path)))
             .map(|(index, _)| index as u32)
             .collect()
     }
@@ -290,5 +317,7 @@ mod tests {
         let children = WatchSpec::new(WatchKind::Children, false, false, false, false, false);
         assert_eq!(children.select("/a", &batch), vec![1]);
         assert!(children.select("/q", &batch).is_empty());
+        let bounded = recursive.within(Some(PathBounds { from: b"/a/b/".to_vec(), to: b"/a/b0".to_vec() }));
+        assert_eq!(bounded.select("/a", &batch), vec![2], "only the paths within its bounds");
     }
 }

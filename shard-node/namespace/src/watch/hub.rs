@@ -91,7 +91,7 @@ pub enum Direction {
 
 impl Transfer {
     /// Whether a watch of `path` with `spec` watches into the subtree.
-    fn concerns(&self, path: &str, spec: WatchSpec) -> bool {
+    fn concerns(&self, path: &str, spec: &WatchSpec) -> bool {
         warden_placement::is_at_or_below(path, &self.prefix) || (spec.is_recursive() && warden_placement::is_strictly_below(&self.prefix, path))
     }
 
@@ -298,7 +298,7 @@ impl WatchHub {
             stream.cancel(watch_id, Some(error), next_revision);
             return CatchUp::Ended;
         }
-        let concerning = || state.transfers.iter().filter(|t| t.concerns(&watch.path, watch.spec));
+        let concerning = || state.transfers.iter().filter(|t| t.concerns(&watch.path, &watch.spec));
         // 1. A move out this watch has not passed yet: it catches up to the move, then ends
         //    MOVED.
         let pending_move = concerning().find_map(|t| match t.direction {
@@ -379,7 +379,7 @@ impl WatchHub {
         let phase = if exhausted { Phase::Live } else { Phase::CatchingUp { next_revision: next } };
         match stream.push_events(watch_id, self.group, batches, Some(phase)) {
             Pushed::Queued if exhausted => {
-                let watcher = Watcher { stream: stream.clone(), watch_id, spec: watch.spec, from_revision: next };
+                let watcher = Watcher { stream: stream.clone(), watch_id, spec: watch.spec.clone(), from_revision: next };
                 state.recursive += usize::from(watch.spec.is_recursive());
                 // Most paths have one watcher: a Vec's first push would reserve four.
                 state.watchers.entry(watch.path.clone()).or_insert_with(|| Vec::with_capacity(1)).push(watcher);
@@ -453,7 +453,7 @@ impl WatchHub {
             let mut removed_recursive = 0;
             state.watchers.retain(|path, watchers| {
                 watchers.retain(|watcher| {
-                    if !transfer.concerns(path, watcher.spec) {
+                    if !transfer.concerns(path, &watcher.spec) {
                         return true;
                     }
                     removed_recursive += usize::from(watcher.spec.is_recursive());

@@ -22,7 +22,7 @@ pub mod stream;
 use std::collections::HashMap;
 use std::sync::{Arc, RwLock};
 
-pub use event::{Event, EventBatch, EventKind, WatchSpec};
+pub use event::{Event, EventBatch, EventKind, PathBounds, WatchSpec};
 pub use hub::WatchHub;
 pub use stream::WatchStream;
 

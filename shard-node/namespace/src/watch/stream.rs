@@ -267,7 +267,7 @@ impl WatchStream {
         if next.is_none() && watch.phase != Phase::Live {
             return Pushed::Gone;
         }
-        let (spec, with_prev) = (watch.spec, watch.spec.wants_prev());
+        let (one_shot, with_prev) = (watch.spec.is_one_shot(), watch.spec.wants_prev());
         let outgoing = (!batches.is_empty()).then(|| Outgoing::Events { watch_id, group, batches, with_prev });
         // An empty queue takes any one response, so no event is too large to deliver.
         if outgoing.as_ref().is_some_and(|o| state.queued_bytes + o.size_bytes() > self.queue_bytes_max && !state.queue.is_empty()) {
@@ -280,7 +280,7 @@ impl WatchStream {
         }
         let Some(outgoing) = outgoing else { return Pushed::Queued };
         watch.active = true;
-        let fired = spec.is_one_shot();
+        let fired = one_shot;
         if fired {
             state.watches.remove(&watch_id);
         }
