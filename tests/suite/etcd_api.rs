@@ -540,27 +540,39 @@ async fn etcd_leases_list_their_keys_in_every_group_and_every_live_lease_is_list
 
 /// A compare over a key range applies to every key in it, and nested transactions run in
 /// the transaction's group with their compares judged before any operation, as in etcd;
-/// either refused, as any transaction, when its keys lie in more than one group.
+/// either refused, as any transaction, when its keys lie in more than one group; a compare
+/// over a range spanning groups is refused whatever they hold (a count elsewhere before the
+/// transaction would let two creators both see no key).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn etcd_range_compares_and_nested_transactions_run_atomically_in_one_group() {
     let cluster = cluster_with_groups(&["/registry/pods"]).await;
     let (_router, etcd_addr) = start_router_with_etcd(&cluster);
     let mut etcd = etcd_client(etcd_addr).await;
-    etcd.put("/registry/pods/a", "1", None).await.expect("put");
-    let b = etcd.put("/registry/pods/b", "1", None).await.expect("put").header().expect("header").revision();
+    etcd.put("/registry/nodes/a", "1", None).await.expect("put");
+    let b = etcd.put("/registry/nodes/b", "1", None).await.expect("put").header().expect("header").revision();
     let holds = async |etcd: &mut Client, compare: Compare| {
-        etcd.txn(Txn::new().when([compare]).and_then([TxnOp::get("/registry/pods/a", None)])).await.expect("txn").succeeded()
+        etcd.txn(Txn::new().when([compare]).and_then([TxnOp::get("/registry/nodes/a", None)])).await.expect("txn").succeeded()
     };
-    let pods = || Compare::version("/registry/pods/", CompareOp::Equal, 1).with_prefix();
-    assert!(holds(&mut etcd, pods()).await, "every pod has version 1");
-    assert!(holds(&mut etcd, Compare::mod_revision("/registry/pods/", CompareOp::Less, b + 1).with_prefix()).await);
-    assert!(!holds(&mut etcd, Compare::mod_revision("/registry/pods/", CompareOp::Less, b).with_prefix()).await, "/registry/pods/b is at b");
-    etcd.put("/registry/pods/b", "2", None).await.expect("put again");
-    assert!(!holds(&mut etcd, pods()).await, "/registry/pods/b has version 2");
-    assert!(holds(&mut etcd, Compare::version("/registry/pods/a", CompareOp::Equal, 1).with_range("/registry/pods/b")).await);
-    let none = || Compare::version("/registry/pods/none/", CompareOp::Equal, 0).with_prefix();
+    let nodes = || Compare::version("/registry/nodes/", CompareOp::Equal, 1).with_prefix();
+    assert!(holds(&mut etcd, nodes()).await, "every node has version 1");
+    assert!(holds(&mut etcd, Compare::mod_revision("/registry/nodes/", CompareOp::Less, b + 1).with_prefix()).await);
+    assert!(!holds(&mut etcd, Compare::mod_revision("/registry/nodes/", CompareOp::Less, b).with_prefix()).await, "/registry/nodes/b is at b");
+    etcd.put("/registry/nodes/b", "2", None).await.expect("put again");
+    assert!(!holds(&mut etcd, nodes()).await, "/registry/nodes/b has version 2");
+    assert!(holds(&mut etcd, Compare::version("/registry/nodes/a", CompareOp::Equal, 1).with_range("/registry/nodes/b")).await);
+    let none = || Compare::version("/registry/nodes/none/", CompareOp::Equal, 0).with_prefix();
     assert!(holds(&mut etcd, none()).await, "a range without keys compares as a missing key");
-    assert!(!holds(&mut etcd, Compare::value("/registry/pods/none/", CompareOp::Equal, "").with_prefix()).await, "but its value compare fails");
+    assert!(!holds(&mut etcd, Compare::value("/registry/nodes/none/", CompareOp::Equal, "").with_prefix()).await, "but its value compare fails");
+    // `/registry/pods/` has its plain keys in its own group and its escaped ones (none here)
+    // in the root group: refused, and nothing is written.
+    let create_if_none = Txn::new().when([Compare::create_revision("/registry/pods/", CompareOp::Equal, 0).with_prefix()]).and_then([TxnOp::put(
+        "/registry/pods/first",
+        "1",
+        None,
+    )]);
+    let refused = etcd.txn(create_if_none).await.expect_err("a compare over two groups' keys").to_string();
+    assert!(refused.contains("cannot be atomic"), "{refused}");
+    assert!(etcd.get("/registry/pods/first", None).await.expect("get").kvs().is_empty(), "nothing written");
 
     // Compares judged first: the nested one sees /registry/pods/c missing though the outer
     // transaction put it just before.
@@ -594,9 +606,8 @@ async fn etcd_range_compares_and_nested_transactions_run_atomically_in_one_group
     let deep = etcd.txn(Txn::new().and_then([TxnOp::put("/registry/pods/f", "1", None), TxnOp::txn(nested)])).await;
     let (flat, deep) = (flat.expect_err("flat txn across groups"), deep.expect_err("nested txn across groups"));
     assert!(deep.to_string().contains("must be served by one group") && flat.to_string().contains("must be served by one group"), "{flat} / {deep}");
-    let across = Compare::version("/registry/", CompareOp::Greater, 0).with_prefix();
-    let refused =
-        etcd.txn(Txn::new().when([across]).and_then([TxnOp::get("/registry/services/web", None)])).await.expect_err("compare across groups");
+    let across = TxnOp::get("/registry/", Some(GetOptions::new().with_prefix()));
+    let refused = etcd.txn(Txn::new().and_then([across])).await.expect_err("a read across groups holding keys");
     assert!(refused.to_string().contains("more than one Warden group"), "{refused}");
     assert!(
         etcd.get("/registry/pods/f", None).await.expect("get").kvs().is_empty() && etcd.get("/registry/x", None).await.expect("get").kvs().is_empty()

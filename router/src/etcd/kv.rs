@@ -372,7 +372,7 @@ fn planned_on(table: &warden_proto::routing::Table, part: &plan::Part) -> Option
 }
 
 /// The Warden compares for an etcd compare, and the parts of its key range in other
-/// groups than the transaction's (which must hold no key). A compare of one key is one
+/// groups than its first part's (the transaction refuses a compare with any). A compare of one key is one
 /// compare, and before a value compare one that the key exists, since etcd fails every value
 /// compare of a missing key (its value is no empty value: `replace(key, "", new)` of a
 /// missing key fails), where Warden compares a missing node's value as empty. Containers
@@ -461,7 +461,7 @@ struct TxnShape {
 }
 
 /// An etcd transaction as a Warden one: the request, the shape of its answers, and the
-/// parts of its ranges (compared or read, nested transactions' too) in other groups than
+/// parts of the ranges it reads or deletes (nested transactions' too) in other groups than
 /// the transaction's, which must hold no key.
 struct Translated {
     request: w::TxnRequest,
@@ -475,8 +475,14 @@ impl Translated {
         let mut compares = Vec::new();
         for compare in &txn.compare {
             let (some, outside) = compares_of(table, compare)?;
+            // A part elsewhere could gain a key between a count there and the transaction
+            // here: two creators could both see "no key". A compare is one group's or none.
+            if !outside.is_empty() {
+                return Err(Status::failed_precondition(
+                    "etcdserver: a compare over a key range spanning several Warden groups cannot be atomic: compare keys of one group (docs/etcd.md)",
+                ));
+            }
             compares.extend(some);
-            elsewhere.extend(outside);
         }
         let mut branch = |ops: &[pb::RequestOp]| -> Result<(Vec<w::TxnOp>, Vec<OpShape>), Status> {
             let (mut warden_ops, mut shapes) = (Vec::new(), Vec::with_capacity(ops.len()));
