@@ -26,6 +26,15 @@ use warden_engine::transport::{NetFaults, PeerDirectory};
 /// Longest one node may take to send the routing table before the next is asked.
 const TABLE_FETCH_MAX: Duration = Duration::from_secs(2);
 
+/// A home group's answer about some of its sessions.
+#[derive(Debug, Default)]
+pub struct AliveSessions {
+    /// The live ones (noted, when asked to note), with their owners.
+    pub alive: Vec<(u64, String)>,
+    /// Live ones it could not note: each already notes as many other groups as it may.
+    pub holders_full: Vec<u64>,
+}
+
 /// Calls from one node's groups to other groups.
 pub struct GroupLinks {
     directory: Arc<PeerDirectory>,
@@ -100,9 +109,9 @@ impl GroupLinks {
         session_ids: &[u64],
         note_holder: bool,
         deadline: Instant,
-    ) -> Result<Vec<(u64, String)>, Status> {
+    ) -> Result<AliveSessions, Status> {
         if session_ids.is_empty() {
-            return Ok(Vec::new());
+            return Ok(AliveSessions::default());
         }
         debug_assert!(session_ids.iter().all(|id| home_group(*id) == home), "sessions of one home group");
         let holder_group = if note_holder { from } else { 0 };
@@ -113,9 +122,10 @@ impl GroupLinks {
             })
             .await?;
         // No such group, or it answered that the sessions are gone: none is alive.
-        let Some(response) = answer else { return Ok(Vec::new()) };
+        let Some(response) = answer else { return Ok(AliveSessions::default()) };
         let mut owners = response.owners.into_iter();
-        Ok(response.alive.into_iter().map(|id| (id, owners.next().unwrap_or_default())).collect())
+        let alive = response.alive.into_iter().map(|id| (id, owners.next().unwrap_or_default())).collect();
+        Ok(AliveSessions { alive, holders_full: response.holders_full })
     }
 
     /// Tells group `holder` that `session_ids`, homed in group `from`, were closed: it ends

@@ -297,11 +297,16 @@ impl Harness {
     }
 
     /// Notes group `holder` as about to record `session_ids` as remote
-    /// (`NoteRemoteHolders`); answers the live ones.
+    /// (`NoteRemoteHolders`); answers the live ones noted.
     pub fn note_remote_holders(&mut self, holder: u64, session_ids: &[u64]) -> Outcome<Vec<u64>> {
+        self.note_remote_holders_full(holder, session_ids).map(|alive| alive.session_ids)
+    }
+
+    /// [`Self::note_remote_holders`], answered whole (`holders_full` too).
+    pub fn note_remote_holders_full(&mut self, holder: u64, session_ids: &[u64]) -> Outcome<warden_proto::namespace::SessionIds> {
         let op = CommandOp::NoteRemoteHolders(warden_proto::namespace::NoteRemoteHolders { session_ids: session_ids.to_vec(), group_id: holder });
         match self.apply_result(op)? {
-            CommandOutcome::Sessions(alive) => Ok(alive.session_ids),
+            CommandOutcome::Sessions(alive) => Ok(alive),
             _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
         }
     }

@@ -145,7 +145,7 @@ fn answer(
                     owners.push(record.owner);
                 }
             }
-            QueryOutcome::Sessions(SessionIds { session_ids: present, owners, owners_unknown })
+            QueryOutcome::Sessions(SessionIds { session_ids: present, owners, owners_unknown, holders_full: Vec::new() })
         }
         None => return Err(invalid("", "query without a kind").into()),
     })

@@ -27,8 +27,8 @@ pub const SESSIONS_LIST_PAGE_MAX: usize = 10_000;
 /// Session ids one `Sessions` query or `CheckSessions` call may name.
 pub const SESSION_IDS_PER_CHECK_MAX: usize = 4096;
 /// Groups a session notes as holding it remotely (`SessionRecord.remote_holders`): a close
-/// ends it in these at once, and a session used in more groups is ended in the others by
-/// their next check (each noted group costs the close one call).
+/// ends it in these at once (each noted group costs the close one call); a further group is
+/// refused the session (`SessionIds.holders_full`).
 pub const REMOTE_HOLDERS_MAX: usize = 64;
 
 /// Who may use a session, as its record here says (a session is its opener's).
@@ -330,7 +330,9 @@ impl Txn<'_, '_> {
 
     /// Group `holder` (another group) is about to record sessions homed here as remote:
     /// each live one of `ids` notes it (at most [`REMOTE_HOLDERS_MAX`] groups per session).
-    /// Answers the live ones with their owners, as a `Sessions` query does.
+    /// Answers the live ones noted with their owners, as a `Sessions` query does, and those
+    /// live but already noting as many other groups as they may in `holders_full` (the
+    /// holder must not record them: a close could not end them there).
     pub fn note_remote_holders(&mut self, group: u64, holder: u64, ids: &[u64]) -> Result<SessionIds, Failure> {
         if holder == 0 || holder == group {
             return Err(invalid("", format!("group {holder} cannot hold this group's sessions as remote")).into());
@@ -338,7 +340,11 @@ impl Txn<'_, '_> {
         let mut alive = SessionIds::default();
         for id in ids {
             let Some(mut record) = self.view.session(*id)?.filter(|record| !record.remote) else { continue };
-            if !record.remote_holders.contains(&holder) && record.remote_holders.len() < REMOTE_HOLDERS_MAX {
+            if !record.remote_holders.contains(&holder) {
+                if record.remote_holders.len() >= REMOTE_HOLDERS_MAX {
+                    alive.holders_full.push(*id);
+                    continue;
+                }
                 record.remote_holders.push(holder);
                 self.view.put_session(&record);
             }

@@ -215,8 +215,9 @@ fn remote_sessions_are_kept_until_their_home_group_ends_them() {
 
 /// A session's home group notes each group about to record it as remote (the group's
 /// confirmation, `NoteRemoteHolders`): once, at most `REMOTE_HOLDERS_MAX` groups, as
-/// replicated state. Closing the session answers those groups, for the service to end it
-/// there before the close is answered. A session that is not alive here (ended, or only a
+/// replicated state; a further group is answered that it may not record the session.
+/// Closing the session answers those groups, for the service to end it there before the
+/// close is answered. A session that is not alive here (ended, or only a
 /// remote record) is neither noted nor answered.
 #[test]
 fn a_closed_session_names_the_groups_that_record_it_as_remote() {
@@ -235,12 +236,13 @@ fn a_closed_session_names_the_groups_that_record_it_as_remote() {
     for holder in 100..100 + REMOTE_HOLDERS_MAX as u64 {
         ns.note_remote_holders(holder, &[busy]).expect("noted");
     }
-    assert_eq!(ns.note_remote_holders(99, &[busy]).expect("answered"), vec![busy], "alive past the bound, only not noted");
+    let past = ns.note_remote_holders_full(99, &[busy, session]).expect("answered");
+    assert_eq!((past.session_ids, past.holders_full), (vec![session], vec![busy]), "alive past the bound: not noted, and said so");
 
     // Replicated state: the notes survive a reload.
     ns.reopen().expect("reopen");
     ns.set_leading(true, 0);
-    assert_eq!(ns.close_session_noted(session).expect("closed").1, vec![7, 8]);
+    assert_eq!(ns.close_session_noted(session).expect("closed").1, vec![7, 8, 99]);
     let holders = ns.close_session_noted(busy).expect("closed").1;
     assert_eq!(holders, (100..100 + REMOTE_HOLDERS_MAX as u64).collect::<Vec<_>>(), "the first groups, not the one past the bound");
     assert!(ns.note_remote_holders(7, &[session]).expect("answered").is_empty(), "a closed session is not alive");

@@ -27,8 +27,9 @@
 //! then recorded here): the next check finds it dead and deletes what it created, so such an
 //! ephemeral lives at most one check interval. So do the ephemerals of an expired session
 //! (an expiry is the home leader's own entry, with no service call to tell the others), of
-//! a closed one in a group its record could not note (past `REMOTE_HOLDERS_MAX`, or given
-//! the ephemerals by a subtree move), or in a group the close could not reach in time.
+//! a closed one in a group given the ephemerals by a subtree move (its record notes the
+//! group the subtree left), or in a group the close could not reach in time. A group past
+//! the `REMOTE_HOLDERS_MAX` a session notes is refused the session (TOO_LARGE).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -49,10 +50,10 @@ use warden_proto::namespace::{
     RemoteSessionsPage, SessionIds,
 };
 use warden_proto::v1::warden_error::Code;
-use warden_proto::v1::Consistency;
+use warden_proto::v1::{Consistency, WardenError};
 
 use super::{error, internal, status, WardenService};
-use warden_namespace::sessions::{home_group, REMOTE_SESSIONS_PAGE_MAX, SESSION_IDS_PER_CHECK_MAX};
+use warden_namespace::sessions::{home_group, REMOTE_HOLDERS_MAX, REMOTE_SESSIONS_PAGE_MAX, SESSION_IDS_PER_CHECK_MAX};
 
 /// What a close keeps of its call's time for its answer when it waits for the groups that
 /// recorded its session to end it there (a group out of reach ends it at its next check
@@ -185,10 +186,13 @@ impl WardenService {
         .await;
         let mut owners: HashMap<u64, String> = HashMap::new();
         let mut ended: Vec<(u64, u64)> = Vec::new();
-        for (home, ids, alive) in answers {
-            let alive = alive?;
-            ended.extend(ids.iter().copied().filter(|id| !alive.iter().any(|(alive, _)| alive == id)).map(|id| (id, home)));
-            owners.extend(alive);
+        let mut holders_full: Vec<u64> = Vec::new();
+        for (home, ids, answer) in answers {
+            let answer = answer?;
+            let live = |id: &u64| answer.alive.iter().any(|(alive, _)| alive == id) || answer.holders_full.contains(id);
+            ended.extend(ids.iter().copied().filter(|id| !live(id)).map(|id| (id, home)));
+            owners.extend(answer.alive);
+            holders_full.extend(answer.holders_full);
         }
         // 3. Those their home group ended, recorded here, end here now (the home group's
         //    verdict), so apply refuses them whatever branch uses them.
@@ -200,6 +204,12 @@ impl WardenService {
         }
         if let (Some((dead, home)), WhenEnded::Refuse) = (ended.first(), when_ended) {
             return Err(status(error(Code::SessionExpired, "", &format!("session {dead} has expired or was closed (home group {home})"))));
+        }
+        // A session noting as many groups as it may is refused here: its close could not
+        // end it in this group before answering.
+        if let Some(full) = holders_full.first() {
+            let message = format!("session {full} already holds nodes or locks in {REMOTE_HOLDERS_MAX} groups besides its home group");
+            return Err(status(WardenError { limit: REMOTE_HOLDERS_MAX as u64, ..error(Code::TooLarge, "", &message) }));
         }
         // 4. The new ones alive are recorded, with their owners (a command using one is
         //    checked against it): ephemerals of these sessions may now be created here.
@@ -276,7 +286,7 @@ impl WardenService {
         let mut unreachable = std::collections::BTreeSet::new();
         for (home, batch, answer) in futures::future::join_all(calls).await {
             match answer {
-                Ok(alive) => dead.extend(batch.iter().filter(|id| !alive.iter().any(|(alive, _)| alive == *id))),
+                Ok(answer) => dead.extend(batch.iter().filter(|id| !answer.alive.iter().any(|(alive, _)| alive == *id))),
                 Err(error) => {
                     // Kept: only the home group's verdict ends a session (rule 7).
                     tracing::warn!(group, home, sessions = batch.len(), %error, "home group unreachable; keeping its sessions' ephemerals");
@@ -341,17 +351,23 @@ impl SessionCheck for WardenService {
             // write, so linearizable too), a close ends them there.
             let note = CommandOp::NoteRemoteHolders(NoteRemoteHolders { session_ids: request.session_ids, group_id: request.holder_group });
             return match self.propose(group, note, "", timeout).await? {
-                (CommandOutcome::Sessions(alive), header) => {
-                    Ok(Response::new(CheckSessionsResponse { header: Some(header), alive: alive.session_ids, owners: alive.owners }))
-                }
+                (CommandOutcome::Sessions(alive), header) => Ok(Response::new(CheckSessionsResponse {
+                    header: Some(header),
+                    alive: alive.session_ids,
+                    owners: alive.owners,
+                    holders_full: alive.holders_full,
+                })),
                 _ => Err(internal("mismatched result".into())),
             };
         }
         let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids, ..SessionIds::default() });
         match self.read_group(group, Consistency::Linearizable as i32, query, timeout).await? {
-            (QueryOutcome::Sessions(alive), header) => {
-                Ok(Response::new(CheckSessionsResponse { header: Some(header), alive: alive.session_ids, owners: alive.owners }))
-            }
+            (QueryOutcome::Sessions(alive), header) => Ok(Response::new(CheckSessionsResponse {
+                header: Some(header),
+                alive: alive.session_ids,
+                owners: alive.owners,
+                holders_full: Vec::new(),
+            })),
             _ => Err(internal("mismatched result".into())),
         }
     }
