@@ -55,7 +55,8 @@ impl Default for EventKinds {
 pub struct WatchOptions {
     /// The node watched.
     pub path: String,
-    /// Also every node below it (in the same group).
+    /// Also every node below it (through a router, in every group serving part of the
+    /// subtree; each event names its group).
     pub recursive: bool,
     /// First revision to report (inclusive); 0: changes after the watch is registered.
     pub start_revision: u64,

@@ -49,6 +49,8 @@ pub struct Verdict {
     pub creates: usize,
     pub sequenced: usize,
     pub holds: usize,
+    /// Of them, holds taken through the etcd API.
+    pub etcd_holds: usize,
     pub ephemeral_reads: usize,
     pub abandoned_holds: usize,
     pub register_ops: usize,
@@ -97,7 +99,10 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
     let options = ClusterOptions { nodes: super::NODES, hosts: Some(net.clone()), ..ClusterOptions::default() };
     let mut cluster = ProcessCluster::start_with(options, &PREFIXES).await;
     let mut router = cluster.router();
-    let workload = Workload::start_with_quota(cluster.router_addr(), &cluster.placement_clients(CALL_TIMEOUT)).await;
+    let mut workload = Workload::start_with_quota(cluster.router_addr(), &cluster.placement_clients(CALL_TIMEOUT)).await;
+    // Kept until the history ends (the process is killed when dropped).
+    let (_etcd_router, _, etcd_addr) = cluster.start_etcd_router().await;
+    workload.start_etcd_lockers(&etcd_addr.to_string()).await;
     let mut group_of_prefix = BTreeMap::new();
     for probe in probes() {
         let prefix = probe.trim_end_matches("/probe").to_string();
@@ -138,6 +143,7 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
         creates: checked.creates,
         sequenced: checked.sequenced,
         holds: checked.holds,
+        etcd_holds: checked.etcd_holds,
         ephemeral_reads: checked.ephemeral_reads,
         abandoned_holds: checked.abandoned_holds,
         register_ops: checked.register_ops,

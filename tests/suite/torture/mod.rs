@@ -1,11 +1,12 @@
 //! Torture runs, in the manner of Jepsen: seeded histories of six real `warden node`
 //! processes on test hosts of their own (network namespaces on a bridge) behind a router,
 //! the workload's clients (registers, creates, sequential nodes, ephemeral nodes, fenced
-//! locks whose holders sometimes crash) running through the router while the nemesis
+//! locks whose holders sometimes crash, native and through a second router's etcd API,
+//! watches of registers and one recursive watch spanning every group) running through the router while the nemesis
 //! partitions, isolates leaders, cuts links one way, slows and loses packets, pauses and
 //! kills nodes, moves a subtree and steps or drifts a node's wall clock; then every history
 //! is checked (linearizable registers, every acknowledged create kept, sequential counters
-//! unique and increasing, ephemerals kept while their session's lease holds and gone after,
+//! unique and increasing and each call's sequential node there once, ephemerals kept while their session's lease holds and gone after,
 //! fenced holds exclusive, no lock granted within the lock-delay after its holder crashed,
 //! every acknowledged register write delivered once and in order to watchers that follow it
 //! across moves or resume from a revision, a subtree's quota never exceeded and a create it
@@ -134,6 +135,7 @@ async fn seeded_histories_under_partitions_pauses_and_kills_show_no_anomaly() {
         assert!(!verdict.faults.is_empty(), "seed {}: no fault was applied", verdict.seed);
         assert!(verdict.register_ops > 100, "seed {}: {} register operations are too few to check", verdict.seed, verdict.register_ops);
         assert!(verdict.holds >= 3, "seed {}: {} lock holds are too few to check", verdict.seed, verdict.holds);
+        assert!(verdict.etcd_holds >= 3, "seed {}: {} etcd lock holds are too few to check", verdict.seed, verdict.etcd_holds);
         assert!(verdict.sequenced >= 10, "seed {}: {} sequential creates are too few to check", verdict.seed, verdict.sequenced);
         assert!(verdict.abandoned_holds >= 1, "seed {}: no holder crashed, so no lock-delay was checked", verdict.seed);
         assert!(verdict.ephemeral_reads >= 10, "seed {}: {} reads of ephemeral nodes are too few to check", verdict.seed, verdict.ephemeral_reads);

@@ -2,14 +2,18 @@
 //! sequential), holding ephemeral nodes and taking fenced locks through a router, watchers
 //! of two registers and (when set up with placement) clients filling a quota, recording
 //! what they were told, and the checks run on it afterwards (every acknowledged create read
-//! back, sequential names unique and increasing, every fenced hold exclusive, the register
+//! back, sequential names unique and increasing and reconciled with the parent's children
+//! (each call's create there once, none lost), every fenced hold exclusive, the register
 //! history linearizable, every acknowledged register write delivered to each watcher once
 //! and in order, the quota never exceeded and a refused create absent).
 //! Used by `crash_cycles.rs`, `fleet_processes.rs`, `split_merge.rs` and the torture runs.
 //!
+//! - `etcd_locks`: lockers through a router's etcd API (`Workload::start_etcd_lockers`),
+//!   judged by the fenced resource's checks;
 //! - `watches`: the watchers and the watch check;
 //! - `quotas`: the quota clients and the quota check.
 
+mod etcd_locks;
 mod quotas;
 mod watches;
 
@@ -23,7 +27,8 @@ use std::time::{Duration, Instant};
 use tokio::task::JoinHandle;
 use tonic::transport::Channel;
 use warden_client::{
-    Client, ClientConfig, Compare, CompareOp, CreateOptions, Error, FenceGuard, LockGuard, LockOptions, Session, SessionConfig, Txn, TxnOp,
+    ChildrenOptions, Client, ClientConfig, Compare, CompareOp, CreateOptions, Error, FenceGuard, LockGuard, LockOptions, Session, SessionConfig, Txn,
+    TxnOp,
 };
 use warden_loadgen::linearizability::{KvInput, KvOutput};
 use warden_proto::placement::placement_client::PlacementClient;
@@ -81,7 +86,7 @@ const EPHEMERALS_GONE_WITHIN: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Attempt {
     /// `set`, `get`, `cas`, `create`, `sequential`, `lock`, `ephemeral`, `ephemeral-read`,
-    /// `quota-create`, `quota-delete` or `quota-list`.
+    /// `quota-create`, `quota-delete`, `quota-list`, `etcd-lock` or `etcd-unlock`.
     pub kind: &'static str,
     pub path: String,
     /// Nanoseconds since the workload started (the history's clock).
@@ -91,16 +96,19 @@ pub struct Attempt {
     pub ok: bool,
 }
 
-/// An acknowledged sequential create: when it was invoked and answered, and its counter.
+/// An acknowledged sequential create: when it was invoked and answered, the sequencer's
+/// number for the call (part of the name it asked for: `n-<call>-`) and its counter.
 #[derive(Clone, Copy, Debug, serde::Serialize)]
 pub struct Sequenced {
     pub invoked_ns: u64,
     pub completed_ns: u64,
+    pub call: u64,
     pub counter: u64,
 }
 
 /// A property the history breaks, by kind (`lost-create`, `fencing`, `sequential`,
-/// `lock-delay`, `ephemeral-gone-early`, `ephemeral-kept`, `not-linearizable`,
+/// `sequential-lost`, `sequential-applied-twice`, `sequential-counter-repeated`,
+/// `sequential-phantom`, `lock-delay`, `ephemeral-gone-early`, `ephemeral-kept`, `not-linearizable`,
 /// `checker-gave-up`, `watch-missed`, `watch-repeated`, `watch-out-of-order`,
 /// `watch-phantom`, `watch-stalled`, `quota-exceeded`, `quota-refused-write-kept`).
 #[derive(Clone, Debug, serde::Serialize)]
@@ -118,8 +126,10 @@ pub struct Checked {
     pub creates: usize,
     /// Acknowledged sequential creates.
     pub sequenced: usize,
-    /// Lock holds that wrote to the fenced resource.
+    /// Lock holds that wrote to the fenced resource, and those of them taken through the
+    /// etcd API.
     pub holds: usize,
+    pub etcd_holds: usize,
     /// Reads that found an ephemeral node while its session's lease held.
     pub ephemeral_reads: usize,
     /// Holds given up by abandoning their session (each one's lock-delay checked).
@@ -250,7 +260,7 @@ impl Workload {
             ephemerals: Arc::new(Ephemerals::default()),
             resource: Arc::new(FencedResource::default()),
             // Before the register clients write; from the registers' creation anyway.
-            watches: Watches::start(&client, clock, &watched_from),
+            watches: Watches::start(&client, clock, &watched_from).await,
             quotas,
             events: Mutex::new(Vec::new()),
         };
@@ -275,6 +285,14 @@ impl Workload {
             workload.tasks.push(tokio::spawn(crashing_locker(client.clone(), path, home, outcomes(), resource)));
         }
         workload
+    }
+
+    /// Starts the lockers of the etcd API at `etcd_addr` (a router's `--etcd-listen`): their
+    /// holds are checked with the native ones (see `etcd_locks`).
+    pub async fn start_etcd_lockers(&mut self, etcd_addr: &str) {
+        let (clock, stop, attempts) = (self.clock, self.stop.clone(), self.attempts.clone());
+        let outcomes = || Outcomes { clock, stop: stop.clone(), attempts: attempts.clone() };
+        etcd_locks::start(etcd_addr, outcomes, &self.resource, &mut self.tasks).await;
     }
 
     /// Nanoseconds since the workload started (the clock of the history).
@@ -346,6 +364,10 @@ impl Workload {
             detail,
             at_ms: Some(at_ns / 1_000_000),
         }));
+        let children = self.client.children(SEQUENCE_PARENT, ChildrenOptions::default()).all().await;
+        let children = children.unwrap_or_else(|error| panic!("{run}: listing {SEQUENCE_PARENT}: {error}"));
+        let names: Vec<String> = children.into_iter().map(|child| child.name).collect();
+        anomalies.extend(sequence_reconciled(&names, &sequenced).into_iter().map(|(kind, detail)| Anomaly { kind, detail, at_ms: None }));
 
         let gone_early = self.ephemerals.gone_early.lock().expect("ephemerals").clone();
         anomalies.extend(gone_early.into_iter().map(|(at_ms, detail)| Anomaly { kind: "ephemeral-gone-early", detail, at_ms: Some(at_ms) }));
@@ -404,6 +426,7 @@ impl Workload {
             creates: acknowledged.len(),
             sequenced: sequenced.len(),
             holds,
+            etcd_holds: self.resource.holds_of(etcd_locks::ETCD_RESOURCE),
             ephemeral_reads,
             abandoned_holds: self.resource.abandonments(),
             register_ops,
@@ -452,6 +475,52 @@ pub fn sequence_anomalies(sequenced: &[Sequenced]) -> Vec<(u64, String)> {
         }
     }
     anomalies
+}
+
+/// What the children of [`SEQUENCE_PARENT`] (`names`, read after the workload stopped) say
+/// against the acknowledged sequential creates: an acknowledged create missing
+/// (`sequential-lost`), one call's create there twice (`sequential-applied-twice`: a write
+/// retried although it had been applied), or a counter on two children
+/// (`sequential-counter-repeated`). Creates whose outcome was unknown may be there once or
+/// not at all. Answers each anomaly by kind.
+pub fn sequence_reconciled(names: &[String], sequenced: &[Sequenced]) -> Vec<(&'static str, String)> {
+    let mut anomalies = Vec::new();
+    let mut by_call: BTreeMap<u64, Vec<u64>> = BTreeMap::new();
+    let mut by_counter: BTreeMap<u64, Vec<&str>> = BTreeMap::new();
+    for name in names {
+        match sequence_name(name) {
+            Some((call, counter)) => {
+                by_call.entry(call).or_default().push(counter);
+                by_counter.entry(counter).or_default().push(name);
+            }
+            None => anomalies.push(("sequential-phantom", format!("{SEQUENCE_PARENT}/{name} was never asked for"))),
+        }
+    }
+    for (call, counters) in &by_call {
+        if counters.len() > 1 {
+            anomalies.push(("sequential-applied-twice", format!("call {call} created {} nodes, counters {counters:?}", counters.len())));
+        }
+    }
+    for (counter, names) in &by_counter {
+        if names.len() > 1 {
+            anomalies.push(("sequential-counter-repeated", format!("counter {counter} is on {names:?}")));
+        }
+    }
+    for create in sequenced {
+        if !by_call.get(&create.call).is_some_and(|counters| counters.contains(&create.counter)) {
+            anomalies.push((
+                "sequential-lost",
+                format!("{create:?} was acknowledged, yet {SEQUENCE_PARENT} has no n-{}-{:010}", create.call, create.counter),
+            ));
+        }
+    }
+    anomalies
+}
+
+/// The sequencer's call number and the counter in a child's name (`n-<call>-<counter>`).
+fn sequence_name(name: &str) -> Option<(u64, u64)> {
+    let (call, counter) = name.strip_prefix("n-")?.split_once('-')?;
+    Some((call.parse().ok()?, counter.parse().ok()?))
 }
 
 /// What every client task shares: the history's clock, the stop flag and the log of calls.
@@ -555,18 +624,21 @@ async fn creator(client: Client, outcomes: Outcomes, acknowledged: Arc<Mutex<Vec
     }
 }
 
-/// Creates sequential nodes under [`SEQUENCE_PARENT`]; records the acknowledged ones with
-/// the counter the service appended.
+/// Creates sequential nodes under [`SEQUENCE_PARENT`], each call asking for a name of its
+/// own (`n-<call>-`, so the children can be reconciled with the calls); records the
+/// acknowledged ones with the counter the service appended.
 async fn sequencer(client: Client, outcomes: Outcomes, sequenced: Arc<Mutex<Vec<Sequenced>>>) {
-    let prefix = format!("{SEQUENCE_PARENT}/n-");
+    let mut call = 0u64;
     while !outcomes.stopped() {
+        call += 1;
+        let prefix = format!("{SEQUENCE_PARENT}/n-{call}-");
         let invoked_ns = outcomes.clock.now();
         let created = client.create(&prefix, Vec::new(), &CreateOptions::persistent().sequential().create_parents()).await;
         outcomes.note("sequential", SEQUENCE_PARENT, invoked_ns, created.is_ok());
         if let Ok(created) = created {
             let counter = created.path.strip_prefix(&prefix).and_then(|digits| digits.parse().ok());
             let counter = counter.unwrap_or_else(|| panic!("a sequential create answered {}, not {prefix}<counter>", created.path));
-            sequenced.lock().expect("sequenced").push(Sequenced { invoked_ns, completed_ns: outcomes.clock.now(), counter });
+            sequenced.lock().expect("sequenced").push(Sequenced { invoked_ns, completed_ns: outcomes.clock.now(), call, counter });
         }
     }
 }
@@ -807,8 +879,17 @@ impl FencedResource {
 
     /// Holds that wrote at least once.
     pub fn holds(&self) -> usize {
+        self.count_holds(|_| true)
+    }
+
+    /// Holds of the lock on `path` that wrote at least once.
+    pub fn holds_of(&self, path: &str) -> usize {
+        self.count_holds(|write| write.path == path)
+    }
+
+    fn count_holds(&self, counted: impl Fn(&FencedWrite) -> bool) -> usize {
         let state = self.state.lock().expect("resource");
-        let mut holds: Vec<u64> = state.writes.iter().map(|w| w.hold).collect();
+        let mut holds: Vec<u64> = state.writes.iter().filter(|w| counted(w)).map(|w| w.hold).collect();
         holds.sort_unstable();
         holds.dedup();
         holds.len()
@@ -928,5 +1009,36 @@ impl ClientLoad {
         }
         let operations = self.operations.lock().expect("operations");
         (operations.0, operations.1.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn acknowledged(call: u64, counter: u64) -> Sequenced {
+        Sequenced { invoked_ns: call, completed_ns: call + 1, call, counter }
+    }
+
+    fn kinds(names: &[&str], sequenced: &[Sequenced]) -> Vec<&'static str> {
+        let names: Vec<String> = names.iter().map(|name| name.to_string()).collect();
+        sequence_reconciled(&names, sequenced).into_iter().map(|(kind, _)| kind).collect()
+    }
+
+    /// Children that match the acknowledged calls, plus one whose answer was lost, are clean.
+    #[test]
+    fn sequential_children_matching_their_calls_are_clean() {
+        let sequenced = [acknowledged(1, 0), acknowledged(3, 2)];
+        assert!(kinds(&["n-1-0000000000", "n-2-0000000001", "n-3-0000000002"], &sequenced).is_empty());
+    }
+
+    /// A call applied twice, a counter given twice, an acknowledged create missing and a
+    /// name no call asked for are each found.
+    #[test]
+    fn sequential_children_applied_twice_repeated_lost_or_unasked_are_found() {
+        let sequenced = [acknowledged(1, 0), acknowledged(2, 1)];
+        assert_eq!(kinds(&["n-1-0000000000", "n-1-0000000003"], &sequenced), vec!["sequential-applied-twice", "sequential-lost"]);
+        assert_eq!(kinds(&["n-1-0000000000", "n-2-0000000001", "n-4-0000000001"], &sequenced), vec!["sequential-counter-repeated"]);
+        assert_eq!(kinds(&["n-1-0000000000", "n-2-0000000001", "x"], &sequenced), vec!["sequential-phantom"]);
     }
 }

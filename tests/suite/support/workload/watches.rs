@@ -1,11 +1,14 @@
-//! The watch check: watchers of two registers run for the whole workload through the
-//! client library, and every acknowledged change of a register must be delivered to each of
-//! them once, in order, with nothing delivered that nobody wrote.
+//! The watch check: watchers of registers run for the whole workload through the client
+//! library, and every acknowledged change of a register must be delivered to each of its
+//! watchers once, in order, with nothing delivered that nobody wrote.
 //!
 //! Per watched register a *following* watcher keeps one `Watcher` (which resumes itself
 //! across broken streams and, per group, across MOVED), and on [`RESUMED`] a *resuming*
 //! watcher also drops its `Watcher` every 1–3 s and opens a new one from the revision after
-//! its last event, as a user does after a restart.
+//! its last event, as a user does after a restart. One *recursive* watcher of [`SUBTREE`]
+//! spans every group (the root's, the other groups' prefixes below it, and the group `/a`
+//! is split into and merged back from) and is judged for every register of
+//! [`super::REGISTERS`] as if it watched each alone.
 //!
 //! A watch can legitimately lose its place: a replica's event history starts over when it
 //! restarts or installs a snapshot (`shard-node/namespace/src/watch/hub.rs`, `reset`), and a
@@ -21,7 +24,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
-use warden_client::{Client, Error, WatchOptions};
+use warden_client::{Client, Error, WatchOptions, Watcher};
 use warden_loadgen::linearizability::{KvInput, KvOutput};
 
 use super::{Anomaly, HistoryClock, SET_UP_CLIENT};
@@ -35,6 +38,8 @@ pub const WATCHED: [&str; 2] = ["/a/r0", "/d/r0"];
 /// `/a/r0` moved, the revision after its last event (a revision of the old group) means
 /// nothing in the new one, so only a register that never moves can be resumed this way.
 pub const RESUMED: &str = "/d/r0";
+/// The subtree the recursive watcher watches: all of it, so one watch spans every group.
+pub const SUBTREE: &str = "/";
 /// How long the resuming watcher keeps one `Watcher`: a random time in this range.
 const RESUME_AFTER_MS: std::ops::Range<u64> = 1_000..3_000;
 /// How long, after the clients stop, a watcher may take to deliver a register's final value.
@@ -106,7 +111,7 @@ pub struct Gap {
 /// What one watcher did.
 #[derive(Clone, Debug, Default)]
 pub struct WatchLog {
-    /// `following /a/r0`, `resuming /d/r0`.
+    /// `following /a/r0`, `resuming /d/r0`, `recursive / for /b/r0`.
     pub name: String,
     /// Its events, in delivery order.
     pub delivered: Vec<Delivered>,
@@ -142,28 +147,47 @@ pub struct Watches {
     watchers: Vec<Running>,
 }
 
-/// One running watcher: its register, its task and what it logs.
+/// One register's log of a running watcher, and the watcher's task (on the first log of
+/// each watcher only: the recursive watcher logs for several registers).
 struct Running {
     register: &'static str,
-    task: JoinHandle<()>,
+    task: Option<JoinHandle<()>>,
     log: Arc<Mutex<WatchLog>>,
 }
 
+/// The logs one watcher keeps, by register.
+type Logs = BTreeMap<&'static str, Arc<Mutex<WatchLog>>>;
+
 impl Watches {
     /// Starts the watchers of each register of [`WATCHED`] from `from_revisions` (the
-    /// register's: the revision after its creation, so every later write is covered).
-    pub fn start(client: &Client, clock: HistoryClock, from_revisions: &BTreeMap<&'static str, u64>) -> Watches {
+    /// register's: the revision after its creation, so every later write is covered), and
+    /// the recursive watcher of [`SUBTREE`] for every register in `from_revisions`, from now
+    /// (its watch is created before this answers: call it before the registers are written).
+    pub async fn start(client: &Client, clock: HistoryClock, from_revisions: &BTreeMap<&'static str, u64>) -> Watches {
         let mut watchers = Vec::new();
+        let mut spawn = |logs: Logs, task: JoinHandle<()>| {
+            let mut task = Some(task);
+            watchers.extend(logs.into_iter().map(|(register, log)| Running { register, task: task.take(), log }));
+        };
         for register in WATCHED {
             let from_revision = from_revisions[register];
             let resuming = [false, true].into_iter().filter(|resuming| !resuming || register == RESUMED);
             for resuming in resuming {
                 let name = format!("{} {register}", if resuming { "resuming" } else { "following" });
-                let log = Arc::new(Mutex::new(WatchLog { name, ..WatchLog::default() }));
-                let task = tokio::spawn(watch_register(client.clone(), register, from_revision, resuming, clock, log.clone()));
-                watchers.push(Running { register, task, log });
+                let logs = Logs::from([(register, Arc::new(Mutex::new(WatchLog { name, ..WatchLog::default() })))]);
+                let options = WatchOptions { start_revision: from_revision, ..WatchOptions::new(register) };
+                spawn(logs.clone(), tokio::spawn(watch(client.clone(), options, None, resuming, clock, logs)));
             }
         }
+        let options = WatchOptions { recursive: true, ..WatchOptions::new(SUBTREE) };
+        let watcher = client.watch(options.clone()).await.unwrap_or_else(|error| panic!("a recursive watch of {SUBTREE}: {error}"));
+        let logs: Logs = from_revisions
+            .keys()
+            .map(|register| {
+                (*register, Arc::new(Mutex::new(WatchLog { name: format!("recursive {SUBTREE} for {register}"), ..WatchLog::default() })))
+            })
+            .collect();
+        spawn(logs.clone(), tokio::spawn(watch(client.clone(), options, Some(watcher), false, clock, logs)));
         Watches { clock, watchers }
     }
 
@@ -181,7 +205,9 @@ impl Watches {
         let mut checked = WatchesChecked::default();
         for Running { register, task, log } in self.watchers {
             // The watcher has no end of its own: it watches until stopped.
-            task.abort();
+            if let Some(task) = task {
+                task.abort();
+            }
             let mut log = log.lock().expect("watch log").clone();
             if !caught_up(register, &log) {
                 let last =
@@ -202,31 +228,39 @@ impl Watches {
     }
 }
 
-/// Watches `register` from `from_revision` until aborted, logging every event; with
-/// `resuming`, opens a new watch from the revision after its last event every
-/// [`RESUME_AFTER_MS`]. A watch whose events were compacted away is opened again from now.
-async fn watch_register(client: Client, register: &'static str, from_revision: u64, resuming: bool, clock: HistoryClock, log: Arc<Mutex<WatchLog>>) {
-    let mut start_revision = from_revision;
+/// Watches what `options` say until aborted, from `opened` if the watch is open already,
+/// logging every event of a register of `logs` in its log (others are not looked at); with
+/// `resuming` (one register, one group), opens a new watch from the revision after its last
+/// event every [`RESUME_AFTER_MS`]. A watch whose events were compacted away is opened
+/// again from now. Errors are noted in every log.
+async fn watch(client: Client, options: WatchOptions, mut opened: Option<Watcher>, resuming: bool, clock: HistoryClock, logs: Logs) {
+    let each = |note: &dyn Fn(&mut WatchLog)| logs.values().for_each(|log| note(&mut log.lock().expect("watch log")));
+    let mut start_revision = options.start_revision;
     let mut compacted: Option<Error> = None;
     loop {
-        let mut watcher = match client.watch(WatchOptions { start_revision, ..WatchOptions::new(register) }).await {
+        let opening = match opened.take() {
+            Some(watcher) => Ok(watcher),
+            None => client.watch(WatchOptions { start_revision, ..options.clone() }).await,
+        };
+        let mut watcher = match opening {
             Ok(watcher) => watcher,
             Err(error) => {
                 if matches!(error, Error::Compacted { .. }) {
                     start_revision = 0;
                     compacted = Some(error.clone());
                 }
-                log.lock().expect("watch log").note_error(clock.now(), &error, BTreeMap::new());
+                each(&|log| log.note_error(clock.now(), &error, BTreeMap::new()));
                 tokio::time::sleep(RETRY_AFTER).await;
                 continue;
             }
         };
         if let Some(error) = compacted.take() {
-            let mut log = log.lock().expect("watch log");
-            let after = log.delivered.len();
-            log.gaps.push(Gap { after, reopened_ns: clock.now(), error: error.to_string() });
+            each(&|log| {
+                let after = log.delivered.len();
+                log.gaps.push(Gap { after, reopened_ns: clock.now(), error: error.to_string() });
+            });
         }
-        if start_revision == 0 {
+        if start_revision == 0 && resuming {
             // Where the server started it (one group: `RESUMED` never moves), so a resume
             // before its first event misses nothing either.
             start_revision = watcher.resume_revisions().values().copied().max().unwrap_or(0);
@@ -244,38 +278,43 @@ async fn watch_register(client: Client, register: &'static str, from_revision: u
                 None => match tokio::time::timeout(IDLE_NOTED_AFTER, watcher.next()).await {
                     Ok(next) => next,
                     Err(_) => {
-                        log.lock().expect("watch log").note_idle(clock.now(), watcher.resume_revisions());
+                        each(&|log| log.note_idle(clock.now(), watcher.resume_revisions()));
                         continue;
                     }
                 },
             };
             match next {
                 Ok(Some(event)) => {
+                    // Only a single group's watch is resumed from one revision (`resuming`).
                     start_revision = event.revision + 1;
-                    let delivered = Delivered { group: event.group_id, revision: event.revision, value: event.node.data, received_ns: clock.now() };
-                    log.lock().expect("watch log").delivered.push(delivered);
+                    if let Some(log) = logs.get(event.node.path.as_str()) {
+                        let delivered =
+                            Delivered { group: event.group_id, revision: event.revision, value: event.node.data, received_ns: clock.now() };
+                        log.lock().expect("watch log").delivered.push(delivered);
+                    }
                 }
                 Ok(None) => {
-                    let mut log = log.lock().expect("watch log");
-                    let error = log.last_error.clone().unwrap_or_else(|| "none".into());
-                    log.stalled = Some(format!("the watch ended (last error: {error})"));
+                    each(&|log| {
+                        let error = log.last_error.clone().unwrap_or_else(|| "none".into());
+                        log.stalled = Some(format!("the watch ended (last error: {error})"));
+                    });
                     return;
                 }
                 Err(error @ Error::Compacted { .. }) => {
-                    log.lock().expect("watch log").note_error(clock.now(), &error, watcher.resume_revisions().clone());
+                    each(&|log| log.note_error(clock.now(), &error, watcher.resume_revisions().clone()));
                     (start_revision, compacted) = (0, Some(error));
                     break;
                 }
                 Err(error) => {
                     // Transient (the watcher tries again on the next call) or final (the
                     // next call answers `None`).
-                    log.lock().expect("watch log").note_error(clock.now(), &error, watcher.resume_revisions().clone());
+                    each(&|log| log.note_error(clock.now(), &error, watcher.resume_revisions().clone()));
                     tokio::time::sleep(RETRY_AFTER).await;
                 }
             }
         }
         if compacted.is_none() {
-            log.lock().expect("watch log").resumes += 1;
+            each(&|log| log.resumes += 1);
         }
     }
 }
