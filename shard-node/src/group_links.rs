@@ -98,8 +98,9 @@ impl GroupLinks {
     }
 
     /// Asks `home` (linearizably) which of `session_ids`, all homed there, are alive, with
-    /// their owners, on behalf of group `from`; with `note_holder`, `home` also notes `from`
-    /// as holding the live ones (so closing one ends it in `from` at once). None is alive
+    /// their owners, on behalf of group `from`; `home` also notes `from` as holding the live
+    /// ones (so closing one ends it in `from` at once): with `note_holder` (`from` is about to
+    /// record them) each, else (`from` records them) those not noting it yet. None is alive
     /// when no group `home` exists. Fails UNAVAILABLE when `home` cannot be reached by
     /// `deadline`.
     pub async fn check_sessions(
@@ -114,10 +115,10 @@ impl GroupLinks {
             return Ok(AliveSessions::default());
         }
         debug_assert!(session_ids.iter().all(|id| home_group(*id) == home), "sessions of one home group");
-        let holder_group = if note_holder { from } else { 0 };
+        let (holder_group, checker_group) = if note_holder { (from, 0) } else { (0, from) };
         let answer = self
             .call_session_check(from, home, deadline, |mut client, routing| {
-                let request = CheckSessionsRequest { session_ids: session_ids.to_vec(), holder_group, routing: Some(routing) };
+                let request = CheckSessionsRequest { session_ids: session_ids.to_vec(), holder_group, checker_group, routing: Some(routing) };
                 async move { client.check_sessions(bounded(request, deadline)).await }
             })
             .await?;

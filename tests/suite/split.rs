@@ -180,7 +180,7 @@ async fn a_live_subtree_splits_into_its_own_group_with_everything_in_it() {
     let fresh = router.create(CreateRequest { path: format!("{SUBTREE}/fresh"), ..CreateRequest::default() }).await.expect("fresh");
     assert!(fresh.into_inner().stat.expect("stat").create_revision > holder.token.max(granted_token), "tokens keep growing");
 
-    check_moved_ephemerals_follow_their_sessions(&mut router, SUBTREE, sessions).await;
+    check_moved_ephemerals_follow_their_sessions(&cluster, &mut router, SUBTREE, sessions).await;
     renewals.abort();
 }
 

@@ -163,7 +163,7 @@ async fn a_subtree_split_off_and_merged_back_under_load_keeps_every_guarantee() 
         "the merged group is gone: {table:?}"
     );
 
-    check_moved_ephemerals_follow_their_sessions(&mut router, SUBTREE, sessions).await;
+    check_moved_ephemerals_follow_their_sessions(&cluster, &mut router, SUBTREE, sessions).await;
     renewals.abort();
 }
 

@@ -348,6 +348,16 @@ impl Harness {
         }
     }
 
+    /// Which of `session_ids`, homed here and alive, do not note group `checker` as holding
+    /// them (a `Sessions` query with `checker_group`).
+    pub fn sessions_unnoted(&self, checker: u64, session_ids: &[u64]) -> Outcome<Vec<u64>> {
+        let query = warden_proto::namespace::SessionIds { session_ids: session_ids.to_vec(), checker_group: checker, ..Default::default() };
+        match self.query(QueryKind::Sessions(query))?.result {
+            Some(QueryOutcome::Sessions(known)) => Ok(known.unnoted),
+            _ => Err(engine(EngineError::Invalid("mismatched result".into()))),
+        }
+    }
+
     /// Adds a lock waiter (see `Txn::acquire_lock`) at the harness's `now_ms`.
     pub fn lock(&mut self, request: AcquireLock) -> Outcome<LockResponse> {
         self.lock_attempt(request).map(|(response, _)| response)

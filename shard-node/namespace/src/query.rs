@@ -128,7 +128,7 @@ fn answer(
             let session_alive = store::TxnView::new(reader, None).session(query.session_id)?.is_some();
             QueryOutcome::Waiter(WaiterState { queued: position.is_some(), holds: position.is_some_and(|i| i < holding), session_alive })
         }
-        Some(QueryKind::Sessions(SessionIds { session_ids, .. })) => {
+        Some(QueryKind::Sessions(SessionIds { session_ids, checker_group, .. })) => {
             if session_ids.len() > sessions::SESSION_IDS_PER_CHECK_MAX {
                 return Err(too_large("", "sessions asked about at once", session_ids.len(), sessions::SESSION_IDS_PER_CHECK_MAX).into());
             }
@@ -136,16 +136,20 @@ fn answer(
             let mut present = Vec::new();
             let mut owners = Vec::new();
             let mut owners_unknown = Vec::new();
+            let mut unnoted = Vec::new();
             for id in session_ids {
                 if let Some(record) = view.session(id)? {
                     present.push(id);
+                    if checker_group != 0 && !record.remote && !record.remote_holders.contains(&checker_group) {
+                        unnoted.push(id);
+                    }
                     if sessions::owner(&record) == sessions::Owner::Unknown {
                         owners_unknown.push(id);
                     }
                     owners.push(record.owner);
                 }
             }
-            QueryOutcome::Sessions(SessionIds { session_ids: present, owners, owners_unknown, holders_full: Vec::new() })
+            QueryOutcome::Sessions(SessionIds { session_ids: present, owners, owners_unknown, unnoted, ..SessionIds::default() })
         }
         None => return Err(invalid("", "query without a kind").into()),
     })

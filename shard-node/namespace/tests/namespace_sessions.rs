@@ -215,7 +215,8 @@ fn remote_sessions_are_kept_until_their_home_group_ends_them() {
 
 /// A session's home group notes each group about to record it as remote (the group's
 /// confirmation, `NoteRemoteHolders`): once, at most `REMOTE_HOLDERS_MAX` groups, as
-/// replicated state; a further group is answered that it may not record the session.
+/// replicated state; a further group is answered that it may not record the session. A
+/// group asking about sessions it records (`checker_group`) is told which do not note it.
 /// Closing the session answers those groups, for the service to end it there before the
 /// close is answered. A session that is not alive here (ended, or only a
 /// remote record) is neither noted nor answered.
@@ -236,6 +237,10 @@ fn a_closed_session_names_the_groups_that_record_it_as_remote() {
     for holder in 100..100 + REMOTE_HOLDERS_MAX as u64 {
         ns.note_remote_holders(holder, &[busy]).expect("noted");
     }
+    // A group that records sessions without having asked (a subtree move brought them)
+    // learns which do not note it yet; remote records and unknown sessions are not named.
+    assert_eq!(ns.sessions_unnoted(7, &[session, busy, never, remote]).expect("asked"), vec![busy], "7 is noted by the first only");
+    assert!(ns.sessions_unnoted(0, &[session, busy]).expect("asked").is_empty(), "no checker, nothing unnoted");
     let past = ns.note_remote_holders_full(99, &[busy, session]).expect("answered");
     assert_eq!((past.session_ids, past.holders_full), (vec![session], vec![busy]), "alive past the bound: not noted, and said so");
 

@@ -31,7 +31,7 @@
 //! group the subtree left), or in a group the close could not reach in time. A group past
 //! the `REMOTE_HOLDERS_MAX` a session notes is refused the session (TOO_LARGE).
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
@@ -76,6 +76,9 @@ pub struct RemoteSessionMetrics {
     pub unconfirmed_sessions: AtomicU64,
     /// `CheckSessions` calls made, ever.
     pub checks: AtomicU64,
+    /// Home side: sessions homed in the groups this node leads that a check by a group
+    /// recording them noted as held there (a subtree move had brought them), ever.
+    pub holders_noted_by_checks: AtomicU64,
     /// Remote sessions ended on a home group's verdict, ever.
     pub ended: AtomicU64,
 }
@@ -286,7 +289,15 @@ impl WardenService {
         let mut unreachable = std::collections::BTreeSet::new();
         for (home, batch, answer) in futures::future::join_all(calls).await {
             match answer {
-                Ok(answer) => dead.extend(batch.iter().filter(|id| !answer.alive.iter().any(|(alive, _)| alive == *id))),
+                Ok(answer) => {
+                    // Alive, but noting as many groups as it may: kept here until it ends (the
+                    // home's close cannot end it here; this group's next check after it does).
+                    if !answer.holders_full.is_empty() {
+                        tracing::warn!(group, home, sessions = answer.holders_full.len(), "sessions moved here cannot be noted at home");
+                    }
+                    let live = |id: &u64| answer.alive.iter().any(|(alive, _)| alive == id) || answer.holders_full.contains(id);
+                    dead.extend(batch.iter().filter(|id| !live(id)));
+                }
                 Err(error) => {
                     // Kept: only the home group's verdict ends a session (rule 7).
                     tracing::warn!(group, home, sessions = batch.len(), %error, "home group unreachable; keeping its sessions' ephemerals");
@@ -360,16 +371,35 @@ impl SessionCheck for WardenService {
                 _ => Err(internal("mismatched result".into())),
             };
         }
-        let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids, ..SessionIds::default() });
-        match self.read_group(group, Consistency::Linearizable as i32, query, timeout).await? {
-            (QueryOutcome::Sessions(alive), header) => Ok(Response::new(CheckSessionsResponse {
+        // A group never records its own sessions as remote.
+        let checker = Some(request.checker_group).filter(|checker| *checker != group).unwrap_or(0);
+        let query = QueryKind::Sessions(SessionIds { session_ids: request.session_ids, checker_group: checker, ..SessionIds::default() });
+        let (alive, header) = match self.read_group(group, Consistency::Linearizable as i32, query, timeout).await? {
+            (QueryOutcome::Sessions(alive), header) => (alive, header),
+            _ => return Err(internal("mismatched result".into())),
+        };
+        if alive.unnoted.is_empty() {
+            return Ok(Response::new(CheckSessionsResponse {
                 header: Some(header),
                 alive: alive.session_ids,
                 owners: alive.owners,
                 holders_full: Vec::new(),
-            })),
-            _ => Err(internal("mismatched result".into())),
+            }));
         }
+        // The checking group records sessions whose records here do not note it (a subtree
+        // move brought them there): noted now, a write, so a close ends them there at once.
+        let note = CommandOp::NoteRemoteHolders(NoteRemoteHolders { session_ids: alive.unnoted.clone(), group_id: checker });
+        let (noted, header) = match self.propose(group, note, "", timeout).await? {
+            (CommandOutcome::Sessions(noted), header) => (noted, header),
+            _ => return Err(internal("mismatched result".into())),
+        };
+        self.remote_metrics.holders_noted_by_checks.fetch_add(noted.session_ids.len() as u64, Ordering::Relaxed);
+        // Of the unnoted, those that ended meanwhile are not alive, and those that could not be
+        // noted are answered apart (`holders_full`), as to a group asking to record them.
+        let (unnoted, noted_ids): (HashSet<u64>, HashSet<u64>) = (alive.unnoted.into_iter().collect(), noted.session_ids.into_iter().collect());
+        let kept = |id: &u64| !unnoted.contains(id) || noted_ids.contains(id);
+        let (alive_ids, owners) = alive.session_ids.into_iter().zip(alive.owners).filter(|(id, _)| kept(id)).unzip();
+        Ok(Response::new(CheckSessionsResponse { header: Some(header), alive: alive_ids, owners, holders_full: noted.holders_full }))
     }
 
     async fn end_sessions(&self, request: Request<EndSessionsRequest>) -> Result<Response<EndSessionsResponse>, Status> {

@@ -116,14 +116,29 @@ pub async fn ephemerals_of_three_homes(
 }
 
 /// After a move: the ephemerals of [`ephemerals_of_three_homes`] stay while their sessions
-/// live, and the second one goes when its home group ends its session.
-pub async fn check_moved_ephemerals_follow_their_sessions(router: &mut WardenClient<Channel>, subtree: &str, sessions: [u64; 3]) {
-    router.close_session(CloseSessionRequest { session_id: sessions[1], ..Default::default() }).await.expect("close at home");
+/// live, and the second one is gone when the close of its session at its home group answers:
+/// the group the move took it to noted itself at home at its first check after the move (the
+/// home's leader counts it, `holders_noted_by_checks`), so the close ended it there too.
+pub async fn check_moved_ephemerals_follow_their_sessions(
+    cluster: &warden_shard_node::cluster::Cluster,
+    router: &mut WardenClient<Channel>,
+    subtree: &str,
+    sessions: [u64; 3],
+) {
+    let home = warden_placement::home_group(sessions[1]);
+    let leader = cluster.wait_leader(home, super::routed::TIMEOUT).await.expect("the home group's leader");
+    let metrics = cluster.remote_session_metrics(leader).expect("the leader runs");
     let deadline = Instant::now() + Duration::from_secs(30);
-    while get(router, &format!("{subtree}/eph1")).await.is_ok() {
-        assert!(Instant::now() < deadline, "the closed session's moved ephemeral was never deleted");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    while metrics.holders_noted_by_checks.load(Ordering::Relaxed) == 0 {
+        assert!(Instant::now() < deadline, "no group the move took the session to noted itself at its home");
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    router.close_session(CloseSessionRequest { session_id: sessions[1], ..Default::default() }).await.expect("close at home");
+    assert_eq!(
+        get(router, &format!("{subtree}/eph1")).await.map_err(|status| status.code()).err(),
+        Some(tonic::Code::NotFound),
+        "the closed session's moved ephemeral is gone when the close answers"
+    );
     for i in [0, 2] {
         get(router, &format!("{subtree}/eph{i}")).await.expect("a live session's moved ephemeral stays");
     }
