@@ -57,6 +57,8 @@ pub struct Verdict {
     /// Register changes the watchers delivered, their resumes from a revision, and watches
     /// that found their events compacted away (see `Checked`).
     pub watch_events: usize,
+    /// Of them, those delivered through the etcd API.
+    pub etcd_watch_events: usize,
     pub watch_resumes: usize,
     pub watch_compactions: usize,
     /// Creates the quota refused, and listings of its subtree checked.
@@ -102,7 +104,7 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
     let mut workload = Workload::start_with_quota(cluster.router_addr(), &cluster.placement_clients(CALL_TIMEOUT)).await;
     // Kept until the history ends (the process is killed when dropped).
     let (_etcd_router, _, etcd_addr) = cluster.start_etcd_router().await;
-    workload.start_etcd_lockers(&etcd_addr.to_string()).await;
+    workload.start_etcd_clients(&etcd_addr.to_string()).await;
     let mut group_of_prefix = BTreeMap::new();
     for probe in probes() {
         let prefix = probe.trim_end_matches("/probe").to_string();
@@ -148,6 +150,7 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
         abandoned_holds: checked.abandoned_holds,
         register_ops: checked.register_ops,
         watch_events: checked.watch_events,
+        etcd_watch_events: checked.etcd_watch_events,
         watch_resumes: checked.watch_resumes,
         watch_compactions: checked.watch_compactions,
         quota_refusals: checked.quota_refusals,

@@ -140,6 +140,7 @@ async fn seeded_histories_under_partitions_pauses_and_kills_show_no_anomaly() {
         assert!(verdict.abandoned_holds >= 1, "seed {}: no holder crashed, so no lock-delay was checked", verdict.seed);
         assert!(verdict.ephemeral_reads >= 10, "seed {}: {} reads of ephemeral nodes are too few to check", verdict.seed, verdict.ephemeral_reads);
         assert!(verdict.watch_events >= 10, "seed {}: {} watch events are too few to check", verdict.seed, verdict.watch_events);
+        assert!(verdict.etcd_watch_events >= 10, "seed {}: {} etcd watch events are too few to check", verdict.seed, verdict.etcd_watch_events);
         assert!(verdict.quota_refusals >= 1, "seed {}: the quota never refused a create, so its limit was not checked", verdict.seed);
     }
 }

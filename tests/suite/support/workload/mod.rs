@@ -8,7 +8,7 @@
 //! and in order, the quota never exceeded and a refused create absent).
 //! Used by `crash_cycles.rs`, `fleet_processes.rs`, `split_merge.rs` and the torture runs.
 //!
-//! - `etcd_locks`: lockers through a router's etcd API (`Workload::start_etcd_lockers`),
+//! - `etcd_locks`: lockers through a router's etcd API (`Workload::start_etcd_clients`),
 //!   judged by the fenced resource's checks;
 //! - `watches`: the watchers and the watch check;
 //! - `quotas`: the quota clients and the quota check.
@@ -144,6 +144,8 @@ pub struct Checked {
     /// their events compacted away (on a replica whose history started over) and watched
     /// again from then.
     pub watch_events: usize,
+    /// Of them, those the etcd watcher delivered (zero without the etcd clients).
+    pub etcd_watch_events: usize,
     pub watch_resumes: usize,
     pub watch_compactions: usize,
     /// Creates the quota refused, and listings of its subtree checked (zero without the
@@ -287,12 +289,14 @@ impl Workload {
         workload
     }
 
-    /// Starts the lockers of the etcd API at `etcd_addr` (a router's `--etcd-listen`): their
-    /// holds are checked with the native ones (see `etcd_locks`).
-    pub async fn start_etcd_lockers(&mut self, etcd_addr: &str) {
+    /// Starts the clients of the etcd API at `etcd_addr` (a router's `--etcd-listen`): the
+    /// lockers, whose holds are checked with the native ones (see `etcd_locks`), and a
+    /// list-then-watch watcher checked with the others (see `watches`).
+    pub async fn start_etcd_clients(&mut self, etcd_addr: &str) {
         let (clock, stop, attempts) = (self.clock, self.stop.clone(), self.attempts.clone());
         let outcomes = || Outcomes { clock, stop: stop.clone(), attempts: attempts.clone() };
         etcd_locks::start(etcd_addr, outcomes, &self.resource, &mut self.tasks).await;
+        self.watches.start_etcd(etcd_addr).await;
     }
 
     /// Nanoseconds since the workload started (the clock of the history).
@@ -432,6 +436,7 @@ impl Workload {
             register_ops,
             stopped_ns,
             watch_events: watched.events,
+            etcd_watch_events: watched.etcd_events,
             watch_resumes: watched.resumes,
             watch_compactions: watched.compactions,
             quota_refusals: quotas.refusals,

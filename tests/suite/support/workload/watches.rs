@@ -8,7 +8,11 @@
 //! its last event, as a user does after a restart. One *recursive* watcher of [`SUBTREE`]
 //! spans every group (the root's, the other groups' prefixes below it, and the group `/a`
 //! is split into and merged back from) and is judged for every register of
-//! [`super::REGISTERS`] as if it watched each alone.
+//! [`super::REGISTERS`] as if it watched each alone. With the etcd clients on
+//! ([`Watches::start_etcd`]), an *etcd* watcher does what an etcd user's informer does
+//! through a router's etcd API: list every key (one range over every group), watch the
+//! prefix `/` from the list's revision + 1, and list again whenever the watch breaks; it is
+//! judged for the registers that never move ([`ETCD_WATCHED`]).
 //!
 //! A watch can legitimately lose its place: a replica's event history starts over when it
 //! restarts or installs a snapshot (`shard-node/namespace/src/watch/hub.rs`, `reset`), and a
@@ -16,7 +20,8 @@
 //! nodes); so does a watch of `/a/r0` that never reached the group `/a` was split into before
 //! it merged back (that group's events are gone with it). The watcher then does what
 //! `Error::Compacted` tells a user to do: it watches again
-//! from now. The writes that may fall in that gap (see [`RegisterWrites::excused`]) are not
+//! from now. So does a watch that ended MOVED (a recursive watch opened again just as a
+//! subtree it spans moved: an open finding, docs/torture.md). The writes that may fall in that gap (see [`RegisterWrites::excused`]) are not
 //! required; every other acknowledged write still is, and the gap is counted.
 
 use std::collections::BTreeMap;
@@ -40,6 +45,10 @@ pub const WATCHED: [&str; 2] = ["/a/r0", "/d/r0"];
 pub const RESUMED: &str = "/d/r0";
 /// The subtree the recursive watcher watches: all of it, so one watch spans every group.
 pub const SUBTREE: &str = "/";
+/// The registers the etcd watcher is judged for: those that never change group (etcd's
+/// events do not name their group, so a register that moves would mix two groups'
+/// revisions in one log).
+pub const ETCD_WATCHED: [&str; 4] = ["/b/r0", "/b/r1", "/c/r0", "/d/r0"];
 /// How long the resuming watcher keeps one `Watcher`: a random time in this range.
 const RESUME_AFTER_MS: std::ops::Range<u64> = 1_000..3_000;
 /// How long, after the clients stop, a watcher may take to deliver a register's final value.
@@ -118,6 +127,9 @@ pub struct WatchLog {
     pub gaps: Vec<Gap>,
     /// Watchers it dropped to open a new one from the revision after its last event.
     pub resumes: usize,
+    /// Its gaps are an etcd watcher's lists (one at its start, one after each break), not
+    /// compactions: counted as resumes.
+    pub relists: bool,
     /// The last error a call of the watcher answered, for a stall's report.
     pub last_error: Option<String>,
     /// The first [`ERRORS_LOGGED_MAX`] errors, each with when (ns) and the resume revisions
@@ -131,8 +143,9 @@ pub struct WatchLog {
 #[derive(Debug, Default)]
 pub struct WatchesChecked {
     pub anomalies: Vec<Anomaly>,
-    /// Events delivered, over every watcher.
+    /// Events delivered, over every watcher, and of them by the etcd watcher.
     pub events: usize,
+    pub etcd_events: usize,
     /// Explicit resumes from a revision.
     pub resumes: usize,
     /// Watches that found their events compacted away and started again from now.
@@ -191,6 +204,24 @@ impl Watches {
         Watches { clock, watchers }
     }
 
+    /// Starts the etcd watcher (see the module's documentation) against the etcd API at
+    /// `etcd_addr`, judged for each register of [`ETCD_WATCHED`].
+    pub async fn start_etcd(&mut self, etcd_addr: &str) {
+        // No request timeout: it would end the watch stream too.
+        let options = etcd_client::ConnectOptions::new().with_connect_timeout(super::CALL_TIMEOUT);
+        let client = etcd_client::Client::connect([etcd_addr], Some(options)).await;
+        let client = client.unwrap_or_else(|error| panic!("connect to the etcd API at {etcd_addr}: {error}"));
+        let logs: Logs = ETCD_WATCHED
+            .into_iter()
+            .map(|register| {
+                let log = WatchLog { name: format!("etcd {SUBTREE} for {register}"), relists: true, ..WatchLog::default() };
+                (register, Arc::new(Mutex::new(log)))
+            })
+            .collect();
+        let mut task = Some(tokio::spawn(watch_etcd(client, self.clock, logs.clone())));
+        self.watchers.extend(logs.into_iter().map(|(register, log)| Running { register, task: task.take(), log }));
+    }
+
     /// Waits (at most [`CATCH_UP_WITHIN`]) until every watcher delivered its register's
     /// final value (`finals`, read after the clients stopped; the writes are `records`),
     /// stops them and checks what each delivered.
@@ -221,7 +252,12 @@ impl Watches {
             checked.anomalies.extend(watch_anomalies(&log, &writes[register], self.clock.now()));
             checked.events += log.delivered.len();
             checked.resumes += log.resumes;
-            checked.compactions += log.gaps.len();
+            if log.relists {
+                checked.etcd_events += log.delivered.len();
+                checked.resumes += log.gaps.len();
+            } else {
+                checked.compactions += log.gaps.len();
+            }
             checked.logs.push(log);
         }
         checked
@@ -245,7 +281,7 @@ async fn watch(client: Client, options: WatchOptions, mut opened: Option<Watcher
         let mut watcher = match opening {
             Ok(watcher) => watcher,
             Err(error) => {
-                if matches!(error, Error::Compacted { .. }) {
+                if matches!(error, Error::Compacted { .. } | Error::Moved { .. }) {
                     start_revision = 0;
                     compacted = Some(error.clone());
                 }
@@ -300,7 +336,10 @@ async fn watch(client: Client, options: WatchOptions, mut opened: Option<Watcher
                     });
                     return;
                 }
-                Err(error @ Error::Compacted { .. }) => {
+                // MOVED ends a watch when it is opened again just as a subtree it spans moves
+                // (an open finding, docs/torture.md): the user watches again from now, as
+                // after COMPACTED, and only the writes that may fall in the gap are excused.
+                Err(error @ (Error::Compacted { .. } | Error::Moved { .. })) => {
                     each(&|log| log.note_error(clock.now(), &error, watcher.resume_revisions().clone()));
                     (start_revision, compacted) = (0, Some(error));
                     break;
@@ -316,6 +355,70 @@ async fn watch(client: Client, options: WatchOptions, mut opened: Option<Watcher
         if compacted.is_none() {
             each(&|log| log.resumes += 1);
         }
+    }
+}
+
+/// Lists every key through etcd's API, watches the prefix [`SUBTREE`] from the list's
+/// revision + 1 and logs each put of a register of `logs`, until aborted; lists again
+/// whenever the watch breaks (a gap in every log, up to the list's answer: writes invoked
+/// before it may be in the list rather than the watch). Errors are noted in every log.
+async fn watch_etcd(mut client: etcd_client::Client, clock: HistoryClock, logs: Logs) {
+    use etcd_client::{EventType, GetOptions, WatchOptions};
+    let each = |note: &dyn Fn(&mut WatchLog)| logs.values().for_each(|log| note(&mut log.lock().expect("watch log")));
+    let note = |error: String| {
+        each(&|log| {
+            log.last_error = Some(error.clone());
+            log.keep(WatchError { at_ns: clock.now(), error: error.clone(), resume_revisions: BTreeMap::new() });
+        })
+    };
+    let mut why = "the watch's start".to_string();
+    loop {
+        // 1. The list: one linearizable range over every group; its revision is a valid
+        //    start for a watch of all of them.
+        let revision = match client.get(SUBTREE, Some(GetOptions::new().with_prefix().with_count_only())).await {
+            Ok(listed) => listed.header().map_or(0, |header| header.revision()),
+            Err(error) => {
+                note(format!("list: {error}"));
+                tokio::time::sleep(RETRY_AFTER).await;
+                continue;
+            }
+        };
+        // A write invoked before the list answered may be in the list rather than the watch;
+        // one invoked after lands above the list's revision in its group.
+        let listed_ns = clock.now();
+        each(&|log| {
+            let after = log.delivered.len();
+            log.gaps.push(Gap { after, reopened_ns: listed_ns, error: why.clone() });
+        });
+        // 2. The watch from the list's revision + 1.
+        let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
+        let mut stream = match client.watch(SUBTREE, Some(options)).await {
+            Ok(opened) => opened,
+            Err(error) => {
+                why = format!("watch: {error}");
+                note(why.clone());
+                tokio::time::sleep(RETRY_AFTER).await;
+                continue;
+            }
+        };
+        why = loop {
+            match stream.message().await {
+                Ok(Some(answer)) if answer.canceled() => break format!("cancelled: {}", answer.cancel_reason()),
+                Ok(Some(answer)) => {
+                    let puts = answer.events().iter().filter(|event| event.event_type() == EventType::Put);
+                    for kv in puts.filter_map(|event| event.kv()) {
+                        let Some(log) = kv.key_str().ok().and_then(|key| logs.get(key)) else { continue };
+                        let revision = u64::try_from(kv.mod_revision()).unwrap_or(0);
+                        let delivered = Delivered { group: 0, revision, value: kv.value().to_vec(), received_ns: clock.now() };
+                        log.lock().expect("watch log").delivered.push(delivered);
+                    }
+                }
+                Ok(None) => break "the watch stream ended".to_string(),
+                Err(error) => break format!("the watch stream failed: {error}"),
+            }
+        };
+        note(why.clone());
+        tokio::time::sleep(RETRY_AFTER).await;
     }
 }
 
