@@ -576,6 +576,7 @@ async fn etcd_range_compares_and_nested_transactions_run_atomically_in_one_group
 
     // Compares judged first: the nested one sees /registry/pods/c missing though the outer
     // transaction put it just before.
+    etcd.put("/registry/pods/a", "1", None).await.expect("put");
     let nested = Txn::new()
         .when([Compare::version("/registry/pods/c", CompareOp::Equal, 0)])
         .and_then([TxnOp::put("/registry/pods/d", "then", None)])
