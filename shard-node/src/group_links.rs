@@ -35,6 +35,13 @@ pub struct AliveSessions {
     pub holders_full: Vec<u64>,
 }
 
+impl AliveSessions {
+    /// Whether the home group answered `session` alive (noted or not).
+    pub fn is_live(&self, session: u64) -> bool {
+        self.alive.iter().any(|(alive, _)| *alive == session) || self.holders_full.contains(&session)
+    }
+}
+
 /// Calls from one node's groups to other groups.
 pub struct GroupLinks {
     directory: Arc<PeerDirectory>,

@@ -27,8 +27,9 @@
 //! then recorded here): the next check finds it dead and deletes what it created, so such an
 //! ephemeral lives at most one check interval. So do the ephemerals of an expired session
 //! (an expiry is the home leader's own entry, with no service call to tell the others), of
-//! a closed one in a group given the ephemerals by a subtree move (its record notes the
-//! group the subtree left), or in a group the close could not reach in time. A group past
+//! a closed one in a group a subtree move gave the ephemerals before that group's first
+//! check noted it at home (`checker_group`), or in a group the close could not reach in
+//! time. A group past
 //! the `REMOTE_HOLDERS_MAX` a session notes is refused the session (TOO_LARGE).
 
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -192,8 +193,7 @@ impl WardenService {
         let mut holders_full: Vec<u64> = Vec::new();
         for (home, ids, answer) in answers {
             let answer = answer?;
-            let live = |id: &u64| answer.alive.iter().any(|(alive, _)| alive == id) || answer.holders_full.contains(id);
-            ended.extend(ids.iter().copied().filter(|id| !live(id)).map(|id| (id, home)));
+            ended.extend(ids.iter().copied().filter(|id| !answer.is_live(*id)).map(|id| (id, home)));
             owners.extend(answer.alive);
             holders_full.extend(answer.holders_full);
         }
@@ -295,8 +295,7 @@ impl WardenService {
                     if !answer.holders_full.is_empty() {
                         tracing::warn!(group, home, sessions = answer.holders_full.len(), "sessions moved here cannot be noted at home");
                     }
-                    let live = |id: &u64| answer.alive.iter().any(|(alive, _)| alive == id) || answer.holders_full.contains(id);
-                    dead.extend(batch.iter().filter(|id| !live(id)));
+                    dead.extend(batch.iter().filter(|id| !answer.is_live(**id)));
                 }
                 Err(error) => {
                     // Kept: only the home group's verdict ends a session (rule 7).
