@@ -274,7 +274,11 @@ async fn a_watch_spanning_a_merge_keeps_the_parent_groups_events() {
 /// A watcher that did not read while its subtree was split off, written in its new group and
 /// merged back never skips the new group's writes: the merged group is gone, so the group
 /// serving the path again cannot give them, and the watch ends COMPACTED (the client then
-/// reads and watches again) instead of going on from that group's later writes.
+/// reads and watches again) instead of going on from that group's later writes. The same
+/// holds for a recursive watch of `/` re-created with the places a client holds when its part
+/// in the parent's group ran past the merge while its part in the merged group broke before
+/// that group's last write: from after the merge in the parent's group, it cannot get that
+/// write either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_resumed_after_its_subtree_moved_away_and_back_ends_compacted_rather_than_skip_writes() {
     const MOVING: &str = "/h";
@@ -300,10 +304,29 @@ async fn a_watch_resumed_after_its_subtree_moved_away_and_back_ends_compacted_ra
         at_placement_leader(&cluster, |mut c| async move { c.split_group(CreateGroupRequest { prefix: MOVING.into() }).await }).await.expect("split");
     let split_group = split.group.and_then(|g| g.descriptor).expect("descriptor").group_id;
     assert_eq!(group_serving(&mut router, REGISTER).await, split_group);
-    set(&mut router, "in the split group").await;
+    let in_split = set(&mut router, "in the split group").await.into_inner().header.expect("header");
+    assert_eq!(in_split.group_id, split_group);
     at_placement_leader(&cluster, |mut c| async move { c.merge_group(RemoveGroupRequest { prefix: MOVING.into() }).await }).await.expect("merge");
     assert_eq!(group_serving(&mut router, REGISTER).await, root_group);
-    set(&mut router, "after").await;
+    let after = set(&mut router, "after").await.into_inner().header.expect("header");
+    assert_eq!(after.group_id, root_group);
+
+    // Re-created from after the merge in the root group, with a place in the split group
+    // at its last write (not received): ended COMPACTED, not started without it.
+    let mut recreated = crate::support::watch::WatchConn::over(router.clone()).await.expect("watch stream");
+    let places = [(root_group, after.revision), (split_group, in_split.revision)].into();
+    let create = WatchCreate { group_start_revisions: places, ..crate::support::watch::persistent("/", true, after.revision) };
+    let answer = recreated.create(create).await.expect("an answer");
+    let answer = match answer.created {
+        // A write after it answers at once a watch that went on.
+        Some(_) => {
+            set(&mut router, "later").await;
+            recreated.next(TIMEOUT).await.expect("stream").expect("the watch's next answer")
+        }
+        None => answer,
+    };
+    let ended = answer.canceled.as_ref().and_then(|c| c.error.as_ref()).map(|e| e.code);
+    assert_eq!(ended, Some(warden_error::Code::Compacted as i32), "the write in the split group would be skipped: {answer:?}");
 
     let mut seen = Vec::new();
     loop {

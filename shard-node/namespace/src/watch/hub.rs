@@ -10,9 +10,10 @@
 //! with MOVED at the move's revision instead ([`WatchHub::transferred`]), live ones at once
 //! and catching-up ones once they have every event up to it, so a watch resumed at the new
 //! group from the revision after misses nothing and repeats nothing. A subtree that moves in
-//! has its earlier events in the group it came from: a watch starting before the move-in
-//! starts here only if its creator received every event of that group up to the hand-over
-//! (its resume revisions say so), else it ends COMPACTED rather than skip them.
+//! has its earlier events in the group it came from: a watch starting here before the
+//! move-in, or after it with a place in that group before the hand-over, starts only if its
+//! creator received every event of that group up to the hand-over (its resume revisions say
+//! so), else it ends COMPACTED rather than skip them.
 
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
@@ -305,22 +306,28 @@ impl WatchHub {
             Direction::Out { to_group } if t.revision >= next_revision => Some((t.revision, t.moved_error(to_group))),
             _ => None,
         });
-        // 2. A move in before that: the subtree's earlier events are in the group it came
-        //    from. Unless the watch's creator received all of them, starting here would skip
-        //    them.
+        // 2. A move in: the subtree's earlier events are in the group it came from, which
+        //    serves it no more (so no part of the watch is there). Unless the watch's creator
+        //    received all of them, going on here would skip them: from before the move-in,
+        //    a creator that never watched that group did not; from after it (this group's
+        //    part ran past the move-in while the part there broke first), one whose place
+        //    there is before the hand-over did not.
         let stop_at = pending_move.as_ref().map_or(u64::MAX, |(revision, _)| *revision);
         let unseen = concerning().find_map(|t| match t.direction {
-            Direction::In { from_group, handed_at }
-                if (next_revision..stop_at).contains(&t.revision)
-                    && watch.resume_revisions.get(&from_group).is_none_or(|next| *next <= handed_at) =>
-            {
-                Some((t, from_group))
+            Direction::In { from_group, handed_at } => {
+                let received = watch.resume_revisions.get(&from_group);
+                let missed = if (next_revision..stop_at).contains(&t.revision) {
+                    received.is_none_or(|next| *next <= handed_at)
+                } else {
+                    t.revision < next_revision && received.is_some_and(|next| *next <= handed_at)
+                };
+                missed.then_some((t, from_group))
             }
-            _ => None,
+            Direction::Out { .. } => None,
         });
         if let Some((t, from)) = unseen {
             let message = format!(
-                "{} moved here from group {from} at revision {}, after revision {next_revision}: this watch's events before it are in that group, and not all were received",
+                "{} moved here from group {from} at revision {}: this watch's events before it are in that group, and not all were received",
                 t.prefix, t.revision
             );
             stream.cancel(watch_id, Some(WardenError { compact_revision: t.revision, ..error(Code::Compacted, &t.prefix, message) }), next_revision);
@@ -704,6 +711,36 @@ mod tests {
             assert_eq!(hub.catch_up(&stream, seen, 1 << 20), CatchUp::Live, "watch {seen}");
         }
         assert_eq!(drain(&stream), vec![(4, vec![11]), (5, vec![11]), (6, vec![11]), (7, vec![3])]);
+    }
+
+    /// A watch re-created after its subtree moved in at revision 10 from group 9 (handed over
+    /// there at 7), from a revision here after the move-in (its part here ran past it), while
+    /// its creator had group 9's events only up to 5 (its part there broke first): the events
+    /// 5..=7 of group 9 are not here, and no part of the watch is in group 9 any more (the
+    /// router spans the groups serving the subtree), so it ends COMPACTED rather than skip
+    /// them. A creator that had them, one that never watched group 9, or a watch beside the
+    /// subtree goes on.
+    #[test]
+    fn a_watch_from_after_its_subtree_moved_in_ends_compacted_if_the_old_groups_events_were_not_all_received() {
+        let hub = WatchHub::new(1, limits());
+        hub.publish(Vec::new(), 10);
+        hub.transferred(moved_in("/t", 9, 7, 10));
+        hub.publish(vec![batch(11, &["/t/a"]), batch(12, &["/u"])], 12);
+        let stream = WatchStream::new(stream_limit());
+        add_resuming(&stream, 1, "/", true, 12, &[(1, 12), (9, 5)]);
+        add_resuming(&stream, 2, "/t/a", false, 12, &[(9, 7)]);
+        add_resuming(&stream, 3, "/", true, 12, &[(1, 12), (9, 8)]);
+        add_resuming(&stream, 4, "/", true, 12, &[(1, 12)]);
+        add_resuming(&stream, 5, "/u", false, 12, &[(9, 5)]);
+        for missed in 1..=2 {
+            assert_eq!(hub.catch_up(&stream, missed, 1 << 20), CatchUp::Ended, "watch {missed}");
+        }
+        assert_eq!(cancel_codes(&stream), vec![(1, Code::Compacted), (2, Code::Compacted)]);
+        for seen in 3..=5 {
+            assert_eq!(hub.catch_up(&stream, seen, 1 << 20), CatchUp::Live, "watch {seen}");
+        }
+        hub.publish(vec![batch(13, &["/t/a", "/u"])], 13);
+        assert_eq!(drain(&stream), vec![(3, vec![12]), (4, vec![12]), (5, vec![12]), (3, vec![13]), (4, vec![13]), (5, vec![13])]);
     }
 
     /// A watch whose path left the group before its start (created just as the hand-over
