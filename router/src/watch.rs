@@ -149,6 +149,30 @@ impl Watches {
         Some(carried)
     }
 
+    /// Ends watch `upstream_id` with `group`'s part's `canceled` response, after `before`
+    /// (the responses held until every part was created, delivered now).
+    fn end(&mut self, upstream_id: u64, group: u64, response: WatchResponse, before: Vec<WatchResponse>) -> Step {
+        let Some(ended) = response.canceled else { return Step::Hold };
+        let Some(mut watch) = self.remove(upstream_id) else { return Step::Hold };
+        let others = watch.parts.keys().copied().filter(|g| *g != group).map(|g| (g, upstream_id)).collect();
+        let routing_version = watch.parts.get(&group).map_or(0, |part| part.routing_version);
+        let moved_to = ended.error.as_ref().filter(|e| e.code == Code::Moved as i32).map(|e| e.moved_to_group);
+        if let (Some(_), true) = (moved_to, watch.announced) {
+            // The node sent every event of the part before the move's revision ahead of the
+            // cancellation, and the client has them: the part resumes after the move, not
+            // at its last event.
+            if let Some(part) = watch.parts.get_mut(&group) {
+                part.next_revision = part.next_revision.max(ended.resume_revision);
+            }
+        }
+        let mut end = WatchResponse { header: response.header, ..watch.canceled(ended.error) };
+        // A moved subtree resumes at its new group from the move (MOVED, warden.proto).
+        if let (Some(group), Some(canceled)) = (moved_to.filter(|g| *g != 0), end.canceled.as_mut()) {
+            canceled.resume_revisions.entry(group).or_insert(ended.resume_revision);
+        }
+        Step::End { before, end: Box::new(end), others, routing_version }
+    }
+
     /// Folds one upstream response of `group`'s stream `stream` into the watch's state.
     /// Until every part is created, the parts' events are held (the client must see
     /// `created` first); then the merged `created` goes out followed by what was held.
@@ -160,25 +184,17 @@ impl Watches {
             return Step::Hold;
         }
         response.watch_id = watch.client_id;
-        if let Some(ended) = response.canceled {
-            let Some(mut watch) = self.remove(upstream_id) else { return Step::Hold };
-            let others = watch.parts.keys().copied().filter(|g| *g != group).map(|g| (g, upstream_id)).collect();
-            let routing_version = watch.parts.get(&group).map_or(0, |part| part.routing_version);
-            let header = response.header;
-            let moved_to = ended.error.as_ref().filter(|e| e.code == Code::Moved as i32).map(|e| e.moved_to_group);
-            if moved_to.is_some() {
-                // The node sent every event of the part before the move's revision ahead of
-                // the cancellation: the part resumes after it, not at its last event.
-                if let Some(part) = watch.parts.get_mut(&group) {
-                    part.next_revision = part.next_revision.max(ended.resume_revision);
-                }
+        if let Some(ended) = &response.canceled {
+            let moved = ended.error.as_ref().is_some_and(|e| e.code == Code::Moved as i32);
+            if moved && !watch.announced && watch.parts.get(&group).is_some_and(|part| part.created.is_some()) {
+                // The part's events up to the move are held ahead of this: it goes to the
+                // client after them, once every other part is created. Ended now, the
+                // held events would be dropped while the part resumes after the move.
+                self.held_bytes += response.encoded_len();
+                watch.held.push((group, response));
+                return Step::Hold;
             }
-            let mut end = WatchResponse { header, ..watch.canceled(ended.error) };
-            // A moved subtree resumes at its new group from the move (MOVED, warden.proto).
-            if let (Some(group), Some(canceled)) = (moved_to.filter(|g| *g != 0), end.canceled.as_mut()) {
-                canceled.resume_revisions.entry(group).or_insert(ended.resume_revision);
-            }
-            return Step::End(Box::new(end), others, routing_version);
+            return self.end(upstream_id, group, response, Vec::new());
         }
         if let Some(created) = &response.created {
             let Some(part) = watch.parts.get_mut(&group) else { return Step::Hold };
@@ -198,9 +214,18 @@ impl Watches {
             watch.announced = true;
             self.held_bytes -= watch.held_bytes();
             let fired = watch.one_shot && watch.held.iter().any(|(_, held)| !held.events.is_empty());
+            let mut moved = None;
             for (held_group, held) in std::mem::take(&mut watch.held) {
+                if held.canceled.is_some() {
+                    // A part that ended MOVED, after its events (held before it).
+                    moved = Some((held_group, held));
+                    break;
+                }
                 watch.delivered(held_group, &held);
                 out.push(held);
+            }
+            if let Some((moved_group, canceled)) = moved {
+                return self.end(upstream_id, moved_group, canceled, out);
             }
             if fired {
                 self.remove(upstream_id);
@@ -218,7 +243,7 @@ impl Watches {
                     ..WardenError::default()
                 };
                 let parts = watch.parts.keys().map(|g| (*g, upstream_id)).collect();
-                return Step::End(Box::new(watch.canceled(Some(error))), parts, 0);
+                return Step::End { before: Vec::new(), end: Box::new(watch.canceled(Some(error))), others: parts, routing_version: 0 };
             }
             self.held_bytes += bytes;
             watch.held.push((group, response));
@@ -237,9 +262,17 @@ impl Watches {
 enum Step {
     /// Send these on, in order.
     Send(Vec<WatchResponse>),
-    /// The watch ended: send this, and cancel the parts (group, upstream id) in the list;
-    /// the ended part's routing version (see [`Proxy::await_routed`]).
-    End(Box<WatchResponse>, Vec<(u64, u64)>, u64),
+    /// The watch ended: send `before`, then `end`.
+    End {
+        /// Responses held until every part was created, now delivered.
+        before: Vec<WatchResponse>,
+        /// The `canceled` response.
+        end: Box<WatchResponse>,
+        /// The parts to cancel upstream: (group, upstream id).
+        others: Vec<(u64, u64)>,
+        /// The ended part's routing version (see [`Proxy::await_routed`]).
+        routing_version: u64,
+    },
     /// Nothing to send now.
     Hold,
 }
@@ -549,13 +582,18 @@ impl Proxy {
         }
         let out = match self.watches.step(group, stream, response) {
             Step::Send(out) => out,
-            Step::End(response, others, routing_version) => {
+            Step::End { before, end, others, routing_version } => {
                 self.cancel_parts(others);
-                let moved = response.canceled.as_ref().and_then(|c| c.error.as_ref()).filter(|e| e.code == Code::Moved as i32);
+                for response in before {
+                    if !self.out.send(response).await {
+                        return false;
+                    }
+                }
+                let moved = end.canceled.as_ref().and_then(|c| c.error.as_ref()).filter(|e| e.code == Code::Moved as i32);
                 if let Some(path) = moved.map(|e| e.path.clone()) {
                     self.await_routed(&path, group, routing_version).await;
                 }
-                vec![*response]
+                vec![*end]
             }
             Step::Hold => return true,
         };
@@ -743,15 +781,43 @@ mod tests {
         assert!(matches!(watches.step(2, 2, events(12)), Step::Send(_)));
         let ended = WatchResponse { watch_id: 90, canceled: Some(WatchCanceled::default()), ..WatchResponse::default() };
         match watches.step(1, 1, ended) {
-            Step::End(response, others, _) => {
+            Step::End { before, end, others, .. } => {
+                assert!(before.is_empty());
                 assert_eq!(others, vec![(2, 90)], "the other part is cancelled upstream");
-                assert_eq!(response.watch_id, 9);
-                assert_eq!(response.canceled.expect("canceled").resume_revisions, HashMap::from([(1, 0), (2, 13)]));
+                assert_eq!(end.watch_id, 9);
+                assert_eq!(end.canceled.expect("canceled").resume_revisions, HashMap::from([(1, 0), (2, 13)]));
             }
             _ => panic!("a part's cancel ends the watch"),
         }
         let late = WatchResponse { watch_id: 90, canceled: Some(WatchCanceled::default()), ..WatchResponse::default() };
         assert!(matches!(watches.step(2, 2, late), Step::Hold), "the other part's cancel is not a second one");
+        assert!(watches.carried.is_empty() && watches.ids.is_empty());
+    }
+
+    /// A part that catches up to a move and ends MOVED before the other parts are created:
+    /// its events reach the client (after `created`) ahead of the cancel, whose resume
+    /// revisions say so; it never resumes past events the client did not get.
+    #[test]
+    fn a_part_ending_moved_before_the_watch_is_created_ends_it_after_its_events() {
+        let mut watches = two_parts();
+        assert!(matches!(watches.step(2, 2, created(7)), Step::Hold));
+        assert!(matches!(watches.step(2, 2, events(8)), Step::Hold));
+        let moved = WardenError { moved_to_group: 3, ..warden_proto::warden_error(Code::Moved, "/t", "moved") };
+        let canceled = WatchCanceled { error: Some(moved), resume_revision: 11, ..WatchCanceled::default() };
+        let ended = WatchResponse { watch_id: 90, canceled: Some(canceled), ..WatchResponse::default() };
+        assert!(matches!(watches.step(2, 2, ended), Step::Hold), "the held events go first, once the watch is created");
+        match watches.step(1, 1, created(40)) {
+            Step::End { before, end, others, .. } => {
+                let revisions: Vec<Vec<u64>> = before.iter().map(|r| r.events.iter().map(|e| e.revision).collect()).collect();
+                assert!(before[0].created.is_some(), "created first");
+                assert_eq!(revisions[1..], [vec![8]], "then the moved part's events");
+                assert_eq!(others, vec![(1, 90)], "the part still running is cancelled upstream");
+                let canceled = end.canceled.expect("canceled");
+                assert_eq!(canceled.resume_revisions, HashMap::from([(1, 40), (2, 11), (3, 11)]));
+            }
+            _ => panic!("the watch ends once created"),
+        }
+        assert_eq!(watches.held_bytes, 0);
         assert!(watches.carried.is_empty() && watches.ids.is_empty());
     }
 
@@ -778,8 +844,8 @@ mod tests {
             assert!(matches!(watches.step(2, 2, big(revision)), Step::Hold));
         }
         match watches.step(2, 2, big(10)) {
-            Step::End(response, others, _) => {
-                let error = response.canceled.and_then(|c| c.error).expect("an error");
+            Step::End { end, others, .. } => {
+                let error = end.canceled.and_then(|c| c.error).expect("an error");
                 assert_eq!(error.code, Code::SlowWatcher as i32);
                 assert_eq!(others.len(), 2, "both parts are cancelled upstream");
             }

@@ -234,7 +234,7 @@ async fn a_watch_spanning_a_merge_keeps_the_parent_groups_events() {
     router.create(CreateRequest { path: "/p".into(), ..CreateRequest::default() }).await.expect("parent's node");
     let library = ::warden_client::Client::connect(::warden_client::ClientConfig::new([router_process.addr.to_string()])).await.expect("client");
     let options = ::warden_client::WatchOptions { recursive: true, ..::warden_client::WatchOptions::new("/") };
-    let mut watcher = library.watch(options).await.expect("watch");
+    let mut watcher = library.watch(options.clone()).await.expect("watch");
     // The merging group's revision runs far ahead of the root group's.
     for n in 0..300u32 {
         router.set(SetRequest { path: "/m".into(), data: n.to_be_bytes().to_vec(), ..SetRequest::default() }).await.expect("write in /m");
@@ -256,7 +256,21 @@ async fn a_watch_spanning_a_merge_keeps_the_parent_groups_events() {
         router.set(SetRequest { path: "/p".into(), data: vec![n], ..SetRequest::default() }).await.expect("write beside");
         written.push(vec![n]);
     }
+    // A watch created now spans /m's old group, which answers MOVED: the library creates it
+    // again (the subtree is moving, not gone), and says UNAVAILABLE once its request
+    // timeout passes while the move lasts (a caller retries that), never the final MOVED.
+    let config = ::warden_client::ClientConfig {
+        request_timeout: Duration::from_secs(2),
+        ..::warden_client::ClientConfig::new([router_process.addr.to_string()])
+    };
+    let impatient = ::warden_client::Client::connect(config).await.expect("client");
+    match impatient.watch(options.clone()).await {
+        Err(::warden_client::Error::Unavailable { .. }) => {}
+        Ok(_) => panic!("a watch spanning a subtree that no group serves yet was created"),
+        Err(other) => panic!("a watch created while a subtree it spans moves says UNAVAILABLE, not {other:?}"),
+    }
     cluster.faults().release_split();
+    let mut created_after = impatient.watch(options).await.expect("a watch created once the move settled");
     merge.await.expect("task").expect("merge");
     router.set(SetRequest { path: "/p".into(), data: b"last".to_vec(), ..SetRequest::default() }).await.expect("last write");
     written.push(b"last".to_vec());
@@ -269,6 +283,13 @@ async fn a_watch_spanning_a_merge_keeps_the_parent_groups_events() {
         }
     }
     assert_eq!(seen, written, "every write of the parent's group seen once, in order");
+    loop {
+        let event = tokio::time::timeout(TIMEOUT, created_after.next()).await.expect("the last write's event").expect("watch").expect("not ended");
+        if event.node.path == "/p" {
+            assert_eq!(event.node.data, b"last", "the watch created after the writes beside sees the last one first");
+            break;
+        }
+    }
 }
 
 /// A watcher that did not read while its subtree was split off, written in its new group and

@@ -18,11 +18,12 @@
 //! restarts or installs a snapshot (`shard-node/namespace/src/watch/hub.rs`, `reset`), and a
 //! watch resumed there from before that point ends COMPACTED (the kill fault restarts
 //! nodes); so does a watch of `/a/r0` that never reached the group `/a` was split into before
-//! it merged back (that group's events are gone with it). The watcher then does what
-//! `Error::Compacted` tells a user to do: it watches again
-//! from now. So does a watch that ended MOVED (a recursive watch opened again just as a
-//! subtree it spans moved: an open finding, docs/torture.md). The writes that may fall in that gap (see [`RegisterWrites::excused`]) are not
-//! required; every other acknowledged write still is, and the gap is counted.
+//! it merged back (that group's events are gone with it), and a recursive watch re-created
+//! with a place in a merged group before its hand-over. The watcher then does what
+//! `Error::Compacted` tells a user to do: it watches again from now. The writes that may
+//! fall in that gap (see [`RegisterWrites::excused`]) are not required; every other
+//! acknowledged write still is, and the gap is counted. A watch that ends otherwise (MOVED
+//! included: a `Watcher` resumes across it by itself) is a stall.
 
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
@@ -279,7 +280,7 @@ async fn watch(client: Client, options: WatchOptions, mut opened: Option<Watcher
         let mut watcher = match opening {
             Ok(watcher) => watcher,
             Err(error) => {
-                if matches!(error, Error::Compacted { .. } | Error::Moved { .. }) {
+                if matches!(error, Error::Compacted { .. }) {
                     start_revision = 0;
                     compacted = Some(error.clone());
                 }
@@ -334,10 +335,10 @@ async fn watch(client: Client, options: WatchOptions, mut opened: Option<Watcher
                     });
                     return;
                 }
-                // MOVED ends a watch when it is opened again just as a subtree it spans moves
-                // (an open finding, docs/torture.md): the user watches again from now, as
-                // after COMPACTED, and only the writes that may fall in the gap are excused.
-                Err(error @ (Error::Compacted { .. } | Error::Moved { .. })) => {
+                // The user watches again from now, and only the writes that may fall in the
+                // gap are excused. (MOVED never ends a `Watcher`: it resumes in the new group;
+                // one that did would end here, `None` next, a stall.)
+                Err(error @ Error::Compacted { .. }) => {
                     each(&|log| log.note_error(clock.now(), &error, watcher.resume_revisions().clone()));
                     (start_revision, compacted) = (0, Some(error));
                     break;
