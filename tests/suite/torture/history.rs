@@ -51,6 +51,11 @@ pub struct Verdict {
     pub holds: usize,
     /// Of them, holds taken through the etcd API.
     pub etcd_holds: usize,
+    /// etcd election leaders' terms that wrote to the fenced resource.
+    pub etcd_leader_terms: usize,
+    /// etcd leased keys read gone after their lease's revoke, and found while it held.
+    pub etcd_leased_keys_revoked: usize,
+    pub etcd_leased_keys_found: usize,
     pub ephemeral_reads: usize,
     pub abandoned_holds: usize,
     pub register_ops: usize,
@@ -146,6 +151,9 @@ pub async fn run(net: Arc<TestNet>, spec: &HistorySpec) -> Verdict {
         sequenced: checked.sequenced,
         holds: checked.holds,
         etcd_holds: checked.etcd_holds,
+        etcd_leader_terms: checked.etcd_leader_terms,
+        etcd_leased_keys_revoked: checked.etcd_leased_keys_revoked,
+        etcd_leased_keys_found: checked.etcd_leased_keys_found,
         ephemeral_reads: checked.ephemeral_reads,
         abandoned_holds: checked.abandoned_holds,
         register_ops: checked.register_ops,

@@ -136,6 +136,9 @@ async fn seeded_histories_under_partitions_pauses_and_kills_show_no_anomaly() {
         assert!(verdict.register_ops > 100, "seed {}: {} register operations are too few to check", verdict.seed, verdict.register_ops);
         assert!(verdict.holds >= 3, "seed {}: {} lock holds are too few to check", verdict.seed, verdict.holds);
         assert!(verdict.etcd_holds >= 3, "seed {}: {} etcd lock holds are too few to check", verdict.seed, verdict.etcd_holds);
+        assert!(verdict.etcd_leader_terms >= 3, "seed {}: {} etcd leader terms are too few to check", verdict.seed, verdict.etcd_leader_terms);
+        let leased = (verdict.etcd_leased_keys_revoked, verdict.etcd_leased_keys_found);
+        assert!(leased.0 >= 3 && leased.1 >= 3, "seed {}: etcd leased keys checked gone, found: {leased:?} are too few", verdict.seed);
         assert!(verdict.sequenced >= 10, "seed {}: {} sequential creates are too few to check", verdict.seed, verdict.sequenced);
         assert!(verdict.abandoned_holds >= 1, "seed {}: no holder crashed, so no lock-delay was checked", verdict.seed);
         assert!(verdict.ephemeral_reads >= 10, "seed {}: {} reads of ephemeral nodes are too few to check", verdict.seed, verdict.ephemeral_reads);

@@ -8,8 +8,9 @@
 //! and in order, the quota never exceeded and a refused create absent).
 //! Used by `crash_cycles.rs`, `fleet_processes.rs`, `split_merge.rs` and the torture runs.
 //!
-//! - `etcd_locks`: lockers through a router's etcd API (`Workload::start_etcd_clients`),
-//!   judged by the fenced resource's checks;
+//! - `etcd_locks`: lockers and campaigners through a router's etcd API
+//!   (`Workload::start_etcd_clients`), judged by the fenced resource's checks, and leased
+//!   keys checked against their lease;
 //! - `watches`: the watchers and the watch check;
 //! - `quotas`: the quota clients and the quota check.
 
@@ -86,7 +87,9 @@ const EPHEMERALS_GONE_WITHIN: Duration = Duration::from_secs(30);
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Attempt {
     /// `set`, `get`, `cas`, `create`, `sequential`, `lock`, `ephemeral`, `ephemeral-read`,
-    /// `quota-create`, `quota-delete`, `quota-list`, `etcd-lock` or `etcd-unlock`.
+    /// `quota-create`, `quota-delete`, `quota-list`, `etcd-lock`, `etcd-unlock`,
+    /// `etcd-campaign`, `etcd-proclaim`, `etcd-resign`, `etcd-put-leased`, `etcd-get-leased`
+    /// or `etcd-revoke`.
     pub kind: &'static str,
     pub path: String,
     /// Nanoseconds since the workload started (the history's clock).
@@ -110,7 +113,8 @@ pub struct Sequenced {
 /// `sequential-lost`, `sequential-applied-twice`, `sequential-counter-repeated`,
 /// `sequential-phantom`, `lock-delay`, `ephemeral-gone-early`, `ephemeral-kept`, `not-linearizable`,
 /// `checker-gave-up`, `watch-missed`, `watch-repeated`, `watch-out-of-order`,
-/// `watch-phantom`, `watch-stalled`, `quota-exceeded`, `quota-refused-write-kept`).
+/// `watch-phantom`, `watch-stalled`, `quota-exceeded`, `quota-refused-write-kept`,
+/// `etcd-leased-key-lost`, `etcd-leased-key-kept`).
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Anomaly {
     pub kind: &'static str,
@@ -130,6 +134,12 @@ pub struct Checked {
     /// etcd API.
     pub holds: usize,
     pub etcd_holds: usize,
+    /// Terms of etcd election leaders that wrote to the fenced resource.
+    pub etcd_leader_terms: usize,
+    /// etcd leased keys read gone after their lease's revoke answered, and reads that found
+    /// one while its lease held.
+    pub etcd_leased_keys_revoked: usize,
+    pub etcd_leased_keys_found: usize,
     /// Reads that found an ephemeral node while its session's lease held.
     pub ephemeral_reads: usize,
     /// Holds given up by abandoning their session (each one's lock-delay checked).
@@ -183,6 +193,8 @@ pub struct Workload {
     sequenced: Arc<Mutex<Vec<Sequenced>>>,
     ephemerals: Arc<Ephemerals>,
     resource: Arc<FencedResource>,
+    /// What the etcd leased-key client found (nothing without the etcd clients).
+    etcd_leased: Arc<etcd_locks::LeasedKeys>,
     watches: Watches,
     quotas: Option<Quotas>,
     events: Mutex<Vec<String>>,
@@ -261,6 +273,7 @@ impl Workload {
             sequenced: Arc::new(Mutex::new(Vec::new())),
             ephemerals: Arc::new(Ephemerals::default()),
             resource: Arc::new(FencedResource::default()),
+            etcd_leased: Arc::default(),
             // Before the register clients write; from the registers' creation anyway.
             watches: Watches::start(&client, clock, &watched_from).await,
             quotas,
@@ -290,12 +303,13 @@ impl Workload {
     }
 
     /// Starts the clients of the etcd API at `etcd_addr` (a router's `--etcd-listen`): the
-    /// lockers, whose holds are checked with the native ones (see `etcd_locks`), and a
+    /// lockers and campaigners, whose holds are checked with the native ones, the leased-key
+    /// client (see `etcd_locks`), and a
     /// list-then-watch watcher checked with the others (see `watches`).
     pub async fn start_etcd_clients(&mut self, etcd_addr: &str) {
         let (clock, stop, attempts) = (self.clock, self.stop.clone(), self.attempts.clone());
         let outcomes = || Outcomes { clock, stop: stop.clone(), attempts: attempts.clone() };
-        etcd_locks::start(etcd_addr, outcomes, &self.resource, &mut self.tasks).await;
+        etcd_locks::start(etcd_addr, outcomes, &self.resource, &self.etcd_leased, &mut self.tasks).await;
         self.watches.start_etcd(etcd_addr).await;
     }
 
@@ -392,6 +406,7 @@ impl Workload {
 
         let holds = self.resource.holds();
         anomalies.extend(self.resource.violations().into_iter().map(|detail| Anomaly { kind: "fencing", detail, at_ms: None }));
+        anomalies.extend(self.etcd_leased.anomalies());
         anomalies.extend(self.resource.lock_delay_violations().into_iter().map(|detail| Anomaly { kind: "lock-delay", detail, at_ms: None }));
 
         let mut finals = BTreeMap::new();
@@ -431,6 +446,9 @@ impl Workload {
             sequenced: sequenced.len(),
             holds,
             etcd_holds: self.resource.holds_of(etcd_locks::ETCD_RESOURCE),
+            etcd_leader_terms: self.resource.holds_of(etcd_locks::ELECTION_RESOURCE),
+            etcd_leased_keys_revoked: self.etcd_leased.revoked(),
+            etcd_leased_keys_found: self.etcd_leased.found(),
             ephemeral_reads,
             abandoned_holds: self.resource.abandonments(),
             register_ops,
