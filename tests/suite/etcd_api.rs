@@ -235,7 +235,8 @@ async fn etcd_watches_see_each_change_of_their_keys_once_in_order_and_resume_fro
 /// a range's revision is valid for every group it read, so a watch from the next revision
 /// sees every later change of the range's keys, whichever group they live in, and none from
 /// before the list (a group behind the range's revision was raised to it, so its next write
-/// lands above it).
+/// lands above it). Its events come in one revision order across the groups, so resuming
+/// from the last one's revision + 1 misses nothing and repeats nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_from_a_ranges_revision_sees_every_later_change_in_every_group() {
     let cluster = cluster_with_groups(&["/teams/payments"]).await;
@@ -260,6 +261,34 @@ async fn a_watch_from_a_ranges_revision_sees_every_later_change_in_every_group()
     let mut events = next_events(&mut stream, 2).await;
     events.sort();
     assert_eq!(events, [seen("PUT", "/teams/payments/k", "p", None), seen("PUT", "/teams/x", "2", None)], "both changes, nothing from before");
+
+    // The root group runs ahead again; the payments group writes after. The watch answers
+    // in one revision order across both groups, each header a revision every event at or
+    // below which was answered, so a client resuming from its last event's revision + 1
+    // (as clientv3 does after a broken stream) misses nothing and gets nothing twice.
+    for n in 0..20 {
+        etcd.put("/teams/x", format!("ahead {n}"), None).await.expect("put in the root group");
+    }
+    etcd.put("/teams/payments/k", "after the root group ran ahead", None).await.expect("put in the payments group");
+    let mut answered: Vec<(i64, i64)> = Vec::new();
+    while answered.len() < 21 {
+        let response = tokio::time::timeout(TIMEOUT, stream.message()).await.expect("events in time").expect("the watch goes on").expect("response");
+        assert!(!response.canceled(), "cancelled: {}", response.cancel_reason());
+        let header = response.header().map_or(0, |h| h.revision());
+        answered.extend(response.events().iter().filter_map(|event| event.kv()).map(|kv| (kv.mod_revision(), header)));
+    }
+    assert!(answered.windows(2).all(|w| w[0].0 <= w[1].0), "events in revision order across groups: {answered:?}");
+    assert!(answered.iter().all(|(revision, header)| revision <= header), "each header at or past its events: {answered:?}");
+    let last = answered.last().map_or(0, |(revision, _)| *revision);
+    drop(stream);
+    etcd.put("/teams/payments/k", "resumed", None).await.expect("put in the payments group");
+    etcd.put("/teams/x", "resumed", None).await.expect("put in the root group");
+    let mut resumed = etcd.watch("/teams/", Some(WatchOptions::new().with_prefix().with_start_revision(last + 1))).await.expect("watch again");
+    let created = tokio::time::timeout(TIMEOUT, resumed.message()).await.expect("created in time").expect("stream").expect("response");
+    assert!(created.created() && !created.canceled());
+    let mut events = next_events(&mut resumed, 2).await;
+    events.sort();
+    assert_eq!(events, [seen("PUT", "/teams/payments/k", "resumed", None), seen("PUT", "/teams/x", "resumed", None)], "exactly the later changes");
 }
 
 /// A watch from a revision the group no longer holds events for is cancelled as etcd

@@ -29,6 +29,7 @@ pub mod lease;
 pub mod lock;
 pub mod plan;
 pub mod watch;
+mod watch_order;
 
 use std::future::Future;
 use std::sync::Arc;

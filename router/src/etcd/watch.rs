@@ -22,8 +22,10 @@
 //!   that keeps failing without any answer in between ends the watch after
 //!   [`RESUMES_WITHOUT_PROGRESS_MAX`] attempts (about the router's request timeout).
 //! - Revisions are per group: a watch of keys in one group is exact (start revision,
-//!   resume, ordering); a watch spanning groups starts every group at `start_revision` and
-//!   each response's revision is its group's (docs/etcd.md). A start right after a
+//!   resume, ordering); a watch spanning groups starts every group at `start_revision`, and
+//!   its events pass in one revision order across the groups, each header the watermark
+//!   (a revision valid to resume from in every group: [`super::watch_order`], which says
+//!   when a group behind is raised; this task makes the raises). A start right after a
 //!   linearizable range's revision is exact in every group too: the range raised each group
 //!   it read below its revision to it.
 //! - A start revision the replica no longer holds events for is answered as etcd answers
@@ -54,6 +56,7 @@ use warden_proto::v1::watch_request::Request as NativeRequest;
 
 use super::keys::{self, RangeSpec};
 use super::kv::key_value;
+use super::watch_order::{Merge, Raised, WAITING_EVENTS_MAX};
 use super::{etcd_revision, plan, EtcdService};
 
 /// Native requests queued for the router's watch proxy.
@@ -73,9 +76,17 @@ const RESUMES_WITHOUT_PROGRESS_MAX: u32 = 8;
 const RESUME_PAUSE_MIN: Duration = Duration::from_millis(50);
 /// The longest pause between two attempts.
 const RESUME_PAUSE_MAX: Duration = Duration::from_secs(1);
-/// Responses of events one etcd watch holds at most while some of its parts are not created
-/// yet; past it the watch is ended (created and cancelled at once), as a watcher too slow.
-const HELD_RESPONSES_MAX: usize = 256;
+/// Events of released revisions one etcd response carries at most (one revision's are never
+/// split): a client's receive limit is a few MiB.
+const RESPONSE_EVENTS_MAX: usize = 1_000;
+/// Progress requests after a raise before raising again, while the raised group's parts
+/// have not reported it (a follower serving a part applies the raise a moment later, a
+/// part created again starts anew), and the pause before each.
+const RAISE_CHECKS_MAX: u32 = 20;
+const RAISE_CHECK_PAUSE: Duration = Duration::from_millis(25);
+/// The pause before raising again after a raise failed (the group is out of reach; its
+/// parts end and are created again meanwhile).
+const RAISE_RETRY_PAUSE: Duration = Duration::from_millis(200);
 
 /// What one etcd watch passes on.
 #[derive(Clone, Debug)]
@@ -103,13 +114,17 @@ struct EtcdWatch {
     native_ids: Vec<u64>,
     /// Each part's create (by native id), to create it again from where it ended.
     creates: HashMap<u64, w::WatchCreate>,
-    /// Parts not answered `created` yet (the client is told once, when none is left).
+    /// Parts not answered `created` yet (the client is told once, when none is left: events
+    /// that come before wait in `merge`).
     uncreated: usize,
-    /// Responses of events that came while parts were not created, in order (at most
-    /// [`HELD_RESPONSES_MAX`]): sent right after `created`.
-    held: Vec<pb::WatchResponse>,
     /// Parts created again in a row with no answer from any part in between.
     resumes_without_progress: u32,
+    /// Its events in one revision order across groups ([`watch_order`]).
+    merge: Merge,
+    /// Progress notifications go to the client: asked for at creation (`progress_notify`),
+    /// or once after each progress request of the client.
+    progress_notify: bool,
+    progress_asked: bool,
 }
 
 /// The live watches of one stream.
@@ -125,6 +140,7 @@ struct Watches {
 impl Watches {
     /// Registers watch `etcd_id` with `filter` and parts `creates` (their ids set here).
     fn add(&mut self, etcd_id: i64, filter: Filter, creates: &mut [w::WatchCreate]) {
+        let progress_notify = creates.iter().any(|create| create.progress_notify);
         let mut native_ids = Vec::with_capacity(creates.len());
         let mut kept = HashMap::with_capacity(creates.len());
         for create in creates.iter_mut() {
@@ -133,7 +149,16 @@ impl Watches {
             kept.insert(create.watch_id, create.clone());
             self.etcd_id_of.insert(create.watch_id, etcd_id);
         }
-        let watch = EtcdWatch { filter, uncreated: native_ids.len(), native_ids, creates: kept, resumes_without_progress: 0, held: Vec::new() };
+        let watch = EtcdWatch {
+            filter,
+            uncreated: native_ids.len(),
+            native_ids,
+            creates: kept,
+            resumes_without_progress: 0,
+            merge: Merge::default(),
+            progress_notify,
+            progress_asked: false,
+        };
         self.by_etcd_id.insert(etcd_id, watch);
     }
 
@@ -166,6 +191,7 @@ impl Watches {
         let start_revision = if canceled.resume_revision > 0 { canceled.resume_revision } else { ended.start_revision };
         let create = w::WatchCreate { watch_id: self.next_native_id(), start_revision, group_start_revisions, ..ended };
         let watch = self.by_etcd_id.get_mut(&etcd_id)?;
+        watch.merge.resumed(native_id, create.watch_id, &create.group_start_revisions);
         watch.native_ids.retain(|id| *id != native_id);
         watch.native_ids.push(create.watch_id);
         watch.creates.insert(create.watch_id, create.clone());
@@ -214,6 +240,11 @@ fn resumable(canceled: &w::WatchCanceled) -> Option<Option<u64>> {
 /// An etcd response that ends watch `watch_id` with `reason`.
 fn cancel(watch_id: i64, header: Option<pb::ResponseHeader>, reason: impl Into<String>) -> pb::WatchResponse {
     pb::WatchResponse { watch_id, canceled: true, cancel_reason: reason.into(), header, ..pb::WatchResponse::default() }
+}
+
+/// A native progress request (every part of the stream answers one).
+fn progress_request() -> w::WatchRequest {
+    w::WatchRequest { request: Some(NativeRequest::Progress(w::WatchProgressRequest {})) }
 }
 
 /// A native cancel of part `native_id`.
@@ -320,12 +351,18 @@ struct Outcome {
     to_cancel: Vec<u64>,
     /// A part to create again, after the pause.
     to_resume: Option<(w::WatchCreate, Duration)>,
+    /// Groups to raise, so the watch's events may pass in revision order.
+    to_raise: Vec<Raise>,
 }
 
-impl Outcome {
-    fn answer(answer: Option<pb::WatchResponse>) -> Outcome {
-        Outcome { answers: answer.into_iter().collect(), ..Outcome::default() }
-    }
+/// A group to raise for watch `etcd_id`: to `target`, through a read of `path` (the part's
+/// path; a group below it is read at its own prefix).
+#[derive(Debug)]
+struct Raise {
+    etcd_id: i64,
+    path: String,
+    group: u64,
+    target: u64,
 }
 
 /// What native response `response` makes the stream do; `header` is the etcd header of
@@ -351,43 +388,85 @@ fn etcd_response(header: Option<pb::ResponseHeader>, watches: &Shared, response:
             Some(error) if error.code == Code::PermissionDenied as i32 => cancel(watch_id, header, "etcdserver: permission denied"),
             Some(error) => cancel(watch_id, header, format!("etcdserver: {}", error.message)),
         };
-        return Outcome { answers: vec![answer], to_cancel: others, to_resume: None };
+        return Outcome { answers: vec![answer], to_cancel: others, ..Outcome::default() };
     }
     let Some(watch) = watches.by_etcd_id.get_mut(&watch_id) else { return Outcome::default() };
     watch.resumes_without_progress = 0;
-    if response.created.is_some() {
+    let native_id = response.watch_id;
+    let group = response.header.as_ref().map_or(0, |h| h.group_id);
+    let mut answers = Vec::new();
+    if let Some(created) = &response.created {
+        let starts: Vec<(u64, u64)> = if created.start_revisions.is_empty() {
+            vec![(group, created.start_revision)]
+        } else {
+            created.start_revisions.iter().map(|(g, start)| (*g, *start)).collect()
+        };
+        watch.merge.started(native_id, starts);
         // A part created again after it ended: the client was told long ago.
-        if watch.uncreated == 0 {
-            return Outcome::default();
-        }
-        watch.uncreated -= 1;
         if watch.uncreated > 0 {
-            return Outcome::default();
+            watch.uncreated -= 1;
+            if watch.uncreated > 0 {
+                return Outcome::default();
+            }
+            answers.push(pb::WatchResponse { header: watch_header(watch, header), watch_id, created: true, ..pb::WatchResponse::default() });
         }
-        let mut answers = vec![pb::WatchResponse { header, watch_id, created: true, ..pb::WatchResponse::default() }];
-        answers.append(&mut watch.held);
-        return Outcome { answers, ..Outcome::default() };
+    } else if response.progress {
+        if let Some(revision) = response.header.as_ref().map(|h| h.revision) {
+            watch.merge.progressed(native_id, group, revision);
+        }
+    } else {
+        let filter = watch.filter.clone();
+        let events = response.events.into_iter().map(|event| (event.revision, etcd_event(&filter, event))).collect();
+        if watch.merge.arrived(native_id, group, events).is_err() {
+            let uncreated = watch.uncreated > 0;
+            let to_cancel = watches.remove(watch_id).map(|watch| watch.native_ids).unwrap_or_default();
+            let reason = format!(
+                "etcdserver: {WAITING_EVENTS_MAX} events waited for the watch's other groups (to start, or to pass their revision): watch again from the revision after the last event"
+            );
+            let mut answers: Vec<pb::WatchResponse> =
+                uncreated.then(|| pb::WatchResponse { header, watch_id, created: true, ..pb::WatchResponse::default() }).into_iter().collect();
+            answers.push(cancel(watch_id, header, reason));
+            return Outcome { answers, to_cancel, ..Outcome::default() };
+        }
     }
-    if response.progress {
-        // Before the watch is created there is nothing to say progress on.
-        return Outcome::answer((watch.uncreated == 0).then(|| pb::WatchResponse { header, watch_id, ..pb::WatchResponse::default() }));
-    }
-    let events: Vec<Event> = response.events.into_iter().filter_map(|event| etcd_event(&watch.filter, event)).collect();
-    if events.is_empty() {
+    // Before the watch is created there is nothing to pass on or to say progress on.
+    if watch.uncreated > 0 {
         return Outcome::default();
     }
-    let answer = pb::WatchResponse { header, watch_id, events, ..pb::WatchResponse::default() };
-    if watch.uncreated == 0 {
-        return Outcome::answer(Some(answer));
+    let released = watch.merge.release();
+    let header = watch_header(watch, header);
+    let mut batch: Vec<Event> = Vec::new();
+    for (_, events) in released {
+        if !batch.is_empty() && batch.len() + events.len() > RESPONSE_EVENTS_MAX {
+            answers.push(pb::WatchResponse { header, watch_id, events: std::mem::take(&mut batch), ..pb::WatchResponse::default() });
+        }
+        batch.extend(events);
     }
-    if watch.held.len() < HELD_RESPONSES_MAX {
-        watch.held.push(answer);
-        return Outcome::default();
+    if !batch.is_empty() {
+        answers.push(pb::WatchResponse { header, watch_id, events: batch, ..pb::WatchResponse::default() });
     }
-    let to_cancel = watches.remove(watch_id).map(|watch| watch.native_ids).unwrap_or_default();
-    let created = pb::WatchResponse { header, watch_id, created: true, ..pb::WatchResponse::default() };
-    let reason = format!("etcdserver: the watch's groups took too long to start ({HELD_RESPONSES_MAX} responses waited)");
-    Outcome { answers: vec![created, cancel(watch_id, header, reason)], to_cancel, to_resume: None }
+    if response.progress && (watch.progress_notify || std::mem::take(&mut watch.progress_asked)) {
+        answers.push(pb::WatchResponse { header, watch_id, ..pb::WatchResponse::default() });
+    }
+    let to_raise = watch
+        .merge
+        .raises_due()
+        .into_iter()
+        .filter_map(|(part, group, target)| {
+            watch.creates.get(&part).map(|create| Raise { etcd_id: watch_id, path: create.path.clone(), group, target })
+        })
+        .collect();
+    Outcome { answers, to_raise, ..Outcome::default() }
+}
+
+/// The header of what watch `watch` answers: `native`'s (its group's revision) for a watch
+/// of one group, the watermark for one spanning groups (a revision valid to resume from in
+/// every group: see [`watch_order`]).
+fn watch_header(watch: &EtcdWatch, native: Option<pb::ResponseHeader>) -> Option<pb::ResponseHeader> {
+    if !watch.merge.spans_groups() {
+        return native;
+    }
+    native.map(|header| pb::ResponseHeader { revision: etcd_revision(watch.merge.watermark()), ..header })
 }
 
 impl EtcdService {
@@ -439,7 +518,11 @@ impl EtcdService {
                     }
                 }
                 Some(RequestUnion::ProgressRequest(_)) => {
-                    (vec![w::WatchRequest { request: Some(NativeRequest::Progress(w::WatchProgressRequest {})) }], Vec::new())
+                    let Ok(mut watches) = watches.lock() else { return };
+                    for watch in watches.by_etcd_id.values_mut() {
+                        watch.progress_asked = true;
+                    }
+                    (vec![progress_request()], Vec::new())
                 }
                 None => continue,
             };
@@ -450,6 +533,55 @@ impl EtcdService {
             }
             for answer in answer {
                 if answers.send(Ok(answer)).await.is_err() {
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Raises `raise.group` to `raise.target` (a read-only transaction with `raise_to`, of the
+    /// part's path or, for a group below it, the group's prefix), then asks for progress until
+    /// the group's parts report it (at most [`RAISE_CHECKS_MAX`] times, then it raises
+    /// again): the events the watch holds below the target may pass then. Ends once they
+    /// did, when a raise to a higher target took over, or with the watch or its stream.
+    async fn raise(
+        self,
+        raise: Raise,
+        metadata: tonic::metadata::MetadataMap,
+        extensions: tonic::Extensions,
+        watches: Shared,
+        native: mpsc::Sender<w::WatchRequest>,
+    ) {
+        let state = || match watches.lock() {
+            Ok(mut watches) => {
+                watches.by_etcd_id.get_mut(&raise.etcd_id).map_or(Raised::Superseded, |watch| watch.merge.raised(raise.group, raise.target))
+            }
+            Err(_) => Raised::Superseded,
+        };
+        loop {
+            let table = self.router.upstreams().table();
+            let path = match table.route(&raise.path) {
+                Some(route) if route.id() == raise.group => raise.path.clone(),
+                _ => table.group(raise.group).map_or(raise.path.clone(), |route| route.descriptor.prefix.clone()),
+            };
+            // One node read (present or not): the cheapest operation that routes to the group.
+            let read = w::GetRequest { path, ..w::GetRequest::default() };
+            let txn =
+                w::TxnRequest { then: vec![w::TxnOp { op: Some(w::txn_op::Op::Get(read)) }], raise_to: raise.target, ..w::TxnRequest::default() };
+            if let Err(status) = warden_proto::v1::warden_server::Warden::txn(&self.router, super::inner(&metadata, &extensions, txn)).await {
+                tracing::debug!(group = raise.group, target = raise.target, %status, "raising a group an etcd watch spans");
+                tokio::time::sleep(RAISE_RETRY_PAUSE).await;
+                if state() != Raised::Waiting {
+                    return;
+                }
+                continue;
+            }
+            for _ in 0..RAISE_CHECKS_MAX {
+                if native.send(progress_request()).await.is_err() {
+                    return;
+                }
+                tokio::time::sleep(RAISE_CHECK_PAUSE).await;
+                if state() != Raised::Waiting {
                     return;
                 }
             }
@@ -483,6 +615,8 @@ impl pb::watch_server::Watch for EtcdService {
     type WatchStream = Pin<Box<dyn Stream<Item = Result<pb::WatchResponse, Status>> + Send + 'static>>;
 
     async fn watch(&self, request: Request<Streaming<pb::WatchRequest>>) -> Result<Response<Self::WatchStream>, Status> {
+        // Raises are made as the watching client (its identity, over its connection).
+        let (metadata, extensions) = (request.metadata().clone(), request.extensions().clone());
         let incoming = request.into_inner();
         let watches: Shared = Arc::default();
         let (native, native_requests) = mpsc::channel(REQUESTS_QUEUED_MAX);
@@ -507,7 +641,12 @@ impl pb::watch_server::Watch for EtcdService {
                 let answers_now = match response {
                     Ok(response) => {
                         let header = service.header(response.header.as_ref().map_or(0, |h| h.revision));
-                        let Outcome { answers: answers_now, to_cancel, to_resume } = etcd_response(header, &watches, response);
+                        let Outcome { answers: answers_now, to_cancel, to_resume, to_raise } = etcd_response(header, &watches, response);
+                        for raise in to_raise {
+                            let raising = service.clone().raise(raise, metadata.clone(), extensions.clone(), watches.clone(), native.clone());
+                            // As the watching client, as this task is.
+                            tokio::spawn(crate::principal::scoped(crate::principal::current(), raising));
+                        }
                         let mut requests: Vec<w::WatchRequest> = to_cancel.into_iter().map(native_cancel).collect();
                         let mut pause = Duration::ZERO;
                         if let Some((create, resume_pause)) = to_resume {
@@ -635,7 +774,10 @@ mod tests {
         assert!(answers[0].created && answers[0].events.is_empty() && answers[0].watch_id == 5);
         assert_eq!(answers[1].events.len(), 1);
         assert_eq!(answers[1].events[0].kv.as_ref().map(|kv| kv.key.as_slice()), Some(b"/a/x".as_slice()));
-        let after = etcd_response(None, &watches, put).answers;
+        let mut later = put.clone();
+        later.events[0].revision = 8;
+        assert!(etcd_response(None, &watches, put).answers.is_empty(), "a repeat of revision 7 is dropped");
+        let after = etcd_response(None, &watches, later).answers;
         assert_eq!((after.len(), after[0].created), (1, false), "once created, events pass at once");
         assert!(etcd_response(None, &watches, created(first)).answers.is_empty(), "a part created again says nothing");
     }
@@ -646,19 +788,69 @@ mod tests {
         let mut creates = vec![w::WatchCreate::default(), w::WatchCreate::default()];
         watches.lock().expect("watches").add(0, filter(RangeSpec::Single(b"/a".to_vec())), &mut creates);
         let first = creates[0].watch_id;
-        let put = w::WatchResponse {
+        let puts = |revisions: std::ops::RangeInclusive<u64>| w::WatchResponse {
             watch_id: first,
-            events: vec![native(NativeType::Changed, "/a", stat(w::NodeKind::Persistent, 1), stat(w::NodeKind::Persistent, 0))],
+            events: revisions
+                .map(|revision| w::WatchEvent {
+                    revision,
+                    ..native(NativeType::Changed, "/a", stat(w::NodeKind::Persistent, 1), stat(w::NodeKind::Persistent, 0))
+                })
+                .collect(),
             ..w::WatchResponse::default()
         };
-        for _ in 0..HELD_RESPONSES_MAX {
-            assert!(etcd_response(None, &watches, put.clone()).answers.is_empty());
-        }
-        let ended = etcd_response(None, &watches, put);
+        let bound = WAITING_EVENTS_MAX as u64;
+        assert!(etcd_response(None, &watches, puts(1..=bound)).answers.is_empty());
+        let ended = etcd_response(None, &watches, puts(bound + 1..=bound + 1));
         assert_eq!(ended.answers.len(), 2);
         assert!(ended.answers[0].created && ended.answers[1].canceled, "{:?}", ended.answers);
         assert_eq!(ended.to_cancel.len(), 2, "both parts are cancelled");
         assert!(watches.lock().expect("watches").by_etcd_id.is_empty());
+    }
+
+    /// A watch spanning two groups: the busy group's event waits for the other group's
+    /// progress (its group is raised to it first), then passes with the watermark as header.
+    #[test]
+    fn a_watch_spanning_groups_passes_events_in_revision_order_with_the_watermark_as_header() {
+        let watches: Shared = Arc::default();
+        let mut creates = vec![w::WatchCreate { path: "/t".into(), recursive: true, ..w::WatchCreate::default() }];
+        let all = filter(RangeSpec::Interval(KeyInterval { from: b"/t/".to_vec(), to: Some(b"/t0".to_vec()) }));
+        watches.lock().expect("watches").add(4, all, &mut creates);
+        let part = creates[0].watch_id;
+        let header = |group_id: u64, revision: u64| Some(w::ResponseHeader { group_id, revision, ..w::ResponseHeader::default() });
+        let etcd_header = |revision: i64| Some(pb::ResponseHeader { revision, ..pb::ResponseHeader::default() });
+        let created = w::WatchResponse {
+            watch_id: part,
+            header: header(1, 900),
+            created: Some(w::WatchCreated { start_revision: 901, start_revisions: [(1, 901), (2, 301)].into(), ..w::WatchCreated::default() }),
+            ..w::WatchResponse::default()
+        };
+        let answers = etcd_response(etcd_header(900), &watches, created).answers;
+        assert_eq!(answers[0].header.as_ref().map(|h| h.revision), Some(300), "valid to resume from in both groups");
+        let put = |group: u64, revision: u64, path: &str| w::WatchResponse {
+            watch_id: part,
+            header: header(group, revision),
+            events: vec![w::WatchEvent {
+                revision,
+                stat: Some(w::Stat { create_revision: revision, mod_revision: revision, kind: w::NodeKind::Persistent as i32, ..w::Stat::default() }),
+                ..native(NativeType::Created, path, None, None)
+            }],
+            ..w::WatchResponse::default()
+        };
+        let waiting = etcd_response(etcd_header(905), &watches, put(1, 905, "/t/a"));
+        assert!(waiting.answers.is_empty(), "group 2 may still write below 905");
+        let raises: Vec<(u64, u64)> = waiting.to_raise.iter().map(|r| (r.group, r.target)).collect();
+        assert_eq!(raises, vec![(2, 905)]);
+        let below = etcd_response(etcd_header(400), &watches, put(2, 400, "/t/b")).answers;
+        let revisions = |answers: &[pb::WatchResponse]| -> Vec<(i64, i64)> {
+            answers
+                .iter()
+                .flat_map(|a| a.events.iter().map(|e| (e.kv.as_ref().map_or(0, |kv| kv.mod_revision), a.header.as_ref().map_or(0, |h| h.revision))))
+                .collect()
+        };
+        assert_eq!(revisions(&below), vec![(400, 400)], "group 2's lower event passes first");
+        let progress = w::WatchResponse { watch_id: part, header: header(2, 910), progress: true, ..w::WatchResponse::default() };
+        let passed = etcd_response(etcd_header(910), &watches, progress).answers;
+        assert_eq!(revisions(&passed), vec![(905, 905)], "then group 1's, once group 2 is past it; no progress notice was asked for");
     }
 
     #[test]

@@ -9,10 +9,12 @@
 //! spans every group (the root's, the other groups' prefixes below it, and the group `/a`
 //! is split into and merged back from) and is judged for each register of [`REGISTERS`] as
 //! if it watched it alone. With the etcd clients on
-//! ([`Watches::start_etcd`]), an *etcd* watcher does what an etcd user's informer does
-//! through a router's etcd API: list every key (one range over every group), watch the
-//! prefix `/` from the list's revision + 1, and list again whenever the watch breaks; it is
-//! judged for the registers that never move ([`UNMOVED`]).
+//! ([`Watches::start_etcd`]), an *etcd* watcher does what an etcd user's informer and
+//! clientv3 do through a router's etcd API: list every key (one range over every group),
+//! watch the prefix `/` from the list's revision + 1, watch again from its last event's
+//! revision + 1 when the stream breaks (valid only if the stream's events come in one
+//! revision order over every group: checked), and list again when the watch is cancelled;
+//! it is judged for the registers that never move ([`UNMOVED`]).
 //!
 //! A watch can legitimately lose its place: a replica's event history starts over when it
 //! restarts or installs a snapshot (`shard-node/namespace/src/watch/hub.rs`, `reset`), and a
@@ -138,6 +140,9 @@ pub struct WatchLog {
     pub errors: Vec<WatchError>,
     /// Why it did not keep up: it ended, or missed the final value's deadline.
     pub stalled: Option<String>,
+    /// Events of its stream (any key) that came after one of a higher revision (the etcd
+    /// watcher's: its stream has one revision order over every group).
+    pub order_breaks: Vec<String>,
 }
 
 /// What the watch check found and counted.
@@ -358,9 +363,12 @@ async fn watch(client: Client, options: WatchOptions, mut opened: Option<Watcher
 }
 
 /// Lists every key through etcd's API, watches the prefix [`SUBTREE`] from the list's
-/// revision + 1 and logs each put of a register of `logs`, until aborted; lists again
-/// whenever the watch breaks (a gap in every log, up to the list's answer: writes invoked
-/// before it may be in the list rather than the watch). Errors are noted in every log.
+/// revision + 1 and logs each put of a register of `logs`, until aborted; watches again from
+/// the revision after its last event when the stream breaks, and lists again when the
+/// watch is cancelled (a gap in every log, up to the list's answer: writes invoked before
+/// it may be in the list rather than the watch). An event of a lower revision than one
+/// before it on the stream is an order break (noted in the first log). Errors are noted in
+/// every log.
 async fn watch_etcd(mut client: etcd_client::Client, clock: HistoryClock, logs: Logs) {
     use etcd_client::{EventType, GetOptions, WatchOptions};
     let each = |note: &dyn Fn(&mut WatchLog)| logs.values().for_each(|log| note(&mut log.lock().expect("watch log")));
@@ -370,52 +378,88 @@ async fn watch_etcd(mut client: etcd_client::Client, clock: HistoryClock, logs: 
             log.keep(WatchError { at_ns: clock.now(), error: error.clone(), resume_revisions: BTreeMap::new() });
         })
     };
+    // Where an order break is noted (the stream's, not one register's).
+    let first_log = logs.values().next().cloned();
     let mut why = "the watch's start".to_string();
+    // The revision to watch from; none: list first.
+    let mut next: Option<i64> = None;
     loop {
-        // 1. The list: one linearizable range over every group; its revision is a valid
-        //    start for a watch of all of them.
-        let revision = match client.get(SUBTREE, Some(GetOptions::new().with_prefix().with_count_only())).await {
-            Ok(listed) => listed.header().map_or(0, |header| header.revision()),
-            Err(error) => {
-                note(format!("list: {error}"));
-                tokio::time::sleep(RETRY_AFTER).await;
-                continue;
+        let start = match next {
+            Some(start) => start,
+            None => {
+                // 1. The list: one linearizable range over every group; its revision is a
+                //    valid start for a watch of all of them.
+                let revision = match client.get(SUBTREE, Some(GetOptions::new().with_prefix().with_count_only())).await {
+                    Ok(listed) => listed.header().map_or(0, |header| header.revision()),
+                    Err(error) => {
+                        note(format!("list: {error}"));
+                        tokio::time::sleep(RETRY_AFTER).await;
+                        continue;
+                    }
+                };
+                // A write invoked before the list answered may be in the list rather than the
+                // watch; one invoked after lands above the list's revision in its group.
+                let listed_ns = clock.now();
+                each(&|log| {
+                    let after = log.delivered.len();
+                    log.gaps.push(Gap { after, reopened_ns: listed_ns, error: why.clone() });
+                });
+                revision + 1
             }
         };
-        // A write invoked before the list answered may be in the list rather than the watch;
-        // one invoked after lands above the list's revision in its group.
-        let listed_ns = clock.now();
-        each(&|log| {
-            let after = log.delivered.len();
-            log.gaps.push(Gap { after, reopened_ns: listed_ns, error: why.clone() });
-        });
-        // 2. The watch from the list's revision + 1.
-        let options = WatchOptions::new().with_prefix().with_start_revision(revision + 1);
-        let mut stream = match client.watch(SUBTREE, Some(options)).await {
+        next = Some(start);
+        // 2. The watch from there.
+        let mut stream = match client.watch(SUBTREE, Some(WatchOptions::new().with_prefix().with_start_revision(start))).await {
             Ok(opened) => opened,
             Err(error) => {
-                why = format!("watch: {error}");
-                note(why.clone());
+                note(format!("watch: {error}"));
                 tokio::time::sleep(RETRY_AFTER).await;
                 continue;
             }
         };
-        why = loop {
+        let mut highest = 0;
+        let ended = loop {
             match stream.message().await {
-                Ok(Some(answer)) if answer.canceled() => break format!("cancelled: {}", answer.cancel_reason()),
+                Ok(Some(answer)) if answer.canceled() => {
+                    // Compacted, or ended by the router: list again.
+                    next = None;
+                    break format!("cancelled: {}", answer.cancel_reason());
+                }
                 Ok(Some(answer)) => {
-                    let puts = answer.events().iter().filter(|event| event.event_type() == EventType::Put);
-                    for kv in puts.filter_map(|event| event.kv()) {
+                    for event in answer.events() {
+                        let Some(kv) = event.kv() else { continue };
+                        // One revision order over every group: a lower revision after a
+                        // higher one would be skipped by a resume from the higher + 1.
+                        if kv.mod_revision() < highest {
+                            if let Some(log) = &first_log {
+                                log.lock().expect("watch log").order_breaks.push(format!(
+                                    "{:?} at revision {} after revision {highest}",
+                                    kv.key_str().unwrap_or("?"),
+                                    kv.mod_revision()
+                                ));
+                            }
+                        }
+                        highest = highest.max(kv.mod_revision());
+                        next = Some(highest + 1);
                         let Some(log) = kv.key_str().ok().and_then(|key| logs.get(key)) else { continue };
+                        if event.event_type() != EventType::Put {
+                            continue;
+                        }
                         let revision = u64::try_from(kv.mod_revision()).unwrap_or(0);
                         let delivered = Delivered { group: 0, revision, value: kv.value().to_vec(), received_ns: clock.now() };
                         log.lock().expect("watch log").delivered.push(delivered);
                     }
                 }
+                // 3. A broken stream: watch again from the revision after the last event, as
+                //    clientv3 does.
                 Ok(None) => break "the watch stream ended".to_string(),
                 Err(error) => break format!("the watch stream failed: {error}"),
             }
         };
+        if let (Some(_), Some(log)) = (next, &first_log) {
+            log.lock().expect("watch log").resumes += 1;
+        }
+        why = ended;
         note(why.clone());
         tokio::time::sleep(RETRY_AFTER).await;
     }
@@ -516,6 +560,9 @@ pub fn watch_anomalies(log: &WatchLog, writes: &RegisterWrites, now_ns: u64) -> 
                 highest.insert(event.group, event);
             }
         }
+    }
+    for order_break in &log.order_breaks {
+        anomaly("watch-out-of-order", format!("{name}: {order_break}"), now_ns);
     }
     if let Some(stalled) = &log.stalled {
         anomaly("watch-stalled", format!("{name}: {stalled}"), now_ns);
