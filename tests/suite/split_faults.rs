@@ -25,7 +25,7 @@ use warden_shard_node::placement::ShardNodeFactory;
 use warden_shard_node::service::error_of;
 
 use crate::support::routed::{
-    at_placement_leader, client, cluster_with_groups, create_group, group_serving, placement_client, start_router, TIMEOUT,
+    at_placement_leader, client, cluster_with_groups, create_group, group_serving, placement_client, start_router, transfer_leader, TIMEOUT,
 };
 
 /// Nodes in each moved subtree.
@@ -342,19 +342,6 @@ async fn set_node_state(cluster: &Cluster, node_id: u64, state: NodeState) {
         .expect("node state set");
 }
 
-/// Hands the placement group's leadership from `from` to `to` (asked again until it lands:
-/// raft abandons a transfer whose target does not catch up in an election timeout).
-async fn transfer_placement(cluster: &Cluster, from: u64, to: u64) {
-    let deadline = Instant::now() + TIMEOUT;
-    while cluster.leader(PLACEMENT_GROUP_ID).await != Some(to) {
-        assert!(Instant::now() < deadline, "placement leadership never moved from {from} to {to}");
-        if let Some(handle) = cluster.handle(from) {
-            let _ = handle.transfer_leader(PLACEMENT_GROUP_ID, to).await;
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
 fn sorted(mut ids: Vec<u64>) -> Vec<u64> {
     ids.sort_unstable();
     ids
@@ -407,7 +394,7 @@ async fn depose_the_placement_leader_before_move_step(
     }
     // Nothing more to move once the move is undone: the successor only settles it.
     set_node_state(cluster, drained, NodeState::Serving).await;
-    transfer_placement(cluster, deposed, successor).await;
+    transfer_leader(cluster, PLACEMENT_GROUP_ID, successor).await;
     // The successor settles the learner the held move added to placement.
     let deadline = Instant::now() + SETTLE_WAIT;
     while table(cluster).await.groups.iter().any(|g| !g.learners.is_empty()) {

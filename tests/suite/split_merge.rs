@@ -17,6 +17,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 use warden_loadgen::watch_check::{self, AckedWrite, Delivery, Event, EventKind};
 use warden_proto::placement::{CreateGroupRequest, GetRoutingTableRequest, RemoveGroupRequest};
+use warden_proto::v1::watch_request::Request as WatchRequestKind;
 use warden_proto::v1::*;
 
 use crate::support::moving::{
@@ -292,6 +293,22 @@ async fn a_watch_spanning_a_merge_keeps_the_parent_groups_events() {
     }
 }
 
+/// A cluster of one group, a router and its client, the group's id, and the nodes `subtree`
+/// and `register` (below it).
+async fn one_group_with(
+    subtree: &str,
+    register: &str,
+) -> (Arc<warden_shard_node::cluster::Cluster>, crate::support::routed::Router, warden_client::WardenClient<tonic::transport::Channel>, u64) {
+    let cluster = cluster_with_groups(&[]).await;
+    let router_process = start_router(&cluster, 0);
+    let mut router = client(router_process.addr);
+    let root_group = group_serving(&mut router, "/").await;
+    for path in [subtree, register] {
+        router.create(CreateRequest { path: path.into(), ..CreateRequest::default() }).await.expect("node");
+    }
+    (cluster, router_process, router, root_group)
+}
+
 /// A watcher that did not read while its subtree was split off, written in its new group and
 /// merged back never skips the new group's writes: the merged group is gone, so the group
 /// serving the path again cannot give them, and the watch ends COMPACTED (the client then
@@ -304,12 +321,7 @@ async fn a_watch_spanning_a_merge_keeps_the_parent_groups_events() {
 async fn a_watch_resumed_after_its_subtree_moved_away_and_back_ends_compacted_rather_than_skip_writes() {
     const MOVING: &str = "/h";
     const REGISTER: &str = "/h/r";
-    let cluster = cluster_with_groups(&[]).await;
-    let router_process = start_router(&cluster, 0);
-    let mut router = client(router_process.addr);
-    let root_group = group_serving(&mut router, "/").await;
-    router.create(CreateRequest { path: MOVING.into(), ..CreateRequest::default() }).await.expect("subtree root");
-    router.create(CreateRequest { path: REGISTER.into(), ..CreateRequest::default() }).await.expect("register");
+    let (cluster, router_process, mut router, root_group) = one_group_with(MOVING, REGISTER).await;
     let library = ::warden_client::Client::connect(::warden_client::ClientConfig::new([router_process.addr.to_string()])).await.expect("client");
     let mut watcher = library.watch(::warden_client::WatchOptions::new(REGISTER)).await.expect("watch");
     let set = |router: &mut warden_proto::v1::warden_client::WardenClient<_>, value: &'static str| {
@@ -366,4 +378,97 @@ async fn a_watch_resumed_after_its_subtree_moved_away_and_back_ends_compacted_ra
         seen.is_empty() || seen == ["in the split group", "after"],
         "every write after the first delivered in order, or none before COMPACTED: {seen:?}"
     );
+}
+
+/// A watch re-created through a router that knows a subtree merged back, from a place in
+/// the parent's group before the merge, on the parent's replica that has not applied the
+/// merge yet (cut off from its group): the router spans no part in the merged group, and
+/// only a replica that applied the move-in knows the watch would skip that group's last
+/// write. The replica catches up before the watch starts (or refuses it UNAVAILABLE, to be
+/// created again), then ends it COMPACTED rather than go on from the parent's later writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_created_on_a_replica_behind_its_subtrees_move_in_ends_compacted_rather_than_skip_writes() {
+    const MOVING: &str = "/l";
+    const REGISTER: &str = "/l/r";
+    let (cluster, _router_process, mut router, root_group) = one_group_with(MOVING, REGISTER).await;
+    let split =
+        at_placement_leader(&cluster, |mut c| async move { c.split_group(CreateGroupRequest { prefix: MOVING.into() }).await }).await.expect("split");
+    let split_group = split.group.and_then(|g| g.descriptor).expect("descriptor").group_id;
+    let set = |router: &mut warden_proto::v1::warden_client::WardenClient<_>, value: &'static str| {
+        let mut router = router.clone();
+        async move {
+            let response = router.set(SetRequest { path: REGISTER.into(), data: value.into(), ..SetRequest::default() }).await.expect("write");
+            response.into_inner().header.expect("header")
+        }
+    };
+    let in_split = set(&mut router, "in the split group").await;
+    assert_eq!(in_split.group_id, split_group);
+
+    // The root group's replica a router watches from (its first) applies a write of the
+    // root group, then is cut off from every other node; no group it could lead is led there.
+    let table = at_placement_leader(&cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table");
+    let root = table.groups.iter().filter_map(|g| g.descriptor.as_ref()).find(|d| d.group_id == root_group).expect("the root group");
+    let lagging = root.replicas[0];
+    let beside = router.create(CreateRequest { path: "/beside".into(), ..CreateRequest::default() }).await.expect("beside");
+    let placed = beside.into_inner().header.expect("header").revision;
+    let mut on_lagging = client(cluster.addr(lagging).expect("address"));
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let stale = ExistsRequest { path: "/beside".into(), consistency: Consistency::Stale as i32, routing: None };
+        let applied = on_lagging.exists(stale).await.expect("stale read").into_inner().header.expect("header").revision;
+        if applied >= placed {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the replica never applied revision {placed}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let other = cluster.node_ids().into_iter().find(|id| *id != lagging).expect("another node");
+    for group in [warden_placement::PLACEMENT_GROUP_ID, root_group, split_group] {
+        crate::support::routed::transfer_leader(&cluster, group, other).await;
+    }
+    // Cut off once the split group handed the subtree over, before the root group serves it.
+    cluster.faults().hold_split_at(5);
+    let placement = cluster.clone();
+    let merge = tokio::spawn(async move {
+        at_placement_leader(&placement, |mut c| async move { c.merge_group(RemoveGroupRequest { prefix: MOVING.into() }).await }).await
+    });
+    let deadline = Instant::now() + TIMEOUT;
+    while cluster.faults().split_reached() != Some(5) {
+        assert!(Instant::now() < deadline, "the merge never reached its hand-over");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    cluster.faults().isolate(lagging, &cluster.node_ids());
+    cluster.faults().release_split();
+    merge.await.expect("task").expect("merge");
+    let after = set(&mut router, "after").await;
+    assert_eq!(after.group_id, root_group);
+
+    // From the root group's revision after `/beside`, with a place in the split group at its
+    // last write (not received).
+    let places = [(root_group, placed + 1), (split_group, in_split.revision)].into();
+    let create = WatchCreate { group_start_revisions: places, ..crate::support::watch::persistent("/", true, placed + 1) };
+    let mut watch = crate::support::watch::WatchConn::over(router.clone()).await.expect("watch stream");
+    watch.send(WatchRequestKind::Create(create.clone())).await;
+    // A moment for a replica that would start the watch unchecked to answer before it heals.
+    let early = watch.next(Duration::from_secs(1)).await.expect("stream");
+    cluster.faults().heal();
+    let mut answers: Vec<WatchResponse> = early.into_iter().collect();
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let canceled = answers.iter().find_map(|a| a.canceled.as_ref()).and_then(|c| c.error.as_ref()).map(|e| e.code);
+        let skipped = answers.iter().flat_map(|a| &a.events).any(|e| e.data.as_ref() == b"after");
+        assert!(!skipped, "the write in the split group was skipped: {answers:?}");
+        match canceled {
+            Some(code) if code == warden_error::Code::Compacted as i32 => break,
+            // Refused while the replica was cut off: watched again, as a client does.
+            Some(code) if code == warden_error::Code::Unavailable as i32 => {
+                answers.clear();
+                watch.send(WatchRequestKind::Create(create.clone())).await;
+            }
+            Some(code) => panic!("the watch ends COMPACTED, not {code}: {answers:?}"),
+            None => {}
+        }
+        assert!(Instant::now() < deadline, "the watch never ended COMPACTED: {answers:?}");
+        answers.extend(watch.next(Duration::from_millis(200)).await.expect("stream"));
+    }
 }

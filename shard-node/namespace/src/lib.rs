@@ -379,6 +379,7 @@ impl StateMachine for NamespaceStateMachine {
         for transfer in std::mem::take(&mut self.unpublished_moves) {
             self.hub.transferred(transfer);
         }
+        self.hub.paths_published(self.descriptor.as_ref().map_or(0, |d| d.version));
     }
 
     fn reload(&mut self, reader: &SmReader, _applied_index: u64) -> Result<(), StorageError> {
@@ -391,6 +392,7 @@ impl StateMachine for NamespaceStateMachine {
         self.unpublished_moves.clear();
         self.writes.clear();
         self.hub.reset(self.revision);
+        self.hub.paths_published(self.descriptor.as_ref().map_or(0, |d| d.version));
         self.ttl.clear();
         let mut ttl = BTreeMap::new();
         let mut corrupt = None;

@@ -22,7 +22,7 @@ use warden_proto::v1::*;
 use super::{error_of, group_of, WardenService};
 use warden_namespace::error::{error, invalid};
 use warden_namespace::path;
-use warden_namespace::watch::hub::CatchUp;
+use warden_namespace::watch::hub::{CatchUp, WatchHub};
 use warden_namespace::watch::stream::{Outgoing, Phase, StreamWatch};
 use warden_namespace::watch::{PathBounds, WatchHubs, WatchSpec};
 
@@ -245,6 +245,7 @@ impl Driver {
         warden_proto::check_group_start_revisions(&create)?;
         let hub = self.hubs.get(self.node_id, group).ok_or_else(|| super::not_hosted(group))?;
         let timeout = self.service.timeout;
+        self.await_paths(&hub, group, &create, timeout).await?;
         let (revision, read) = if create.read {
             let query = match kind {
                 WatchKind::Data => QueryKind::Get(GetRequest { path: create.path.clone(), consistency: create.consistency, routing: None }),
@@ -300,6 +301,29 @@ impl Driver {
         let created =
             Outgoing::Created { watch_id, group, revision, created: Box::new(WatchCreated { start_revision, read, ..WatchCreated::default() }) };
         Ok((watch, created))
+    }
+
+    /// Makes sure this replica has applied the version of the group's paths the creator
+    /// routed by (`routing.version`; 0: not checked) before the watch starts. A router spans
+    /// the groups its table names: one that knows a subtree moved in here spans no part in
+    /// the group it came from, and only a replica that applied the move-in knows to end a
+    /// watch that would skip that group's events (COMPACTED, [`WatchHub::catch_up`]). A
+    /// replica behind (cut off, or a moment late) catches up through a linearizable read
+    /// (everything committed before it is applied after), else the watch is refused
+    /// UNAVAILABLE, to be created again.
+    async fn await_paths(&self, hub: &WatchHub, group: u64, create: &WatchCreate, timeout: Duration) -> Result<(), WardenError> {
+        let wanted = create.routing.as_ref().map_or(0, |r| r.version);
+        if wanted <= hub.paths_version() {
+            return Ok(());
+        }
+        let query = QueryKind::Exists(ExistsRequest { path: create.path.clone(), consistency: Consistency::Linearizable as i32, routing: None });
+        self.read(group, Consistency::Linearizable as i32, query, timeout).await?;
+        let applied = hub.paths_version();
+        if applied < wanted {
+            let message = format!("this replica applied version {applied} of group {group}'s paths, not yet {wanted}: watch again");
+            return Err(error(Code::Unavailable, &create.path, message));
+        }
+        Ok(())
     }
 
     async fn read(&self, group: u64, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), WardenError> {

@@ -178,6 +178,23 @@ pub fn client(addr: std::net::SocketAddr) -> WardenClient<Channel> {
     WardenClient::new(Channel::from_shared(format!("http://{addr}")).expect("uri").timeout(TIMEOUT).connect_lazy())
 }
 
+/// Hands `group`'s leadership to node `to` (asked again until it lands: raft abandons a
+/// transfer whose target does not catch up in an election timeout).
+pub async fn transfer_leader(cluster: &Cluster, group: u64, to: u64) {
+    let deadline = Instant::now() + TIMEOUT;
+    loop {
+        let leader = cluster.wait_leader(group, TIMEOUT).await.expect("a leader");
+        if leader == to {
+            return;
+        }
+        assert!(Instant::now() < deadline, "group {group}'s leadership never moved from {leader} to {to}");
+        if let Some(handle) = cluster.handle(leader) {
+            let _ = handle.transfer_leader(group, to).await;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// A lazily connected client of node `node`'s placement API.
 pub fn placement_client(cluster: &Cluster, node: u64) -> PlacementClient<Channel> {
     let addr = cluster.addr(node).expect("addr");

@@ -55,6 +55,9 @@ struct HubState {
     /// The revision of the latest transfer forgotten: a watch from at or before it may have
     /// missed one, and ends COMPACTED.
     transfers_forgotten_through: u64,
+    /// The version of the paths the replica serves (`GroupDescriptor.version`) as of the
+    /// published revision, set after the transfers that came with it.
+    paths_version: u64,
 }
 
 /// Transfers a hub remembers (a transfer's history is bounded like every other).
@@ -143,6 +146,7 @@ impl WatchHub {
                 closed: false,
                 transfers: VecDeque::new(),
                 transfers_forgotten_through: 0,
+                paths_version: 0,
             }),
             watch_limits: Mutex::default(),
             counters: std::sync::OnceLock::new(),
@@ -183,6 +187,20 @@ impl WatchHub {
     /// The last published revision.
     pub fn revision(&self) -> u64 {
         self.lock().revision
+    }
+
+    /// The version of the paths the replica serves as of the published revision: every
+    /// transfer up to it is known here (see [`WatchHub::paths_published`]).
+    pub fn paths_version(&self) -> u64 {
+        self.lock().paths_version
+    }
+
+    /// The replica serves version `version` of its group's paths as of the published
+    /// revision. Called after the [`WatchHub::transferred`] of every move up to it, so a watch
+    /// created by a router that routed by this version (or an older one) meets every move it
+    /// knows of.
+    pub fn paths_published(&self, version: u64) {
+        self.lock().paths_version = version;
     }
 
     /// Events up to this revision are no longer in the history.

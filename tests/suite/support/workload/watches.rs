@@ -7,9 +7,8 @@
 //! watcher also drops its `Watcher` every 1–3 s and opens a new one from the revision after
 //! its last event, as a user does after a restart. One *recursive* watcher of [`SUBTREE`]
 //! spans every group (the root's, the other groups' prefixes below it, and the group `/a`
-//! is split into and merged back from) and is judged for each register of [`UNMOVED`] as
-//! if it watched it alone: not yet for `/a`'s, whose writes it still skipped across a merge
-//! in one history (an open finding, docs/torture.md). With the etcd clients on
+//! is split into and merged back from) and is judged for each register of [`REGISTERS`] as
+//! if it watched it alone. With the etcd clients on
 //! ([`Watches::start_etcd`]), an *etcd* watcher does what an etcd user's informer and
 //! clientv3 do through a router's etcd API: list every key (one range over every group),
 //! watch the prefix `/` from the list's revision + 1, watch again from its last event's
@@ -36,7 +35,7 @@ use tokio::task::JoinHandle;
 use warden_client::{Client, Error, WatchOptions, Watcher};
 use warden_loadgen::linearizability::{KvInput, KvOutput};
 
-use super::{Anomaly, HistoryClock, SET_UP_CLIENT};
+use super::{Anomaly, HistoryClock, REGISTERS, SET_UP_CLIENT};
 use crate::support::history::Record;
 
 /// The registers watched: `/a/r0` lives in the subtree the split-merge fault moves (its
@@ -49,10 +48,9 @@ pub const WATCHED: [&str; 2] = ["/a/r0", "/d/r0"];
 pub const RESUMED: &str = "/d/r0";
 /// The subtree the recursive watcher watches: all of it, so one watch spans every group.
 pub const SUBTREE: &str = "/";
-/// The registers the recursive and etcd watchers are judged for: those that never change
-/// group. etcd's events do not name their group, so a register that moves would mix two
-/// groups' revisions in one log; the recursive watch still skipped `/a`'s writes across a
-/// merge once (an open finding, docs/torture.md).
+/// The registers the etcd watcher is judged for: those that never change group. etcd's
+/// events do not name their group, so a register that moves would mix two groups'
+/// revisions in one log.
 pub const UNMOVED: [&str; 4] = ["/b/r0", "/b/r1", "/c/r0", "/d/r0"];
 /// How long the resuming watcher keeps one `Watcher`: a random time in this range.
 const RESUME_AFTER_MS: std::ops::Range<u64> = 1_000..3_000;
@@ -182,7 +180,7 @@ type Logs = BTreeMap<&'static str, Arc<Mutex<WatchLog>>>;
 impl Watches {
     /// Starts the watchers of each register of [`WATCHED`] from `from_revisions` (the
     /// register's: the revision after its creation, so every later write is covered), and
-    /// the recursive watcher of [`SUBTREE`] for each register of [`UNMOVED`], from now
+    /// the recursive watcher of [`SUBTREE`] for each register of [`REGISTERS`], from now
     /// (its watch is created before this answers: call it before the registers are written).
     pub async fn start(client: &Client, clock: HistoryClock, from_revisions: &BTreeMap<&'static str, u64>) -> Watches {
         let mut watchers = Vec::new();
@@ -202,7 +200,7 @@ impl Watches {
         }
         let options = WatchOptions { recursive: true, ..WatchOptions::new(SUBTREE) };
         let watcher = client.watch(options.clone()).await.unwrap_or_else(|error| panic!("a recursive watch of {SUBTREE}: {error}"));
-        let logs: Logs = UNMOVED
+        let logs: Logs = REGISTERS
             .into_iter()
             .map(|register| (register, Arc::new(Mutex::new(WatchLog { name: format!("recursive {SUBTREE} for {register}"), ..WatchLog::default() }))))
             .collect();
