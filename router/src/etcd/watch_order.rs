@@ -48,9 +48,8 @@ pub struct Merge {
     through: BTreeMap<(u64, u64), u64>,
     /// Events come but not passed on, by revision (of several groups in arrival order).
     waiting: BTreeMap<u64, Vec<Event>>,
+    /// Events in `waiting` (kept, not counted on every arrival).
     waiting_events: usize,
-    /// The highest revision of an event that came, passed on or not (the raise target).
-    highest_event: u64,
     /// Groups being raised, each to its target.
     raising: BTreeMap<u64, u64>,
 }
@@ -114,7 +113,6 @@ impl Merge {
                 continue;
             }
             *through = (*through).max(revision);
-            self.highest_event = self.highest_event.max(revision);
             if let Some(event) = event {
                 self.waiting.entry(revision).or_default().push(event);
                 self.waiting_events += 1;
@@ -149,13 +147,14 @@ impl Merge {
     }
 
     /// The groups to raise now, each with a part spanning it and the target: those with a
-    /// pair behind the highest event that came (held by the watermark) and not being raised
-    /// already. They are noted as being raised.
+    /// pair behind the highest event waiting (held by the watermark) and not being raised
+    /// to it already. They are noted as being raised. (A filtered event past it waits for
+    /// nothing: raising a group to it would only spend the group's revisions.)
     pub fn raises_due(&mut self) -> Vec<(u64, u64, u64)> {
-        if !self.spans_groups() || self.waiting.is_empty() {
+        if !self.spans_groups() {
             return Vec::new();
         }
-        let target = self.highest_event;
+        let Some(target) = self.waiting.keys().next_back().copied() else { return Vec::new() };
         let mut behind: BTreeMap<u64, u64> = BTreeMap::new();
         for ((part, group), through) in &self.through {
             if *through < target && self.raising.get(group).is_none_or(|raising| *raising < target) {
@@ -220,8 +219,8 @@ mod tests {
         assert_eq!(merge.raised(2, 902), Raised::Superseded, "reached already: the release noted it");
         merge.arrived(7, 1, vec![event("/a", 903)]).expect("room");
         assert_eq!(revisions(&merge.release()), vec![903], "group 2 is past it already");
-        merge.arrived(7, 1, vec![event("/a", 960)]).expect("room");
-        assert_eq!(merge.raises_due(), vec![(7, 2, 960)], "raised again for an event past it");
+        merge.arrived(7, 1, vec![event("/a", 960), (990, None)]).expect("room");
+        assert_eq!(merge.raises_due(), vec![(7, 2, 960)], "raised again for an event past it, not for a filtered one");
     }
 
     /// A part created again keeps its groups' places until it answers; a repeated event is
