@@ -365,6 +365,28 @@ async fn an_etcd_lease_owns_its_keys_in_every_group_until_revoked() {
     assert_eq!(etcd.lease_time_to_live(lease.id(), None).await.expect("time to live").ttl(), -1, "a revoked lease is gone");
     let status = etcd.lease_revoke(lease.id()).await.expect_err("revoking twice");
     assert!(status.to_string().contains("requested lease not found"), "{status}");
+
+    // A revoke whose home group cannot reach the other group holding a key of the lease
+    // within the call fails (as etcd's does when it cannot confirm in time), rather than
+    // answer while that key is still there; the key goes at that group's next check.
+    let table = at_placement_leader(&cluster, |mut c| async move { c.get_routing_table(GetRoutingTableRequest {}).await }).await.expect("table");
+    let group_of =
+        |prefix: &str| table.groups.iter().filter_map(|g| g.descriptor.as_ref()).find(|d| d.prefix == prefix).map(|d| d.group_id).expect("a group");
+    let lease = etcd.lease_grant(30, None).await.expect("grant");
+    let home = warden_placement::home_group(u64::try_from(lease.id()).expect("a lease id"));
+    let elsewhere = if home == group_of("/") { "/services/web/3" } else { "/leader" };
+    etcd.put(elsewhere, "kept", Some(PutOptions::new().with_lease(lease.id()))).await.expect("put outside the lease's home group");
+    cluster.faults().cut_group_link(home, if elsewhere == "/leader" { group_of("/") } else { group_of("/services") });
+    // Within the node's own deadline (the client sent none).
+    let status = etcd.lease_revoke(lease.id()).await.expect_err("a revoke that could not delete every key");
+    assert!(matches!(&status, etcd_client::Error::GRpcStatus(s) if s.code() == tonic::Code::Unavailable), "{status}");
+    cluster.faults().heal();
+    warden_testkit::wait_until("the key goes at its group's next check", TIMEOUT, async || {
+        etcd.get(elsewhere, None).await.expect("get").kvs().is_empty()
+    })
+    .await;
+    let status = etcd.lease_revoke(lease.id()).await.expect_err("revoking again");
+    assert!(status.to_string().contains("requested lease not found"), "{status}");
 }
 
 /// Runs `etcdctl` against `addr` with `args` and `input` on its standard input, answering its

@@ -67,6 +67,17 @@ impl pb::lease_server::Lease for EtcdService {
         let (metadata, extensions, request) = request.into_parts();
         let close = w::CloseSessionRequest { session_id: session_of(request.id)?, ..w::CloseSessionRequest::default() };
         let closed = Warden::close_session(&self.router, inner(&metadata, &extensions, close)).await.map_err(etcd_status)?.into_inner();
+        // etcd answers a revoke once the lease's keys are deleted. A group its home group
+        // could not tell within the call deletes them at its next check of the session: the
+        // revoke then fails as etcd's does when it cannot confirm in time (the lease is
+        // revoked, so it is no more; revoked again, it is not found).
+        if !closed.not_ended_in.is_empty() {
+            let message = format!(
+                "etcdserver: request timed out: the lease is revoked, but its keys in groups {:?} are deleted only at those groups' next check of it",
+                closed.not_ended_in
+            );
+            return Err(Status::unavailable(message));
+        }
         Ok(Response::new(pb::LeaseRevokeResponse { header: self.header(closed.header.map_or(0, |h| h.revision)) }))
     }
 
