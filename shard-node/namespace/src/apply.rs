@@ -229,8 +229,19 @@ impl NamespaceStateMachine {
             if !events.is_empty() {
                 self.unpublished.push(EventBatch { revision: self.revision, events });
             }
+            // A move is remembered on disk with the latest before it, for the watches a
+            // replica starts after a restart (`watch::hub::Transfers`).
+            let transfers = (!effects.moved.is_empty()).then(|| {
+                let mut transfers = self.transfers.clone();
+                effects.moved.iter().for_each(|moved| transfers.push(moved.clone()));
+                view.put_moves(&transfers.to_proto());
+                transfers
+            });
             view.set_revision(self.revision);
             view.into_changes().commit_into(writes);
+            if let Some(transfers) = transfers {
+                self.transfers = transfers;
+            }
             if effects.descriptor.is_some() {
                 self.descriptor = effects.descriptor;
             }

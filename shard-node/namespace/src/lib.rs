@@ -116,6 +116,7 @@ impl StateMachineFactory for NamespaceFactory {
             hub,
             unpublished: Vec::new(),
             unpublished_moves: Vec::new(),
+            transfers: watch::hub::Transfers::default(),
             // The replicated limits are the record's, once `reload` has read it.
             limits: self.limits.with_record(None),
             limits_version: 0,
@@ -162,6 +163,9 @@ pub struct NamespaceStateMachine {
     /// Subtrees handed over to another group or taken from one, not yet told to the hub
     /// (the watches of one handed over end with MOVED once the hand-over is in the store).
     unpublished_moves: Vec<watch::hub::Transfer>,
+    /// The latest subtrees moved out or in, as stored (its hub holds the same once
+    /// published).
+    transfers: watch::hub::Transfers,
     /// The limits apply checks: the replicated ones from the group's record (replicated
     /// state, rebuilt from disk), the local ones from the factory.
     limits: Limits,
@@ -391,7 +395,9 @@ impl StateMachine for NamespaceStateMachine {
         self.unpublished.clear();
         self.unpublished_moves.clear();
         self.writes.clear();
+        self.transfers = watch::hub::Transfers::from_proto(store::read_moves(reader)?);
         self.hub.reset(self.revision);
+        self.hub.restore_transfers(self.transfers.clone());
         self.hub.paths_published(self.descriptor.as_ref().map_or(0, |d| d.version));
         self.ttl.clear();
         let mut ttl = BTreeMap::new();

@@ -28,6 +28,7 @@ const NEXT_SESSION_KEY: &[u8] = b"mnext_session";
 const DESCRIPTOR_KEY: &[u8] = b"mdescriptor";
 const SPLIT_KEY: &[u8] = b"msplit";
 const LIMITS_KEY: &[u8] = b"mlimits";
+const MOVES_KEY: &[u8] = b"mmoves";
 
 /// Key of a node's record.
 pub fn node_key(path: &str) -> Vec<u8> {
@@ -158,6 +159,15 @@ pub fn read_limits(reader: &SmReader) -> Result<Option<warden_proto::v1::ApplyLi
         .get(LIMITS_KEY)?
         .map(|bytes| warden_proto::v1::ApplyLimits::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("limits: {e}"))))
         .transpose()
+}
+
+/// The group's latest subtrees moved out or in, on disk (default: none ever).
+pub fn read_moves(reader: &impl SmRead) -> Result<warden_proto::namespace::MovedSubtrees, StorageError> {
+    reader
+        .get(MOVES_KEY)?
+        .map(|bytes| warden_proto::namespace::MovedSubtrees::decode(bytes.as_slice()).map_err(|e| StorageError::Corrupt(format!("moves: {e}"))))
+        .transpose()
+        .map(Option::unwrap_or_default)
 }
 
 /// The group's record of subtree moves on disk (default: none ever).
@@ -529,6 +539,11 @@ impl<'a> TxnView<'a> {
     /// Writes the group's apply limits record.
     pub fn put_limits(&mut self, record: &warden_proto::v1::ApplyLimits) {
         self.local.insert(LIMITS_KEY.to_vec(), Some(record.encode_to_vec()));
+    }
+
+    /// Writes the group's latest subtrees moved out or in.
+    pub fn put_moves(&mut self, moves: &warden_proto::namespace::MovedSubtrees) {
+        self.local.insert(MOVES_KEY.to_vec(), Some(moves.encode_to_vec()));
     }
 
     /// Writes the group's record of subtree moves.

@@ -63,9 +63,11 @@ fn ingest(ns: &mut Harness, prefix: &str, page: SubtreePage) -> Outcome<u64> {
     ingest_for(ns, prefix, TARGET, page)
 }
 
-/// Ingests `page` as the placement leader does: its records with the owners of their sessions.
+/// Ingests `page` as the placement leader does: its records with the owners of their sessions,
+/// from the group they leave (the split's pages from SOURCE, a merge's from TARGET).
 fn ingest_for(ns: &mut Harness, prefix: &str, operation: u64, page: SubtreePage) -> Outcome<u64> {
-    let ingest = IngestSubtree { prefix: prefix.into(), source_group: SOURCE, records: page.records, operation, sessions: page.sessions };
+    let source_group = if operation == TARGET { SOURCE } else { TARGET };
+    let ingest = IngestSubtree { prefix: prefix.into(), source_group, records: page.records, operation, sessions: page.sessions };
     ns.placement_step(CommandOp::IngestSubtree(ingest))
 }
 
@@ -428,4 +430,59 @@ fn what_the_parents_group_would_change_in_an_ingested_subtree_waits_until_it_ser
         assert!(parent.exists(path).expect("exists").is_none(), "{path} ends once served");
     }
     assert!(parent.revision().expect("revision") > handed_at + 1, "its ends took revisions above the hand-over's");
+}
+
+/// A replica restarted after a merge's move-in still ends COMPACTED a watch into the subtree
+/// whose creator did not receive the merged group's last write (its place there is at that
+/// write): the move is kept on disk with the group's state, not only in the hub's memory, so
+/// the restarted replica's fresh hub knows it too.
+#[test]
+fn a_replica_restarted_after_a_move_in_still_refuses_a_watch_that_would_skip_the_old_groups_writes() {
+    use std::sync::Arc;
+    use warden_namespace::watch::hub::CatchUp;
+    use warden_namespace::watch::stream::{Outgoing, Phase, StreamWatch};
+    use warden_namespace::watch::{WatchSpec, WatchStream};
+
+    let mut parent = leading(SOURCE);
+    populate(&mut parent);
+    let (mut merging, _) = split_off(&mut parent);
+    let last = merging.set("/team/a/x", b"in the split-off group", None).expect("write").stat.expect("stat").mod_revision;
+    freeze_for_merge(&mut merging, "/team/a", MERGE, SOURCE).expect("freeze");
+    for page in export_all(&merging, "/team/a", MERGE, 1 << 20) {
+        ingest_for(&mut parent, "/team/a", MERGE, page).expect("ingest");
+    }
+    let handed_at = hand(&mut merging, MERGE, descriptor(TARGET, "/team/a", &["/team/a"], 2)).expect("hand over");
+    parent.set_descriptor(descriptor(SOURCE, "/", &[], 3), handed_at).expect("the parent serves the prefix again");
+    let after = parent.set("/team/a/x", b"after the merge", None).expect("write").stat.expect("stat").mod_revision;
+    parent.reopen().expect("restart");
+
+    // From the parent's next revision (its part ran past the merge), with a place in the
+    // merged group at its last write.
+    let watch = |group_places: &[(u64, u64)]| {
+        let stream = WatchStream::new(16 << 20);
+        let hub = parent.watch_hub().expect("hub");
+        let watch = StreamWatch {
+            charge: None,
+            group: SOURCE,
+            path: Arc::from("/"),
+            spec: WatchSpec::new(watch_create::Kind::Persistent, true, false, false, false, false),
+            phase: Phase::CatchingUp { next_revision: after + 1 },
+            progress_notify: false,
+            active: false,
+            resume_revisions: Arc::new(group_places.iter().copied().collect()),
+        };
+        stream.add(1, watch, Outgoing::Created { watch_id: 1, group: SOURCE, revision: after, created: Default::default() });
+        let outcome = hub.catch_up(&stream, 1, usize::MAX);
+        let ended = std::iter::from_fn(|| stream.try_next()).find_map(|outgoing| match outgoing {
+            Outgoing::Canceled { error, .. } => error.map(|e| e.code),
+            _ => None,
+        });
+        (outcome, ended)
+    };
+    assert_eq!(
+        watch(&[(SOURCE, after + 1), (TARGET, last)]),
+        (CatchUp::Ended, Some(Code::Compacted as i32)),
+        "the merged group's last write would be skipped"
+    );
+    assert_eq!(watch(&[(SOURCE, after + 1), (TARGET, handed_at + 1)]), (CatchUp::Live, None), "a creator that received all of it goes on");
 }

@@ -18,6 +18,7 @@
 use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use warden_proto::namespace::{MovedSubtree, MovedSubtrees};
 use warden_proto::v1::warden_error::Code;
 use warden_proto::v1::WardenError;
 
@@ -49,12 +50,9 @@ struct HubState {
     recursive: usize,
     /// The replica is gone: no watch starts or goes on here.
     closed: bool,
-    /// The latest subtrees moved out or in (at most [`TRANSFERS_REMEMBERED`]), oldest first,
-    /// for watches still catching up from before one.
-    transfers: VecDeque<Transfer>,
-    /// The revision of the latest transfer forgotten: a watch from at or before it may have
-    /// missed one, and ends COMPACTED.
-    transfers_forgotten_through: u64,
+    /// The latest subtrees moved out or in, for watches still catching up from before one
+    /// and watches whose creator has not seen a group's events up to a move-in.
+    transfers: Transfers,
     /// The version of the paths the replica serves (`GroupDescriptor.version`) as of the
     /// published revision, set after the transfers that came with it.
     paths_version: u64,
@@ -62,6 +60,64 @@ struct HubState {
 
 /// Transfers a hub remembers (a transfer's history is bounded like every other).
 const TRANSFERS_REMEMBERED: usize = 16;
+
+/// A group's latest transfers, oldest first, at most [`TRANSFERS_REMEMBERED`]. The state
+/// machine keeps them on disk (`MovedSubtrees`), so a replica that restarted or installed a
+/// snapshot judges watches against the moves before its event history as before; its hub
+/// keeps the same list (see [`WatchHub::restore_transfers`]).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Transfers {
+    recent: VecDeque<Transfer>,
+    /// The revision of the latest transfer forgotten: a watch from at or before it may have
+    /// missed one, and ends COMPACTED.
+    forgotten_through: u64,
+}
+
+impl Transfers {
+    /// Remembers `transfer`, the latest, forgetting the oldest past the bound.
+    pub fn push(&mut self, transfer: Transfer) {
+        if self.recent.len() == TRANSFERS_REMEMBERED {
+            if let Some(forgotten) = self.recent.pop_front() {
+                self.forgotten_through = forgotten.revision;
+            }
+        }
+        self.recent.push_back(transfer);
+    }
+
+    /// As stored.
+    pub fn to_proto(&self) -> MovedSubtrees {
+        let moves = self
+            .recent
+            .iter()
+            .map(|t| {
+                let (to_group, from_group, handed_at) = match t.direction {
+                    Direction::Out { to_group } => (to_group, 0, 0),
+                    Direction::In { from_group, handed_at } => (0, from_group, handed_at),
+                };
+                MovedSubtree { prefix: t.prefix.clone(), revision: t.revision, to_group, from_group, handed_at }
+            })
+            .collect();
+        MovedSubtrees { moves, forgotten_through: self.forgotten_through }
+    }
+
+    /// From the stored record (one longer than the bound, written by another build, keeps its
+    /// latest and forgets the rest).
+    pub fn from_proto(stored: MovedSubtrees) -> Transfers {
+        let mut transfers = Transfers { recent: VecDeque::new(), forgotten_through: stored.forgotten_through };
+        for moved in stored.moves {
+            let direction = match moved.to_group {
+                0 => Direction::In { from_group: moved.from_group, handed_at: moved.handed_at },
+                to_group => Direction::Out { to_group },
+            };
+            transfers.push(Transfer { prefix: moved.prefix, revision: moved.revision, direction });
+        }
+        transfers
+    }
+
+    fn iter(&self) -> impl DoubleEndedIterator<Item = &Transfer> {
+        self.recent.iter()
+    }
+}
 
 /// A subtree that left the group or came into it.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -144,8 +200,7 @@ impl WatchHub {
                 watchers: HashMap::new(),
                 recursive: 0,
                 closed: false,
-                transfers: VecDeque::new(),
-                transfers_forgotten_through: 0,
+                transfers: Transfers::default(),
                 paths_version: 0,
             }),
             watch_limits: Mutex::default(),
@@ -308,8 +363,8 @@ impl WatchHub {
             stream.cancel(watch_id, Some(replica_gone()), next_revision);
             return CatchUp::Ended;
         }
-        if next_revision <= state.compact_revision || next_revision <= state.transfers_forgotten_through {
-            let compact_revision = state.compact_revision.max(state.transfers_forgotten_through);
+        if next_revision <= state.compact_revision || next_revision <= state.transfers.forgotten_through {
+            let compact_revision = state.compact_revision.max(state.transfers.forgotten_through);
             let error = WardenError {
                 compact_revision,
                 ..error(Code::Compacted, "", format!("revision {next_revision} is no longer in this replica's event history"))
@@ -489,12 +544,13 @@ impl WatchHub {
             });
             state.recursive -= removed_recursive;
         }
-        if state.transfers.len() == TRANSFERS_REMEMBERED {
-            if let Some(forgotten) = state.transfers.pop_front() {
-                state.transfers_forgotten_through = forgotten.revision;
-            }
-        }
-        state.transfers.push_back(transfer);
+        state.transfers.push(transfer);
+    }
+
+    /// The replica's state was (re)loaded (after [`WatchHub::reset`]): its transfers are the
+    /// stored ones, those before its event history included.
+    pub fn restore_transfers(&self, transfers: Transfers) {
+        self.lock().transfers = transfers;
     }
 
     /// The replica is gone: every watch ends with UNAVAILABLE (resume elsewhere).
