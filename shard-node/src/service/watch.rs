@@ -303,27 +303,26 @@ impl Driver {
         Ok((watch, created))
     }
 
-    /// Makes sure this replica has applied the version of the group's paths the creator
-    /// routed by (`routing.version`; 0: not checked) before the watch starts. A router spans
-    /// the groups its table names: one that knows a subtree moved in here spans no part in
-    /// the group it came from, and only a replica that applied the move-in knows to end a
-    /// watch that would skip that group's events (COMPACTED, [`WatchHub::catch_up`]). A
-    /// replica behind (cut off, or a moment late) catches up through a linearizable read
-    /// (everything committed before it is applied after), else the watch is refused
-    /// UNAVAILABLE, to be created again.
+    /// Makes sure this replica knows every subtree move its router's table reflects before
+    /// the watch starts. A router spans the groups its table names: one that knows a subtree
+    /// moved in here spans no part in the group it came from, and only a replica that applied
+    /// the move-in knows to end a watch that would skip that group's events (COMPACTED,
+    /// [`WatchHub::catch_up`]). A replica that has applied an older version of the group's
+    /// paths than the router routed by (`routing.version`; 0: not checked), cut off or a
+    /// moment late, first applies everything its group committed, through a linearizable
+    /// read (unreachable: the watch is refused UNAVAILABLE, to be created again). That is
+    /// enough: placement routes a moved subtree to its new group only once that group has
+    /// committed the descriptor serving it. Its version may still be behind the table after
+    /// a creation rolled back (placement bumps the givers' versions before it gives their
+    /// paths back): paths no other group ever served, so no event was missed, and the watch
+    /// goes on rather than wait for a descriptor a failed rollback may never send.
     async fn await_paths(&self, hub: &WatchHub, group: u64, create: &WatchCreate, timeout: Duration) -> Result<(), WardenError> {
         let wanted = create.routing.as_ref().map_or(0, |r| r.version);
         if wanted <= hub.paths_version() {
             return Ok(());
         }
         let query = QueryKind::Exists(ExistsRequest { path: create.path.clone(), consistency: Consistency::Linearizable as i32, routing: None });
-        self.read(group, Consistency::Linearizable as i32, query, timeout).await?;
-        let applied = hub.paths_version();
-        if applied < wanted {
-            let message = format!("this replica applied version {applied} of group {group}'s paths, not yet {wanted}: watch again");
-            return Err(error(Code::Unavailable, &create.path, message));
-        }
-        Ok(())
+        self.read(group, Consistency::Linearizable as i32, query, timeout).await.map(|_| ())
     }
 
     async fn read(&self, group: u64, consistency: i32, query: QueryKind, timeout: Duration) -> Result<(QueryOutcome, ResponseHeader), WardenError> {
